@@ -1,0 +1,97 @@
+"""What every backend is to the rest of the gateway: a named source of tools with a state and a reason.
+
+A backend is one of: a downstream MCP server (``mcp.py``), a command-line adapter (``cli.py``) or the built-in
+wiki provider (``wiki.py``). The runtime starts each backend's ``run()`` as one supervisor task with
+``await task_group.start(backend.run)``; ``run`` calls ``task_status.started()`` once the backend is ready *or* has
+failed for the first time (a failing backend never blocks startup), then keeps the backend alive until cancelled.
+
+The contract of ``call_tool``:
+  * it returns the provider's ``CallToolResult`` untouched (an ``is_error`` result is an answer, not a failure);
+  * it raises a ``BackendError`` subclass when the provider failed to answer (timeout, crash, transport error,
+    disabled), with the cause in plain words; nothing foreign (``OSError``, ``httpx2``, ``anyio``) escapes;
+  * cancellation of the calling task cancels the call downstream (a process group is killed, a
+    ``notifications/cancelled`` is sent).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol
+
+import mcp_types as types
+from anyio.abc import TaskStatus
+
+
+class BackendState(StrEnum):
+    STARTING = "starting"
+    READY = "ready"
+    DEGRADED = "degraded"
+    FAILED = "failed"
+    DISABLED = "disabled"
+
+
+@dataclass(frozen=True, slots=True)
+class BackendStatus:
+    """A snapshot of one backend's health, as shown by ``gateway check``, ``/status`` and the log.
+
+    ``reason`` says why the backend is not ready (declared by the operator or detected); ``since`` is the unix time
+    the state was entered; ``last_error`` is the most recent failure, kept after the backend heals.
+    """
+
+    state: BackendState
+    reason: str | None = None
+    since: float = field(default_factory=time.time)
+    last_error: str | None = None
+    tool_count: int = 0
+    declared: bool = False  # True when the reason is the operator's (enabled: false), not detected
+
+
+ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
+"""Progress relay: ``(progress, total, message)``; the same shape as the SDK's ``ProgressFnT``."""
+
+ChangeListener = Callable[[], None]
+"""Called (synchronously, cheaply) whenever a backend's state or tool list changes."""
+
+
+class Backend(Protocol):
+    """A source of tools. See the module docstring for the contract."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def kind(self) -> str:
+        """``stdio`` | ``streamable_http`` | ``sse`` | ``adapter`` | ``wiki``."""
+        ...
+
+    @property
+    def status(self) -> BackendStatus: ...
+
+    def tools(self) -> Sequence[types.Tool]:
+        """The tools this backend offers now, under their own (downstream) names; empty unless ready."""
+        ...
+
+    def ladder(self, tool: str, arguments: Mapping[str, Any]) -> Sequence[str | None]:
+        """The variants to try for this call, in order (requested first, then each cheaper rung).
+
+        ``(None,)`` for a tool without variants.
+        """
+        ...
+
+    async def run(self, *, task_status: TaskStatus[None]) -> None: ...
+
+    async def call_tool(
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        *,
+        variant: str | None = None,
+        progress: ProgressFn | None = None,
+    ) -> types.CallToolResult: ...
+
+    def subscribe(self, listener: ChangeListener) -> None:
+        """Register a listener for state and tool-list changes."""
+        ...

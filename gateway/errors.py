@@ -1,0 +1,108 @@
+"""The gateway's error tree. It sits at the bottom of the import stack so every layer can raise these.
+
+    GatewayError
+    ├── ConfigError            federation.yaml is invalid: names the file, the key path and the line
+    ├── BackendError           a provider failed to answer (never a downstream ``isError``, which is an answer)
+    │   ├── BackendUnavailable     not connected, disabled, crashed, refused, process could not start
+    │   ├── BackendTimeout         no answer within the step's timeout
+    │   ├── BackendProtocolError   the backend answered with something that is not a valid answer
+    │   └── BackendThinResult      an answer a variant declares not worth keeping (degrade to the next rung)
+    ├── ToolNotFound           no tool of that name in the catalog (a JSON-RPC error, not a tool result)
+    ├── InvalidArguments       a tool argument failed validation (an ``isError`` answer naming the argument)
+    ├── CatalogConflict        two tools would be published under one name, or a name is invalid
+    └── AuditError             the audit ledger cannot be opened or written
+
+Foreign errors (httpx2, anyio, OSError, mcp) are translated into these at the seam, in ``backends/``.
+"""
+
+from __future__ import annotations
+
+
+class GatewayError(Exception):
+    """Base class of every error the gateway raises on purpose."""
+
+
+class ConfigError(GatewayError):
+    """federation.yaml (or a value it references) is invalid.
+
+    Attributes:
+        file: the configuration file.
+        key_path: dotted path of the offending key, e.g. ``servers.memory.timeout_s`` ("" for the whole file).
+        line: 1-based line in the file, or None when unknown (e.g. a missing key).
+        message: what is wrong, as a sentence.
+    """
+
+    def __init__(self, file: str, key_path: str, line: int | None, message: str) -> None:
+        self.file = file
+        self.key_path = key_path
+        self.line = line
+        self.message = message
+        where = file
+        if line is not None:
+            where += f":{line}"
+        if key_path:
+            where += f": {key_path}"
+        super().__init__(f"{where}: {message}")
+
+    def __repr__(self) -> str:
+        return f"ConfigError(file={self.file!r}, key_path={self.key_path!r}, line={self.line!r}, message={self.message!r})"
+
+
+class BackendError(GatewayError):
+    """A provider failed to produce an answer.
+
+    Attributes:
+        backend: the backend's name as declared in federation.yaml.
+        reason: what happened, in plain words ("timed out after 15 s", "process exited with code 1: ...").
+    """
+
+    outcome = "error"
+
+    def __init__(self, backend: str, reason: str) -> None:
+        self.backend = backend
+        self.reason = reason
+        super().__init__(f"backend {backend!r}: {reason}")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(backend={self.backend!r}, reason={self.reason!r})"
+
+
+class BackendUnavailable(BackendError):
+    outcome = "unavailable"
+
+
+class BackendTimeout(BackendError):
+    outcome = "timeout"
+
+
+class BackendProtocolError(BackendError):
+    outcome = "protocol_error"
+
+
+class BackendThinResult(BackendError):
+    outcome = "thin"
+
+
+class ToolNotFound(GatewayError):
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"Unknown tool: {name!r}.")
+
+
+class InvalidArguments(GatewayError):
+    """Arguments failed validation; ``argument`` names the offending one (a dotted path, or "" for the whole)."""
+
+    def __init__(self, tool: str, argument: str, message: str) -> None:
+        self.tool = tool
+        self.argument = argument
+        self.message = message
+        target = f"argument {argument!r}" if argument else "arguments"
+        super().__init__(f"Invalid {target} for tool {tool!r}: {message}")
+
+
+class CatalogConflict(GatewayError):
+    pass
+
+
+class AuditError(GatewayError):
+    pass

@@ -1,0 +1,30 @@
+"""Shared test setup: the anyio backend, a clean environment, and the project's locally installed tools on PATH."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TOOLS_BIN = ROOT / ".tools" / "bin"
+
+# scripts/install puts Node 22, the npm test servers, qmd, graphify and the PyPI servers' launchers here.
+if TOOLS_BIN.is_dir():
+    os.environ["PATH"] = f"{TOOLS_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(autouse=True)
+def clean_environ() -> Iterator[None]:
+    """Each test starts from the same environment and cannot leak variables into the next."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
