@@ -1,0 +1,494 @@
+"""federation.yaml -> frozen, validated models. The only module that reads ``os.environ``.
+
+``load_config(path)`` parses the file once, interpolates ``${VAR}`` / ``${VAR:-default}`` in string values from the
+environment, validates everything (unknown keys are errors), resolves relative paths against the file's folder and
+returns a ``Federation``. Any problem raises ``ConfigError`` naming the file, the key path and the line, so a broken
+file never starts a half-configured gateway.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+
+from gateway.errors import ConfigError
+
+__all__ = [
+    "Adapter",
+    "AdapterTool",
+    "Federation",
+    "HttpServer",
+    "RouteStep",
+    "ServerConfig",
+    "SseServer",
+    "StdioServer",
+    "TOOL_NAME_RE",
+    "load_config",
+]
+
+TOOL_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+"""Published tool names: SEP-986 characters, at most 64 long (the limit several model APIs enforce)."""
+
+_BACKEND_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,48}$")
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def _check_tool_name(name: str) -> str:
+    if not TOOL_NAME_RE.fullmatch(name):
+        raise ValueError(
+            f"tool name {name!r} is invalid: use 1 to 64 characters from A-Z a-z 0-9 _ . - "
+            f"(it has {len(name)})"
+        )
+    return name
+
+
+def _resolve(value: str | None, info: ValidationInfo) -> str | None:
+    if value is None:
+        return None
+    base = (info.context or {}).get("base_dir")
+    path = Path(value).expanduser()
+    if base is not None and not path.is_absolute():
+        path = Path(base) / path
+    return str(path)
+
+
+# --------------------------------------------------------------------------------------------------- gateway
+
+
+class Listen(_Model):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+
+
+class Auth(_Model):
+    tokens_env: str = "GATEWAY_TOKENS"
+    """The environment variable holding the accepted bearer tokens, comma-separated."""
+    metrics_requires_token: bool | None = None
+    """Whether /metrics needs the bearer token; default: yes unless bound to loopback."""
+
+
+class AuditSettings(_Model):
+    enabled: bool = True
+    path: str = "audit.db"
+    retention_days: float | None = Field(default=None, gt=0)
+
+    _resolve_path = field_validator("path")(_resolve)
+
+
+class Naming(_Model):
+    mode: Literal["never", "conditional", "always"] = "conditional"
+    separator: str = Field(default="__", min_length=1, max_length=4)
+
+    @field_validator("separator")
+    @classmethod
+    def _separator_chars(cls, value: str) -> str:
+        if not TOOL_NAME_RE.fullmatch(value):
+            raise ValueError("the separator may only use the characters A-Z a-z 0-9 _ . -")
+        return value
+
+
+class GatewaySettings(_Model):
+    name: str = "mcp-gateway"
+    listen: Listen = Listen()
+    auth: Auth = Auth()
+    audit: AuditSettings = AuditSettings()
+    naming: Naming = Naming()
+    instructions: str | None = None
+    """Sent to clients at initialize."""
+    router_note: str | None = None
+    """Appended to the description of every tool marked ``router: true``."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Extra Host header values accepted besides loopback names (e.g. a reverse proxy's public name)."""
+    allowed_origins: tuple[str, ...] = ()
+
+
+# --------------------------------------------------------------------------------------------------- servers
+
+
+class ToolFilter(_Model):
+    """Which downstream tools to publish and how."""
+
+    include: tuple[str, ...] | None = None
+    exclude: tuple[str, ...] = ()
+    rename: dict[str, str] = {}
+    describe: dict[str, str] = {}
+    router: tuple[str, ...] = ()
+    """Published names (after rename) that get the router note; ``router: true`` on the server marks them all."""
+
+    @field_validator("rename")
+    @classmethod
+    def _valid_targets(cls, value: dict[str, str]) -> dict[str, str]:
+        for target in value.values():
+            _check_tool_name(target)
+        return value
+
+
+class _Backend(_Model):
+    enabled: bool = True
+    disabled_reason: str | None = None
+    timeout_s: float = Field(default=60.0, gt=0)
+    """Per-call timeout for this backend's tools."""
+    connect_timeout_s: float = Field(default=20.0, gt=0)
+    """How long the handshake (process start + initialize) may take before the backend is marked failed."""
+    router: bool = False
+    tools: ToolFilter = ToolFilter()
+
+
+class StdioServer(_Backend):
+    transport: Literal["stdio"]
+    command: str = Field(min_length=1)
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = {}
+    cwd: str | None = None
+
+    _resolve_cwd = field_validator("cwd")(_resolve)
+
+
+class HttpServer(_Backend):
+    transport: Literal["streamable_http"]
+    url: str = Field(pattern=r"^https?://")
+    headers: dict[str, str] = {}
+
+
+class SseServer(_Backend):
+    transport: Literal["sse"]
+    url: str = Field(pattern=r"^https?://")
+    headers: dict[str, str] = {}
+
+
+ServerConfig = Annotated[StdioServer | HttpServer | SseServer, Field(discriminator="transport")]
+
+
+# --------------------------------------------------------------------------------------------------- adapters
+
+
+class ThinWhen(_Model):
+    """When an answer counts as a failure worth degrading (e.g. qmd vsearch without embeddings)."""
+
+    empty: bool = True
+    """The parsed output is empty (``[]``, ``{}``, blank text)."""
+    stderr_contains: str | None = None
+    """... and stderr contains this text (when set)."""
+
+
+class Variant(_Model):
+    argv: tuple[str, ...]
+    timeout_s: float = Field(default=30.0, gt=0)
+    thin_when: ThinWhen | None = None
+
+
+class ExitCodes(_Model):
+    ok: tuple[int, ...] = (0,)
+    no_result: tuple[int, ...] = ()
+    """Codes that mean "nothing found": an ordinary answer (not an error) carrying the program's output."""
+
+
+class AdapterTool(_Model):
+    description: str = ""
+    router: bool = False
+    input_schema: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
+    argv: tuple[str, ...] | None = None
+    timeout_s: float = Field(default=30.0, gt=0)
+    switch: str | None = None
+    """The argument whose value picks a variant."""
+    variants: dict[str, Variant] = {}
+    ladder: dict[str, str] = {}
+    """variant -> the cheaper variant to try when it fails; a variant with no entry is a floor."""
+    output: Literal["json_array", "json", "text"] = "text"
+    exit_codes: ExitCodes = ExitCodes()
+    audit: dict[str, int] = {}
+    """Argument previews kept in the audit ledger: name -> characters (0 = whole value); the rest only hashed."""
+
+    @model_validator(mode="after")
+    def _shape(self) -> AdapterTool:
+        if self.switch is None:
+            if self.argv is None:
+                raise ValueError("give either `argv` or `switch` with `variants`")
+            if self.variants or self.ladder:
+                raise ValueError("`variants` and `ladder` need `switch` (the argument that picks a variant)")
+            return self
+        if not self.variants:
+            raise ValueError("`switch` needs `variants`")
+        for src, dst in self.ladder.items():
+            for name in (src, dst):
+                if name not in self.variants:
+                    raise ValueError(f"ladder names variant {name!r}, which is not in `variants`")
+        seen: set[str] = set()
+        for start in self.variants:  # the ladder must end: no cycles
+            seen.clear()
+            step: str | None = start
+            while step is not None:
+                if step in seen:
+                    raise ValueError(f"the ladder loops through {step!r}")
+                seen.add(step)
+                step = self.ladder.get(step)
+        return self
+
+
+class Adapter(_Model):
+    command: str = Field(min_length=1)
+    enabled: bool = True
+    disabled_reason: str | None = None
+    env: dict[str, str] = {}
+    """Variables set for the program. Nothing else from the gateway's environment passes, except `pass_env`."""
+    pass_env: tuple[str, ...] = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")
+    cwd: str | None = None
+    max_output_bytes: int = Field(default=50 * 1024 * 1024, gt=0)
+    max_stderr_bytes: int = Field(default=1024 * 1024, gt=0)
+    concurrency: int = Field(default=4, ge=1)
+    probe: tuple[str, ...] | None = None
+    """A health probe argv (e.g. ``[--version]``); by default only the command's presence is checked."""
+    tools: dict[str, AdapterTool]
+
+    _resolve_cwd = field_validator("cwd")(_resolve)
+
+    @field_validator("tools")
+    @classmethod
+    def _tool_names(cls, value: dict[str, AdapterTool]) -> dict[str, AdapterTool]:
+        for name in value:
+            _check_tool_name(name)
+        return value
+
+
+# --------------------------------------------------------------------------------------------------- wiki
+
+
+class Wiki(_Model):
+    name: str = "wiki"
+    root: str = "./docs"
+    enabled: bool = True
+    disabled_reason: str | None = None
+    tools: tuple[str, ...] | None = None
+    router: tuple[str, ...] = ("wiki_index", "files_read", "files_neighbors", "wiki_read_all")
+    read_all_max_bytes: int = Field(default=1_000_000, gt=0)
+    default_max_bytes: int = Field(default=50_000, gt=0)
+
+    _resolve_root = field_validator("root")(_resolve)
+
+
+# --------------------------------------------------------------------------------------------------- routes
+
+
+class RouteStep(_Model):
+    provider: str = Field(pattern=r"^[^/]+/[^/]+$")
+    """``backend/tool``: a downstream server's tool, an adapter's tool, or the wiki's tool (by their own names)."""
+    arguments: dict[str, str] = {}
+    """Maps the provider's argument name -> the served tool's argument name, where they differ."""
+    fixed: dict[str, Any] = {}
+    """Arguments always sent to this provider (e.g. ``rerank: false``)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, value: Any) -> Any:
+        return {"provider": value} if isinstance(value, str) else value
+
+
+class Route(_Model):
+    providers: tuple[RouteStep, ...] = Field(min_length=1)
+    description: str | None = None
+    router: bool | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_list(cls, value: Any) -> Any:
+        return {"providers": value} if isinstance(value, list) else value
+
+
+# --------------------------------------------------------------------------------------------------- root
+
+
+class Federation(_Model):
+    version: Literal[1] = 1
+    gateway: GatewaySettings = GatewaySettings()
+    servers: dict[str, ServerConfig] = {}
+    adapters: dict[str, Adapter] = {}
+    wiki: Wiki | None = None
+    routes: dict[str, Route] = {}
+    source: str = Field(default="<memory>", exclude=True)
+
+    @field_validator("servers", "adapters")
+    @classmethod
+    def _backend_names(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for name in value:
+            if not _BACKEND_NAME_RE.fullmatch(name):
+                raise ValueError(f"backend name {name!r} is invalid: use 1 to 48 characters from A-Z a-z 0-9 _ -")
+        return value
+
+    @field_validator("routes")
+    @classmethod
+    def _route_names(cls, value: dict[str, Route]) -> dict[str, Route]:
+        for name in value:
+            _check_tool_name(name)
+        return value
+
+    @model_validator(mode="after")
+    def _cross_references(self) -> Federation:
+        names = [*self.servers, *self.adapters] + ([self.wiki.name] if self.wiki else [])
+        dupes = {n for n in names if names.count(n) > 1}
+        if dupes:
+            raise ValueError(f"backend names must be unique across servers, adapters and wiki: {sorted(dupes)}")
+        known = set(names)
+        for route, spec in self.routes.items():
+            for step in spec.providers:
+                backend = step.provider.split("/", 1)[0]
+                if backend not in known:
+                    raise ValueError(f"route {route!r} names backend {backend!r}, which is not declared")
+        return self
+
+    def backend_names(self) -> list[str]:
+        return [*self.servers, *self.adapters] + ([self.wiki.name] if self.wiki else [])
+
+
+# --------------------------------------------------------------------------------------------------- loading
+
+
+class _Loader(yaml.SafeLoader):
+    """A safe loader that refuses duplicate keys (which plain YAML silently overwrites)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+Lines = dict[tuple[str, ...], int]
+
+
+def _line_map(node: yaml.Node | None, path: tuple[str, ...] = (), out: Lines | None = None) -> Lines:
+    """Map every key path to the 1-based line where its value (or key) starts."""
+    out = {} if out is None else out
+    if node is None:
+        return out
+    out.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = str(key_node.value)
+            out[(*path, key)] = key_node.start_mark.line + 1
+            _line_map(value_node, (*path, key), out)
+            out[(*path, key)] = key_node.start_mark.line + 1
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _line_map(item, (*path, str(index)), out)
+    return out
+
+
+def _locate(loc: tuple[int | str, ...], lines: Lines) -> tuple[str, int | None]:
+    """Turn a pydantic error location into (dotted key path, line), skipping union tags that are not keys."""
+    matched: tuple[str, ...] = ()
+    pending: tuple[str, ...] = ()
+    for part in (str(p) for p in loc):
+        candidate = (*matched, part)
+        if candidate in lines:
+            matched = candidate
+            pending = ()
+        elif part not in ("stdio", "streamable_http", "sse") and not part.startswith("function-"):
+            pending = (*pending, part)  # a key that is missing from the file: name it, point at its parent
+    key_path = ".".join((*matched, *pending))
+    return key_path, lines.get(matched)
+
+
+def _interpolate(value: Any, path: tuple[str, ...], env: Mapping[str, str], file: str, lines: Lines) -> Any:
+    if isinstance(value, dict):
+        return {k: _interpolate(v, (*path, str(k)), env, file, lines) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_interpolate(v, (*path, str(i)), env, file, lines) for i, v in enumerate(value)]
+    if not isinstance(value, str) or "${" not in value:
+        return value
+
+    def replace(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2)
+        if name in env:
+            return env[name]
+        if default is not None:
+            return default
+        raise ConfigError(
+            file, ".".join(path), lines.get(path), f"environment variable {name} is not set (referenced as ${{{name}}})"
+        )
+
+    return _ENV_REF.sub(replace, value)
+
+
+def parse_config(text: str, *, file: str = "<memory>", env: Mapping[str, str] | None = None) -> Federation:
+    """Parse and validate federation.yaml text. Relative paths resolve against ``file``'s folder.
+
+    Raises:
+        ConfigError: naming the file, the key path and the line of the first problem.
+    """
+    env = os.environ if env is None else env
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()  # type: ignore[no-untyped-call]
+        data = loader.construct_document(node) if node is not None else None  # type: ignore[no-untyped-call]
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else None
+        problem = " ".join(filter(None, [exc.context, exc.problem]))
+        raise ConfigError(file, "", line, f"YAML syntax error: {problem}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(file, "", None, f"YAML error: {exc}") from exc
+    finally:
+        loader.dispose()  # type: ignore[no-untyped-call]
+
+    lines = _line_map(node)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(file, "", 1, "the top level must be a mapping (version, gateway, servers, ...)")
+    data = _interpolate(data, (), env, file, lines)
+    base_dir = str(Path(file).resolve().parent) if file != "<memory>" else None
+    try:
+        fed = Federation.model_validate({**data, "source": file}, context={"base_dir": base_dir})
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        loc = tuple(err["loc"])
+        if err["type"] in ("union_tag_invalid", "union_tag_not_found"):
+            loc = (*loc, "transport")
+        key_path, line = _locate(loc, lines)
+        message = err["msg"]
+        if err["type"] == "extra_forbidden":
+            message = "unknown key (not part of the federation.yaml schema; check its spelling)"
+        elif err["type"] == "missing":
+            message = "required key is missing"
+        elif "input" in err and err["type"] not in ("value_error", "assertion_error"):
+            message = f"{message} (got {err['input']!r})"
+        if message.startswith("Value error, "):
+            message = message.removeprefix("Value error, ")
+        raise ConfigError(file, key_path, line, message) from exc
+    return fed
+
+
+def load_config(path: str | os.PathLike[str]) -> Federation:
+    """Read, interpolate and validate a federation.yaml file.
+
+    Raises:
+        ConfigError: the file is missing, unreadable or invalid (names file, key path and line).
+    """
+    file = str(path)
+    try:
+        text = Path(file).read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise ConfigError(file, "", None, "file not found") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(file, "", None, f"cannot read the file: {exc}") from exc
+    return parse_config(text, file=file)
+
+
+def environ(name: str) -> str | None:
+    """Read one environment variable (the rest of the gateway does not touch ``os.environ``)."""
+    return os.environ.get(name)
