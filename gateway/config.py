@@ -46,8 +46,7 @@ class _Model(BaseModel):
 def _check_tool_name(name: str) -> str:
     if not TOOL_NAME_RE.fullmatch(name):
         raise ValueError(
-            f"tool name {name!r} is invalid: use 1 to 64 characters from A-Z a-z 0-9 _ . - "
-            f"(it has {len(name)})"
+            f"tool name {name!r} is invalid: use 1 to 64 characters from A-Z a-z 0-9 _ . - (it has {len(name)})"
         )
     return name
 
@@ -353,18 +352,21 @@ class Federation(_Model):
 
 
 class _Loader(yaml.SafeLoader):
-    """A safe loader that refuses duplicate keys (which plain YAML silently overwrites)."""
+    """A safe loader that refuses duplicate keys (plain YAML silently keeps the last) and reads every mapping key
+    as the text written (plain YAML turns keys such as ``off``, ``yes`` or ``1`` into booleans and numbers)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+        seen: set[str] = set()
+        result: dict[Any, Any] = {}
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise yaml.constructor.ConstructorError(None, None, "a mapping key must be plain text", key_node.start_mark)
+            key = str(key_node.value)
             if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}", key_node.start_mark
-                )
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
             seen.add(key)
-        return super().construct_mapping(node, deep=deep)
+            result[key] = self.construct_object(value_node, deep=deep)
+        return result
 
 
 Lines = dict[tuple[str, ...], int]
@@ -433,8 +435,8 @@ def parse_config(text: str, *, file: str = "<memory>", env: Mapping[str, str] | 
     env = os.environ if env is None else env
     loader = _Loader(text)
     try:
-        node = loader.get_single_node()  # type: ignore[no-untyped-call]
-        data = loader.construct_document(node) if node is not None else None  # type: ignore[no-untyped-call]
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
@@ -443,7 +445,7 @@ def parse_config(text: str, *, file: str = "<memory>", env: Mapping[str, str] | 
     except yaml.YAMLError as exc:
         raise ConfigError(file, "", None, f"YAML error: {exc}") from exc
     finally:
-        loader.dispose()  # type: ignore[no-untyped-call]
+        loader.dispose()
 
     lines = _line_map(node)
     if data is None:

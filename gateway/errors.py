@@ -45,7 +45,9 @@ class ConfigError(GatewayError):
         super().__init__(f"{where}: {message}")
 
     def __repr__(self) -> str:
-        return f"ConfigError(file={self.file!r}, key_path={self.key_path!r}, line={self.line!r}, message={self.message!r})"
+        return (
+            f"ConfigError(file={self.file!r}, key_path={self.key_path!r}, line={self.line!r}, message={self.message!r})"
+        )
 
 
 class BackendError(GatewayError):

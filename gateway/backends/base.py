@@ -16,13 +16,14 @@ The contract of ``call_tool``:
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
 import mcp_types as types
 from anyio.abc import TaskStatus
+from mcp.shared.dispatcher import ProgressFnT
 
 
 class BackendState(StrEnum):
@@ -49,8 +50,8 @@ class BackendStatus:
     declared: bool = False  # True when the reason is the operator's (enabled: false), not detected
 
 
-ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
-"""Progress relay: ``(progress, total, message)``; the same shape as the SDK's ``ProgressFnT``."""
+ProgressFn = ProgressFnT
+"""Progress relay: ``async (progress, total, message) -> None``."""
 
 ChangeListener = Callable[[], None]
 """Called (synchronously, cheaply) whenever a backend's state or tool list changes."""
