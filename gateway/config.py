@@ -281,10 +281,10 @@ class Wiki(_Model):
 class RouteStep(_Model):
     provider: str = Field(pattern=r"^[^/]+/[^/]+$")
     """``backend/tool``: a downstream server's tool, an adapter's tool, or the wiki's tool (by their own names)."""
-    arguments: dict[str, str] = {}
-    """Maps the provider's argument name -> the served tool's argument name, where they differ."""
-    fixed: dict[str, Any] = {}
-    """Arguments always sent to this provider (e.g. ``rerank: false``)."""
+    arguments: dict[str, Any] | None = None
+    """What this provider is sent, as a template over the served tool's arguments: a string that is exactly
+    ``"{name}"`` becomes that argument's value (any type; the key is dropped when the argument is absent), other
+    values are sent as written. Absent: the caller's arguments pass through unchanged."""
 
     @model_validator(mode="before")
     @classmethod
@@ -295,7 +295,13 @@ class RouteStep(_Model):
 class Route(_Model):
     providers: tuple[RouteStep, ...] = Field(min_length=1)
     description: str | None = None
-    router: bool | None = None
+    """Replaces the description taken from the schema's provider."""
+    schema_from: str | None = None
+    """The provider (``backend/tool``) whose input schema and description the route publishes. Default: the first
+    adapter or wiki provider (their schemas are known without a connection), else the first provider."""
+    router: bool = False
+    audit: dict[str, int] = {}
+    """Argument previews kept in the audit ledger (name -> characters, 0 = whole value)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -360,7 +366,9 @@ class _Loader(yaml.SafeLoader):
         result: dict[Any, Any] = {}
         for key_node, value_node in node.value:
             if not isinstance(key_node, yaml.ScalarNode):
-                raise yaml.constructor.ConstructorError(None, None, "a mapping key must be plain text", key_node.start_mark)
+                raise yaml.constructor.ConstructorError(
+                    None, None, "a mapping key must be plain text", key_node.start_mark
+                )
             key = str(key_node.value)
             if key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)

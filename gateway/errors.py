@@ -6,6 +6,7 @@
     │   ├── BackendUnavailable     not connected, disabled, crashed, refused, process could not start
     │   ├── BackendTimeout         no answer within the step's timeout
     │   ├── BackendProtocolError   the backend answered with something that is not a valid answer
+    │   │   └── BackendRpcError        ... a JSON-RPC error answer (a lone provider's passes through as is)
     │   └── BackendThinResult      an answer a variant declares not worth keeping (degrade to the next rung)
     ├── ToolNotFound           no tool of that name in the catalog (a JSON-RPC error, not a tool result)
     ├── InvalidArguments       a tool argument failed validation (an ``isError`` answer naming the argument)
@@ -83,6 +84,18 @@ class BackendProtocolError(BackendError):
 
 class BackendThinResult(BackendError):
     outcome = "thin"
+
+
+class BackendRpcError(BackendProtocolError):
+    """The backend answered with a JSON-RPC error; kept whole so a lone provider's error can pass through."""
+
+    outcome = "rpc_error"
+
+    def __init__(self, backend: str, code: int, message: str, data: object = None) -> None:
+        self.code = code
+        self.message = message
+        self.data = data
+        super().__init__(backend, f"the server answered with error {code}: {message}")
 
 
 class ToolNotFound(GatewayError):

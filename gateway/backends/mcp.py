@@ -39,11 +39,12 @@ from gateway.backends.stdio import StdioProcess, open_stdio
 from gateway.config import HttpServer, ServerConfig, SseServer, StdioServer
 from gateway.errors import (
     BackendProtocolError,
+    BackendRpcError,
     BackendTimeout,
     BackendUnavailable,
 )
 
-__all__ = ["BackendRpcError", "HttpPool", "McpBackend", "classify_failure"]
+__all__ = ["HttpPool", "McpBackend", "classify_failure"]
 
 log = structlog.get_logger("gateway.backend")
 
@@ -53,14 +54,6 @@ SHUTDOWN_GRACE_S = 5.0
 """Bound on closing one session (the SDK's stdio shutdown closes stdin, waits, then kills the process tree)."""
 JSONRPC_REQUEST_TIMEOUT = -32001
 JSONRPC_CONNECTION_CLOSED = -32000
-
-
-class BackendRpcError(BackendProtocolError):
-    """The downstream answered a request with a JSON-RPC error (kept so it can be passed through untouched)."""
-
-    def __init__(self, backend: str, error: types.ErrorData) -> None:
-        self.error = error
-        super().__init__(backend, f"the server answered with error {error.code}: {error.message}")
 
 
 # ----------------------------------------------------------------------------------------------- shared HTTP
@@ -382,7 +375,7 @@ class McpBackend:
             if exc.error.code == JSONRPC_CONNECTION_CLOSED:
                 self._mark_lost("the connection closed during a call")
                 raise BackendUnavailable(self._name, "the connection closed during the call (server crashed?)") from exc
-            raise BackendRpcError(self._name, exc.error) from exc
+            raise BackendRpcError(self._name, exc.error.code, exc.error.message, exc.error.data) from exc
         except (httpx2.HTTPError, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
             self._mark_lost(f"transport error: {exc or type(exc).__name__}")
             raise BackendUnavailable(self._name, f"transport error: {exc or type(exc).__name__}") from exc

@@ -1,0 +1,256 @@
+"""The merged, immutable tool catalog: what clients see, and which providers serve each published tool.
+
+``Catalog.build(config, backends)`` takes the tools of every ready backend, applies the per-backend filters
+(``include`` / ``exclude`` / ``rename`` / ``describe``), the routes (a published tool served by an ordered list of
+providers), the naming policy (``never`` | ``conditional``: prefix only names that collide | ``always``) and the
+router note, and pre-serialises the ``tools/list`` answer once. A catalog is never mutated: when a backend joins,
+leaves or changes its tools, the runtime builds a new one and swaps it whole, so ``tools/list`` costs a dictionary
+lookup and a request never sees a half-built catalog.
+
+Problems found while building (a downstream tool whose name cannot be published, a collision under ``never``)
+never fail the build: the tool is left out and the problem is kept in ``Catalog.problems`` for ``gateway check``
+and ``/status``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import mcp_types as types
+
+from gateway.backends.base import Backend, BackendState
+from gateway.config import TOOL_NAME_RE, Federation, RouteStep
+
+__all__ = ["Catalog", "CatalogEntry", "Provider"]
+
+STATIC_KINDS = frozenset({"adapter", "wiki"})
+"""Backends whose tools are known without a connection: a route keeps their schema even while they are down."""
+
+
+@dataclass(frozen=True, slots=True)
+class Provider:
+    """One way to serve a published tool: a backend's own tool, with an optional argument template."""
+
+    backend: str
+    tool: str
+    arguments: Mapping[str, Any] | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.backend}/{self.tool}"
+
+    def map_arguments(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        """The arguments this provider is sent for a call with ``arguments``."""
+        if self.arguments is None:
+            return dict(arguments)
+        mapped = _fill(self.arguments, arguments)
+        return mapped if isinstance(mapped, dict) else {}
+
+
+_MISSING = object()
+
+
+def _fill(template: Any, arguments: Mapping[str, Any]) -> Any:
+    if isinstance(template, str):
+        if len(template) > 2 and template[0] == "{" and template[-1] == "}" and template[1:-1] in arguments:
+            return arguments[template[1:-1]]
+        if len(template) > 2 and template[0] == "{" and template[-1] == "}" and template[1:-1].isidentifier():
+            return _MISSING
+        return template
+    if isinstance(template, Mapping):
+        out = {}
+        for key, value in template.items():
+            filled = _fill(value, arguments)
+            if filled is not _MISSING:
+                out[key] = filled
+        return out
+    if isinstance(template, list | tuple):
+        return [item for item in (_fill(v, arguments) for v in template) if item is not _MISSING]
+    return template
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogEntry:
+    """A published tool: its public definition and its providers, tried in order."""
+
+    name: str
+    tool: types.Tool
+    providers: tuple[Provider, ...]
+    audit: Mapping[str, int] = field(default_factory=dict)
+    route: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    backend: str
+    local: str  # the backend's own name
+    published: str  # after rename, before any prefix
+    tool: types.Tool
+    router: bool
+    audit: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class Catalog:
+    entries: Mapping[str, CatalogEntry]
+    list_result: Mapping[str, Any]
+    """The pre-serialised ``tools/list`` result (wire shape, camelCase), built once per catalog."""
+    problems: tuple[str, ...] = ()
+
+    @classmethod
+    def empty(cls) -> Catalog:
+        return cls({}, {"tools": []})
+
+    def get(self, name: str) -> CatalogEntry | None:
+        return self.entries.get(name)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def by_backend(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for entry in self.entries.values():
+            for provider in entry.providers:
+                counts[provider.backend] = counts.get(provider.backend, 0) + 1
+        return counts
+
+    @classmethod
+    def build(cls, config: Federation, backends: Mapping[str, Backend]) -> Catalog:
+        problems: list[str] = []
+        note = (config.gateway.router_note or "").strip()
+        route_providers = {step.provider for route in config.routes.values() for step in route.providers}
+
+        candidates: list[_Candidate] = []
+        known: dict[str, tuple[Backend, types.Tool]] = {}  # "backend/local" -> the backend's own tool
+        for name, backend in backends.items():
+            state = backend.status.state
+            ready = state is BackendState.READY
+            if not ready and not (backend.kind in STATIC_KINDS and state is not BackendState.DISABLED):
+                continue
+            for tool in backend.tools():
+                known[f"{name}/{tool.name}"] = (backend, tool)
+                if f"{name}/{tool.name}" in route_providers or not ready:
+                    continue  # consumed by a route (served under the route's name), or not serving on its own
+                candidate = _candidate(config, name, tool)
+                if candidate is not None:
+                    candidates.append(candidate)
+
+        entries: dict[str, CatalogEntry] = {}
+        for route_name, route in config.routes.items():
+            source = _schema_source(route.schema_from, route.providers, known, backends)
+            if source is None:
+                problems.append(f"route {route_name!r}: no provider is available yet, so it is not published")
+                continue
+            base = known[source][1]
+            description = route.description if route.description is not None else (base.description or "")
+            tool = _publish(
+                base, route_name, description, note if route.router or _routes_router(config, source) else ""
+            )
+            providers = tuple(_provider(step) for step in route.providers)
+            audit = dict(route.audit) or _adapter_audit(config, source)
+            entries[route_name] = CatalogEntry(route_name, tool, providers, audit, route=True)
+
+        mode, sep = config.gateway.naming.mode, config.gateway.naming.separator
+        counts: dict[str, int] = {}
+        for cand in candidates:
+            counts[cand.published] = counts.get(cand.published, 0) + 1
+        for cand in candidates:
+            collides = counts[cand.published] > 1 or cand.published in entries
+            if mode == "always" or (mode == "conditional" and collides):
+                public = f"{cand.backend}{sep}{cand.published}"
+            else:
+                public = cand.published
+            if public in entries:
+                problems.append(
+                    f"tool {cand.backend}/{cand.local} is not published: the name {public!r} is already taken "
+                    f"(naming mode {mode!r})"
+                )
+                continue
+            if not TOOL_NAME_RE.fullmatch(public):
+                problems.append(
+                    f"tool {cand.backend}/{cand.local} is not published: {public!r} is not a valid tool name "
+                    f"(1 to 64 characters from A-Z a-z 0-9 _ . -; it has {len(public)}); rename it in federation.yaml"
+                )
+                continue
+            description = cand.tool.description or ""
+            tool = _publish(cand.tool, public, description, note if cand.router else "")
+            entries[public] = CatalogEntry(public, tool, (Provider(cand.backend, cand.local),), cand.audit)
+
+        listed = [entry.tool.model_dump(by_alias=True, mode="json", exclude_none=True) for entry in entries.values()]
+        return cls(entries, {"tools": listed}, tuple(problems))
+
+
+def _provider(step: RouteStep) -> Provider:
+    backend, tool = step.provider.split("/", 1)
+    return Provider(backend, tool, step.arguments)
+
+
+def _candidate(config: Federation, backend: str, tool: types.Tool) -> _Candidate | None:
+    local = tool.name
+    if backend in config.servers:
+        server = config.servers[backend]
+        flt = server.tools
+        if flt.include is not None and local not in flt.include:
+            return None
+        if local in flt.exclude:
+            return None
+        published = flt.rename.get(local, local)
+        if published in flt.describe:
+            tool = tool.model_copy(update={"description": flt.describe[published]})
+        elif local in flt.describe:
+            tool = tool.model_copy(update={"description": flt.describe[local]})
+        router = server.router or published in flt.router
+        return _Candidate(backend, local, published, tool, router, {})
+    if backend in config.adapters:
+        spec = config.adapters[backend].tools.get(local)
+        router = spec.router if spec is not None else False
+        return _Candidate(backend, local, local, tool, router, dict(spec.audit) if spec is not None else {})
+    if config.wiki is not None and backend == config.wiki.name:
+        if config.wiki.tools is not None and local not in config.wiki.tools:
+            return None
+        return _Candidate(backend, local, local, tool, local in config.wiki.router, {})
+    return None
+
+
+def _schema_source(
+    explicit: str | None,
+    steps: Sequence[RouteStep],
+    known: Mapping[str, tuple[Backend, types.Tool]],
+    backends: Mapping[str, Backend],
+) -> str | None:
+    if explicit is not None and explicit in known:
+        return explicit
+    labels = [step.provider for step in steps]
+    static = [
+        label
+        for label in labels
+        if label.split("/", 1)[0] in backends and backends[label.split("/", 1)[0]].kind in STATIC_KINDS
+    ]
+    for label in (*static, *labels):
+        if label in known:
+            return label
+    return None
+
+
+def _routes_router(config: Federation, source: str) -> bool:
+    backend, local = source.split("/", 1)
+    adapter = config.adapters.get(backend)
+    if adapter is not None and local in adapter.tools:
+        return adapter.tools[local].router
+    return False
+
+
+def _adapter_audit(config: Federation, source: str) -> dict[str, int]:
+    backend, local = source.split("/", 1)
+    adapter = config.adapters.get(backend)
+    if adapter is not None and local in adapter.tools:
+        return dict(adapter.tools[local].audit)
+    return {}
+
+
+def _publish(tool: types.Tool, name: str, description: str, note: str) -> types.Tool:
+    if note:
+        description = f"{description.rstrip()}\n\n{note}" if description else note
+    return tool.model_copy(update={"name": name, "description": description or None})

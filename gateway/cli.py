@@ -1,0 +1,229 @@
+"""The ``gateway`` command: serve | check | tools | audit.
+
+Exit codes: 0 success (``check`` too, even with failed or disabled backends: they are reported, not fatal);
+2 an invalid configuration or command line (the message names the file, the key path and the line); 1 anything
+else that stops a command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+import structlog
+
+from gateway._logging import configure_logging, redactor
+from gateway.audit_report import add_audit_subcommands, run_audit
+from gateway.config import Federation, environ, load_config
+from gateway.errors import ConfigError
+from gateway.runtime import VERSION, Gateway
+from gateway.server import Tokens, build_app, build_server, is_loopback, status_document
+
+__all__ = ["main"]
+
+log = structlog.get_logger("gateway.cli")
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+CHECK_SETTLE_MARGIN_S = 5.0
+AUDIT_DB_FROM_CONFIG = "gateway.audit.path"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gateway", description="One MCP endpoint in front of many backends.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
+    parser.add_argument("--log-level", default="info", help="debug | info | warning | error (default: info)")
+    parser.add_argument("--log-json", action="store_true", default=None, help="JSON log lines even on a terminal")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def config_arg(p: argparse.ArgumentParser) -> None:
+        p.add_argument("-c", "--config", default="federation.yaml", help="federation.yaml (default: ./federation.yaml)")
+
+    serve = sub.add_parser("serve", help="serve MCP over streamable HTTP at /mcp (or over stdio with --stdio)")
+    config_arg(serve)
+    serve.add_argument("--host", help="bind address (default: gateway.listen.host, else 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default: gateway.listen.port, else 8080)")
+    serve.add_argument("--stdio", action="store_true", help="serve over stdin/stdout instead of HTTP")
+
+    check = sub.add_parser("check", help="validate the file, connect to every backend, report states and reasons")
+    config_arg(check)
+    check.add_argument("--json", action="store_true", help="machine-readable output")
+
+    tools = sub.add_parser("tools", help="the merged catalog as a client would see it")
+    config_arg(tools)
+    tools.add_argument("--json", action="store_true", help="machine-readable output")
+    tools.add_argument("--full", action="store_true", help="whole descriptions, not their first line")
+
+    audit = add_audit_subcommands(sub, default_db=AUDIT_DB_FROM_CONFIG)
+    config_arg(audit)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    configure_logging(args.log_level, json=args.log_json)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"gateway: invalid configuration: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    _register_secrets(config)
+    try:
+        if args.command == "serve":
+            return anyio.run(_serve, config, args)
+        if args.command == "check":
+            return anyio.run(_check, config, args.json)
+        if args.command == "tools":
+            return anyio.run(_tools, config, args.json, args.full)
+        if args.command == "audit":
+            if args.db == AUDIT_DB_FROM_CONFIG:
+                args.db = config.gateway.audit.path
+            return run_audit(args)
+    except KeyboardInterrupt:
+        return EXIT_OK
+    return EXIT_USAGE
+
+
+def _register_secrets(config: Federation) -> None:
+    """Teach the log redactor every secret the configuration carries, before anything is logged."""
+    secrets: list[str] = []
+    tokens = environ(config.gateway.auth.tokens_env)
+    if tokens:
+        secrets += Tokens(tokens).secrets
+    for server in config.servers.values():
+        for key, value in getattr(server, "headers", {}).items():
+            if key.lower() in ("authorization", "cookie") or "token" in key.lower() or "key" in key.lower():
+                secrets.append(value.split(" ", 1)[-1])
+    redactor.add(secrets)
+
+
+# ----------------------------------------------------------------------------------------------- serve
+
+
+async def _serve(config: Federation, args: argparse.Namespace) -> int:
+    if args.stdio:
+        return await _serve_stdio(config)
+    host = args.host or config.gateway.listen.host
+    port = args.port if args.port is not None else config.gateway.listen.port
+    tokens = Tokens(environ(config.gateway.auth.tokens_env))
+    if not tokens:
+        if not is_loopback(host):
+            print(
+                f"gateway: refusing to serve on {host} without a bearer token: set {config.gateway.auth.tokens_env} "
+                "(comma-separated tokens, optionally name=token) or bind to 127.0.0.1",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        log.warning(
+            "auth.disabled",
+            message=f"NO BEARER TOKENS ({config.gateway.auth.tokens_env} is empty): serving on loopback only, "
+            "any local process can call every tool",
+        )
+    import uvicorn
+
+    async with Gateway(config).running() as gateway:
+        app = build_app(gateway, host=host, tokens=tokens)
+        server = uvicorn.Server(
+            uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on", access_log=False)
+        )
+        log.info("gateway.serving", url=f"http://{host}:{port}/mcp", backends=len(gateway.backends), auth=bool(tokens))
+        await server.serve()  # returns on SIGINT/SIGTERM (uvicorn handles both); leaving the block stops backends
+    log.info("gateway.stopped")
+    return EXIT_OK
+
+
+async def _serve_stdio(config: Federation) -> int:
+    from mcp.server.stdio import stdio_server
+
+    async with Gateway(config).running() as gateway:
+        server, _ = build_server(gateway)
+        async with anyio.create_task_group() as tg:
+
+            async def stop_on_signal() -> None:
+                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    async for _ in signals:
+                        tg.cancel_scope.cancel()
+                        return
+
+            tg.start_soon(stop_on_signal)
+            async with stdio_server() as (read, write):
+                await server.run(read, write, server.create_initialization_options())
+            tg.cancel_scope.cancel()  # the client closed stdin: shut down
+    return EXIT_OK
+
+
+# ----------------------------------------------------------------------------------------------- check / tools
+
+
+def _settle_budget(config: Federation) -> float:
+    timeouts = [server.connect_timeout_s for server in config.servers.values() if server.enabled]
+    return max(timeouts, default=0.0) + CHECK_SETTLE_MARGIN_S
+
+
+async def _check(config: Federation, as_json: bool) -> int:
+    async with Gateway(config, audit=False).running() as gateway:
+        await gateway.wait_settled(_settle_budget(config))
+        doc = status_document(gateway)
+    doc["config"] = config.source
+    if as_json:
+        print(json.dumps(doc, indent=2))
+        return EXIT_OK
+    rows = [("NAME", "KIND", "STATE", "TOOLS", "REASON")]
+    for b in doc["backends"]:
+        reason = b["reason"] or ""
+        if b["declared"]:
+            reason = f"(declared) {reason}"
+        rows.append((b["name"], b["kind"], b["state"], str(b["tools"]), reason))
+    print(f"config: {config.source}  (valid)")
+    print(_table(rows))
+    print(f"catalog: {doc['catalog']['tools']} tools; status: {doc['status']}")
+    for problem in doc["catalog"]["problems"]:
+        print(f"  problem: {problem}")
+    return EXIT_OK
+
+
+async def _tools(config: Federation, as_json: bool, full: bool) -> int:
+    async with Gateway(config, audit=False).running() as gateway:
+        await gateway.wait_settled(_settle_budget(config))
+        entries = list(gateway.catalog.entries.values())
+    if as_json:
+        out: list[dict[str, Any]] = [
+            {
+                "name": e.name,
+                "providers": [p.label for p in e.providers],
+                "description": e.tool.description,
+                "input_schema": e.tool.input_schema,
+            }
+            for e in entries
+        ]
+        print(json.dumps(out, indent=2))
+        return EXIT_OK
+    rows = [("TOOL", "PROVIDERS", "DESCRIPTION")]
+    for e in entries:
+        description = (e.tool.description or "").strip()
+        rows.append(
+            (
+                e.name,
+                " -> ".join(p.label for p in e.providers),
+                description if full else description.split("\n")[0][:80],
+            )
+        )
+    print(_table(rows))
+    return EXIT_OK
+
+
+def _table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    lines = []
+    for row in rows:
+        cells = [cell.ljust(widths[i]) for i, cell in enumerate(row[:-1])]
+        lines.append("  ".join([*cells, row[-1]]).rstrip())
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

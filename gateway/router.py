@@ -1,0 +1,261 @@
+"""One ``tools/call``, start to finish: route -> provider -> ladder -> audit -> result. The single error policy.
+
+The policy, in one place:
+  * an unknown tool raises ``ToolNotFound`` (the server turns it into a JSON-RPC error, not a tool result);
+  * a provider's answer, including ``isError``, passes through untouched (the gateway only adds its ``_meta`` entry);
+  * bad arguments (``InvalidArguments``) are the caller's to fix: an ``isError`` answer naming the argument, no
+    fallback;
+  * a provider failure (``BackendError``: crash, timeout, transport error, disabled, thin answer) moves to the next
+    rung of the provider's ladder, then to the next provider of the route; when every step failed the answer is
+    ``isError`` naming each backend and its cause — except a lone provider's JSON-RPC error, which passes through
+    as that error;
+  * every call leaves one audit row, written before the answer is returned, and one canonical log line; both carry
+    the correlation id and the chain of steps, which the answer's ``_meta`` carries too. Degradation is never hidden.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import anyio
+import mcp_types as types
+import structlog
+
+from gateway.audit import AuditRecord, AuditStep, arg_previews, args_hash
+from gateway.backends.base import Backend, BackendState, ProgressFn
+from gateway.catalog import Catalog, CatalogEntry
+from gateway.errors import BackendError, BackendRpcError, InvalidArguments, ToolNotFound
+
+__all__ = ["META_KEY", "CallContext", "Router"]
+
+log = structlog.get_logger("gateway.call")
+
+META_KEY = "mcp-gateway/call"
+"""The key of the gateway's entry in a result's ``_meta``: correlation id, who served the call, and the chain."""
+
+
+class Recorder(Protocol):
+    async def record(self, rec: AuditRecord) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CallContext:
+    """Who is calling: carried into the audit row and the log line."""
+
+    session_id: str | None = None
+    client_name: str | None = None
+    client_version: str | None = None
+    caller: str | None = None
+
+
+class _Exhausted(Exception):
+    """Every step failed; ``last`` is the final failure."""
+
+    def __init__(self, last: BackendError | None) -> None:
+        self.last = last
+
+
+class Router:
+    def __init__(
+        self,
+        catalog: Callable[[], Catalog],
+        backends: Callable[[], Mapping[str, Backend]],
+        recorder: Recorder | None = None,
+    ) -> None:
+        self._catalog = catalog
+        self._backends = backends
+        self._recorder = recorder
+
+    async def call(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | None,
+        *,
+        ctx: CallContext = CallContext(),
+        progress: ProgressFn | None = None,
+    ) -> types.CallToolResult:
+        """Serve one tools/call.
+
+        Raises:
+            ToolNotFound: no published tool has this name.
+            BackendRpcError: the lone provider answered with a JSON-RPC error (passed through by the server).
+        """
+        entry = self._catalog().get(name)
+        if entry is None:
+            raise ToolNotFound(name)
+        arguments = dict(arguments or {})
+        correlation_id = uuid.uuid4().hex[:16]
+        started = time.perf_counter()
+        steps: list[AuditStep] = []
+        status = "error"
+        result: types.CallToolResult | None = None
+        with structlog.contextvars.bound_contextvars(correlation_id=correlation_id, tool=name):
+            try:
+                result, status = await self._serve(entry, arguments, steps, progress)
+            except _Exhausted as exc:
+                status = "timeout" if exc.last is not None and exc.last.outcome == "timeout" else "error"
+                if exc.last is not None and len(steps) == 1 and isinstance(exc.last, BackendRpcError):
+                    await self._finish(entry, arguments, ctx, correlation_id, started, steps, status, None)
+                    raise exc.last from None
+                result = _failure_result(name, steps)
+            except anyio.get_cancelled_exc_class():
+                with anyio.CancelScope(shield=True):
+                    await self._finish(entry, arguments, ctx, correlation_id, started, steps, "cancelled", None)
+                raise
+            result = _with_meta(result, correlation_id, steps, status)
+            await self._finish(entry, arguments, ctx, correlation_id, started, steps, status, result)
+            return result
+
+    async def _serve(
+        self,
+        entry: CatalogEntry,
+        arguments: dict[str, Any],
+        steps: list[AuditStep],
+        progress: ProgressFn | None,
+    ) -> tuple[types.CallToolResult, str]:
+        backends = self._backends()
+        last: BackendError | None = None
+        for provider in entry.providers:
+            backend = backends.get(provider.backend)
+            if backend is None:
+                continue
+            state = backend.status
+            if state.state is BackendState.DISABLED or (
+                state.state is not BackendState.READY and backend.kind not in ("adapter", "wiki")
+            ):
+                reason = state.reason or str(state.state)
+                steps.append(
+                    AuditStep(provider.label, None, "disabled" if state.declared else "unavailable", reason, 0.0)
+                )
+                continue
+            provider_args = provider.map_arguments(arguments)
+            for variant in backend.ladder(provider.tool, provider_args):
+                t0 = time.perf_counter()
+                try:
+                    result = await backend.call_tool(provider.tool, provider_args, variant=variant, progress=progress)
+                except InvalidArguments as exc:
+                    steps.append(AuditStep(provider.label, variant, "refused", exc.message, _ms(t0)))
+                    return _invalid_result(exc), "refused"
+                except BackendError as exc:
+                    steps.append(AuditStep(provider.label, variant, exc.outcome, exc.reason, _ms(t0)))
+                    log.warning(
+                        "tool.step_failed",
+                        provider=provider.label,
+                        variant=variant,
+                        outcome=exc.outcome,
+                        reason=exc.reason,
+                    )
+                    last = exc
+                    continue
+                steps.append(AuditStep(provider.label, variant, "error" if result.is_error else "ok", None, _ms(t0)))
+                if len(steps) > 1:
+                    return result, "degraded"
+                return result, "error" if result.is_error else "ok"
+        raise _Exhausted(last)
+
+    async def _finish(
+        self,
+        entry: CatalogEntry,
+        arguments: Mapping[str, Any],
+        ctx: CallContext,
+        correlation_id: str,
+        started: float,
+        steps: list[AuditStep],
+        status: str,
+        result: types.CallToolResult | None,
+    ) -> None:
+        duration_ms = _ms(started)
+        size = _result_size(result)
+        served = next((s for s in reversed(steps) if s.outcome in ("ok", "error")), None)
+        log.info(
+            "tool.call",
+            status=status,
+            duration_ms=round(duration_ms, 2),
+            served_by=served.provider if served else None,
+            variant=served.variant if served else None,
+            steps=len(steps),
+            chain=[f"{s.provider}{'[' + s.variant + ']' if s.variant else ''}:{s.outcome}" for s in steps],
+            client=ctx.client_name,
+            result_bytes=size,
+        )
+        if self._recorder is None:
+            return
+        await self._recorder.record(
+            AuditRecord(
+                ts=time.time(),
+                correlation_id=correlation_id,
+                session_id=ctx.session_id,
+                client_name=ctx.client_name,
+                client_version=ctx.client_version,
+                caller=ctx.caller,
+                tool=entry.name,
+                chain=tuple(steps),
+                status=status,
+                duration_ms=duration_ms,
+                result_bytes=size,
+                arg_preview=arg_previews(arguments, entry.audit),
+                args_hash=args_hash(arguments),
+            )
+        )
+
+
+def _ms(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1000.0
+
+
+def _result_size(result: types.CallToolResult | None) -> int:
+    if result is None:
+        return 0
+    size = 0
+    for block in result.content:
+        text = getattr(block, "text", None)
+        if isinstance(text, str):
+            size += len(text.encode("utf-8", errors="replace"))
+        else:
+            data = getattr(block, "data", None)
+            size += len(data) if isinstance(data, str) else 0
+    return size
+
+
+def _with_meta(
+    result: types.CallToolResult, correlation_id: str, steps: list[AuditStep], status: str
+) -> types.CallToolResult:
+    entry: dict[str, Any] = {"id": correlation_id, "status": status}
+    served = steps[-1] if steps else None
+    if served is not None:
+        entry["served_by"] = served.provider
+        if served.variant is not None:
+            entry["variant"] = served.variant
+    if len(steps) > 1 or status == "degraded":
+        entry["requested"] = {"provider": steps[0].provider, "variant": steps[0].variant}
+        entry["steps"] = [
+            {
+                "provider": s.provider,
+                "variant": s.variant,
+                "outcome": s.outcome,
+                "reason": s.reason,
+                "ms": round(s.duration_ms, 1),
+            }
+            for s in steps
+        ]
+    meta = dict(result.meta or {})
+    meta[META_KEY] = entry
+    result.meta = meta
+    return result
+
+
+def _failure_result(name: str, steps: list[AuditStep]) -> types.CallToolResult:
+    if not steps:
+        text = f"Tool {name!r} has no available provider right now."
+    else:
+        parts = [f"{s.provider}{f' [{s.variant}]' if s.variant else ''}: {s.outcome} ({s.reason})" for s in steps]
+        text = f"Tool {name!r} failed: every provider failed. " + "; ".join(parts)
+    return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
+
+
+def _invalid_result(exc: InvalidArguments) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(text=str(exc))], is_error=True)

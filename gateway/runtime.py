@@ -1,0 +1,171 @@
+"""``Gateway(config)``: owns the task group, every backend's lifetime, the current catalog and the router.
+
+Entering the gateway starts one supervisor task per backend (``Backend.run``) and returns at once: a backend that
+is slow or broken never delays startup or the others. ``wait_settled()`` waits, bounded, until every backend has
+had its first outcome (ready, failed, or disabled) — ``gateway check`` and the first ``tools/list`` use it. Whenever a
+backend's state or tools change, the catalog is rebuilt and swapped whole, and the change listeners (the server's
+``list_changed`` broadcast) are told. Leaving the gateway cancels every supervisor; each closes its own session
+(and kills its own process group) inside its own task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import anyio.abc
+import mcp_types as types
+import structlog
+from anyio.streams.memory import MemoryObjectSendStream
+
+from gateway.audit import Ledger
+from gateway.backends.base import Backend, BackendState, BackendStatus
+from gateway.backends.cli import CliBackend
+from gateway.backends.mcp import HttpPool, McpBackend
+from gateway.backends.wiki import WikiBackend
+from gateway.catalog import Catalog
+from gateway.config import Federation
+from gateway.router import Router
+
+__all__ = ["Gateway", "build_backends"]
+
+log = structlog.get_logger("gateway.runtime")
+
+VERSION = "0.1.0"
+
+CatalogListener = Callable[[Catalog], Awaitable[None]]
+
+
+class _Started(anyio.abc.TaskStatus[None]):
+    def __init__(self, event: anyio.Event) -> None:
+        self._event = event
+
+    def started(self, value: None = None) -> None:
+        self._event.set()
+
+
+def build_backends(config: Federation, http: HttpPool | None = None) -> dict[str, Backend]:
+    """One backend object per declared server, adapter and wiki, in declaration order."""
+    client_info = types.Implementation(name=config.gateway.name, version=VERSION)
+    backends: dict[str, Backend] = {}
+    for name, server in config.servers.items():
+        backends[name] = McpBackend(name, server, http=http, client_info=client_info)
+    for name, adapter in config.adapters.items():
+        backends[name] = CliBackend(name, adapter)
+    if config.wiki is not None and config.wiki.enabled:
+        wiki = config.wiki
+        backends[wiki.name] = WikiBackend(
+            wiki.name,
+            Path(wiki.root),
+            wiki.tools,
+            read_all_max_bytes=wiki.read_all_max_bytes,
+            default_max_bytes=wiki.default_max_bytes,
+        )
+    return backends
+
+
+class Gateway:
+    """The running federation. Use as ``async with Gateway(config) as gateway:``."""
+
+    def __init__(self, config: Federation, *, audit: bool | None = None) -> None:
+        self.config = config
+        self._audit_enabled = config.gateway.audit.enabled if audit is None else audit
+        self._backends: dict[str, Backend] = {}
+        self._settled: dict[str, anyio.Event] = {}
+        self._catalog = Catalog.empty()
+        self._listeners: list[CatalogListener] = []
+        self._changes: MemoryObjectSendStream[Catalog] | None = None
+        self.ledger: Ledger | None = None
+        self.router = Router(lambda: self._catalog, lambda: self._backends, None)
+        self.started_at = 0.0
+
+    # -- lifetime -------------------------------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[Gateway]:
+        http = HttpPool()
+        send, receive = anyio.create_memory_object_stream[Catalog](16)
+        self._changes = send
+        ledger_cm = (
+            Ledger(self.config.gateway.audit.path, retention_days=self.config.gateway.audit.retention_days)
+            if self._audit_enabled
+            else None
+        )
+        try:
+            async with anyio.create_task_group() as tg:
+                if ledger_cm is not None:
+                    self.ledger = await ledger_cm.__aenter__()
+                    self.router = Router(lambda: self._catalog, lambda: self._backends, self.ledger)
+                self.started_at = anyio.current_time()
+                self._backends = build_backends(self.config, http)
+                for backend in self._backends.values():
+                    backend.subscribe(self._rebuild)
+                    event = anyio.Event()
+                    self._settled[backend.name] = event
+                    tg.start_soon(self._supervise, backend, event, name=f"backend:{backend.name}")
+                tg.start_soon(self._broadcast, receive)
+                self._rebuild()
+                try:
+                    yield self
+                finally:
+                    tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                if ledger_cm is not None and self.ledger is not None:
+                    await ledger_cm.__aexit__(None, None, None)
+                await http.aclose()
+            self._changes = None
+
+    async def _supervise(self, backend: Backend, settled: anyio.Event) -> None:
+        try:
+            await backend.run(task_status=_Started(settled))
+        except Exception:  # a bug in one backend must not take down the others
+            log.exception("backend.crashed", backend=backend.name)
+            settled.set()
+
+    async def _broadcast(self, receive: anyio.abc.ObjectReceiveStream[Catalog]) -> None:
+        async with receive:
+            async for catalog in receive:
+                for listener in list(self._listeners):
+                    await listener(catalog)
+
+    # -- state ----------------------------------------------------------------------------------------------------
+
+    @property
+    def catalog(self) -> Catalog:
+        return self._catalog
+
+    @property
+    def backends(self) -> Mapping[str, Backend]:
+        return self._backends
+
+    def statuses(self) -> list[tuple[str, str, BackendStatus]]:
+        return [(b.name, b.kind, b.status) for b in self._backends.values()]
+
+    def on_catalog_change(self, listener: CatalogListener) -> None:
+        self._listeners.append(listener)
+
+    async def wait_settled(self, limit_s: float) -> bool:
+        """Wait until every backend had its first outcome, at most ``limit_s`` seconds. True if all settled."""
+        with anyio.move_on_after(limit_s):
+            for event in self._settled.values():
+                await event.wait()
+            return True
+        return False
+
+    def healthy(self) -> bool:
+        return all(b.status.state in (BackendState.READY, BackendState.DISABLED) for b in self._backends.values())
+
+    def _rebuild(self) -> None:
+        catalog = Catalog.build(self.config, self._backends)
+        previous = self._catalog
+        self._catalog = catalog
+        if catalog.list_result != previous.list_result:
+            log.info("catalog.changed", tools=len(catalog), problems=list(catalog.problems) or None)
+            if self._changes is not None:
+                try:
+                    self._changes.send_nowait(catalog)
+                except anyio.WouldBlock:
+                    pass  # a burst of changes: the broadcast already queued will announce the newest catalog
