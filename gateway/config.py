@@ -139,6 +139,8 @@ class _Backend(_Model):
     """Per-call timeout for this backend's tools."""
     connect_timeout_s: float = Field(default=20.0, gt=0)
     """How long the handshake (process start + initialize) may take before the backend is marked failed."""
+    ping_interval_s: float = Field(default=10.0, gt=0)
+    """How often a live session is pinged, so a silently dead downstream is noticed before a call fails on it."""
     router: bool = False
     tools: ToolFilter = ToolFilter()
 

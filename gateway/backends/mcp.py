@@ -48,8 +48,6 @@ __all__ = ["HttpPool", "McpBackend", "classify_failure"]
 
 log = structlog.get_logger("gateway.backend")
 
-PING_INTERVAL_S = 15.0
-"""How often an idle session is pinged, so a silently dead downstream is noticed without a call failing first."""
 SHUTDOWN_GRACE_S = 5.0
 """Bound on closing one session (the SDK's stdio shutdown closes stdin, waits, then kills the process tree)."""
 JSONRPC_REQUEST_TIMEOUT = -32001
@@ -280,6 +278,7 @@ class McpBackend:
         self._tools: tuple[types.Tool, ...] = ()
         self._init: types.InitializeResult | None = None
         self._lost: anyio.Event = anyio.Event()
+        self._probe_now: anyio.Event = anyio.Event()
         self._lost_reason: str | None = None
         self._status = (
             BackendStatus(BackendState.DISABLED, config.disabled_reason or "disabled in federation.yaml", declared=True)
@@ -525,8 +524,11 @@ class McpBackend:
                 return tuple(tools)
 
     async def _ping_loop(self, session: ClientSession) -> None:
+        """Ping every ``ping_interval_s``, or at once when the transport reports an error (e.g. its stream broke)."""
         while True:
-            await anyio.sleep(PING_INTERVAL_S)
+            with anyio.move_on_after(self._config.ping_interval_s):
+                await self._probe_now.wait()
+            self._probe_now = anyio.Event()
             try:
                 with anyio.fail_after(self._config.connect_timeout_s):
                     await session.send_ping()
@@ -539,7 +541,8 @@ class McpBackend:
 
     async def _on_message(self, message: Any) -> None:
         if isinstance(message, Exception):
-            log.debug("backend.transport_error", backend=self._name, error=str(message))
+            log.debug("backend.transport_error", backend=self._name, error=str(message) or type(message).__name__)
+            self._probe_now.set()  # is the session still alive? ping now rather than at the next interval
             return
         if isinstance(message, types.ToolListChangedNotification) and self._session is not None:
             session = self._session
