@@ -8,10 +8,11 @@ else that stops a command.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import anyio
@@ -125,13 +126,33 @@ async def _serve(config: Federation, args: argparse.Namespace) -> int:
         )
     import uvicorn
 
+    class _Uvicorn(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            # uvicorn would re-raise SIGTERM after its own shutdown, killing the process before the backends (and
+            # their child processes) are stopped; the gateway handles the signals itself instead.
+            yield
+
     async with Gateway(config).running() as gateway:
         app = build_app(gateway, host=host, tokens=tokens)
-        server = uvicorn.Server(
+        server = _Uvicorn(
             uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on", access_log=False)
         )
-        log.info("gateway.serving", url=f"http://{host}:{port}/mcp", backends=len(gateway.backends), auth=bool(tokens))
-        await server.serve()  # returns on SIGINT/SIGTERM (uvicorn handles both); leaving the block stops backends
+        async with anyio.create_task_group() as tg:
+
+            async def stop_on_signal() -> None:
+                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    async for signum in signals:
+                        log.info("gateway.stopping", signal=signal.Signals(signum).name)
+                        server.should_exit = True
+                        return
+
+            tg.start_soon(stop_on_signal)
+            log.info(
+                "gateway.serving", url=f"http://{host}:{port}/mcp", backends=len(gateway.backends), auth=bool(tokens)
+            )
+            await server.serve()
+            tg.cancel_scope.cancel()
     log.info("gateway.stopped")
     return EXIT_OK
 

@@ -46,8 +46,8 @@ log = structlog.get_logger("gateway.server")
 
 INVALID_PARAMS = -32602
 STARTUP_LIST_WAIT_S = 10.0
-"""The first ``tools/list`` waits (at most this long) for backends still starting, so a client that connects at
-once sees the whole catalog instead of a partial one followed by ``list_changed``."""
+"""During startup, ``tools/list`` (and a call naming a tool not known yet) waits at most this long for backends still
+connecting, so a client that connects at once sees the whole catalog instead of a partial one."""
 NOTIFY_TIMEOUT_S = 2.0
 
 
@@ -113,12 +113,12 @@ def _call_context(ctx: ServerRequestContext[Any]) -> CallContext:
 def build_server(gateway: Gateway) -> tuple[Server[Any], _Connections]:
     """The MCP server that fronts ``gateway``; pair it with a transport (HTTP app or stdio)."""
     connections = _Connections()
-    first_list = anyio.Event()
+    startup_waited = anyio.Event()
 
     async def list_tools(ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
-        if not first_list.is_set():
+        if not startup_waited.is_set():
             await gateway.wait_settled(STARTUP_LIST_WAIT_S)
-            first_list.set()
+            startup_waited.set()
         return gateway.catalog.list_result  # pre-serialised once per catalog: no per-request model work
 
     async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
@@ -126,8 +126,17 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], _Connections]:
         if ctx.meta and ctx.meta.get("progress_token") is not None:
             progress = ctx.session.report_progress  # relays on this request's own stream, against its own token
 
+        call_ctx = _call_context(ctx)
         try:
-            return await gateway.router.call(params.name, params.arguments, ctx=_call_context(ctx), progress=progress)
+            try:
+                return await gateway.router.call(params.name, params.arguments, ctx=call_ctx, progress=progress)
+            except ToolNotFound:
+                # A call that races startup may name a tool whose backend is still connecting: wait, then retry once.
+                if startup_waited.is_set():
+                    raise
+                await gateway.wait_settled(STARTUP_LIST_WAIT_S)
+                startup_waited.set()
+                return await gateway.router.call(params.name, params.arguments, ctx=call_ctx, progress=progress)
         except ToolNotFound as exc:
             raise MCPError(INVALID_PARAMS, str(exc)) from exc
         except BackendRpcError as exc:

@@ -11,7 +11,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from mcp.shared.exceptions import MCPError
 
 from tests.fixtures.gateway_proc import FIXTURES, PYTHON, echo_argv, mcp_session, run_gateway
 from tests.fixtures.procs import RunningServer, free_port, start_http_server
+from tests.fixtures.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -99,14 +100,16 @@ def gateway(federation: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 async def _wait_state(server: RunningServer, backend: str, state: str, *, limit: float = 20.0) -> dict[str, Any]:
+    found: dict[str, Any] = {}
     async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
-        with anyio.fail_after(limit):
-            while True:
-                doc = (await http.get(server.url("/status"))).json()
-                entry = next(b for b in doc["backends"] if b["name"] == backend)
-                if entry["state"] == state:
-                    return entry
-                await anyio.sleep(0.05)
+
+        async def reached() -> bool:
+            doc = (await http.get(server.url("/status"))).json()
+            found.update(next(b for b in doc["backends"] if b["name"] == backend))
+            return bool(found["state"] == state)
+
+        await eventually(reached, within=limit)
+    return found
 
 
 # ------------------------------------------------------------------------------------------------ catalog
@@ -284,9 +287,7 @@ async def test_cancellation_reaches_the_downstream(gateway: RunningServer, echo_
     async with mcp_session(gateway.url(), token=TOKEN) as session:
         with pytest.raises(MCPError):
             await session.call_tool("b__sleep", {"seconds": 60}, read_timeout_seconds=0.5)
-    with anyio.fail_after(10):
-        while "cancelled sleep" not in echo_http.output():
-            await anyio.sleep(0.05)
+    await eventually(lambda: "cancelled sleep" in echo_http.output())
 
 
 # ------------------------------------------------------------------------------------------------ list_changed
@@ -306,12 +307,20 @@ servers:
     connect_timeout_s: 2
     ping_interval_s: 0.5
 """
-    changes = 0
+    changed = anyio.Event()
 
     async def on_message(message: Any) -> None:
-        nonlocal changes
         if isinstance(message, types.ToolListChangedNotification):
-            changes += 1
+            changed.set()
+
+    async def names_after_changes(session: ClientSession, done: Callable[[set[str]], bool]) -> set[str]:
+        nonlocal changed
+        while True:
+            await changed.wait()
+            changed = anyio.Event()
+            names = {t.name for t in (await session.list_tools()).tools}
+            if done(names):
+                return names
 
     backend_argv = echo_argv("--http", str(port), "--name", "b", "--prefix", "b_")
     with start_http_server(backend_argv, port) as backend:
@@ -319,22 +328,14 @@ servers:
             async with mcp_session(gateway.url(), token=TOKEN, message_handler=on_message) as session:
                 names = {t.name for t in (await session.list_tools()).tools}
                 assert "b_echo" in names and "echo" in names  # no collision: no prefixes
-                seen = changes
+                changed = anyio.Event()
                 os.killpg(backend.process.pid, signal.SIGKILL)
                 with anyio.fail_after(30):
-                    while "b_echo" in names:
-                        while changes == seen:
-                            await anyio.sleep(0.05)
-                        seen = changes
-                        names = {t.name for t in (await session.list_tools()).tools}
+                    names = await names_after_changes(session, lambda names: "b_echo" not in names)
                 assert "echo" in names
                 with start_http_server(backend_argv, port):  # the backend comes back on its own address
                     with anyio.fail_after(40):
-                        while "b_echo" not in names:
-                            while changes == seen:
-                                await anyio.sleep(0.05)
-                            seen = changes
-                            names = {t.name for t in (await session.list_tools()).tools}
+                        await names_after_changes(session, lambda names: "b_echo" in names)
                     assert (await session.call_tool("b_echo", {"text": "rejoined"})).content[0].text == "rejoined"
 
 
@@ -423,13 +424,9 @@ servers:
         async with mcp_session(gateway.url(), token=TOKEN) as session:
             child = int((await session.call_tool("pid", {})).content[0].text)
         os.kill(gateway.process.pid, signal.SIGTERM)
-        with anyio.fail_after(15):
-            while gateway.process.poll() is None:
-                await anyio.sleep(0.05)
+        await eventually(lambda: gateway.process.poll() is not None, within=15)
         assert gateway.process.returncode == 0, gateway.output()
-    with anyio.fail_after(5):
-        while _alive(child):
-            await anyio.sleep(0.05)
+    await eventually(lambda: not _alive(child), within=5)
 
 
 def _alive(pid: int) -> bool:
