@@ -22,8 +22,9 @@ from gateway._logging import configure_logging, redactor
 from gateway.audit_report import add_audit_subcommands, run_audit
 from gateway.config import Federation, environ, load_config
 from gateway.errors import ConfigError
+from gateway.http import Tokens, build_app, is_loopback, status_document
 from gateway.runtime import VERSION, Gateway
-from gateway.server import Tokens, build_app, build_server, is_loopback, status_document
+from gateway.server import build_server
 
 __all__ = ["main"]
 

@@ -1,22 +1,15 @@
-"""The MCP face of the gateway (a low-level ``Server``) and its HTTP app: ``/mcp``, ``/healthz``, ``/status``.
+"""The MCP face of the gateway: a low-level ``Server`` whose handlers serve the catalog and route calls.
 
-The only module that imports Starlette. ``build_server(gateway)`` serves the pre-built catalog on ``tools/list`` and
-hands every ``tools/call`` to the router; it remembers each client connection so a catalog change can be announced
-with ``notifications/tools/list_changed``. ``build_app(gateway, ...)`` wraps the streamable HTTP endpoint in one pure
-ASGI guard that checks Host/Origin (DNS-rebinding protection on loopback binds) and the bearer token — in constant
-time, before any MCP work — and answers ``/healthz`` (no auth, no reasons) and ``/status`` (auth, full reasons).
+``build_server(gateway)`` serves the pre-built catalog on ``tools/list`` and hands every ``tools/call`` to the
+router; it remembers each client connection so a catalog change can be announced with
+``notifications/tools/list_changed``. It is transport-agnostic: ``http.py`` mounts it on streamable HTTP, the CLI runs
+it over stdio.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import ipaddress
-import json
-import time
 import weakref
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Mapping
 from typing import Any
 
 import anyio
@@ -26,21 +19,14 @@ from mcp.server import Server
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.models import InitializationOptions
-from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
-from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.catalog import Catalog
 from gateway.errors import BackendRpcError, ToolNotFound
 from gateway.router import CallContext
 from gateway.runtime import VERSION, Gateway
 
-__all__ = ["Guard", "Tokens", "build_app", "build_server", "is_loopback"]
+__all__ = ["build_server"]
 
 log = structlog.get_logger("gateway.server")
 
@@ -99,7 +85,7 @@ def _call_context(ctx: ServerRequestContext[Any]) -> CallContext:
     request = ctx.request
     session_id = None
     caller = None
-    if isinstance(request, Request):
+    if request is not None and hasattr(request, "headers"):  # a Starlette request on HTTP, None on stdio
         session_id = request.headers.get("mcp-session-id")
         caller = request.scope.get("state", {}).get("caller")
     return CallContext(
@@ -158,195 +144,3 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], _Connections]:
     server.middleware.append(connections.track)
     gateway.on_catalog_change(connections.announce)
     return server, connections
-
-
-# ----------------------------------------------------------------------------------------------- HTTP
-
-
-def is_loopback(host: str) -> bool:
-    if host in ("localhost", ""):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-class Tokens:
-    """Accepted bearer tokens. ``GATEWAY_TOKENS="alice=tok1,bob=tok2"`` names callers; a bare token is named by
-    its hash prefix. Tokens are compared in constant time and never logged or stored."""
-
-    def __init__(self, spec: str | None) -> None:
-        self._tokens: list[tuple[bytes, str]] = []
-        for item in (spec or "").split(","):
-            item = item.strip()
-            if not item:
-                continue
-            name, sep, token = item.partition("=")
-            if not sep:
-                name, token = "", item
-            digest = hashlib.sha256(token.encode()).hexdigest()[:12]
-            self._tokens.append((token.encode(), name or f"token-{digest}"))
-
-    def __bool__(self) -> bool:
-        return bool(self._tokens)
-
-    @property
-    def secrets(self) -> list[str]:
-        return [token.decode() for token, _ in self._tokens]
-
-    def identify(self, authorization: str | None) -> str | None:
-        """The caller's name for a valid ``Authorization: Bearer`` header, else None."""
-        if not authorization or not authorization[:7].lower() == "bearer ":
-            return None
-        offered = authorization[7:].strip().encode()
-        found: str | None = None
-        for token, name in self._tokens:  # compare against every token: timing reveals nothing
-            if hmac.compare_digest(offered, token):
-                found = name
-        return found
-
-
-class Guard:
-    """Pure ASGI middleware: Host/Origin validation, then bearer auth for protected paths, before anything else."""
-
-    def __init__(
-        self,
-        app: ASGIApp,
-        *,
-        tokens: Tokens,
-        loopback: bool,
-        allowed_hosts: Sequence[str] = (),
-        allowed_origins: Sequence[str] = (),
-        public_paths: Sequence[str] = ("/healthz",),
-    ) -> None:
-        self.app = app
-        self.tokens = tokens
-        self.loopback = loopback
-        self.allowed_hosts = {h.lower() for h in allowed_hosts}
-        self.allowed_origins = {o.lower() for o in allowed_origins}
-        self.public_paths = set(public_paths)
-
-    def _host_ok(self, host: str) -> bool:
-        host = host.lower()
-        if host in self.allowed_hosts:
-            return True
-        if not self.loopback:
-            return True  # behind a real name: the operator's proxy owns Host; auth is required anyway
-        name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
-        return name in ("127.0.0.1", "localhost", "[::1]")
-
-    def _origin_ok(self, origin: str) -> bool:
-        origin = origin.lower()
-        if origin in self.allowed_origins:
-            return True
-        if not self.loopback:
-            return not self.allowed_origins  # a list, when given, is exhaustive
-        rest = origin.split("://", 1)[-1]
-        name = rest.rsplit(":", 1)[0] if not rest.endswith("]") else rest
-        return name in ("127.0.0.1", "localhost", "[::1]")
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        if not self._host_ok(headers.get("host", "")):
-            await _plain(send, 421, "Misdirected request: Host header not allowed.")
-            return
-        origin = headers.get("origin")
-        if origin is not None and not self._origin_ok(origin):
-            await _plain(send, 403, "Forbidden: Origin not allowed.")
-            return
-        if scope["path"] not in self.public_paths and self.tokens:
-            caller = self.tokens.identify(headers.get("authorization"))
-            if caller is None:
-                await _plain(
-                    send,
-                    401,
-                    "Unauthorized: a valid bearer token is required.",
-                    [(b"www-authenticate", b'Bearer realm="mcp-gateway"')],
-                )
-                return
-            scope.setdefault("state", {})["caller"] = caller
-        await self.app(scope, receive, send)
-
-
-async def _plain(send: Send, status: int, text: str, extra: list[tuple[bytes, bytes]] | None = None) -> None:
-    body = json.dumps({"error": text}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers + (extra or [])})
-    await send({"type": "http.response.body", "body": body})
-
-
-def status_document(gateway: Gateway, *, connections: int | None = None) -> dict[str, Any]:
-    catalog = gateway.catalog
-    per_backend = catalog.by_backend()
-    backends = []
-    for name, kind, status in gateway.statuses():
-        backends.append(
-            {
-                "name": name,
-                "kind": kind,
-                "state": str(status.state),
-                "reason": status.reason,
-                "declared": status.declared,
-                "since": status.since,
-                "last_error": status.last_error,
-                "tools": per_backend.get(name, 0),
-                "downstream_tools": status.tool_count,
-            }
-        )
-    doc: dict[str, Any] = {
-        "gateway": gateway.config.gateway.name,
-        "version": VERSION,
-        "status": "ok" if gateway.healthy() else "degraded",
-        "catalog": {"tools": len(catalog), "problems": list(catalog.problems)},
-        "backends": backends,
-        "time": time.time(),
-    }
-    if connections is not None:
-        doc["connections"] = connections
-    return doc
-
-
-def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: bool = False) -> ASGIApp:
-    """The gateway's HTTP app. Run it inside ``gateway.running()`` (the caller owns the gateway's lifetime)."""
-    server, connections = build_server(gateway)
-    manager = StreamableHTTPSessionManager(
-        app=server,
-        json_response=json_response,
-        # The Guard does Host/Origin checks for every path, so the SDK's own check is off (one policy, one place).
-        security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
-    )
-    mcp_app = StreamableHTTPASGIApp(manager)
-
-    async def healthz(request: Request) -> Response:
-        states = {name: str(status.state) for name, _, status in gateway.statuses()}
-        return JSONResponse({"status": "ok" if gateway.healthy() else "degraded", "backends": states})
-
-    async def status(request: Request) -> Response:
-        return JSONResponse(status_document(gateway, connections=len(connections)))
-
-    @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with manager.run():
-            yield
-
-    app = Starlette(
-        routes=[
-            Route("/healthz", healthz, methods=["GET"]),
-            Route("/status", status, methods=["GET"]),
-            Route("/mcp", endpoint=mcp_app),
-        ],
-        lifespan=lifespan,
-    )
-    gateway_settings = gateway.config.gateway
-    guarded = Guard(
-        app,
-        tokens=tokens,
-        loopback=is_loopback(host),
-        allowed_hosts=gateway_settings.allowed_hosts,
-        allowed_origins=gateway_settings.allowed_origins,
-    )
-    return guarded
