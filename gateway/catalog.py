@@ -36,10 +36,18 @@ class Provider:
     backend: str
     tool: str
     arguments: Mapping[str, Any] | None = None
+    when: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
         return f"{self.backend}/{self.tool}"
+
+    def applies(self, arguments: Mapping[str, Any], defaults: Mapping[str, Any]) -> bool:
+        """Whether this provider serves a call with ``arguments`` (its ``when`` conditions hold)."""
+        for name, allowed in self.when.items():
+            if arguments.get(name, defaults.get(name)) not in allowed:
+                return False
+        return True
 
     def map_arguments(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
         """The arguments this provider is sent for a call with ``arguments``."""
@@ -80,6 +88,8 @@ class CatalogEntry:
     providers: tuple[Provider, ...]
     audit: Mapping[str, int] = field(default_factory=dict)
     route: bool = False
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    """The schema's argument defaults (what an absent argument means to a route's ``when`` conditions)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +160,7 @@ class Catalog:
             )
             providers = tuple(_provider(step) for step in route.providers)
             audit = dict(route.audit) or _adapter_audit(config, source)
-            entries[route_name] = CatalogEntry(route_name, tool, providers, audit, route=True)
+            entries[route_name] = CatalogEntry(route_name, tool, providers, audit, route=True, defaults=_defaults(tool))
 
         mode, sep = config.gateway.naming.mode, config.gateway.naming.separator
         counts: dict[str, int] = {}
@@ -184,7 +194,14 @@ class Catalog:
 
 def _provider(step: RouteStep) -> Provider:
     backend, tool = step.provider.split("/", 1)
-    return Provider(backend, tool, step.arguments)
+    return Provider(backend, tool, step.arguments, dict(step.when))
+
+
+def _defaults(tool: types.Tool) -> dict[str, Any]:
+    properties = tool.input_schema.get("properties")
+    if not isinstance(properties, dict):
+        return {}
+    return {k: v["default"] for k, v in properties.items() if isinstance(v, dict) and "default" in v}
 
 
 def _candidate(config: Federation, backend: str, tool: types.Tool) -> _Candidate | None:

@@ -38,7 +38,9 @@ AUDIT_DB_FROM_CONFIG = "gateway.audit.path"
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gateway", description="One MCP endpoint in front of many backends.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
-    parser.add_argument("--log-level", default="info", help="debug | info | warning | error (default: info)")
+    parser.add_argument(
+        "--log-level", default=None, help="debug | info | warning | error (default: info for serve, else warning)"
+    )
     parser.add_argument("--log-json", action="store_true", default=None, help="JSON log lines even on a terminal")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -67,7 +69,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    configure_logging(args.log_level, json=args.log_json)
+    level = args.log_level or ("info" if args.command == "serve" else "warning")
+    configure_logging(level, json=args.log_json)
     try:
         config = load_config(args.config)
     except ConfigError as exc:

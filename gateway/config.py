@@ -287,6 +287,9 @@ class RouteStep(_Model):
     """What this provider is sent, as a template over the served tool's arguments: a string that is exactly
     ``"{name}"`` becomes that argument's value (any type; the key is dropped when the argument is absent), other
     values are sent as written. Absent: the caller's arguments pass through unchanged."""
+    when: dict[str, tuple[Any, ...]] = {}
+    """Use this provider only for calls whose argument has one of these values (an absent argument counts as its
+    schema default), e.g. ``when: {mode: [keyword]}``. Other calls skip it without counting it as a failure."""
 
     @model_validator(mode="before")
     @classmethod

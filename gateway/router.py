@@ -121,7 +121,7 @@ class Router:
         last: BackendError | None = None
         for provider in entry.providers:
             backend = backends.get(provider.backend)
-            if backend is None:
+            if backend is None or not provider.applies(arguments, entry.defaults):
                 continue
             state = backend.status
             if state.state is BackendState.DISABLED or (
