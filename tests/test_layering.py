@@ -1,0 +1,234 @@
+"""The package's layering, enforced: every module of ``gateway/`` sits in a declared layer and imports only from its
+own layer or below; and only ``config.py`` touches the process environment.
+
+Layers, bottom to top (DESIGN.md section 6). A new module fails ``test_every_module_has_a_declared_layer`` until it
+is added to ``LAYERS`` here, so where it sits is a decision, not an accident.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PACKAGE = "gateway"
+ROOT = Path(__file__).resolve().parent.parent / PACKAGE
+
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors",),
+    ("config",),
+    ("_logging", "audit", "audit_report"),
+    ("backends", "backends.base"),  # "backends" is backends/__init__.py
+    ("backends.stdio",),
+    ("backends.mcp", "backends.cli", "backends.wiki"),
+    ("catalog", "health"),
+    ("router",),
+    ("runtime",),
+    ("server",),  # the MCP face (low-level Server), transport-free
+    ("http",),  # the Starlette app around it: /mcp, /healthz, /status, the guard
+    ("cli", "__main__", "__init__"),  # "__init__" is gateway/__init__.py: the public surface re-exports from any layer
+)
+LAYER = {module: level for level, modules in enumerate(LAYERS) for module in modules}
+
+ENVIRONMENT_READER = "config"
+ENV_ATTRIBUTES = frozenset({"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"})
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the package by its name relative to the package ("backends.cli", "__init__", ...)."""
+    found: dict[str, Path] = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        if parts == ("__init__",):
+            name = "__init__"
+        elif parts[-1] == "__init__":
+            name = ".".join(parts[:-1])
+        else:
+            name = ".".join(parts)
+        found[name] = path
+    return found
+
+
+def _absolute(name: str) -> str:
+    return PACKAGE if name == "__init__" else f"{PACKAGE}.{name}"
+
+
+def _relative(absolute: str, known: set[str]) -> str | None:
+    """The package-relative module an absolute import names, or None when it is not ours."""
+    if absolute == PACKAGE:
+        return "__init__"
+    if not absolute.startswith(PACKAGE + "."):
+        return None
+    name = absolute.removeprefix(PACKAGE + ".")
+    while name and name not in known:  # `import gateway.backends.cli.thing` -> the module part
+        name = name.rpartition(".")[0]
+    return name or "__init__"
+
+
+def imports(module: str, source: str, known: set[str]) -> Iterator[tuple[str, int]]:
+    """The package modules ``module`` imports (anywhere in the file, including function bodies), with line numbers."""
+    is_package = module == "__init__" or any(k.startswith(module + ".") for k in known)
+    own = _absolute(module)
+    package = own if is_package else own.rpartition(".")[0]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                target = _relative(alias.name, known)
+                if target is not None:
+                    yield target, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package
+                for _ in range(node.level - 1):
+                    base = base.rpartition(".")[0]
+                absolute = f"{base}.{node.module}" if node.module else base
+            else:
+                absolute = node.module or ""
+            for alias in node.names:
+                submodule = _relative(f"{absolute}.{alias.name}", known)
+                if submodule is not None and submodule in known and submodule != _relative(absolute, known):
+                    yield submodule, node.lineno  # `from gateway import errors`: the submodule itself
+                    continue
+                target = _relative(absolute, known)
+                if target is not None:
+                    yield target, node.lineno
+
+
+def upward_edges(sources: dict[str, str], layer: dict[str, int]) -> list[str]:
+    known = set(sources) | set(layer)
+    problems = []
+    for module, source in sorted(sources.items()):
+        for target, line in imports(module, source, known):
+            if target != module and target in layer and module in layer and layer[target] > layer[module]:
+                problems.append(
+                    f"{module} (layer {layer[module]}) imports {target} (layer {layer[target]}) at line {line}"
+                )
+    return problems
+
+
+def environment_uses(source: str) -> list[str]:
+    """Every use of the process environment through ``os`` (``os.environ``, ``os.getenv``, ``from os import
+    environ``, ...). ``config.environ(...)``, the sanctioned accessor, is not one."""
+    tree = ast.parse(source)
+    config_names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == PACKAGE:
+            config_names |= {a.asname or a.name for a in node.names if a.name == "config"}
+        elif isinstance(node, ast.Import):
+            config_names |= {a.asname for a in node.names if a.name == f"{PACKAGE}.config" and a.asname}
+    uses = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in ENV_ATTRIBUTES:
+            if isinstance(node.value, ast.Name) and node.value.id in config_names:
+                continue
+            uses.append(f"line {node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.ImportFrom) and node.module in ("os", "posix", "nt"):
+            uses += [
+                f"line {node.lineno}: from {node.module} import {a.name}"
+                for a in node.names
+                if a.name in ENV_ATTRIBUTES or a.name == "*"
+            ]
+    return uses
+
+
+# ----------------------------------------------------------------------------------------------- the real package
+
+
+def test_every_module_has_a_declared_layer() -> None:
+    undeclared = sorted(set(modules()) - set(LAYER))
+    assert not undeclared, f"add these modules to LAYERS in tests/test_layering.py: {undeclared}"
+
+
+def test_no_module_imports_from_a_layer_above_its_own() -> None:
+    sources = {name: path.read_text(encoding="utf-8") for name, path in modules().items()}
+    assert upward_edges(sources, LAYER) == []
+
+
+def test_only_config_touches_the_process_environment() -> None:
+    found = {}
+    for name, path in modules().items():
+        if name != ENVIRONMENT_READER:
+            uses = environment_uses(path.read_text(encoding="utf-8"))
+            if uses:
+                found[name] = uses
+    assert found == {}
+
+
+def test_the_layer_table_knows_the_modules_it_is_meant_to_check() -> None:
+    present = set(modules())
+    assert {"errors", "config", "catalog", "router", "runtime", "server", "cli", "backends.base"} <= present
+    assert len(LAYER) == sum(len(layer) for layer in LAYERS)  # no module listed twice
+
+
+# ----------------------------------------------------------------------------------------------- the checkers
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "target"),
+    [
+        ("config", "from gateway.server import Guard\n", "server"),
+        ("config", "import gateway.router\n", "router"),
+        ("config", "import gateway.backends.cli as cli\n", "backends.cli"),
+        ("config", "from gateway import router\n", "router"),
+        ("config", "from gateway.backends import cli\n", "backends.cli"),
+        ("config", "from . import server\n", "server"),
+        ("config", "from .router import Router\n", "router"),
+        ("backends.base", "from ..router import Router\n", "router"),
+        ("backends.base", "from .cli import CliBackend\n", "backends.cli"),
+        ("config", "def f():\n    from gateway.server import Guard\n", "server"),
+        ("config", "from gateway import Gateway\n", "__init__"),
+    ],
+)
+def test_the_import_checker_reports_an_upward_edge_in_every_spelling(module: str, source: str, target: str) -> None:
+    layer = {
+        "errors": 0,
+        "config": 1,
+        "backends": 2,
+        "backends.base": 2,
+        "backends.cli": 3,
+        "router": 4,
+        "server": 5,
+        "__init__": 6,
+    }
+    problems = upward_edges({module: source}, layer)
+    assert [p.split(" imports ")[1].split(" ")[0] for p in problems] == [target]
+
+
+def test_the_import_checker_allows_downward_and_same_layer_edges_and_foreign_packages() -> None:
+    layer = {"errors": 0, "config": 1, "router": 2, "server": 3}
+    sources = {
+        "server": "from gateway.router import Router\nfrom gateway import errors\nimport anyio\n",
+        "router": "from .config import Federation\nimport gateway_extras\nfrom gatewayx import y\n",
+        "config": "from gateway.errors import ConfigError\n",
+    }
+    assert upward_edges(sources, layer) == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import os\nos.environ['X']\n",
+        "import os\nos.environ.get('X')\n",
+        "import os as o\no.getenv('X')\n",
+        "from os import environ\n",
+        "from os import getenv as g\n",
+        "import os\nos.putenv('X', '1')\n",
+    ],
+)
+def test_the_environment_checker_finds_every_spelling(source: str) -> None:
+    assert environment_uses(source) != []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from gateway.config import environ\nenviron('X')\n",
+        "from gateway import config\nconfig.environ('X')\n",
+        "import os\nos.path.join('a', 'b')\n",
+        "from mcp.client.stdio import get_default_environment\n",
+    ],
+)
+def test_the_environment_checker_allows_the_config_accessor_and_other_os_uses(source: str) -> None:
+    assert environment_uses(source) == []
