@@ -17,6 +17,14 @@ import structlog
 __all__ = ["Redactor", "configure_logging", "redactor"]
 
 SENSITIVE_KEYS = frozenset({"authorization", "token", "tokens", "password", "secret", "api_key", "cookie"})
+SENSITIVE_SUFFIXES = ("authorization", "_token", "api_key", "apikey", "password", "secret", "cookie")
+
+
+def _sensitive(key: object) -> bool:
+    name = str(key).lower().replace("-", "_")
+    return name in SENSITIVE_KEYS or name.endswith(SENSITIVE_SUFFIXES)
+
+
 MASK = "[redacted]"
 
 
@@ -25,25 +33,28 @@ class Redactor:
 
     def __init__(self) -> None:
         self._secrets: set[str] = set()
+        self._ordered: list[str] = []
 
     def add(self, values: Iterable[str]) -> None:
         self._secrets.update(v for v in values if v and len(v) >= 4)
+        # Longest first, so a secret that starts another cannot leave the longer one's tail behind.
+        self._ordered = sorted(self._secrets, key=len, reverse=True)
 
     def scrub(self, value: Any) -> Any:
         if isinstance(value, str):
-            for secret in self._secrets:
+            for secret in self._ordered:
                 if secret in value:
                     value = value.replace(secret, MASK)
             return value
         if isinstance(value, dict):
-            return {k: MASK if str(k).lower() in SENSITIVE_KEYS else self.scrub(v) for k, v in value.items()}
+            return {k: MASK if _sensitive(k) else self.scrub(v) for k, v in value.items()}
         if isinstance(value, list | tuple):
             return type(value)(self.scrub(v) for v in value)
         return value
 
     def __call__(self, logger: Any, method_name: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
         for key, value in list(event_dict.items()):
-            event_dict[key] = MASK if key.lower() in SENSITIVE_KEYS else self.scrub(value)
+            event_dict[key] = MASK if _sensitive(key) else self.scrub(value)
         return event_dict
 
 

@@ -14,6 +14,7 @@ and ``/status``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,13 +61,15 @@ class Provider:
 _MISSING = object()
 
 
+_PLACEHOLDER = re.compile(r"^\{([^{}]+)\}$")
+
+
 def _fill(template: Any, arguments: Mapping[str, Any]) -> Any:
     if isinstance(template, str):
-        if len(template) > 2 and template[0] == "{" and template[-1] == "}" and template[1:-1] in arguments:
-            return arguments[template[1:-1]]
-        if len(template) > 2 and template[0] == "{" and template[-1] == "}" and template[1:-1].isidentifier():
-            return _MISSING
-        return template
+        match = _PLACEHOLDER.match(template)
+        if match is None:
+            return template
+        return arguments.get(match.group(1), _MISSING)
     if isinstance(template, Mapping):
         out = {}
         for key, value in template.items():
@@ -136,7 +139,7 @@ class Catalog:
         known: dict[str, tuple[Backend, types.Tool]] = {}  # "backend/local" -> the backend's own tool
         for name, backend in backends.items():
             state = backend.status.state
-            ready = state is BackendState.READY
+            ready = state in (BackendState.READY, BackendState.DEGRADED)
             if not ready and not (backend.kind in STATIC_KINDS and state is not BackendState.DISABLED):
                 continue
             for tool in backend.tools():

@@ -15,7 +15,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from gateway.errors import ConfigError
 
@@ -324,7 +333,12 @@ class Federation(_Model):
     adapters: dict[str, Adapter] = {}
     wiki: Wiki | None = None
     routes: dict[str, Route] = {}
-    source: str = Field(default="<memory>", exclude=True)
+    _source: str = PrivateAttr(default="<memory>")
+
+    @property
+    def source(self) -> str:
+        """The file this federation was read from."""
+        return self._source
 
     @field_validator("servers", "adapters")
     @classmethod
@@ -341,19 +355,29 @@ class Federation(_Model):
             _check_tool_name(name)
         return value
 
-    @model_validator(mode="after")
-    def _cross_references(self) -> Federation:
-        names = [*self.servers, *self.adapters] + ([self.wiki.name] if self.wiki else [])
-        dupes = {n for n in names if names.count(n) > 1}
-        if dupes:
-            raise ValueError(f"backend names must be unique across servers, adapters and wiki: {sorted(dupes)}")
-        known = set(names)
+    def cross_reference_problem(self) -> tuple[tuple[str, ...], str] | None:
+        """The first reference that does not resolve, as (key path, message); None when all do."""
+        seen: dict[str, str] = {}
+        sections: list[tuple[str, list[str]]] = [
+            ("servers", list(self.servers)),
+            ("adapters", list(self.adapters)),
+            ("wiki", [self.wiki.name] if self.wiki else []),
+        ]
+        for section, names in sections:
+            for name in names:
+                if name in seen:
+                    path = ("wiki", "name") if section == "wiki" else (section, name)
+                    return path, (
+                        f"backend name {name!r} is already used in `{seen[name]}`: names must be unique across "
+                        "servers, adapters and wiki"
+                    )
+                seen[name] = section
         for route, spec in self.routes.items():
             for step in spec.providers:
                 backend = step.provider.split("/", 1)[0]
-                if backend not in known:
-                    raise ValueError(f"route {route!r} names backend {backend!r}, which is not declared")
-        return self
+                if backend not in seen:
+                    return ("routes", route), f"route {route!r} names backend {backend!r}, which is not declared"
+        return None
 
     def backend_names(self) -> list[str]:
         return [*self.servers, *self.adapters] + ([self.wiki.name] if self.wiki else [])
@@ -385,16 +409,25 @@ class _Loader(yaml.SafeLoader):
 Lines = dict[tuple[str, ...], int]
 
 
+class _DuplicateKey(Exception):
+    def __init__(self, path: tuple[str, ...], line: int) -> None:
+        self.path = path
+        self.line = line
+
+
 def _line_map(node: yaml.Node | None, path: tuple[str, ...] = (), out: Lines | None = None) -> Lines:
-    """Map every key path to the 1-based line where its value (or key) starts."""
+    """Map every key path to the 1-based line of its key (raising _DuplicateKey on a key given twice)."""
     out = {} if out is None else out
     if node is None:
         return out
     out.setdefault(path, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
+        seen: set[str] = set()
         for key_node, value_node in node.value:
             key = str(key_node.value)
-            out[(*path, key)] = key_node.start_mark.line + 1
+            if key in seen:
+                raise _DuplicateKey((*path, key), key_node.start_mark.line + 1)
+            seen.add(key)
             _line_map(value_node, (*path, key), out)
             out[(*path, key)] = key_node.start_mark.line + 1
     elif isinstance(node, yaml.SequenceNode):
@@ -449,6 +482,11 @@ def parse_config(text: str, *, file: str = "<memory>", env: Mapping[str, str] | 
     loader = _Loader(text)
     try:
         node = loader.get_single_node()
+        try:
+            lines = _line_map(node)
+        except _DuplicateKey as dup:
+            message = f"duplicate key {dup.path[-1]!r} (YAML would silently keep only the last)"
+            raise ConfigError(file, ".".join(dup.path), dup.line, message) from None
         data = loader.construct_document(node) if node is not None else None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
@@ -460,7 +498,6 @@ def parse_config(text: str, *, file: str = "<memory>", env: Mapping[str, str] | 
     finally:
         loader.dispose()
 
-    lines = _line_map(node)
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -468,7 +505,7 @@ def parse_config(text: str, *, file: str = "<memory>", env: Mapping[str, str] | 
     data = _interpolate(data, (), env, file, lines)
     base_dir = str(Path(file).resolve().parent) if file != "<memory>" else None
     try:
-        fed = Federation.model_validate({**data, "source": file}, context={"base_dir": base_dir})
+        fed = Federation.model_validate(data, context={"base_dir": base_dir})
     except ValidationError as exc:
         err = exc.errors(include_url=False)[0]
         loc = tuple(err["loc"])
@@ -480,11 +517,16 @@ def parse_config(text: str, *, file: str = "<memory>", env: Mapping[str, str] | 
             message = "unknown key (not part of the federation.yaml schema; check its spelling)"
         elif err["type"] == "missing":
             message = "required key is missing"
-        elif "input" in err and err["type"] not in ("value_error", "assertion_error"):
-            message = f"{message} (got {err['input']!r})"
+        elif isinstance(err.get("input"), str | int | float) and err["type"] not in ("value_error", "assertion_error"):
+            message = f"{message} (got {err['input']!r})"  # scalars only: a mapping may hold interpolated secrets
         if message.startswith("Value error, "):
             message = message.removeprefix("Value error, ")
         raise ConfigError(file, key_path, line, message) from exc
+    unresolved = fed.cross_reference_problem()
+    if unresolved is not None:
+        where, what = unresolved
+        raise ConfigError(file, ".".join(where), lines.get(where), what)
+    fed._source = file
     return fed
 
 

@@ -11,6 +11,7 @@ import hashlib
 import hmac
 import ipaddress
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -29,9 +30,12 @@ from gateway.server import build_server
 
 __all__ = ["Guard", "Tokens", "build_app", "is_loopback", "status_document"]
 
+_NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
+
 
 def is_loopback(host: str) -> bool:
-    if host in ("localhost", ""):
+    """Whether binding ``host`` listens on loopback only ("" and 0.0.0.0 bind every interface: not loopback)."""
+    if host == "localhost":
         return True
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
@@ -49,9 +53,9 @@ class Tokens:
             item = item.strip()
             if not item:
                 continue
-            name, sep, token = item.partition("=")
-            if not sep:
-                name, token = "", item
+            name, sep, token = (part.strip() for part in item.partition("="))
+            if not (sep and _NAME.fullmatch(name) and token):
+                name, token = "", item  # a bare token (which may itself contain '=', e.g. base64 padding)
             digest = hashlib.sha256(token.encode()).hexdigest()[:12]
             self._tokens.append((token.encode(), name or f"token-{digest}"))
 
@@ -67,6 +71,8 @@ class Tokens:
         if not authorization or not authorization[:7].lower() == "bearer ":
             return None
         offered = authorization[7:].strip().encode()
+        if not offered:
+            return None
         found: str | None = None
         for token, name in self._tokens:  # compare against every token: timing reveals nothing
             if hmac.compare_digest(offered, token):
@@ -96,11 +102,11 @@ class Guard:
 
     def _host_ok(self, host: str) -> bool:
         host = host.lower()
-        if host in self.allowed_hosts:
+        name = host.rsplit(":", 1)[0] if not host.endswith("]") else host  # the port does not matter
+        if host in self.allowed_hosts or name in self.allowed_hosts:
             return True
         if not self.loopback:
             return True  # behind a real name: the operator's proxy owns Host; auth is required anyway
-        name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
         return name in ("127.0.0.1", "localhost", "[::1]")
 
     def _origin_ok(self, origin: str) -> bool:

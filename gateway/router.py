@@ -170,7 +170,7 @@ class Router:
     ) -> None:
         duration_ms = _ms(started)
         size = _result_size(result)
-        served = next((s for s in reversed(steps) if s.outcome in ("ok", "error")), None)
+        served = _served_step(steps)
         log.info(
             "tool.call",
             status=status,
@@ -203,6 +203,11 @@ class Router:
         )
 
 
+def _served_step(steps: list[AuditStep]) -> AuditStep | None:
+    """The step that produced the answer (ok or a downstream isError), if any did."""
+    return next((s for s in reversed(steps) if s.outcome in ("ok", "error")), None)
+
+
 def _ms(t0: float) -> float:
     return (time.perf_counter() - t0) * 1000.0
 
@@ -225,7 +230,7 @@ def _with_meta(
     result: types.CallToolResult, correlation_id: str, steps: list[AuditStep], status: str
 ) -> types.CallToolResult:
     entry: dict[str, Any] = {"id": correlation_id, "status": status}
-    served = steps[-1] if steps else None
+    served = _served_step(steps)
     if served is not None:
         entry["served_by"] = served.provider
         if served.variant is not None:

@@ -342,7 +342,6 @@ def test_a_server_without_a_transport_names_the_transport_key() -> None:
     assert_names(err, "servers.mem.transport", line_of(text, "mem:"))
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a union-tag error echoes the whole server mapping, secrets included")
 def test_a_config_error_never_echoes_an_interpolated_secret() -> None:
     text = yaml_text(
         """
@@ -394,7 +393,6 @@ def test_a_duplicate_key_is_refused_at_its_second_line() -> None:
     assert str(err).startswith(f"{FILE}:{err.line}")
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a duplicate-key error has an empty key path (only the line)")
 def test_a_duplicate_key_is_named_by_its_key_path() -> None:
     err = config_error(yaml_text("gateway:\n  name: first\n  name: second\n"))
     assert err.key_path == "gateway.name"
@@ -464,7 +462,6 @@ def test_a_route_naming_an_undeclared_backend_is_refused() -> None:
     assert err.file == FILE
 
 
-@pytest.mark.xfail(strict=True, reason="bug: cross-reference errors are reported at the file root, not at the route")
 def test_a_route_naming_an_undeclared_backend_is_named_by_its_key_path_and_line() -> None:
     text = yaml_text(STDIO + "routes:\n  find: [mem/search, ghost/search]\n")
     assert_names(config_error(text), "routes.find", line_of(text, "find:"))
@@ -484,13 +481,11 @@ def test_backend_names_must_be_unique_across_servers_adapters_and_wiki(text: str
     assert err.file == FILE
 
 
-@pytest.mark.xfail(strict=True, reason="bug: the duplicate-backend error has an empty key path (file root, line 1)")
 def test_a_duplicate_backend_name_is_named_by_its_key_path_and_line() -> None:
     text = yaml_text(STDIO + "adapters:\n  mem:\n    command: x\n    tools: {}\n")
     assert_names(config_error(text), "adapters.mem", line_of(text, "mem:", nth=2))
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a top-level `source:` key is silently overwritten instead of refused")
 def test_a_top_level_source_key_is_an_unknown_key() -> None:
     text = "source: elsewhere.yaml\n"
     err = config_error(text)

@@ -226,7 +226,6 @@ async def test_when_every_provider_fails_the_answer_is_an_error_naming_each_back
     assert [r.status for r in setup.recorder.records] == [status]
 
 
-@pytest.mark.xfail(strict=True, reason="bug: _with_meta names the last failed provider as served_by")
 async def test_when_every_provider_fails_meta_names_no_server() -> None:
     a, b, solo, qmd = fakes()
     a.script("search", BackendUnavailable("a", "down"))
