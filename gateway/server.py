@@ -112,17 +112,13 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], _Connections]:
         if ctx.meta and ctx.meta.get("progress_token") is not None:
             progress = ctx.session.report_progress  # relays on this request's own stream, against its own token
 
-        call_ctx = _call_context(ctx)
+        if not startup_waited.is_set():
+            # A call that races startup would find backends still connecting (an unknown tool, or a route that
+            # degrades past a provider about to be ready): wait for every backend's first outcome, once.
+            await gateway.wait_settled(STARTUP_LIST_WAIT_S)
+            startup_waited.set()
         try:
-            try:
-                return await gateway.router.call(params.name, params.arguments, ctx=call_ctx, progress=progress)
-            except ToolNotFound:
-                # A call that races startup may name a tool whose backend is still connecting: wait, then retry once.
-                if startup_waited.is_set():
-                    raise
-                await gateway.wait_settled(STARTUP_LIST_WAIT_S)
-                startup_waited.set()
-                return await gateway.router.call(params.name, params.arguments, ctx=call_ctx, progress=progress)
+            return await gateway.router.call(params.name, params.arguments, ctx=_call_context(ctx), progress=progress)
         except ToolNotFound as exc:
             raise MCPError(INVALID_PARAMS, str(exc)) from exc
         except BackendRpcError as exc:
