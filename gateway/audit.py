@@ -133,6 +133,7 @@ class ToolStats:
     p50_ms: float
     p95_ms: float
     p99_ms: float
+    p50_result_bytes: float = 0.0  # the typical answer's size (what a call costs a model's context)
 
 
 @dataclass(frozen=True, slots=True)
@@ -667,6 +668,7 @@ def stats(
     until: float | None = None,
     tool: str | None = None,
     client: str | None = None,
+    status: str | None = None,
 ) -> list[ToolStats]:
     """Per-tool figures for the rows in ``since <= ts < until``, sorted by tool name. Latencies cover every status.
 
@@ -676,18 +678,22 @@ def stats(
     Raises:
         AuditError: as ``query``.
     """
-    where, params = _where(tool=tool, status=None, client=client, since=since, until=until)
+    where, params = _where(tool=tool, status=status, client=client, since=since, until=until)
     conn = _connect_readonly(path)
     try:
-        rows = conn.execute(f"SELECT tool, status, duration_ms FROM calls WHERE {where}", params).fetchall()
+        rows = conn.execute(
+            f"SELECT tool, status, duration_ms, result_bytes FROM calls WHERE {where}", params
+        ).fetchall()
     except sqlite3.Error as exc:
         raise AuditError(f"Cannot read the audit ledger at {path}: {exc}.") from exc
     finally:
         conn.close()
     durations: dict[str, list[float]] = {}
+    sizes: dict[str, list[float]] = {}
     statuses: dict[str, dict[str, int]] = {}
-    for name, row_status, duration in rows:
+    for name, row_status, duration, size in rows:
         durations.setdefault(name, []).append(duration)
+        sizes.setdefault(name, []).append(float(size or 0))
         counts = statuses.setdefault(name, {})
         counts[row_status] = counts.get(row_status, 0) + 1
     result: list[ToolStats] = []
@@ -705,6 +711,7 @@ def stats(
                 p50_ms=_nearest_rank(ordered, 50),
                 p95_ms=_nearest_rank(ordered, 95),
                 p99_ms=_nearest_rank(ordered, 99),
+                p50_result_bytes=_nearest_rank(sorted(sizes[name]), 50),
             )
         )
     return result

@@ -23,6 +23,8 @@ import mcp_types as types
 
 from gateway.backends.base import Backend, BackendState
 from gateway.config import TOOL_NAME_RE, Federation, RouteStep
+from gateway.costs import Cost, fill_placeholders
+from gateway.listings import Listings
 
 __all__ = ["Catalog", "CatalogEntry", "Provider"]
 
@@ -111,13 +113,33 @@ class Catalog:
     list_result: Mapping[str, Any]
     """The pre-serialised ``tools/list`` result (wire shape, camelCase), built once per catalog."""
     problems: tuple[str, ...] = ()
+    list_result_small: Mapping[str, Any] | None = None
+    """The same list without the large-context tools (``clients.large_context_tools``); None when none is gated."""
+    lists: Listings = field(default_factory=Listings)
+    """Resources, resource templates and prompts, built and swapped with the tools (see listings.py)."""
 
     @classmethod
     def empty(cls) -> Catalog:
         return cls({}, {"tools": []})
 
+    def listing(self, large_context: bool) -> Mapping[str, Any]:
+        """The ``tools/list`` answer for a client with (or without) a large context window."""
+        if large_context or self.list_result_small is None:
+            return self.list_result
+        return self.list_result_small
+
     def get(self, name: str) -> CatalogEntry | None:
         return self.entries.get(name)
+
+    def changes(self, previous: Catalog) -> frozenset[str]:
+        """What a client would see differently from ``previous``: any of ``tools``, ``lists`` (resources, templates,
+        prompts or the capabilities behind them). Empty when nothing a client sees changed."""
+        changed = set()
+        if self.list_result != previous.list_result or self.list_result_small != previous.list_result_small:
+            changed.add("tools")
+        if not self.lists.same_lists(previous.lists):
+            changed.add("lists")
+        return frozenset(changed)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -130,9 +152,13 @@ class Catalog:
         return counts
 
     @classmethod
-    def build(cls, config: Federation, backends: Mapping[str, Backend]) -> Catalog:
+    def build(
+        cls, config: Federation, backends: Mapping[str, Backend], costs: Mapping[str, Cost] | None = None
+    ) -> Catalog:
+        """Merge the tools of ``backends``; ``costs`` fill the ``{cost:TOOL}`` placeholders (see costs.py)."""
         problems: list[str] = []
-        note = (config.gateway.router_note or "").strip()
+        costs = costs or {}
+        note = fill_placeholders((config.gateway.router_note or "").strip(), costs)
         route_providers = {step.provider for route in config.routes.values() for step in route.providers}
 
         candidates: list[_Candidate] = []
@@ -158,6 +184,7 @@ class Catalog:
                 continue
             base = known[source][1]
             description = route.description if route.description is not None else (base.description or "")
+            description = fill_placeholders(description, costs)
             tool = _publish(
                 base, route_name, description, note if route.router or _routes_router(config, source) else ""
             )
@@ -187,12 +214,15 @@ class Catalog:
                     f"(1 to 64 characters from A-Z a-z 0-9 _ . -; it has {len(public)}); rename it in federation.yaml"
                 )
                 continue
-            description = cand.tool.description or ""
+            description = fill_placeholders(cand.tool.description or "", costs)
             tool = _publish(cand.tool, public, description, note if cand.router else "")
             entries[public] = CatalogEntry(public, tool, (Provider(cand.backend, cand.local),), cand.audit)
 
-        listed = [entry.tool.model_dump(by_alias=True, mode="json", exclude_none=True) for entry in entries.values()]
-        return cls(entries, {"tools": listed}, tuple(problems))
+        dumped = {name: e.tool.model_dump(by_alias=True, mode="json", exclude_none=True) for name, e in entries.items()}
+        gated = set(config.clients.large_context_tools) & dumped.keys()
+        small = {"tools": [t for name, t in dumped.items() if name not in gated]} if gated else None
+        lists = Listings.build(config, backends)
+        return cls(entries, {"tools": list(dumped.values())}, tuple(problems) + lists.problems, small, lists)
 
 
 def _provider(step: RouteStep) -> Provider:

@@ -1,4 +1,4 @@
-"""The ``gateway`` command: serve | check | tools | audit.
+"""The ``gateway`` command: serve | check | tools | audit | import.
 
 Exit codes: 0 success (``check`` too, even with failed or disabled backends: they are reported, not fatal);
 2 an invalid configuration or command line (the message names the file, the key path and the line); 1 anything
@@ -18,11 +18,12 @@ from typing import Any
 import anyio
 import structlog
 
-from gateway._logging import configure_logging, redactor
+from gateway._logging import config_secrets, configure_logging, redactor
 from gateway.audit_report import add_audit_subcommands, run_audit
 from gateway.config import Federation, environ, load_config
 from gateway.errors import ConfigError
 from gateway.http import Tokens, build_app, is_loopback, status_document
+from gateway.importer import add_import_subcommand, run_import
 from gateway.runtime import VERSION, Gateway
 from gateway.server import build_server
 
@@ -64,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
 
     audit = add_audit_subcommands(sub, default_db=AUDIT_DB_FROM_CONFIG)
     config_arg(audit)
+    add_import_subcommand(sub)
     return parser
 
 
@@ -71,6 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     level = args.log_level or ("info" if args.command == "serve" else "warning")
     configure_logging(level, json=args.log_json)
+    if args.command == "import":  # converts a client's JSON: needs no federation.yaml
+        return run_import(args)
     try:
         config = load_config(args.config)
     except ConfigError as exc:
@@ -90,19 +94,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_audit(args)
     except KeyboardInterrupt:
         return EXIT_OK
+    except ConfigError as exc:  # found only when starting (e.g. tracing on without the OpenTelemetry SDK)
+        print(f"gateway: invalid configuration: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     return EXIT_USAGE
 
 
 def _register_secrets(config: Federation) -> None:
-    """Teach the log redactor every secret the configuration carries, before anything is logged."""
-    secrets: list[str] = []
+    """Teach the log redactor every secret the configuration carries (the rules: ``_logging.config_secrets``) and
+    every bearer token, before anything is logged."""
+    secrets = config_secrets(config)
     tokens = environ(config.gateway.auth.tokens_env)
     if tokens:
         secrets += Tokens(tokens).secrets
-    for server in config.servers.values():
-        for key, value in getattr(server, "headers", {}).items():
-            if key.lower() in ("authorization", "cookie") or "token" in key.lower() or "key" in key.lower():
-                secrets.append(value.split(" ", 1)[-1])
     redactor.add(secrets)
 
 
@@ -214,6 +218,7 @@ async def _check(config: Federation, as_json: bool) -> int:
 async def _tools(config: Federation, as_json: bool, full: bool) -> int:
     async with Gateway(config, audit=False).running() as gateway:
         await gateway.wait_settled(_settle_budget(config))
+        await gateway.refresh_costs()  # show {cost:TOOL} placeholders filled, as clients see them
         entries = list(gateway.catalog.entries.values())
     if as_json:
         out: list[dict[str, Any]] = [

@@ -30,6 +30,7 @@ from gateway.errors import ConfigError
 
 __all__ = [
     "Adapter",
+    "Clients",
     "AdapterTool",
     "Federation",
     "HttpServer",
@@ -38,6 +39,7 @@ __all__ = [
     "SseServer",
     "StdioServer",
     "TOOL_NAME_RE",
+    "TracingSettings",
     "load_config",
 ]
 
@@ -45,6 +47,8 @@ TOOL_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 """Published tool names: SEP-986 characters, at most 64 long (the limit several model APIs enforce)."""
 
 _BACKEND_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,48}$")
+WIKI_TOOLS = ("wiki_index", "files_read", "files_neighbors", "wiki_read_all", "wiki_search")
+"""The built-in wiki's tools (backends/wiki.py serves them)."""
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
@@ -93,6 +97,22 @@ class AuditSettings(_Model):
     _resolve_path = field_validator("path")(_resolve)
 
 
+class TracingSettings(_Model):
+    """OpenTelemetry tracing of calls and provider steps. Off by default; see docs/operations.md, "Tracing"."""
+
+    exporter: Literal["none", "otlp", "console"] = "none"
+    """``otlp``: OTLP over HTTP/protobuf to ``endpoint``; ``console``: spans as JSON on stderr; ``none``: off."""
+    endpoint: str | None = Field(default=None, pattern=r"^https?://")
+    """The OTLP traces URL (e.g. ``http://127.0.0.1:4318/v1/traces``); default: the exporter's own default, which
+    honours ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_ENDPOINT``."""
+    headers: dict[str, str] = {}
+    """Sent with every export (e.g. a collector's API key); every value is redacted from the logs."""
+    service_name: str | None = None
+    """The ``service.name`` resource attribute; default: ``gateway.name``."""
+    sample_ratio: float = Field(default=1.0, ge=0.0, le=1.0)
+    """The share of calls traced (parent-based: a call whose client sent a sampled trace context is traced)."""
+
+
 class Naming(_Model):
     mode: Literal["never", "conditional", "always"] = "conditional"
     separator: str = Field(default="__", min_length=1, max_length=4)
@@ -111,6 +131,7 @@ class GatewaySettings(_Model):
     auth: Auth = Auth()
     audit: AuditSettings = AuditSettings()
     naming: Naming = Naming()
+    tracing: TracingSettings = TracingSettings()
     instructions: str | None = None
     """Sent to clients at initialize."""
     router_note: str | None = None
@@ -118,6 +139,8 @@ class GatewaySettings(_Model):
     allowed_hosts: tuple[str, ...] = ()
     """Extra Host header values accepted besides loopback names (e.g. a reverse proxy's public name)."""
     allowed_origins: tuple[str, ...] = ()
+    costs_refresh_s: float = Field(default=60.0, gt=0)
+    """How often the measured figures behind ``{cost:TOOL}`` placeholders are refreshed from the ledger and wiki."""
 
 
 # --------------------------------------------------------------------------------------------------- servers
@@ -152,6 +175,10 @@ class _Backend(_Model):
     """How often a live session is pinged, so a silently dead downstream is noticed before a call fails on it."""
     router: bool = False
     tools: ToolFilter = ToolFilter()
+    session: Literal["shared", "per_client"] = "shared"
+    """``shared``: one session serves every client. ``per_client``: a client that can answer the server's own
+    requests (sampling, elicitation, roots) gets its own session (for stdio, its own process), opened at its first
+    call, so those requests reach exactly that client even when several call at once (see backends/relay.py)."""
 
 
 class StdioServer(_Backend):
@@ -159,6 +186,9 @@ class StdioServer(_Backend):
     command: str = Field(min_length=1)
     args: tuple[str, ...] = ()
     env: dict[str, str] = {}
+    secret_env: tuple[str, ...] = ()
+    """Names in ``env`` whose values are secrets (redacted from logs and the ledger), besides those whose name
+    already says so (``*TOKEN*``, ``*SECRET*``, ``*PASSWORD*``, ``*_KEY``, ...)."""
     cwd: str | None = None
 
     _resolve_cwd = field_validator("cwd")(_resolve)
@@ -168,12 +198,17 @@ class HttpServer(_Backend):
     transport: Literal["streamable_http"]
     url: str = Field(pattern=r"^https?://")
     headers: dict[str, str] = {}
+    secret_headers: tuple[str, ...] = ()
+    """Names in ``headers`` whose values are secrets, besides ``Authorization``, ``Cookie``, ``X-Api-Key`` and
+    other names that already say so."""
 
 
 class SseServer(_Backend):
     transport: Literal["sse"]
     url: str = Field(pattern=r"^https?://")
     headers: dict[str, str] = {}
+    secret_headers: tuple[str, ...] = ()
+    """As for ``streamable_http``."""
 
 
 ServerConfig = Annotated[StdioServer | HttpServer | SseServer, Field(discriminator="transport")]
@@ -216,7 +251,7 @@ class AdapterTool(_Model):
     """variant -> the cheaper variant to try when it fails; a variant with no entry is a floor."""
     output: Literal["json_array", "json", "text"] = "text"
     exit_codes: ExitCodes = ExitCodes()
-    audit: dict[str, int] = {}
+    audit: dict[str, Annotated[int, Field(ge=0)]] = {}
     """Argument previews kept in the audit ledger: name -> characters (0 = whole value); the rest only hashed."""
 
     @model_validator(mode="after")
@@ -252,6 +287,8 @@ class Adapter(_Model):
     env: dict[str, str] = {}
     """Variables set for the program. Nothing else from the gateway's environment passes, except `pass_env`."""
     pass_env: tuple[str, ...] = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")
+    secret_env: tuple[str, ...] = ()
+    """Names in ``env`` or ``pass_env`` whose values are secrets, besides those whose name already says so."""
     cwd: str | None = None
     max_output_bytes: int = Field(default=50 * 1024 * 1024, gt=0)
     max_stderr_bytes: int = Field(default=1024 * 1024, gt=0)
@@ -274,7 +311,7 @@ class Adapter(_Model):
 
 
 class Wiki(_Model):
-    name: str = "wiki"
+    name: str = Field(default="wiki", pattern=r"^[A-Za-z0-9_-]{1,48}$")
     root: str = "./docs"
     enabled: bool = True
     disabled_reason: str | None = None
@@ -284,6 +321,14 @@ class Wiki(_Model):
     default_max_bytes: int = Field(default=50_000, gt=0)
 
     _resolve_root = field_validator("root")(_resolve)
+
+    @field_validator("tools", "router")
+    @classmethod
+    def _known_tools(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        unknown = [name for name in value or () if name not in WIKI_TOOLS]
+        if unknown:
+            raise ValueError(f"unknown wiki tool(s) {unknown}: the wiki offers {list(WIKI_TOOLS)}")
+        return value
 
 
 # --------------------------------------------------------------------------------------------------- routes
@@ -297,6 +342,14 @@ class RouteStep(_Model):
     ``"{name}"`` becomes that argument's value (any type; the key is dropped when the argument is absent), other
     values are sent as written. Absent: the caller's arguments pass through unchanged."""
     when: dict[str, tuple[Any, ...]] = {}
+
+    @field_validator("when", mode="before")
+    @classmethod
+    def _when_values(cls, value: Any) -> Any:
+        if isinstance(value, dict):  # `when: {mode: keyword}` means the same as `when: {mode: [keyword]}`
+            return {k: v if isinstance(v, list | tuple) else [v] for k, v in value.items()}
+        return value
+
     """Use this provider only for calls whose argument has one of these values (an absent argument counts as its
     schema default), e.g. ``when: {mode: [keyword]}``. Other calls skip it without counting it as a failure."""
 
@@ -314,13 +367,29 @@ class Route(_Model):
     """The provider (``backend/tool``) whose input schema and description the route publishes. Default: the first
     adapter or wiki provider (their schemas are known without a connection), else the first provider."""
     router: bool = False
-    audit: dict[str, int] = {}
+    audit: dict[str, Annotated[int, Field(ge=0)]] = {}
     """Argument previews kept in the audit ledger (name -> characters, 0 = whole value)."""
 
     @model_validator(mode="before")
     @classmethod
     def _from_list(cls, value: Any) -> Any:
         return {"providers": value} if isinstance(value, list) else value
+
+
+# --------------------------------------------------------------------------------------------------- clients
+
+
+class Clients(_Model):
+    """The context gate: which tools only large-context clients may list and call (see gateway/clients.py)."""
+
+    large_context_tokens: int = Field(default=150_000, gt=0)
+    """A client whose declared context window is at least this many tokens counts as large."""
+    large_context_tools: tuple[str, ...] = ("wiki_read_all",)
+    """Published tool names listed and callable only for large clients."""
+    context_header: str = Field(default="X-Context-Window", min_length=1)
+    """A request header in which a client (or a proxy in front of it) declares its context window, in tokens."""
+    known: dict[str, int] = {}
+    """clientInfo ``name`` (or ``name@version``) glob patterns, case-insensitive -> context window in tokens."""
 
 
 # --------------------------------------------------------------------------------------------------- root
@@ -333,6 +402,7 @@ class Federation(_Model):
     adapters: dict[str, Adapter] = {}
     wiki: Wiki | None = None
     routes: dict[str, Route] = {}
+    clients: Clients = Clients()
     _source: str = PrivateAttr(default="<memory>")
 
     @property
@@ -374,9 +444,23 @@ class Federation(_Model):
                 seen[name] = section
         for route, spec in self.routes.items():
             for step in spec.providers:
-                backend = step.provider.split("/", 1)[0]
+                backend, tool = step.provider.split("/", 1)
                 if backend not in seen:
                     return ("routes", route), f"route {route!r} names backend {backend!r}, which is not declared"
+                known = self._static_tools(backend)
+                if known is not None and tool not in known:
+                    return ("routes", route), (
+                        f"route {route!r} names {step.provider!r}, but {backend!r} has no tool {tool!r} "
+                        f"(it has {sorted(known)})"
+                    )
+        return None
+
+    def _static_tools(self, backend: str) -> tuple[str, ...] | None:
+        """The tools of an adapter or the wiki, known from configuration; None for a server (known when connected)."""
+        if backend in self.adapters:
+            return tuple(self.adapters[backend].tools)
+        if self.wiki is not None and backend == self.wiki.name:
+            return WIKI_TOOLS
         return None
 
     def backend_names(self) -> list[str]:
@@ -461,10 +545,11 @@ def _interpolate(value: Any, path: tuple[str, ...], env: Mapping[str, str], file
 
     def replace(match: re.Match[str]) -> str:
         name, default = match.group(1), match.group(2)
-        if name in env:
-            return env[name]
-        if default is not None:
-            return default
+        value = env.get(name)
+        if default is not None:  # like the shell's ${VAR:-default}: an empty value also takes the default
+            return value if value else default
+        if value is not None:
+            return value
         raise ConfigError(
             file, ".".join(path), lines.get(path), f"environment variable {name} is not set (referenced as ${{{name}}})"
         )
@@ -517,6 +602,8 @@ def parse_config(text: str, *, file: str = "<memory>", env: Mapping[str, str] | 
             message = "unknown key (not part of the federation.yaml schema; check its spelling)"
         elif err["type"] == "missing":
             message = "required key is missing"
+        elif err["type"] == "union_tag_not_found":
+            message = "required key is missing: `transport` (one of stdio, streamable_http, sse)"
         elif isinstance(err.get("input"), str | int | float) and err["type"] not in ("value_error", "assertion_error"):
             message = f"{message} (got {err['input']!r})"  # scalars only: a mapping may hold interpolated secrets
         if message.startswith("Value error, "):

@@ -1,8 +1,11 @@
-"""The gateway's HTTP surface: ``/mcp`` (streamable HTTP), ``/healthz`` and ``/status``, behind one guard.
+"""The gateway's HTTP surface: ``/mcp`` (streamable HTTP), ``/healthz``, ``/status`` and ``/metrics``, behind one guard.
 
 The only module that imports Starlette. ``build_app(gateway, ...)`` wraps everything in one pure ASGI ``Guard`` that
 checks Host/Origin (DNS-rebinding protection on loopback binds) and the bearer token — in constant time, before any
-MCP work — then answers ``/healthz`` (no auth, no reasons) and ``/status`` (auth, full reasons).
+MCP work — then answers ``/healthz`` (no auth, no reasons), ``/status`` (auth, full reasons) and ``/metrics``
+(Prometheus text format; auth unless ``gateway.auth.metrics_requires_token`` says otherwise — by default it is
+required unless the gateway is bound to loopback). ``/metrics`` holds names, states and counts only: no reasons,
+arguments or secrets.
 """
 
 from __future__ import annotations
@@ -22,13 +25,18 @@ from mcp.server.transport_security import TransportSecuritySettings
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway._logging import redactor
+from gateway.backends.cli import CliBackend
+from gateway.events import RETRY_MS, RecentEvents
+from gateway.metrics import CONTENT_TYPE, AdapterSnapshot, BackendSnapshot, StateSnapshot
 from gateway.runtime import VERSION, Gateway
 from gateway.server import build_server
+from gateway.ui import UI_PATHS, build_ui
 
-__all__ = ["Guard", "Tokens", "build_app", "is_loopback", "status_document"]
+__all__ = ["Guard", "Tokens", "build_app", "is_loopback", "metrics_need_token", "state_snapshot", "status_document"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
 
@@ -54,7 +62,7 @@ class Tokens:
             if not item:
                 continue
             name, sep, token = (part.strip() for part in item.partition("="))
-            if not (sep and _NAME.fullmatch(name) and token):
+            if not (sep and _NAME.fullmatch(name) and token.strip("=")):
                 name, token = "", item  # a bare token (which may itself contain '=', e.g. base64 padding)
             digest = hashlib.sha256(token.encode()).hexdigest()[:12]
             self._tokens.append((token.encode(), name or f"token-{digest}"))
@@ -153,6 +161,10 @@ async def _plain(send: Send, status: int, text: str, extra: list[tuple[bytes, by
 
 
 def status_document(gateway: Gateway, *, connections: int | None = None) -> dict[str, Any]:
+    """``/status`` and ``gateway check --json``: every backend's state and reason, the catalog's size and problems.
+
+    Reasons quote what a backend printed (a stderr tail); registered secrets are scrubbed from them.
+    """
     catalog = gateway.catalog
     per_backend = catalog.by_backend()
     backends = []
@@ -162,10 +174,10 @@ def status_document(gateway: Gateway, *, connections: int | None = None) -> dict
                 "name": name,
                 "kind": kind,
                 "state": str(status.state),
-                "reason": status.reason,
+                "reason": redactor.scrub(status.reason),
                 "declared": status.declared,
                 "since": status.since,
-                "last_error": status.last_error,
+                "last_error": redactor.scrub(status.last_error),
                 "tools": per_backend.get(name, 0),
                 "downstream_tools": status.tool_count,
             }
@@ -183,12 +195,38 @@ def status_document(gateway: Gateway, *, connections: int | None = None) -> dict
     return doc
 
 
+def state_snapshot(gateway: Gateway) -> StateSnapshot:
+    """What ``/metrics`` reports of the gateway's current state: backend states, adapter processes, the ledger."""
+    catalog = gateway.catalog
+    backends = [
+        BackendSnapshot(name, kind, str(status.state), status.tool_count) for name, kind, status in gateway.statuses()
+    ]
+    adapters = []
+    for backend in gateway.backends.values():
+        if isinstance(backend, CliBackend):
+            stats = backend.statistics()
+            adapters.append(
+                AdapterSnapshot(backend.name, stats.live_processes, stats.running_calls, stats.waiting_calls)
+            )
+    ledger = gateway.ledger.statistics() if gateway.ledger is not None and not gateway.ledger.disabled else None
+    return StateSnapshot(backends=backends, adapters=adapters, ledger=ledger, catalog_tools=len(catalog))
+
+
+def metrics_need_token(gateway: Gateway, host: str) -> bool:
+    """Whether ``/metrics`` asks for the bearer token: ``gateway.auth.metrics_requires_token``, or by default
+    yes unless the gateway is bound to loopback (a scraper on the same machine needs no token)."""
+    configured = gateway.config.gateway.auth.metrics_requires_token
+    return (not is_loopback(host)) if configured is None else configured
+
+
 def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: bool = False) -> ASGIApp:
     """The gateway's HTTP app. Run it inside ``gateway.running()`` (the caller owns the gateway's lifetime)."""
     server, connections = build_server(gateway)
     manager = StreamableHTTPSessionManager(
         app=server,
         json_response=json_response,
+        event_store=RecentEvents(),  # resumable streams (SEP-1699), see events.py
+        retry_interval=RETRY_MS,
         # The Guard does Host/Origin checks for every path, so the SDK's own check is off (one policy, one place).
         security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
     )
@@ -201,6 +239,11 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
     async def status(request: Request) -> Response:
         return JSONResponse(status_document(gateway, connections=len(connections)))
 
+    gateway.metrics.watch(lambda: state_snapshot(gateway))
+
+    async def metrics(request: Request) -> Response:
+        return Response(gateway.metrics.exposition(), headers={"content-type": CONTENT_TYPE})
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with manager.run():
@@ -210,7 +253,9 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
         routes=[
             Route("/healthz", healthz, methods=["GET"]),
             Route("/status", status, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
             Route("/mcp", endpoint=mcp_app),
+            Mount("/ui", app=build_ui(gateway, tokens, is_loopback(host))),  # the status page; signs people in itself
         ],
         lifespan=lifespan,
     )
@@ -221,5 +266,6 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
         loopback=is_loopback(host),
         allowed_hosts=gateway_settings.allowed_hosts,
         allowed_origins=gateway_settings.allowed_origins,
+        public_paths=(("/healthz",) if metrics_need_token(gateway, host) else ("/healthz", "/metrics")) + UI_PATHS,
     )
     return guarded

@@ -11,6 +11,12 @@ The policy, in one place:
     as that error;
   * every call leaves one audit row, written before the answer is returned, and one canonical log line; both carry
     the correlation id and the chain of steps, which the answer's ``_meta`` carries too. Degradation is never hidden.
+
+Observability, all of it keyed by the correlation id made here: ``correlation_id`` and ``tool`` are bound in
+structlog's contextvars for the whole call and ``provider`` for each step, so every log line written while the call
+runs (the router's, a backend's) carries them; the step reasons that go into the log, the ledger and ``_meta`` are
+scrubbed of registered secrets first; with ``metrics`` the call is counted once (``GatewayMetrics.observe_call``),
+and with ``tracer`` it gets a span, as does each step. Without them the router makes no metrics or tracing call.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -25,10 +32,14 @@ import anyio
 import mcp_types as types
 import structlog
 
+from gateway._logging import redactor
 from gateway.audit import AuditRecord, AuditStep, arg_previews, args_hash
 from gateway.backends.base import Backend, BackendState, ProgressFn
-from gateway.catalog import Catalog, CatalogEntry
-from gateway.errors import BackendError, BackendRpcError, InvalidArguments, ToolNotFound
+from gateway.catalog import Catalog, CatalogEntry, Provider
+from gateway.clients import ClientPolicy, Declared
+from gateway.errors import BackendError, BackendRpcError, BackendUnavailable, InvalidArguments, ToolNotFound
+from gateway.metrics import GatewayMetrics
+from gateway.tracing import CallTracer
 
 __all__ = ["META_KEY", "CallContext", "Router"]
 
@@ -50,6 +61,10 @@ class CallContext:
     client_name: str | None = None
     client_version: str | None = None
     caller: str | None = None
+    trace_carrier: Mapping[str, Any] | None = None
+    """The request's ``_meta`` (W3C ``traceparent``/``tracestate``): the parent of the call's span when tracing."""
+    declared: Declared = Declared(None, "unknown")
+    """The client's declared context window (clients.py); large-context-only tools are refused below the gate."""
 
 
 class _Exhausted(Exception):
@@ -65,10 +80,17 @@ class Router:
         catalog: Callable[[], Catalog],
         backends: Callable[[], Mapping[str, Backend]],
         recorder: Recorder | None = None,
+        clients: ClientPolicy | None = None,
+        *,
+        metrics: GatewayMetrics | None = None,
+        tracer: CallTracer | None = None,
     ) -> None:
         self._catalog = catalog
         self._backends = backends
         self._recorder = recorder
+        self._clients = clients
+        self._metrics = metrics
+        self._tracer = tracer
 
     async def call(
         self,
@@ -86,6 +108,8 @@ class Router:
         """
         entry = self._catalog().get(name)
         if entry is None:
+            if self._metrics is not None:
+                self._metrics.observe_unknown_tool()
             raise ToolNotFound(name)
         arguments = dict(arguments or {})
         correlation_id = uuid.uuid4().hex[:16]
@@ -93,9 +117,16 @@ class Router:
         steps: list[AuditStep] = []
         status = "error"
         result: types.CallToolResult | None = None
-        with structlog.contextvars.bound_contextvars(correlation_id=correlation_id, tool=name):
+        with (
+            structlog.contextvars.bound_contextvars(correlation_id=correlation_id, tool=name),
+            self._call_span(name, correlation_id, ctx),
+        ):
             try:
-                result, status = await self._serve(entry, arguments, steps, progress)
+                refusal = self._gate(name, ctx)
+                if refusal is not None:
+                    result, status = refusal, "refused"
+                else:
+                    result, status = await self._serve(entry, arguments, steps, progress)
             except _Exhausted as exc:
                 status = "timeout" if exc.last is not None and exc.last.outcome == "timeout" else "error"
                 if exc.last is not None and len(steps) == 1 and isinstance(exc.last, BackendRpcError):
@@ -109,6 +140,27 @@ class Router:
             result = _with_meta(result, correlation_id, steps, status)
             await self._finish(entry, arguments, ctx, correlation_id, started, steps, status, result)
             return result
+
+    def _call_span(self, name: str, correlation_id: str, ctx: CallContext) -> AbstractContextManager[object]:
+        if self._tracer is None:
+            return nullcontext()
+        return self._tracer.call(
+            name,
+            correlation_id,
+            caller=ctx.caller,
+            client_name=ctx.client_name,
+            session_id=ctx.session_id,
+            carrier=ctx.trace_carrier,
+        )
+
+    def _gate(self, name: str, ctx: CallContext) -> types.CallToolResult | None:
+        """An isError refusal when a large-context-only tool is called by a client below the gate, else None."""
+        clients = self._clients
+        if clients is None or name not in clients.gated or clients.is_large(ctx.declared):
+            return None
+        return types.CallToolResult(
+            content=[types.TextContent(text=clients.refusal(name, ctx.declared))], is_error=True
+        )
 
     async def _serve(
         self,
@@ -134,28 +186,55 @@ class Router:
                 continue
             provider_args = provider.map_arguments(arguments)
             for variant in backend.ladder(provider.tool, provider_args):
-                t0 = time.perf_counter()
-                try:
-                    result = await backend.call_tool(provider.tool, provider_args, variant=variant, progress=progress)
-                except InvalidArguments as exc:
-                    steps.append(AuditStep(provider.label, variant, "refused", exc.message, _ms(t0)))
-                    return _invalid_result(exc), "refused"
-                except BackendError as exc:
-                    steps.append(AuditStep(provider.label, variant, exc.outcome, exc.reason, _ms(t0)))
+                step, result, failure = await self._attempt(backend, provider, provider_args, variant, progress)
+                steps.append(step)
+                if failure is not None:
                     log.warning(
                         "tool.step_failed",
-                        provider=provider.label,
+                        provider=step.provider,
                         variant=variant,
-                        outcome=exc.outcome,
-                        reason=exc.reason,
+                        outcome=step.outcome,
+                        reason=step.reason,
                     )
-                    last = exc
+                    last = failure
+                    if isinstance(failure, BackendUnavailable):
+                        break  # the provider itself is down: its cheaper rungs would fail the same way
                     continue
-                steps.append(AuditStep(provider.label, variant, "error" if result.is_error else "ok", None, _ms(t0)))
+                assert result is not None
+                if step.outcome == "refused":
+                    return result, "refused"
                 if len(steps) > 1:
                     return result, "degraded"
                 return result, "error" if result.is_error else "ok"
         raise _Exhausted(last)
+
+    async def _attempt(
+        self,
+        backend: Backend,
+        provider: Provider,
+        arguments: dict[str, Any],
+        variant: str | None,
+        progress: ProgressFn | None,
+    ) -> tuple[AuditStep, types.CallToolResult | None, BackendError | None]:
+        """One rung of one provider: its step (reason scrubbed of secrets), and its answer or its failure."""
+        span = self._tracer.step(provider.label, variant) if self._tracer is not None else nullcontext(None)
+        with structlog.contextvars.bound_contextvars(provider=provider.label), span as current:
+            t0 = time.perf_counter()
+            outcome: tuple[AuditStep, types.CallToolResult | None, BackendError | None]
+            try:
+                result = await backend.call_tool(provider.tool, arguments, variant=variant, progress=progress)
+            except InvalidArguments as exc:
+                step = AuditStep(provider.label, variant, "refused", redactor.scrub(exc.message), _ms(t0))
+                outcome = (step, _invalid_result(exc), None)
+            except BackendError as exc:
+                step = AuditStep(provider.label, variant, exc.outcome, redactor.scrub(exc.reason), _ms(t0))
+                outcome = (step, None, exc)
+            else:
+                step = AuditStep(provider.label, variant, "is_error" if result.is_error else "ok", None, _ms(t0))
+                outcome = (step, result, None)
+            if current is not None:
+                CallTracer.end_step(current, step)
+            return outcome
 
     async def _finish(
         self,
@@ -179,33 +258,39 @@ class Router:
             variant=served.variant if served else None,
             steps=len(steps),
             chain=[f"{s.provider}{'[' + s.variant + ']' if s.variant else ''}:{s.outcome}" for s in steps],
+            caller=ctx.caller,
             client=ctx.client_name,
+            client_version=ctx.client_version,
+            session_id=ctx.session_id,
             result_bytes=size,
         )
-        if self._recorder is None:
-            return
-        await self._recorder.record(
-            AuditRecord(
-                ts=time.time(),
-                correlation_id=correlation_id,
-                session_id=ctx.session_id,
-                client_name=ctx.client_name,
-                client_version=ctx.client_version,
-                caller=ctx.caller,
-                tool=entry.name,
-                chain=tuple(steps),
-                status=status,
-                duration_ms=duration_ms,
-                result_bytes=size,
-                arg_preview=arg_previews(arguments, entry.audit),
-                args_hash=args_hash(arguments),
+        if self._tracer is not None:
+            self._tracer.end_call(status, steps)
+        if self._recorder is not None:
+            await self._recorder.record(
+                AuditRecord(
+                    ts=time.time(),
+                    correlation_id=correlation_id,
+                    session_id=ctx.session_id,
+                    client_name=ctx.client_name,
+                    client_version=ctx.client_version,
+                    caller=ctx.caller,
+                    tool=entry.name,
+                    chain=tuple(steps),
+                    status=status,
+                    duration_ms=duration_ms,
+                    result_bytes=size,
+                    arg_preview=arg_previews(arguments, entry.audit),
+                    args_hash=args_hash(arguments),
+                )
             )
-        )
+        if self._metrics is not None:  # after the commit: the latency observed includes the ledger's
+            self._metrics.observe_call(entry.name, status, _ms(started) / 1000.0, steps)
 
 
 def _served_step(steps: list[AuditStep]) -> AuditStep | None:
     """The step that produced the answer (ok or a downstream isError), if any did."""
-    return next((s for s in reversed(steps) if s.outcome in ("ok", "error")), None)
+    return next((s for s in reversed(steps) if s.outcome in ("ok", "is_error")), None)
 
 
 def _ms(t0: float) -> float:

@@ -10,9 +10,12 @@ backend's state or tools change, the catalog is rebuilt and swapped whole, and t
 
 from __future__ import annotations
 
+import functools
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -20,20 +23,28 @@ import mcp_types as types
 import structlog
 from anyio.streams.memory import MemoryObjectSendStream
 
-from gateway.audit import Ledger
-from gateway.backends.base import Backend, BackendState, BackendStatus
+from gateway.audit import Ledger, ToolStats
+from gateway.audit import stats as audit_stats
+from gateway.backends.base import Backend, BackendState, BackendStatus, DisabledBackend
 from gateway.backends.cli import CliBackend
-from gateway.backends.mcp import HttpPool, McpBackend
+from gateway.backends.mcp import HttpPool, McpBackend, NotificationHook
 from gateway.backends.wiki import WikiBackend
 from gateway.catalog import Catalog
+from gateway.clients import ClientPolicy
 from gateway.config import Federation
+from gateway.costs import Cost, costs_from
+from gateway.errors import AuditError
+from gateway.metrics import GatewayMetrics
 from gateway.router import Router
+from gateway.tracing import CallTracer, open_tracing
 
 __all__ = ["Gateway", "build_backends"]
 
 log = structlog.get_logger("gateway.runtime")
 
 VERSION = "0.1.0"
+COSTS_WINDOW_S = 7 * 86400.0
+STARTUP_SETTLE_S = 30.0
 
 CatalogListener = Callable[[Catalog], Awaitable[None]]
 
@@ -46,15 +57,19 @@ class _Started(anyio.abc.TaskStatus[None]):
         self._event.set()
 
 
-def build_backends(config: Federation, http: HttpPool | None = None) -> dict[str, Backend]:
+def build_backends(
+    config: Federation, http: HttpPool | None = None, on_notification: NotificationHook | None = None
+) -> dict[str, Backend]:
     """One backend object per declared server, adapter and wiki, in declaration order."""
     client_info = types.Implementation(name=config.gateway.name, version=VERSION)
     backends: dict[str, Backend] = {}
     for name, server in config.servers.items():
-        backends[name] = McpBackend(name, server, http=http, client_info=client_info)
+        backends[name] = McpBackend(name, server, http=http, client_info=client_info, on_notification=on_notification)
     for name, adapter in config.adapters.items():
         backends[name] = CliBackend(name, adapter)
-    if config.wiki is not None and config.wiki.enabled:
+    if config.wiki is not None and not config.wiki.enabled:
+        backends[config.wiki.name] = DisabledBackend(config.wiki.name, "wiki", config.wiki.disabled_reason)
+    elif config.wiki is not None:
         wiki = config.wiki
         backends[wiki.name] = WikiBackend(
             wiki.name,
@@ -76,15 +91,28 @@ class Gateway:
         self._settled: dict[str, anyio.Event] = {}
         self._catalog = Catalog.empty()
         self._listeners: list[CatalogListener] = []
+        self._notification_listeners: list[NotificationHook] = []
         self._changes: MemoryObjectSendStream[Catalog] | None = None
         self.ledger: Ledger | None = None
-        self.router = Router(lambda: self._catalog, lambda: self._backends, None)
+        self.clients = ClientPolicy(config.clients)
+        self.metrics = GatewayMetrics(config.gateway.name, VERSION)
+        self.tracer: CallTracer | None = None
+        self.router = Router(lambda: self._catalog, lambda: self._backends, None, self.clients, metrics=self.metrics)
         self.started_at = 0.0
+        self._costs: dict[str, Cost] = {}
+        self._uses_costs = "{cost:" in config.model_dump_json()
 
     # -- lifetime -------------------------------------------------------------------------------------------------
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[Gateway]:
+        tracing_cm = open_tracing(
+            self.config.gateway.tracing,
+            service_name=self.config.gateway.name,
+            version=VERSION,
+            source=self.config.source,
+        )
+        self.tracer = await tracing_cm.__aenter__()
         http = HttpPool()
         send, receive = anyio.create_memory_object_stream[Catalog](16)
         self._changes = send
@@ -97,15 +125,24 @@ class Gateway:
             async with anyio.create_task_group() as tg:
                 if ledger_cm is not None:
                     self.ledger = await ledger_cm.__aenter__()
-                    self.router = Router(lambda: self._catalog, lambda: self._backends, self.ledger)
+                self.router = Router(
+                    lambda: self._catalog,
+                    lambda: self._backends,
+                    self.ledger,
+                    self.clients,
+                    metrics=self.metrics,
+                    tracer=self.tracer,
+                )
                 self.started_at = anyio.current_time()
-                self._backends = build_backends(self.config, http)
+                self._backends = build_backends(self.config, http, self._on_notification)
                 for backend in self._backends.values():
                     backend.subscribe(self._rebuild)
                     event = anyio.Event()
                     self._settled[backend.name] = event
                     tg.start_soon(self._supervise, backend, event, name=f"backend:{backend.name}")
                 tg.start_soon(self._broadcast, receive)
+                if self._uses_costs:
+                    tg.start_soon(self._measure_costs)
                 self._rebuild()
                 try:
                     yield self
@@ -116,6 +153,8 @@ class Gateway:
                 if ledger_cm is not None and self.ledger is not None:
                     await ledger_cm.__aexit__(None, None, None)
                 await http.aclose()
+                await tracing_cm.__aexit__(None, None, None)
+            send.close()
             self._changes = None
 
     async def _supervise(self, backend: Backend, settled: anyio.Event) -> None:
@@ -124,6 +163,34 @@ class Gateway:
         except Exception:  # a bug in one backend must not take down the others
             log.exception("backend.crashed", backend=backend.name)
             settled.set()
+
+    async def _measure_costs(self) -> None:
+        """Refresh the figures behind ``{cost:TOOL}`` placeholders: at startup, then every ``costs_refresh_s``."""
+        await self.wait_settled(STARTUP_SETTLE_S)
+        while True:
+            await self.refresh_costs()
+            await anyio.sleep(self.config.gateway.costs_refresh_s)
+
+    async def refresh_costs(self) -> None:
+        """Measure costs now (the wiki's estimates, the ledger's medians); a changed figure rebuilds the catalog."""
+        estimates: dict[str, int] = {}
+        for backend in self._backends.values():
+            if isinstance(backend, WikiBackend) and backend.status.state is BackendState.READY:
+                estimates.update(backend.measure())
+        path = Path(self.config.gateway.audit.path)
+        stats: list[ToolStats] = []
+        if await anyio.to_thread.run_sync(path.exists):  # also read by `gateway tools`, which opens no ledger
+            try:
+                stats = await anyio.to_thread.run_sync(
+                    # Only answered calls: a refusal's or a timeout's size says nothing about what the tool costs.
+                    functools.partial(audit_stats, path, since=time.time() - COSTS_WINDOW_S, status="ok")
+                )
+            except AuditError as exc:
+                log.warning("costs.ledger_unreadable", error=str(exc))
+        costs = costs_from(stats, estimates)
+        if costs != self._costs:
+            self._costs = costs
+            self._rebuild()
 
     async def _broadcast(self, receive: anyio.abc.ObjectReceiveStream[Catalog]) -> None:
         async with receive:
@@ -147,6 +214,14 @@ class Gateway:
     def on_catalog_change(self, listener: CatalogListener) -> None:
         self._listeners.append(listener)
 
+    def on_backend_notification(self, listener: NotificationHook) -> None:
+        """Be told of the downstream notifications the gateway passes on (log messages, resource updates)."""
+        self._notification_listeners.append(listener)
+
+    async def _on_notification(self, backend: McpBackend, notification: types.ServerNotification, *extra: Any) -> None:
+        for listener in list(self._notification_listeners):
+            await listener(backend, notification, *extra)
+
     async def wait_settled(self, limit_s: float) -> bool:
         """Wait until every backend had its first outcome, at most ``limit_s`` seconds. True if all settled."""
         with anyio.move_on_after(limit_s):
@@ -159,10 +234,10 @@ class Gateway:
         return all(b.status.state in (BackendState.READY, BackendState.DISABLED) for b in self._backends.values())
 
     def _rebuild(self) -> None:
-        catalog = Catalog.build(self.config, self._backends)
+        catalog = Catalog.build(self.config, self._backends, self._costs)
         previous = self._catalog
         self._catalog = catalog
-        if catalog.list_result != previous.list_result:
+        if catalog.changes(previous):  # tools, resources, templates, prompts or what the backends offer
             log.info("catalog.changed", tools=len(catalog), problems=list(catalog.problems) or None)
             if self._changes is not None:
                 try:

@@ -1,15 +1,19 @@
-"""The MCP face of the gateway: a low-level ``Server`` whose handlers serve the catalog and route calls.
+"""The MCP face of the gateway: a low-level ``Server`` whose handlers serve the catalog and route every request.
 
 ``build_server(gateway)`` serves the pre-built catalog on ``tools/list`` and hands every ``tools/call`` to the
-router; it remembers each client connection so a catalog change can be announced with
-``notifications/tools/list_changed``. It is transport-agnostic: ``http.py`` mounts it on streamable HTTP, the CLI runs
-it over stdio.
+router; it federates the rest of the protocol the same way: ``resources/list``, ``resources/templates/list`` and
+``prompts/list`` from the catalog's pre-serialised lists, ``resources/read``, ``prompts/get`` and
+``completion/complete`` to the backend that owns the (possibly prefixed, see listings.py) name or URI,
+``resources/subscribe`` / ``unsubscribe`` and ``logging/setLevel`` through ``Upstreams`` (per client), progress and
+cancellation through the SDK on every forwarded request. Each request becomes the ``UPSTREAM`` of the work it causes,
+so a downstream's sampling, elicitation and roots requests reach the client whose call caused them (see
+backends/relay.py). The capabilities a client is offered at ``initialize`` are what the ready backends offer. It is
+transport-agnostic: ``http.py`` mounts it on streamable HTTP, the CLI runs it over stdio.
 """
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio
@@ -19,12 +23,19 @@ from mcp.server import Server
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.models import InitializationOptions
+from mcp.server.runner import serve_dual_era_loop
 from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from gateway.catalog import Catalog
-from gateway.errors import BackendRpcError, ToolNotFound
+from gateway.backends.base import ProgressFn
+from gateway.backends.mcp import McpBackend
+from gateway.backends.relay import connection_of, forwarded_meta
+from gateway.clients import ClientPolicy
+from gateway.errors import BackendError, BackendRpcError, ToolNotFound
+from gateway.listings import Origin
 from gateway.router import CallContext
 from gateway.runtime import VERSION, Gateway
+from gateway.upstreams import Upstreams
 
 __all__ = ["build_server"]
 
@@ -34,11 +45,14 @@ INVALID_PARAMS = -32602
 STARTUP_LIST_WAIT_S = 10.0
 """During startup, ``tools/list`` (and a call naming a tool not known yet) waits at most this long for backends still
 connecting, so a client that connects at once sees the whole catalog instead of a partial one."""
-NOTIFY_TIMEOUT_S = 2.0
 
 
 class _GatewayServer(Server[Any]):
-    """The SDK's low-level server, advertising ``listChanged`` for every list the gateway federates."""
+    """The SDK's low-level server, offering what the ready backends offer, with ``listChanged`` for every list."""
+
+    def __init__(self, gateway: Gateway, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._gateway = gateway
 
     def create_initialization_options(
         self,
@@ -47,65 +61,104 @@ class _GatewayServer(Server[Any]):
         extensions: dict[str, dict[str, Any]] | None = None,
     ) -> InitializationOptions:
         return super().create_initialization_options(
-            notification_options or NotificationOptions(tools_changed=True),
+            notification_options
+            or NotificationOptions(tools_changed=True, resources_changed=True, prompts_changed=True),
             experimental_capabilities,
             extensions,
         )
 
+    async def run(
+        self,
+        read_stream: Any,
+        write_stream: Any,
+        initialization_options: InitializationOptions,
+        raise_exceptions: bool = False,
+    ) -> None:
+        """Serve one connection (stdio). What is offered follows the ready backends, so it is worked out at the
+        handshake (``create_initialization_options``), not fixed by ``initialization_options`` when the transport
+        starts, before the backends have connected."""
+        async with self.lifespan(self) as lifespan_context:
+            await serve_dual_era_loop(
+                self,
+                read_stream,
+                write_stream,
+                lifespan_state=lifespan_context,
+                init_options=None,
+                raise_exceptions=raise_exceptions,
+            )
 
-class _Connections:
-    """Every live client connection, so catalog changes can be announced to each (weakly held)."""
+    def get_capabilities(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+        *,
+        protocol_version: str | None = None,
+    ) -> types.ServerCapabilities:
+        caps = super().get_capabilities(
+            notification_options, experimental_capabilities, extensions, protocol_version=protocol_version
+        )
+        offers = self._gateway.catalog.lists.offers
+        resources = caps.resources
+        if resources is not None:
+            resources = resources.model_copy(update={"subscribe": bool(resources.subscribe) and offers.subscribe})
+        return caps.model_copy(
+            update={
+                "resources": resources if offers.resources else None,
+                "prompts": caps.prompts if offers.prompts else None,
+                "completions": caps.completions if offers.completions else None,
+                "logging": (caps.logging or types.LoggingCapability()) if offers.logging else None,
+            }
+        )
 
-    def __init__(self) -> None:
-        self._live: weakref.WeakSet[Any] = weakref.WeakSet()
 
-    async def track(self, ctx: ServerRequestContext[Any], call_next: CallNext) -> HandlerResult:
-        connection = getattr(ctx.session, "_connection", None)  # the SDK keeps it private; mcp is pinned <3
-        if connection is not None:
-            self._live.add(connection)
-        return await call_next(ctx)
-
-    def __len__(self) -> int:
-        return len(self._live)
-
-    async def announce(self, catalog: Catalog) -> None:
-        for connection in list(self._live):
-            if not connection.initialized.is_set():
-                continue
-            with anyio.move_on_after(NOTIFY_TIMEOUT_S):
-                try:
-                    await connection.send_tool_list_changed()
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError, MCPError, OSError):
-                    self._live.discard(connection)
-
-
-def _call_context(ctx: ServerRequestContext[Any]) -> CallContext:
+def _call_context(ctx: ServerRequestContext[Any], clients: ClientPolicy) -> CallContext:
     params = ctx.session.client_params
     info = params.client_info if params is not None else None
     request = ctx.request
     session_id = None
     caller = None
+    headers = None
     if request is not None and hasattr(request, "headers"):  # a Starlette request on HTTP, None on stdio
-        session_id = request.headers.get("mcp-session-id")
+        headers = request.headers
+        session_id = headers.get("mcp-session-id")
         caller = request.scope.get("state", {}).get("caller")
+    name = info.name if info is not None else None
+    version = info.version if info is not None else None
     return CallContext(
         session_id=session_id,
-        client_name=info.name if info is not None else None,
-        client_version=info.version if info is not None else None,
+        client_name=name,
+        client_version=version,
         caller=caller,
+        declared=clients.declared(name, version, headers),
     )
 
 
-def build_server(gateway: Gateway) -> tuple[Server[Any], _Connections]:
+def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
     """The MCP server that fronts ``gateway``; pair it with a transport (HTTP app or stdio)."""
-    connections = _Connections()
+    upstreams = Upstreams(gateway.catalog, lambda: gateway.backends)
     startup_waited = anyio.Event()
+
+    async def settled() -> None:
+        if not startup_waited.is_set():
+            await gateway.wait_settled(STARTUP_LIST_WAIT_S)
+            startup_waited.set()
+
+    async def middleware(ctx: ServerRequestContext[Any], call_next: CallNext) -> HandlerResult:
+        # A client that connects while the backends are still connecting would be offered too little (no
+        # resources, no prompts): the first handshake waits, bounded, for every backend's first outcome.
+        if ctx.method == "initialize" and not startup_waited.is_set():
+            await settled()
+        return await upstreams.track(ctx, call_next)
 
     async def list_tools(ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
         if not startup_waited.is_set():
             await gateway.wait_settled(STARTUP_LIST_WAIT_S)
             startup_waited.set()
-        return gateway.catalog.list_result  # pre-serialised once per catalog: no per-request model work
+        # Pre-serialised once per catalog (no per-request model work); large-context tools only for large clients.
+        return _enveloped(
+            ctx, gateway.catalog.listing(gateway.clients.is_large(_call_context(ctx, gateway.clients).declared))
+        )
 
     async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
         progress = None
@@ -118,7 +171,9 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], _Connections]:
             await gateway.wait_settled(STARTUP_LIST_WAIT_S)
             startup_waited.set()
         try:
-            return await gateway.router.call(params.name, params.arguments, ctx=_call_context(ctx), progress=progress)
+            return await gateway.router.call(
+                params.name, params.arguments, ctx=_call_context(ctx, gateway.clients), progress=progress
+            )
         except ToolNotFound as exc:
             raise MCPError(INVALID_PARAMS, str(exc)) from exc
         except BackendRpcError as exc:
@@ -128,15 +183,173 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], _Connections]:
         entry = gateway.catalog.get(name)
         return entry.tool.input_schema if entry is not None else None
 
+    # -- resources, prompts, completion: forwarded to the backend that owns the name ---------------------------------
+
+    async def forward(
+        origins: tuple[Origin, ...],
+        build: Callable[[Origin], Any],
+        result_type: Any,
+        progress: ProgressFn | None,
+        none_answered: MCPError | None = None,
+    ) -> tuple[Origin, Any]:
+        """Send the request to the first of ``origins`` that answers. A lone backend's JSON-RPC error passes through
+        as it is; when several were asked and all refused, ``none_answered`` is the answer (else the first error)."""
+        failures: list[BackendError] = []
+        for origin in origins:
+            backend = gateway.backends.get(origin.backend)
+            if not isinstance(backend, McpBackend):
+                continue
+            try:
+                return origin, await backend.request(build(origin), result_type, progress=progress)
+            except BackendError as exc:
+                failures.append(exc)
+        if len(failures) > 1 and none_answered is not None:
+            raise none_answered
+        failure = failures[0] if failures else None
+        if isinstance(failure, BackendRpcError):
+            raise MCPError(failure.code, failure.message, failure.data) from failure
+        if failure is not None:
+            raise MCPError(types.INTERNAL_ERROR, str(failure)) from failure
+        raise MCPError(types.INVALID_PARAMS, "No backend serves this request.")
+
+    async def list_resources(ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
+        await settled()
+        return _enveloped(ctx, gateway.catalog.lists.resources_result)
+
+    async def list_resource_templates(
+        ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> Any:
+        await settled()
+        return _enveloped(ctx, gateway.catalog.lists.templates_result)
+
+    async def read_resource(ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams) -> Any:
+        await settled()
+        origins = gateway.catalog.lists.resolve(params.uri)
+        if not origins:
+            raise MCPError(types.INVALID_PARAMS, "Resource not found", {"uri": params.uri})
+        meta = forwarded_meta(params.meta)
+
+        def build(origin: Origin) -> types.ReadResourceRequest:
+            return types.ReadResourceRequest(params=params.model_copy(update={"uri": origin.local, "meta": meta}))
+
+        # An unlisted URI may be asked of several backends; when none has it, the answer is SEP-2164's.
+        not_found = MCPError(types.INVALID_PARAMS, "Resource not found", {"uri": params.uri})
+        origin, result = await forward(origins, build, types.ReadResourceResult, _progress(ctx), not_found)
+        if origin.local != params.uri:  # published under a prefix: the contents name the URI the client asked for
+            for contents in result.contents:
+                if contents.uri == origin.local:
+                    contents.uri = params.uri
+        return result
+
+    async def subscribe(ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams) -> types.EmptyResult:
+        await settled()
+        failure: BackendError | None = None
+        for origin in gateway.catalog.lists.resolve(params.uri):
+            backend = gateway.backends.get(origin.backend)
+            if isinstance(backend, McpBackend):
+                try:
+                    await upstreams.subscribe(ctx, params.uri, origin, backend)
+                    return types.EmptyResult()
+                except BackendError as exc:
+                    failure = exc
+        if isinstance(failure, BackendRpcError):
+            raise MCPError(failure.code, failure.message, failure.data) from failure
+        raise MCPError(types.INVALID_PARAMS, "Resource not found", {"uri": params.uri})
+
+    async def unsubscribe(ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams) -> types.EmptyResult:
+        await upstreams.unsubscribe(ctx, params.uri)
+        return types.EmptyResult()
+
+    async def list_prompts(ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
+        await settled()
+        return _enveloped(ctx, gateway.catalog.lists.prompts_result)
+
+    async def get_prompt(ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams) -> Any:
+        await settled()
+        origin = gateway.catalog.lists.prompt(params.name)
+        if origin is None:
+            raise MCPError(types.INVALID_PARAMS, f"Unknown prompt: {params.name}")
+        meta = forwarded_meta(params.meta)
+
+        def build(origin: Origin) -> types.GetPromptRequest:
+            return types.GetPromptRequest(params=params.model_copy(update={"name": origin.local, "meta": meta}))
+
+        return (await forward((origin,), build, types.GetPromptResult, _progress(ctx)))[1]
+
+    async def complete(ctx: ServerRequestContext[Any], params: types.CompleteRequestParams) -> Any:
+        await settled()
+        lists = gateway.catalog.lists
+        ref = params.ref
+        origin: Origin | None
+        if isinstance(ref, types.PromptReference):
+            origin = lists.prompt(ref.name)
+        else:
+            origin = lists.template(ref.uri) or next(iter(lists.resolve(ref.uri)), None)
+        if origin is None:
+            raise MCPError(types.INVALID_PARAMS, "No backend offers this prompt or resource.")
+        meta = forwarded_meta(params.meta)
+
+        def build(origin: Origin) -> types.CompleteRequest:
+            local_ref = ref.model_copy(
+                update={"name": origin.local} if isinstance(ref, types.PromptReference) else {"uri": origin.local}
+            )
+            return types.CompleteRequest(params=params.model_copy(update={"ref": local_ref, "meta": meta}))
+
+        return (await forward((origin,), build, types.CompleteResult, _progress(ctx)))[1]
+
+    async def set_level(ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams) -> types.EmptyResult:
+        await upstreams.set_level(ctx, params.level)
+        return types.EmptyResult()
+
     server = _GatewayServer(
+        gateway,
         gateway.config.gateway.name,
         version=VERSION,
         instructions=gateway.config.gateway.instructions,
         on_list_tools=list_tools,
         on_call_tool=call_tool,
+        on_list_resources=list_resources,
+        on_list_resource_templates=list_resource_templates,
+        on_read_resource=read_resource,
+        on_subscribe_resource=subscribe,
+        on_unsubscribe_resource=unsubscribe,
+        on_list_prompts=list_prompts,
+        on_get_prompt=get_prompt,
+        on_completion=complete,
         get_tool_input_schema=input_schema,
     )
+    # Registered directly: the constructor's `on_set_logging_level` warns (logging is deprecated as of 2026-07-28),
+    # but every handshake-era client uses it.
+    server.add_request_handler("logging/setLevel", types.SetLevelRequestParams, set_level)
+
+    async def roots_changed(ctx: ServerRequestContext[Any], params: types.NotificationParams) -> None:
+        connection = connection_of(ctx)
+        for backend in gateway.backends.values():
+            if isinstance(backend, McpBackend):
+                await backend.roots_changed(connection)
+
+    # Registered directly for the same reason (roots are deprecated as of 2026-07-28).
+    server.add_notification_handler("notifications/roots/list_changed", types.NotificationParams, roots_changed)
     server.middleware.clear()  # the default OpenTelemetry middleware costs 5-15% per call; tracing is opt-in
-    server.middleware.append(connections.track)
-    gateway.on_catalog_change(connections.announce)
-    return server, connections
+    server.middleware.append(middleware)
+    gateway.on_catalog_change(upstreams.announce)
+    gateway.on_backend_notification(upstreams.on_backend_notification)
+    return server, upstreams
+
+
+_MODERN_LIST_ENVELOPE = {"ttlMs": 0, "cacheScope": "private", "resultType": "complete"}
+"""What a 2026-07-28 list result must carry besides its items (SEP-2549 cache hints: "do not cache", the SDK's
+defaults). Handshake-era answers are sent as pre-serialised, untouched."""
+
+
+def _enveloped(ctx: ServerRequestContext[Any], listed: Mapping[str, Any]) -> Mapping[str, Any]:
+    if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        return {**listed, **_MODERN_LIST_ENVELOPE}
+    return listed
+
+
+def _progress(ctx: ServerRequestContext[Any]) -> ProgressFn | None:
+    """Relay a forwarded request's progress on the client's own stream, against its own token, when it asked."""
+    if ctx.meta and ctx.meta.get("progress_token") is not None:
+        return ctx.session.report_progress
+    return None

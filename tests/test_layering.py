@@ -19,15 +19,18 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
     ("config",),
-    ("_logging", "audit", "audit_report"),
+    ("_logging", "audit", "audit_report", "metrics", "tracing"),  # metrics/tracing: instruments, fed by the router
+    ("clients", "costs", "importer"),  # policies and conversions over config (costs reads audit's statistics)
     ("backends", "backends.base"),  # "backends" is backends/__init__.py
-    ("backends.stdio",),
+    ("backends.stdio", "backends.relay"),  # relay: the back-channel context, below the sessions that use it
     ("backends.mcp", "backends.cli", "backends.wiki"),
-    ("catalog", "health"),
+    ("listings",),  # resources, templates, prompts: merged and named like the tools, built into the catalog
+    ("catalog", "health", "reload"),
     ("router",),
     ("runtime",),
-    ("server",),  # the MCP face (low-level Server), transport-free
-    ("http",),  # the Starlette app around it: /mcp, /healthz, /status, the guard
+    ("upstreams",),  # the clients and what they are owed: list changes, log messages, resource updates
+    ("server", "events"),  # the MCP face (low-level Server), transport-free; events: resumable SSE streams
+    ("http", "ui"),  # the Starlette app around it: /mcp, /healthz, /status, /metrics, the guard; /ui, the status page
     ("cli", "__main__", "__init__"),  # "__init__" is gateway/__init__.py: the public surface re-exports from any layer
 )
 LAYER = {module: level for level, modules in enumerate(LAYERS) for module in modules}

@@ -21,9 +21,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
+import anyio
 import mcp_types as types
 from anyio.abc import TaskStatus
 from mcp.shared.dispatcher import ProgressFnT
+
+from gateway.errors import BackendUnavailable
 
 
 class BackendState(StrEnum):
@@ -96,3 +99,47 @@ class Backend(Protocol):
     def subscribe(self, listener: ChangeListener) -> None:
         """Register a listener for state and tool-list changes."""
         ...
+
+
+class DisabledBackend:
+    """A backend the operator switched off (``enabled: false``): shown with its reason, offering nothing."""
+
+    def __init__(self, name: str, kind: str, reason: str | None) -> None:
+        self._name = name
+        self._kind = kind
+        self._status = BackendStatus(BackendState.DISABLED, reason or "disabled in federation.yaml", declared=True)
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def kind(self) -> str:
+        return self._kind
+
+    @property
+    def status(self) -> BackendStatus:
+        return self._status
+
+    def tools(self) -> Sequence[types.Tool]:
+        return ()
+
+    def ladder(self, tool: str, arguments: Mapping[str, Any]) -> Sequence[str | None]:
+        return (None,)
+
+    async def run(self, *, task_status: TaskStatus[None]) -> None:
+        task_status.started()
+        await anyio.sleep_forever()
+
+    async def call_tool(
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        *,
+        variant: str | None = None,
+        progress: ProgressFn | None = None,
+    ) -> types.CallToolResult:
+        raise BackendUnavailable(self._name, self._status.reason or "disabled")
+
+    def subscribe(self, listener: ChangeListener) -> None:
+        pass

@@ -27,6 +27,7 @@ import copy
 import dataclasses
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -61,6 +62,10 @@ _TERM_GRACE_S = 0.5
 _REAP_TIMEOUT_S = 2.0
 """How long to wait for a SIGKILLed leader to be reaped; only a process stuck in the kernel takes longer."""
 _PROBE_TIMEOUT_S = 10.0
+RECHECK_FIRST_S = 5.0
+"""A FAILED adapter is checked again after this long, then twice as long each time up to RECHECK_MAX_S."""
+RECHECK_MAX_S = 120.0
+RECHECK_READY_S = 60.0
 """A health probe (``probe: [--version]``) answers at once or the program is not usable."""
 _ERROR_TAIL_LINES = 5
 _ERROR_TAIL_CHARS = 500
@@ -392,8 +397,16 @@ class CliBackend:
                 await self._kill_all()
 
     async def _supervise(self) -> None:
-        # A later step re-runs ``check()`` here with backoff, so a FAILED adapter heals when its program appears.
-        await anyio.sleep_forever()
+        """Re-check a FAILED adapter with exponential backoff (jittered), so it heals when its program appears;
+        a READY one is re-checked every RECHECK_READY_S (its program may be uninstalled under us)."""
+        delay = RECHECK_FIRST_S
+        while True:
+            if self._status.state is BackendState.DISABLED:
+                await anyio.sleep_forever()
+            failed = self._status.state is BackendState.FAILED
+            await anyio.sleep((delay if failed else RECHECK_READY_S) * random.uniform(0.8, 1.2))
+            await self.check()
+            delay = min(delay * 2, RECHECK_MAX_S) if self._status.state is BackendState.FAILED else RECHECK_FIRST_S
 
     async def check(self) -> BackendStatus:
         """Run one health check now (configuration, working directory, command, optional probe); update the state.

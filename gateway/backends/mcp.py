@@ -1,11 +1,18 @@
 """One supervised session to one downstream MCP server (stdio, streamable HTTP or SSE).
 
 ``McpBackend.run`` is the only owner of the session: it opens the transport and the ``ClientSession`` in nested
-``async with`` blocks inside its own task, initializes with protocol negotiation, lists the tools, marks itself
-ready, and then waits until the connection ends (the process exits, the HTTP stream breaks, a ping fails). It then
-marks itself failed with the reason in plain words and reconnects with exponential backoff and jitter (tenacity);
-after a session that worked, the backoff starts again from the first step. A backend that never connects still calls
-``task_status.started()`` after its first failure, so it never blocks startup.
+``async with`` blocks inside its own task, initializes with protocol negotiation, lists the tools, resources,
+resource templates and prompts (every page), restores the log level and the resource subscriptions the gateway's
+clients hold, marks itself ready, and then waits until the connection ends (the process exits, the HTTP stream
+breaks, a ping fails). It then marks itself failed with the reason in plain words and reconnects with exponential
+backoff and jitter (tenacity); after a session that worked, the backoff starts again from the first step. A backend
+that never connects still calls ``task_status.started()`` after its first failure, so it never blocks startup.
+
+While it runs, a downstream's ``list_changed`` re-reads that list (and the listeners rebuild the catalog), its log
+messages and resource updates go to the ``on_notification`` hook, and its own requests to its client (sampling,
+elicitation, roots) are relayed to the gateway's client whose call caused them (backends/relay.py). With
+``session: per_client``, each client that can answer such requests gets its own session, opened at its first call in
+a task of its own and closed with the client's connection.
 
 Foreign errors (``OSError``, ``httpx2``, ``anyio``, ``MCPError``) are translated here into the gateway's
 ``BackendError`` tree (``classify_failure`` for connection failures, ``map_call_errors`` for calls); nothing above
@@ -14,19 +21,24 @@ Foreign errors (``OSError``, ``httpx2``, ``anyio``, ``MCPError``) are translated
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import signal
 import tempfile
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import IO, Any
 
 import anyio
+import anyio.abc
 import httpx2
 import mcp_types as types
 import structlog
 from anyio.abc import TaskStatus
-from mcp.client.session import ClientSession
+from mcp.client.session import ClientRequestContext, ClientSession
 from mcp.client.sse import sse_client
 from mcp.client.stdio import get_default_environment
 from mcp.client.streamable_http import streamable_http_client
@@ -35,9 +47,19 @@ from mcp.shared.message import SessionMessage
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
 from gateway.backends.base import BackendState, BackendStatus, ChangeListener, ProgressFn
+from gateway.backends.relay import (
+    UPSTREAM,
+    InFlight,
+    Upstream,
+    attribute,
+    connection_of,
+    forwarded_meta,
+    relay_request,
+)
 from gateway.backends.stdio import StdioProcess, open_stdio
 from gateway.config import HttpServer, ServerConfig, SseServer, StdioServer
 from gateway.errors import (
+    BackendError,
     BackendProtocolError,
     BackendRpcError,
     BackendTimeout,
@@ -64,6 +86,8 @@ class _SharedTransport(httpx2.AsyncBaseTransport):
         self._inner = httpx2.AsyncHTTPTransport()
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        if request.method == "GET" and "last-event-id" in request.headers:
+            await _mirror_stream_close()
         return await self._inner.handle_async_request(request)
 
     async def aclose(self) -> None:  # borrowed by per-backend clients; closed by HttpPool only
@@ -71,6 +95,16 @@ class _SharedTransport(httpx2.AsyncBaseTransport):
 
     async def close_pool(self) -> None:
         await self._inner.aclose()
+
+
+async def _mirror_stream_close() -> None:
+    """A downstream closed a call's SSE stream mid-call (SEP-1699 polling) and the SDK is resuming it: close the
+    upstream call's stream as well, so its client resumes from the gateway's event store (events.py) like it would
+    from the downstream's. The resuming GET runs in the context of the POST that carried the call, so ``UPSTREAM``
+    names that call (see relay.py); a resumed standalone stream has none and changes nothing upstream."""
+    upstream = UPSTREAM.get()
+    if upstream is not None and upstream.close_sse_stream is not None:
+        await upstream.close_sse_stream()
 
 
 class HttpPool:
@@ -83,11 +117,13 @@ class HttpPool:
     def __init__(self) -> None:
         self._transport = _SharedTransport()
 
-    def client(self, headers: Mapping[str, str], timeout_s: float, recorder: _ResponseRecorder) -> httpx2.AsyncClient:
+    def client(
+        self, headers: Mapping[str, str], timeout_s: float, recorder: _ResponseRecorder, read_s: float = 300.0
+    ) -> httpx2.AsyncClient:
         return httpx2.AsyncClient(
             transport=self._transport,
             headers=dict(headers),
-            timeout=httpx2.Timeout(timeout_s, read=300.0),
+            timeout=httpx2.Timeout(timeout_s, read=read_s),
             trust_env=False,
             event_hooks={"response": [recorder]},
         )
@@ -253,7 +289,28 @@ class _ConnectFailed(Exception):
         super().__init__(reason)
 
 
-NotificationHook = Callable[["McpBackend", types.ServerNotification], None]
+NotificationHook = Callable[["McpBackend", types.ServerNotification, Upstream | None, Any], Awaitable[None]]
+"""Told of a downstream notification the gateway passes on (``notifications/message``, ``resources/updated``):
+``(backend, notification, the upstream request it belongs to or None, the upstream connection that owns the
+session it came on or None)``."""
+
+LIST_KINDS = ("tools", "resources", "resource_templates", "prompts")
+
+_BACK_CHANNEL_CAPABILITIES = types.ClientCapabilities(
+    sampling=types.SamplingCapability(), elicitation=types.ElicitationCapability(), roots=types.RootsCapability()
+)
+
+
+@dataclass(eq=False)
+class _Lane:
+    """A downstream session of one upstream client (``session: per_client``), owned by its own task."""
+
+    owner: Any  # the upstream SDK Connection
+    inflight: InFlight
+    ready: anyio.Event = field(default_factory=anyio.Event)
+    closed: anyio.Event = field(default_factory=anyio.Event)
+    session: ClientSession | None = None
+    failure: str | None = None
 
 
 class McpBackend:
@@ -276,6 +333,9 @@ class McpBackend:
         self._listeners: list[ChangeListener] = []
         self._session: ClientSession | None = None
         self._tools: tuple[types.Tool, ...] = ()
+        self._resources: tuple[types.Resource, ...] = ()
+        self._templates: tuple[types.ResourceTemplate, ...] = ()
+        self._prompts: tuple[types.Prompt, ...] = ()
         self._init: types.InitializeResult | None = None
         self._lost: anyio.Event = anyio.Event()
         self._probe_now: anyio.Event = anyio.Event()
@@ -286,6 +346,14 @@ class McpBackend:
             else BackendStatus(BackendState.STARTING, "connecting")
         )
         self._proc: StdioProcess | None = None
+        # The calls in flight on the shared session: what a downstream's request is matched to when nothing links
+        # it to its call (stdio, SSE, or streamable HTTP's standalone stream; see relay.py).
+        self._inflight = InFlight()
+        self._per_client = config.session == "per_client"
+        self._lanes: weakref.WeakKeyDictionary[Any, _Lane] = weakref.WeakKeyDictionary()
+        self._lanes_tg: anyio.abc.TaskGroup | None = None
+        self._log_level: types.LoggingLevel | None = None
+        self._subscribed: dict[str, int] = {}
         self.connects = 0
 
     # -- the Backend protocol ------------------------------------------------------------------------------------
@@ -311,11 +379,25 @@ class McpBackend:
         return self._init
 
     @property
+    def capabilities(self) -> types.ServerCapabilities | None:
+        """What the downstream offered at its last handshake (None before it connected)."""
+        return self._init.capabilities if self._init is not None else None
+
+    @property
     def session(self) -> ClientSession | None:
         return self._session
 
     def tools(self) -> Sequence[types.Tool]:
         return self._tools
+
+    def resources(self) -> Sequence[types.Resource]:
+        return self._resources
+
+    def resource_templates(self) -> Sequence[types.ResourceTemplate]:
+        return self._templates
+
+    def prompts(self) -> Sequence[types.Prompt]:
+        return self._prompts
 
     def ladder(self, tool: str, arguments: Mapping[str, Any]) -> Sequence[str | None]:
         return (None,)
@@ -332,28 +414,56 @@ class McpBackend:
         progress: ProgressFn | None = None,
         meta: dict[str, Any] | None = None,
     ) -> types.CallToolResult:
-        session = self._require_session()
+        upstream = UPSTREAM.get()
+        if meta is None and upstream is not None and upstream.meta:
+            meta = forwarded_meta(upstream.meta)
         request = types.CallToolRequest(
             params=types.CallToolRequestParams(name=tool, arguments=arguments, _meta=meta or None)  # type: ignore[arg-type]
         )
-        with self.map_call_errors():
-            return await session.send_request(
-                request,
-                types.CallToolResult,
-                request_read_timeout_seconds=self._config.timeout_s,
-                progress_callback=progress,
-            )
+        return await self._send(request, types.CallToolResult, progress, upstream, per_client=self._per_client)  # type: ignore[no-any-return]
 
     async def request(self, request: Any, result_type: Any, *, progress: ProgressFn | None = None) -> Any:
-        """Forward any client request (resources, prompts, completion, ...) to this backend."""
+        """Forward any client request (resources, prompts, completion, ...) to this backend.
+
+        Raises:
+            BackendError: the backend is not ready, or failed to answer (a JSON-RPC error is ``BackendRpcError``).
+        """
+        return await self._send(request, result_type, progress, UPSTREAM.get(), per_client=False)
+
+    async def _send(
+        self,
+        request: Any,
+        result_type: Any,
+        progress: ProgressFn | None,
+        upstream: Upstream | None,
+        *,
+        per_client: bool,
+    ) -> Any:
         session = self._require_session()
-        with self.map_call_errors():
-            return await session.send_request(
-                request,
-                result_type,
-                request_read_timeout_seconds=self._config.timeout_s,
-                progress_callback=progress,
-            )
+        inflight = self._inflight
+        if per_client and upstream is not None:
+            lane = await self._lane_for(upstream)
+            if lane is not None and lane.session is not None:
+                session, inflight = lane.session, lane.inflight
+        if upstream is None:
+            with self.map_call_errors():
+                return await session.send_request(
+                    request,
+                    result_type,
+                    request_read_timeout_seconds=self._config.timeout_s,
+                    progress_callback=progress,
+                )
+        key = inflight.enter(upstream)
+        try:
+            with self.map_call_errors():
+                return await session.send_request(
+                    request,
+                    result_type,
+                    request_read_timeout_seconds=self._config.timeout_s,
+                    progress_callback=progress,
+                )
+        finally:
+            inflight.leave(key)
 
     def _require_session(self) -> ClientSession:
         session = self._session
@@ -381,6 +491,168 @@ class McpBackend:
         except RuntimeError as exc:  # the SDK raises RuntimeError for unexpected result shapes
             raise BackendProtocolError(self._name, str(exc)) from exc
 
+    # -- logging and subscriptions ----------------------------------------------------------------------------------
+
+    async def set_log_level(self, level: types.LoggingLevel | None) -> None:
+        """Ask the downstream to send log messages from ``level`` up (kept and re-applied after a reconnect).
+
+        ``None`` forgets the level (the downstream keeps the last one it was given until it reconnects).
+        """
+        self._log_level = level
+        session = self._session
+        if level is None or session is None or self._status.state is not BackendState.READY:
+            return
+        await self._apply_log_level(session, level)
+
+    async def _apply_log_level(self, session: ClientSession, level: types.LoggingLevel) -> None:
+        caps = self.capabilities
+        if caps is None or caps.logging is None:
+            return
+        request = types.SetLevelRequest(params=types.SetLevelRequestParams(level=level))
+        try:
+            with anyio.fail_after(self._config.connect_timeout_s):
+                await session.send_request(request, types.EmptyResult)
+        except (MCPError, TimeoutError, httpx2.HTTPError, anyio.BrokenResourceError, OSError) as exc:
+            log.warning("backend.set_log_level_failed", backend=self._name, level=level, error=str(exc))
+
+    async def subscribe_resource(self, uri: str) -> None:
+        """Subscribe to updates of the downstream's ``uri`` (counted: the downstream is asked once).
+
+        Raises:
+            BackendError: the backend is not ready or refused the subscription.
+        """
+        if self._subscribed.get(uri, 0) == 0:
+            request = types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri))
+            await self._send(request, types.EmptyResult, None, None, per_client=False)
+        self._subscribed[uri] = self._subscribed.get(uri, 0) + 1
+
+    async def unsubscribe_resource(self, uri: str) -> None:
+        """Drop one subscription to ``uri``; the downstream is told when the last one goes. Never raises."""
+        count = self._subscribed.get(uri, 0)
+        if count > 1:
+            self._subscribed[uri] = count - 1
+            return
+        self._subscribed.pop(uri, None)
+        if count == 0 or self._session is None:
+            return
+        request = types.UnsubscribeRequest(params=types.UnsubscribeRequestParams(uri=uri))
+        try:
+            with anyio.fail_after(self._config.connect_timeout_s):
+                await self._send(request, types.EmptyResult, None, None, per_client=False)
+        except (BackendError, TimeoutError) as exc:
+            log.info("backend.unsubscribe_failed", backend=self._name, uri=uri, error=str(exc))
+
+    async def _restore(self, session: ClientSession) -> None:
+        """After a (re)connect: the log level and the subscriptions the gateway's clients hold."""
+        if self._log_level is not None:
+            await self._apply_log_level(session, self._log_level)
+        for uri in list(self._subscribed):
+            request = types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri))
+            try:
+                with anyio.fail_after(self._config.connect_timeout_s):
+                    await session.send_request(request, types.EmptyResult)
+            except (MCPError, TimeoutError, httpx2.HTTPError, anyio.BrokenResourceError, OSError) as exc:
+                log.warning("backend.resubscribe_failed", backend=self._name, uri=uri, error=str(exc))
+
+    # -- the back-channel -----------------------------------------------------------------------------------------
+
+    def _back_channel(self, inflight: InFlight | None, offered: types.ClientCapabilities | None) -> dict[str, Any]:
+        """The ClientSession callbacks that relay a downstream's requests to the upstream client (see relay.py).
+
+        ``offered`` narrows what the downstream is told the gateway can answer (a per-client session mirrors its
+        client); None offers all three.
+        """
+        name = self._name
+
+        async def sampling(context: ClientRequestContext, params: types.CreateMessageRequestParams) -> Any:
+            return await relay_request(types.CreateMessageRequest(params=params), inflight, name)
+
+        async def elicitation(context: ClientRequestContext, params: types.ElicitRequestParams) -> Any:
+            return await relay_request(types.ElicitRequest(params=params), inflight, name)
+
+        async def roots(context: ClientRequestContext) -> Any:
+            return await relay_request(types.ListRootsRequest(), inflight, name)
+
+        caps = offered or _BACK_CHANNEL_CAPABILITIES
+        callbacks: dict[str, Any] = {}
+        if caps.sampling is not None:
+            callbacks["sampling_callback"] = sampling
+            callbacks["sampling_capabilities"] = caps.sampling
+        if caps.elicitation is not None:
+            callbacks["elicitation_callback"] = elicitation
+        if caps.roots is not None:
+            callbacks["list_roots_callback"] = roots
+        return callbacks
+
+    async def _lane_for(self, upstream: Upstream) -> _Lane | None:
+        """The upstream client's own downstream session, opened on its first call; None for a client that cannot
+        answer a downstream's requests (it shares the one session) or when its session could not be opened."""
+        connection = connection_of(upstream)
+        if connection is None or not _takes_back_channel(connection.client_capabilities):
+            return None
+        lane = self._lanes.get(connection)
+        if lane is None:
+            if self._lanes_tg is None:
+                return None
+            lane = _Lane(connection, InFlight(owner=connection))
+            self._lanes[connection] = lane
+            connection.exit_stack.callback(lane.closed.set)
+            # A fresh context: the lane's task must not see this request as its UPSTREAM (see _lane_lifetime).
+            contextvars.Context().run(self._lanes_tg.start_soon, self._lane_lifetime, lane)
+        with anyio.move_on_after(self._config.connect_timeout_s):
+            await lane.ready.wait()
+        if lane.session is None:
+            log.warning("backend.client_session_failed", backend=self._name, reason=lane.failure or "timed out")
+            return None
+        return lane
+
+    async def _lane_lifetime(self, lane: _Lane) -> None:
+        """Own one client's downstream session until the client's connection closes or the session ends."""
+        recorder = _ResponseRecorder()
+        caps = lane.owner.client_capabilities
+        offered = types.ClientCapabilities(sampling=caps.sampling, elicitation=caps.elicitation, roots=caps.roots)
+        try:
+            with tempfile.TemporaryFile() as stderr:
+                async with self._transport(recorder, stderr, primary=False) as (read, write):
+                    watched = _WatchedReceiveStream(read, lane.closed.set)
+                    async with ClientSession(
+                        watched,
+                        write,
+                        client_info=self._client_info,
+                        message_handler=functools.partial(self._on_lane_message, lane),
+                        **self._back_channel(lane.inflight, offered),
+                    ) as session:
+                        with anyio.fail_after(self._config.connect_timeout_s):
+                            await session.initialize()
+                        lane.session = session
+                        lane.ready.set()
+                        log.info("backend.client_session", backend=self._name, state="open")
+                        await lane.closed.wait()
+        except Exception as exc:  # reported in plain words; the client's calls fall back to the shared session
+            lane.failure = classify_failure(exc, config=self._config, http=recorder)
+        finally:
+            lane.session = None
+            lane.ready.set()
+            if self._lanes.get(lane.owner) is lane:
+                del self._lanes[lane.owner]
+            log.info("backend.client_session", backend=self._name, state="closed", reason=lane.failure)
+
+    async def roots_changed(self, connection: Any) -> None:
+        """The client behind ``connection`` says its roots changed: tell its own session, if it has one (the shared
+        session's roots are whoever's call is in flight, so nothing there to tell)."""
+        lane = self._lanes.get(connection)
+        if lane is None or lane.session is None:
+            return
+        try:
+            await lane.session.send_notification(types.RootsListChangedNotification())
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError, httpx2.HTTPError) as exc:
+            log.debug("backend.roots_changed_failed", backend=self._name, error=str(exc) or type(exc).__name__)
+
+    async def _on_lane_message(self, lane: _Lane, message: Any) -> None:
+        if isinstance(message, types.LoggingMessageNotification) and self._on_notification is not None:
+            upstream, _ = attribute(lane.inflight)
+            await self._on_notification(self, message, upstream, lane.owner)
+
     # -- supervision ---------------------------------------------------------------------------------------------
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -398,17 +670,22 @@ class McpBackend:
                 started = True
                 task_status.started()
 
-        while True:
-            retrying = AsyncRetrying(
-                retry=retry_if_exception_type(_ConnectFailed),
-                wait=wait_exponential_jitter(initial=0.5, max=30.0, jitter=0.5),
-                sleep=anyio.sleep,
-                before_sleep=lambda state: first_outcome(),
-                reraise=True,
-            )
-            async for attempt in retrying:
-                with attempt:
-                    await self._session_lifetime(first_outcome)
+        async with anyio.create_task_group() as lanes:
+            self._lanes_tg = lanes
+            try:
+                while True:
+                    retrying = AsyncRetrying(
+                        retry=retry_if_exception_type(_ConnectFailed),
+                        wait=wait_exponential_jitter(initial=0.5, max=30.0, jitter=0.5),
+                        sleep=anyio.sleep,
+                        before_sleep=lambda state: first_outcome(),
+                        reraise=True,
+                    )
+                    async for attempt in retrying:
+                        with attempt:
+                            await self._session_lifetime(first_outcome)
+            finally:
+                self._lanes_tg = None
 
     async def _session_lifetime(self, on_first_outcome: Callable[[], None]) -> None:
         """One connection: open, initialize, serve until lost. Raises _ConnectFailed when it could not connect."""
@@ -428,16 +705,24 @@ class McpBackend:
                         write,
                         client_info=self._client_info,
                         message_handler=self._on_message,
+                        **self._back_channel(self._inflight, None),
                     ) as session:
                         with anyio.fail_after(self._config.connect_timeout_s):
                             self._init = await session.initialize()
-                            tools = await self._list_tools(session)
+                            lists = {kind: await self._list(session, kind) for kind in LIST_KINDS}
                         connected = True
                         self._session = session
-                        self._tools = tools
+                        self._tools = lists["tools"]
+                        self._resources = lists["resources"]
+                        self._templates = lists["resource_templates"]
+                        self._prompts = lists["prompts"]
+                        await self._restore(session)
                         self._set_status(
                             BackendStatus(
-                                BackendState.READY, None, tool_count=len(tools), last_error=self._status.last_error
+                                BackendState.READY,
+                                None,
+                                tool_count=len(self._tools),
+                                last_error=self._status.last_error,
                             )
                         )
                         on_first_outcome()
@@ -451,7 +736,7 @@ class McpBackend:
             except Exception as exc:  # translated into a reason below; nothing foreign escapes
                 failure = exc
             self._session = None
-            self._tools = ()
+            self._tools = self._resources = self._templates = self._prompts = ()
             proc = self._proc
             exit_code = proc.returncode if proc is not None else None
             stderr_tail = proc.stderr_tail() if proc is not None else ""
@@ -473,7 +758,9 @@ class McpBackend:
         raise _ConnectFailed(reason) from failure
 
     @asynccontextmanager
-    async def _transport(self, recorder: _ResponseRecorder, stderr: IO[bytes]) -> AsyncIterator[Any]:
+    async def _transport(
+        self, recorder: _ResponseRecorder, stderr: IO[bytes], *, primary: bool = True
+    ) -> AsyncIterator[Any]:
         config = self._config
         if isinstance(config, StdioServer):
             env = get_default_environment() | dict(config.env)
@@ -482,12 +769,14 @@ class McpBackend:
                 write,
                 proc,
             ):
-                self._proc = proc
+                if primary:
+                    self._proc = proc
                 yield read, write
             return
         http = self._http or HttpPool()
         if isinstance(config, HttpServer):
-            client = http.client(config.headers, config.connect_timeout_s, recorder)
+            # A response stream may stay open as long as the longest call: never cut it before the call's timeout.
+            client = http.client(config.headers, config.connect_timeout_s, recorder, max(300.0, config.timeout_s + 30))
             async with streamable_http_client(config.url, http_client=client) as streams:
                 yield streams
             return
@@ -509,19 +798,45 @@ class McpBackend:
         ) as streams:
             yield streams
 
-    async def _list_tools(self, session: ClientSession) -> tuple[types.Tool, ...]:
+    async def _list(self, session: ClientSession, kind: str) -> tuple[Any, ...]:
+        """Every page of one of the downstream's lists (empty when it does not offer that capability)."""
         caps = self._init.capabilities if self._init is not None else None
-        if caps is not None and caps.tools is None:
+        offered = {
+            "tools": caps is None or caps.tools is not None,
+            "resources": caps is not None and caps.resources is not None,
+            "resource_templates": caps is not None and caps.resources is not None,
+            "prompts": caps is not None and caps.prompts is not None,
+        }[kind]
+        if not offered:
             return ()
-        tools: list[types.Tool] = []
+        items: list[Any] = []
         cursor: str | None = None
+        seen: set[str] = set()
         while True:
             params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
-            result = await session.list_tools(params=params)
-            tools.extend(result.tools)
-            cursor = result.next_cursor
-            if not cursor:
-                return tuple(tools)
+            if kind == "tools":
+                tools = await session.list_tools(params=params)
+                items.extend(tools.tools)
+                cursor = tools.next_cursor
+            elif kind == "resources":
+                resources = await session.send_request(
+                    types.ListResourcesRequest(params=params), types.ListResourcesResult
+                )
+                items.extend(resources.resources)
+                cursor = resources.next_cursor
+            elif kind == "resource_templates":
+                templates = await session.send_request(
+                    types.ListResourceTemplatesRequest(params=params), types.ListResourceTemplatesResult
+                )
+                items.extend(templates.resource_templates)
+                cursor = templates.next_cursor
+            else:
+                prompts = await session.send_request(types.ListPromptsRequest(params=params), types.ListPromptsResult)
+                items.extend(prompts.prompts)
+                cursor = prompts.next_cursor
+            if not cursor or cursor in seen:  # a server that hands out the same cursor again would loop forever
+                return tuple(items)
+            seen.add(cursor)
 
     async def _ping_loop(self, session: ClientSession) -> None:
         """Ping every ``ping_interval_s``, or at once when the transport reports an error (e.g. its stream broke)."""
@@ -544,27 +859,45 @@ class McpBackend:
             log.debug("backend.transport_error", backend=self._name, error=str(message) or type(message).__name__)
             self._probe_now.set()  # is the session still alive? ping now rather than at the next interval
             return
-        if isinstance(message, types.ToolListChangedNotification) and self._session is not None:
-            session = self._session
-            try:
-                with anyio.fail_after(self._config.connect_timeout_s):
-                    tools = await self._list_tools(session)
-            except (MCPError, TimeoutError, httpx2.HTTPError, anyio.BrokenResourceError, OSError) as exc:
-                log.warning("backend.relist_failed", backend=self._name, error=str(exc))
-                return
-            self._tools = tools
-            self._set_status(
-                BackendStatus(
-                    BackendState.READY,
-                    None,
-                    since=self._status.since,
-                    tool_count=len(tools),
-                    last_error=self._status.last_error,
+        if isinstance(message, types.ToolListChangedNotification):
+            await self._refresh(("tools",))
+        elif isinstance(message, types.ResourceListChangedNotification):
+            await self._refresh(("resources", "resource_templates"))
+        elif isinstance(message, types.PromptListChangedNotification):
+            await self._refresh(("prompts",))
+        elif isinstance(message, types.LoggingMessageNotification | types.ResourceUpdatedNotification):
+            if self._on_notification is not None:
+                upstream = (
+                    attribute(self._inflight)[0] if isinstance(message, types.LoggingMessageNotification) else None
                 )
-            )
+                await self._on_notification(self, message, upstream, None)
+
+    async def _refresh(self, kinds: Sequence[str]) -> None:
+        """Re-read the lists a ``list_changed`` names, then tell the listeners (the catalog is rebuilt)."""
+        session = self._session
+        if session is None:
             return
-        if self._on_notification is not None:
-            self._on_notification(self, message)
+        try:
+            with anyio.fail_after(self._config.connect_timeout_s):
+                lists = {kind: await self._list(session, kind) for kind in kinds}
+        except (MCPError, TimeoutError, httpx2.HTTPError, anyio.BrokenResourceError, OSError) as exc:
+            log.warning("backend.relist_failed", backend=self._name, lists=list(kinds), error=str(exc))
+            return
+        if session is not self._session:
+            return  # the session went away meanwhile; the next one lists afresh
+        self._tools = lists.get("tools", self._tools)
+        self._resources = lists.get("resources", self._resources)
+        self._templates = lists.get("resource_templates", self._templates)
+        self._prompts = lists.get("prompts", self._prompts)
+        self._set_status(
+            BackendStatus(
+                BackendState.READY,
+                None,
+                since=self._status.since,
+                tool_count=len(self._tools),
+                last_error=self._status.last_error,
+            )
+        )
 
     def _mark_lost(self, reason: str) -> None:
         if self._lost_reason is None:
@@ -590,3 +923,7 @@ class McpBackend:
             )
         for listener in self._listeners:
             listener()
+
+
+def _takes_back_channel(caps: types.ClientCapabilities | None) -> bool:
+    return caps is not None and (caps.sampling is not None or caps.elicitation is not None or caps.roots is not None)

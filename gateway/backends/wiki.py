@@ -46,13 +46,14 @@ from mcp.shared.path_security import PathEscapeError, contains_path_traversal, i
 from watchfiles._rust_notify import RustNotify
 
 from gateway.backends.base import BackendState, BackendStatus, ChangeListener, ProgressFn
+from gateway.config import WIKI_TOOLS
 from gateway.errors import BackendUnavailable, InvalidArguments, ToolNotFound
 
 __all__ = ["INDEX_FULL_LISTING_MAX_PAGES", "TOOL_NAMES", "WikiBackend", "WikiStatistics", "map_wiki_errors"]
 
 log = structlog.get_logger("gateway.backend")
 
-TOOL_NAMES = ("wiki_index", "files_read", "files_neighbors", "wiki_read_all", "wiki_search")
+TOOL_NAMES = WIKI_TOOLS
 """Every tool the wiki can expose, in the order they are listed."""
 PAGE_SUFFIXES = (".md", ".markdown")
 EXCLUDED_DIRS = frozenset({"node_modules", "graphify-out"})

@@ -1,0 +1,224 @@
+"""Prometheus metrics for one gateway: what every call did (counted on the hot path) and what the gateway is doing
+now (read when ``/metrics`` is scraped).
+
+Each ``GatewayMetrics`` owns its own ``CollectorRegistry`` (no module globals: two gateways in one process, as in the
+tests, keep separate figures). The per-call cost is one ``Counter.inc`` and one ``Histogram.observe`` on label
+children cached by ``(tool, provider, status)``; a failed-over step adds one ``Counter.inc``. Label values come only
+from the catalog (tool and provider names), the fixed status set and the backends' error outcomes, so the number of
+series is bounded by the configuration, never by what clients send: a call naming an unknown tool is counted without
+its name. Gauges (backend states, live adapter processes, the ledger's queue) are collected at scrape time from a
+``StateSnapshot`` callback, so nothing is kept up to date between scrapes.
+
+The names and labels are the contract documented in docs/operations.md, "Metrics".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
+
+from gateway.audit import LedgerStatistics
+
+__all__ = [
+    "CONTENT_TYPE",
+    "DURATION_BUCKETS_S",
+    "NO_PROVIDER",
+    "PREFIX",
+    "SERVED_OUTCOMES",
+    "AdapterSnapshot",
+    "BackendSnapshot",
+    "GatewayMetrics",
+    "StateSnapshot",
+]
+
+PREFIX: Final = "mcp_gateway"
+CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
+NO_PROVIDER: Final = "none"
+"""The ``provider`` label of a call that no provider served (every step failed, or no provider was available)."""
+
+DURATION_BUCKETS_S: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0)
+"""From an in-memory wiki lookup (about a millisecond) to a deep search an adapter may run for minutes."""
+
+BACKEND_STATES: Final = ("starting", "ready", "degraded", "failed", "disabled")
+SERVED_OUTCOMES: Final = frozenset({"ok", "is_error"})
+"""Step outcomes that answered the call: a result, or the downstream's own ``isError`` answer."""
+_NOT_A_FALLBACK: Final = SERVED_OUTCOMES | {"refused"}
+
+
+@dataclass(frozen=True, slots=True)
+class BackendSnapshot:
+    name: str
+    kind: str
+    state: str  # one of BACKEND_STATES
+    tools: int
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterSnapshot:
+    name: str
+    live_processes: int
+    running_calls: int
+    waiting_calls: int
+
+
+@dataclass(frozen=True, slots=True)
+class StateSnapshot:
+    """What the gateway is doing now, as a scrape reads it."""
+
+    backends: Sequence[BackendSnapshot] = ()
+    adapters: Sequence[AdapterSnapshot] = ()
+    ledger: LedgerStatistics | None = None  # None: the ledger is off
+    catalog_tools: int = 0
+
+
+class _Step(Protocol):
+    """What the metrics need of one chain step (an ``AuditStep`` is one)."""
+
+    @property
+    def provider(self) -> str: ...
+
+    @property
+    def outcome(self) -> str: ...
+
+
+class _StateCollector(Collector):
+    def __init__(self, name: str, version: str) -> None:
+        self._name = name
+        self._version = version
+        self.source: Callable[[], StateSnapshot] = StateSnapshot
+
+    def collect(self) -> Iterator[Metric]:
+        snapshot = self.source()
+        info = GaugeMetricFamily(f"{PREFIX}_info", "The gateway's name and version.", labels=["name", "version"])
+        info.add_metric([self._name, self._version], 1)
+        yield info
+        yield GaugeMetricFamily(f"{PREFIX}_catalog_tools", "Tools published in the catalog.", snapshot.catalog_tools)
+        state = GaugeMetricFamily(
+            f"{PREFIX}_backend_state",
+            "1 for each backend's current state, 0 for the others.",
+            labels=["backend", "kind", "state"],
+        )
+        tools = GaugeMetricFamily(f"{PREFIX}_backend_tools", "Tools each backend offers now.", labels=["backend"])
+        for backend in snapshot.backends:
+            for name in BACKEND_STATES:
+                state.add_metric([backend.name, backend.kind, name], 1.0 if backend.state == name else 0.0)
+            tools.add_metric([backend.name], backend.tools)
+        yield state
+        yield tools
+        live = GaugeMetricFamily(
+            f"{PREFIX}_adapter_live_processes", "Subprocesses an adapter has running now.", labels=["backend"]
+        )
+        waiting = GaugeMetricFamily(
+            f"{PREFIX}_adapter_waiting_calls", "Calls waiting for a free adapter slot.", labels=["backend"]
+        )
+        for adapter in snapshot.adapters:
+            live.add_metric([adapter.name], adapter.live_processes)
+            waiting.add_metric([adapter.name], adapter.waiting_calls)
+        yield live
+        yield waiting
+        ledger = snapshot.ledger
+        if ledger is not None:
+            yield GaugeMetricFamily(
+                f"{PREFIX}_ledger_pending_rows", "Audit rows accepted and not yet committed.", ledger.pending
+            )
+            yield GaugeMetricFamily(
+                f"{PREFIX}_ledger_pending_rows_peak", "The most audit rows ever pending at once.", ledger.peak_pending
+            )
+            yield GaugeMetricFamily(
+                f"{PREFIX}_ledger_pending_rows_limit",
+                "Pending audit rows beyond which callers wait (back-pressure).",
+                ledger.max_pending,
+            )
+            yield CounterMetricFamily(f"{PREFIX}_ledger_rows_written", "Audit rows committed.", ledger.rows_written)
+            yield CounterMetricFamily(f"{PREFIX}_ledger_commits", "Audit ledger transactions.", ledger.commits)
+            yield CounterMetricFamily(
+                f"{PREFIX}_ledger_rows_pruned", "Audit rows deleted by retention.", ledger.rows_pruned
+            )
+
+
+class GatewayMetrics:
+    """The gateway's metrics. ``observe_call`` runs once per call; ``exposition()`` renders a scrape.
+
+    Args:
+        name: the gateway's name (``gateway.name``), for ``mcp_gateway_info``.
+        version: the gateway's version.
+        process: also export the process's CPU, memory and file descriptors (``process_*``).
+    """
+
+    def __init__(self, name: str = "mcp-gateway", version: str = "", *, process: bool = True) -> None:
+        # No ``*_created`` series: they double what every scrape carries and no dashboard here reads them. (The
+        # switch is the library's, process-wide; the gateway owns its process.)
+        disable_created_metrics()  # type: ignore[no-untyped-call]
+        self.registry = CollectorRegistry(auto_describe=False)
+        self._calls = Counter(
+            "tool_calls",
+            "Tool calls answered, by published tool, the provider that served it, and status.",
+            ["tool", "provider", "status"],
+            namespace=PREFIX,
+            registry=self.registry,
+        )
+        self._duration = Histogram(
+            "tool_call_duration_seconds",
+            "Tool call latency in the gateway, from routing to the audit row committed.",
+            ["tool", "provider", "status"],
+            namespace=PREFIX,
+            registry=self.registry,
+            buckets=DURATION_BUCKETS_S,
+        )
+        self._fallbacks = Counter(
+            "fallback_steps",
+            "Provider steps that failed and moved the call on to the next rung or provider, by outcome.",
+            ["tool", "provider", "outcome"],
+            namespace=PREFIX,
+            registry=self.registry,
+        )
+        self._unknown = Counter(
+            "unknown_tool_calls",
+            "Calls naming no published tool (a JSON-RPC error).",
+            namespace=PREFIX,
+            registry=self.registry,
+        )
+        self._children: dict[tuple[str, str, str], tuple[Counter, Histogram]] = {}
+        self._state = _StateCollector(name, version)
+        self.registry.register(self._state)
+        if process:
+            ProcessCollector(registry=self.registry)
+
+    def watch(self, source: Callable[[], StateSnapshot]) -> None:
+        """Read the gateway's current state from ``source`` at every scrape."""
+        self._state.source = source
+
+    def observe_call(self, tool: str, status: str, duration_s: float, steps: Iterable[_Step]) -> None:
+        """Count one answered call and its latency, and every step of it that failed over."""
+        provider = NO_PROVIDER
+        for step in steps:
+            if step.outcome in SERVED_OUTCOMES:
+                provider = step.provider
+            elif step.outcome not in _NOT_A_FALLBACK:
+                self._fallbacks.labels(tool, step.provider, step.outcome).inc()
+        key = (tool, provider, status)
+        children = self._children.get(key)
+        if children is None:
+            children = self._children[key] = (self._calls.labels(*key), self._duration.labels(*key))
+        children[0].inc()
+        children[1].observe(duration_s)
+
+    def observe_unknown_tool(self) -> None:
+        self._unknown.inc()
+
+    def exposition(self) -> bytes:
+        """The registry in the Prometheus text format (``CONTENT_TYPE``)."""
+        return generate_latest(self.registry)

@@ -1,0 +1,97 @@
+"""Hot reload: what an edit of federation.yaml changes, and the watcher that notices the edit.
+
+``plan_reload(old, new)`` compares two validated federations backend by backend: a backend whose configuration is
+equal keeps its session (``unchanged``), one that disappeared is drained and stopped (``removed``), a new one starts
+(``added``), and one whose configuration differs is restarted (``changed``). Everything else (routes, naming, notes,
+client rules) lives in the catalog, which the runtime rebuilds and swaps whole. A few gateway settings are bound at
+startup (the listen address, the tokens variable, the ledger, tracing): a change there is reported in
+``restart_needed`` and otherwise ignored until the next start.
+
+``watch_config(path, reload)`` calls ``reload()`` whenever the file changes (editors that save by writing a new file
+and renaming it over the old one included) or the process receives SIGHUP.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import structlog
+import watchfiles
+from pydantic import BaseModel
+
+from gateway.config import Federation
+
+__all__ = ["ReloadPlan", "backend_specs", "plan_reload", "watch_config"]
+
+log = structlog.get_logger("gateway.reload")
+
+WATCH_TIMEOUT_MS = 500
+RESTART_ONLY = ("listen", "auth", "audit", "tracing", "name")
+"""``gateway.*`` settings read once at startup."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadPlan:
+    added: tuple[str, ...]
+    removed: tuple[str, ...]
+    changed: tuple[str, ...]
+    unchanged: tuple[str, ...]
+    restart_needed: tuple[str, ...]
+
+    def summary(self) -> dict[str, list[str]]:
+        return {k: list(v) for k, v in (("added", self.added), ("removed", self.removed), ("changed", self.changed),
+                                        ("restart_needed", self.restart_needed)) if v}  # fmt: skip
+
+
+def backend_specs(config: Federation) -> dict[str, tuple[str, BaseModel]]:
+    """Every backend's name -> (kind of section, its configuration), in declaration order."""
+    specs: dict[str, tuple[str, BaseModel]] = {}
+    for name, server in config.servers.items():
+        specs[name] = ("server", server)
+    for name, adapter in config.adapters.items():
+        specs[name] = ("adapter", adapter)
+    if config.wiki is not None:
+        specs[config.wiki.name] = ("wiki", config.wiki)
+    return specs
+
+
+def plan_reload(old: Federation, new: Federation) -> ReloadPlan:
+    before, after = backend_specs(old), backend_specs(new)
+    added = tuple(name for name in after if name not in before)
+    removed = tuple(name for name in before if name not in after)
+    common = [name for name in after if name in before]
+    changed = tuple(name for name in common if before[name] != after[name])
+    unchanged = tuple(name for name in common if before[name] == after[name])
+    restart = tuple(f"gateway.{key}" for key in RESTART_ONLY if getattr(old.gateway, key) != getattr(new.gateway, key))
+    return ReloadPlan(added, removed, changed, unchanged, restart)
+
+
+async def watch_config(path: str | Path, reload: Callable[[str], Awaitable[None]]) -> None:
+    """Call ``reload(reason)`` when ``path`` changes on disk or on SIGHUP, until cancelled."""
+    target = Path(os.path.abspath(path))  # noqa: ASYNC240 - a string operation, no file system access
+
+    def is_target(change: watchfiles.Change, changed: str) -> bool:
+        return Path(os.path.abspath(changed)) == target
+
+    async def on_file() -> None:
+        # Watch the folder, not the file: saving often replaces the file (a new inode) rather than writing it.
+        # rust_timeout bounds how long a cancelled watch keeps its thread (and so shutdown) waiting.
+        changes = watchfiles.awatch(
+            target.parent, watch_filter=is_target, debounce=200, recursive=False, rust_timeout=WATCH_TIMEOUT_MS
+        )
+        async for _ in changes:
+            await reload("file changed")
+
+    async def on_sighup() -> None:
+        with anyio.open_signal_receiver(signal.SIGHUP) as signals:
+            async for _ in signals:
+                await reload("SIGHUP")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(on_file)
+        tg.start_soon(on_sighup)

@@ -1,0 +1,76 @@
+"""The circuit breaker's state machine, driven by a fake clock."""
+
+from __future__ import annotations
+
+from gateway.health import Breaker, Breakers, BreakerState
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def breaker(clock: Clock) -> Breaker:
+    return Breaker(failure_threshold=3, cooldown_s=10.0, max_cooldown_s=25.0, clock=clock)
+
+
+def test_the_breaker_opens_after_the_threshold_of_consecutive_failures() -> None:
+    b = breaker(Clock())
+    for _ in range(2):
+        assert b.allow()
+        b.failure("timed out")
+    assert b.state is BreakerState.CLOSED
+    b.failure("timed out")
+    assert b.state is BreakerState.OPEN
+    assert not b.allow()
+    assert "circuit open after 3 consecutive failures (last: timed out)" in b.reason()
+
+
+def test_a_success_resets_the_count_of_failures() -> None:
+    b = breaker(Clock())
+    b.failure("x")
+    b.failure("x")
+    b.success()
+    b.failure("x")
+    b.failure("x")
+    assert b.state is BreakerState.CLOSED
+
+
+def test_after_the_cooldown_one_trial_call_is_let_through_and_its_success_closes_the_breaker() -> None:
+    clock = Clock()
+    b = breaker(clock)
+    for _ in range(3):
+        b.failure("crash")
+    clock.now += 9.9
+    assert not b.allow()
+    clock.now += 0.2
+    assert b.allow()  # the trial
+    assert b.state is BreakerState.HALF_OPEN
+    assert not b.allow()  # only one trial at a time
+    b.success()
+    assert b.state is BreakerState.CLOSED and b.allow()
+
+
+def test_a_failed_trial_reopens_with_a_doubled_capped_cooldown() -> None:
+    clock = Clock()
+    b = breaker(clock)
+    for _ in range(3):
+        b.failure("crash")
+    for expected in (20.0, 25.0, 25.0):
+        clock.now += b.current_cooldown_s
+        assert b.allow()
+        b.failure("still broken")
+        assert b.state is BreakerState.OPEN
+        assert b.current_cooldown_s == expected
+
+
+def test_breakers_are_per_backend_and_can_be_forgotten() -> None:
+    breakers = Breakers(failure_threshold=1)
+    breakers["a"].failure("x")
+    assert breakers["a"].state is BreakerState.OPEN
+    assert breakers["b"].state is BreakerState.CLOSED
+    breakers.forget("a")
+    assert breakers.get("a") is None and breakers["a"].state is BreakerState.CLOSED
