@@ -12,7 +12,7 @@ import contextlib
 import json
 import signal
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import anyio
@@ -24,7 +24,8 @@ from gateway.config import Federation, environ, load_config
 from gateway.errors import ConfigError
 from gateway.http import Tokens, build_app, is_loopback, status_document
 from gateway.importer import add_import_subcommand, run_import
-from gateway.runtime import VERSION, Gateway
+from gateway.reload import watch_config
+from gateway.runtime import VERSION, Gateway, settle_budget
 from gateway.server import build_server
 
 __all__ = ["main"]
@@ -32,7 +33,6 @@ __all__ = ["main"]
 log = structlog.get_logger("gateway.cli")
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-CHECK_SETTLE_MARGIN_S = 5.0
 AUDIT_DB_FROM_CONFIG = "gateway.audit.path"
 
 
@@ -156,6 +156,7 @@ async def _serve(config: Federation, args: argparse.Namespace) -> int:
                         return
 
             tg.start_soon(stop_on_signal)
+            tg.start_soon(watch_config, config.source, _reloader(gateway))
             log.info(
                 "gateway.serving", url=f"http://{host}:{port}/mcp", backends=len(gateway.backends), auth=bool(tokens)
             )
@@ -179,23 +180,38 @@ async def _serve_stdio(config: Federation) -> int:
                         return
 
             tg.start_soon(stop_on_signal)
+            tg.start_soon(watch_config, config.source, _reloader(gateway))
             async with stdio_server() as (read, write):
                 await server.run(read, write, server.create_initialization_options())
             tg.cancel_scope.cancel()  # the client closed stdin: shut down
     return EXIT_OK
 
 
+def _reloader(gateway: Gateway) -> Callable[[str], Awaitable[None]]:
+    """Re-read the file and apply it; a broken edit is refused (named by file, key path and line) and the
+    configuration in effect keeps serving."""
+
+    async def reload(reason: str) -> None:
+        source = gateway.config.source
+        try:
+            config = await anyio.to_thread.run_sync(load_config, source)
+        except ConfigError as exc:
+            gateway.reload_error = str(exc)
+            log.error("reload.refused", reason=reason, error=str(exc), message="keeping the configuration in effect")
+            return
+        gateway.reload_error = None
+        _register_secrets(config)
+        await gateway.reload(config)
+
+    return reload
+
+
 # ----------------------------------------------------------------------------------------------- check / tools
-
-
-def _settle_budget(config: Federation) -> float:
-    timeouts = [server.connect_timeout_s for server in config.servers.values() if server.enabled]
-    return max(timeouts, default=0.0) + CHECK_SETTLE_MARGIN_S
 
 
 async def _check(config: Federation, as_json: bool) -> int:
     async with Gateway(config, audit=False).running() as gateway:
-        await gateway.wait_settled(_settle_budget(config))
+        await gateway.wait_settled(settle_budget(config))
         doc = status_document(gateway)
     doc["config"] = config.source
     if as_json:
@@ -217,7 +233,7 @@ async def _check(config: Federation, as_json: bool) -> int:
 
 async def _tools(config: Federation, as_json: bool, full: bool) -> int:
     async with Gateway(config, audit=False).running() as gateway:
-        await gateway.wait_settled(_settle_budget(config))
+        await gateway.wait_settled(settle_budget(config))
         await gateway.refresh_costs()  # show {cost:TOOL} placeholders filled, as clients see them
         entries = list(gateway.catalog.entries.values())
     if as_json:

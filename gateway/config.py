@@ -113,6 +113,16 @@ class TracingSettings(_Model):
     """The share of calls traced (parent-based: a call whose client sent a sampled trace context is traced)."""
 
 
+class CircuitBreaker(_Model):
+    """Stop calling a backend whose calls keep failing; try it again after a cooldown (gateway/health.py)."""
+
+    failure_threshold: int = Field(default=5, ge=1)
+    """Consecutive provider failures (timeouts, crashes, transport errors) that open the circuit."""
+    cooldown_s: float = Field(default=30.0, gt=0)
+    """How long an open circuit skips the backend before one trial call; doubled after each failed trial."""
+    max_cooldown_s: float = Field(default=300.0, gt=0)
+
+
 class Naming(_Model):
     mode: Literal["never", "conditional", "always"] = "conditional"
     separator: str = Field(default="__", min_length=1, max_length=4)
@@ -131,6 +141,9 @@ class GatewaySettings(_Model):
     auth: Auth = Auth()
     audit: AuditSettings = AuditSettings()
     naming: Naming = Naming()
+    circuit_breaker: CircuitBreaker = CircuitBreaker()
+    drain_s: float = Field(default=10.0, gt=0)
+    """On reload, how long calls in progress on a removed or changed backend may take before it is stopped."""
     tracing: TracingSettings = TracingSettings()
     instructions: str | None = None
     """Sent to clients at initialize."""

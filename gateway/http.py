@@ -188,6 +188,7 @@ def status_document(gateway: Gateway, *, connections: int | None = None) -> dict
         "status": "ok" if gateway.healthy() else "degraded",
         "catalog": {"tools": len(catalog), "problems": list(catalog.problems)},
         "backends": backends,
+        "config": {"file": gateway.config.source, "loaded_at": gateway.loaded_at, "reload_error": gateway.reload_error},
         "time": time.time(),
     }
     if connections is not None:

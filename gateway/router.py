@@ -37,7 +37,15 @@ from gateway.audit import AuditRecord, AuditStep, arg_previews, args_hash
 from gateway.backends.base import Backend, BackendState, ProgressFn
 from gateway.catalog import Catalog, CatalogEntry, Provider
 from gateway.clients import ClientPolicy, Declared
-from gateway.errors import BackendError, BackendRpcError, BackendUnavailable, InvalidArguments, ToolNotFound
+from gateway.errors import (
+    BackendError,
+    BackendRpcError,
+    BackendThinResult,
+    BackendUnavailable,
+    InvalidArguments,
+    ToolNotFound,
+)
+from gateway.health import Breakers
 from gateway.metrics import GatewayMetrics
 from gateway.tracing import CallTracer
 
@@ -84,6 +92,7 @@ class Router:
         *,
         metrics: GatewayMetrics | None = None,
         tracer: CallTracer | None = None,
+        breakers: Breakers | None = None,
     ) -> None:
         self._catalog = catalog
         self._backends = backends
@@ -91,6 +100,21 @@ class Router:
         self._clients = clients
         self._metrics = metrics
         self._tracer = tracer
+        self.breakers = breakers if breakers is not None else Breakers()
+        self._inflight: dict[int, int] = {}  # id(backend) -> calls in progress on it (a reload drains by this)
+        self._idle: dict[int, anyio.Event] = {}
+
+    def use_clients(self, clients: ClientPolicy | None) -> None:
+        """Swap the context gate's rules (on reload)."""
+        self._clients = clients
+
+    def inflight(self, backend: Backend) -> int:
+        return self._inflight.get(id(backend), 0)
+
+    async def wait_idle(self, backend: Backend) -> None:
+        """Return once no call is in progress on ``backend`` (bound it with a deadline)."""
+        while self._inflight.get(id(backend), 0):
+            await self._idle.setdefault(id(backend), anyio.Event()).wait()
 
     async def call(
         self,
@@ -184,10 +208,18 @@ class Router:
                     AuditStep(provider.label, None, "disabled" if state.declared else "unavailable", reason, 0.0)
                 )
                 continue
+            breaker = self.breakers[provider.backend]
+            if not breaker.allow():
+                steps.append(AuditStep(provider.label, None, "circuit_open", breaker.reason(), 0.0))
+                continue
             provider_args = provider.map_arguments(arguments)
             for variant in backend.ladder(provider.tool, provider_args):
                 step, result, failure = await self._attempt(backend, provider, provider_args, variant, progress)
                 steps.append(step)
+                if failure is None or isinstance(failure, BackendRpcError | BackendThinResult):
+                    breaker.success()  # the backend answered (even if the answer is an error or thin)
+                else:
+                    breaker.failure(step.reason or failure.outcome)
                 if failure is not None:
                     log.warning(
                         "tool.step_failed",
@@ -221,6 +253,8 @@ class Router:
         with structlog.contextvars.bound_contextvars(provider=provider.label), span as current:
             t0 = time.perf_counter()
             outcome: tuple[AuditStep, types.CallToolResult | None, BackendError | None]
+            key = id(backend)
+            self._inflight[key] = self._inflight.get(key, 0) + 1
             try:
                 result = await backend.call_tool(provider.tool, arguments, variant=variant, progress=progress)
             except InvalidArguments as exc:
@@ -232,6 +266,13 @@ class Router:
             else:
                 step = AuditStep(provider.label, variant, "is_error" if result.is_error else "ok", None, _ms(t0))
                 outcome = (step, result, None)
+            finally:
+                remaining = self._inflight[key] = self._inflight[key] - 1
+                if not remaining:
+                    del self._inflight[key]
+                    idle = self._idle.pop(key, None)
+                    if idle is not None:
+                        idle.set()
             if current is not None:
                 CallTracer.end_step(current, step)
             return outcome

@@ -14,6 +14,7 @@ import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +35,13 @@ from gateway.clients import ClientPolicy
 from gateway.config import Federation
 from gateway.costs import Cost, costs_from
 from gateway.errors import AuditError
+from gateway.health import Breakers, BreakerState
 from gateway.metrics import GatewayMetrics
+from gateway.reload import ReloadPlan, plan_reload
 from gateway.router import Router
 from gateway.tracing import CallTracer, open_tracing
 
-__all__ = ["Gateway", "build_backends"]
+__all__ = ["Gateway", "build_backends", "settle_budget"]
 
 log = structlog.get_logger("gateway.runtime")
 
@@ -47,6 +50,12 @@ COSTS_WINDOW_S = 7 * 86400.0
 STARTUP_SETTLE_S = 30.0
 
 CatalogListener = Callable[[Catalog], Awaitable[None]]
+
+
+def settle_budget(config: Federation) -> float:
+    """How long the first outcome of every backend can take: the slowest handshake, plus a margin."""
+    timeouts = [server.connect_timeout_s for server in config.servers.values() if server.enabled]
+    return max(timeouts, default=0.0) + 5.0
 
 
 class _Started(anyio.abc.TaskStatus[None]):
@@ -100,6 +109,13 @@ class Gateway:
         self.router = Router(lambda: self._catalog, lambda: self._backends, None, self.clients, metrics=self.metrics)
         self.started_at = 0.0
         self._costs: dict[str, Cost] = {}
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._http: HttpPool | None = None
+        self._scopes: dict[int, anyio.CancelScope] = {}
+        self._reload_lock = anyio.Lock()
+        self.reload_error: str | None = None
+        """Why the last edit of the file was refused (shown by /status); None once an edit applied."""
+        self.loaded_at = time.time()
         self._uses_costs = "{cost:" in config.model_dump_json()
 
     # -- lifetime -------------------------------------------------------------------------------------------------
@@ -125,6 +141,7 @@ class Gateway:
             async with anyio.create_task_group() as tg:
                 if ledger_cm is not None:
                     self.ledger = await ledger_cm.__aenter__()
+                breaker = self.config.gateway.circuit_breaker
                 self.router = Router(
                     lambda: self._catalog,
                     lambda: self._backends,
@@ -132,14 +149,13 @@ class Gateway:
                     self.clients,
                     metrics=self.metrics,
                     tracer=self.tracer,
+                    breakers=Breakers(breaker.failure_threshold, breaker.cooldown_s, breaker.max_cooldown_s),
                 )
                 self.started_at = anyio.current_time()
+                self._tg, self._http = tg, http
                 self._backends = build_backends(self.config, http, self._on_notification)
                 for backend in self._backends.values():
-                    backend.subscribe(self._rebuild)
-                    event = anyio.Event()
-                    self._settled[backend.name] = event
-                    tg.start_soon(self._supervise, backend, event, name=f"backend:{backend.name}")
+                    self._start(backend)
                 tg.start_soon(self._broadcast, receive)
                 if self._uses_costs:
                     tg.start_soon(self._measure_costs)
@@ -157,12 +173,69 @@ class Gateway:
             send.close()
             self._changes = None
 
-    async def _supervise(self, backend: Backend, settled: anyio.Event) -> None:
-        try:
-            await backend.run(task_status=_Started(settled))
-        except Exception:  # a bug in one backend must not take down the others
-            log.exception("backend.crashed", backend=backend.name)
-            settled.set()
+    def _start(self, backend: Backend) -> None:
+        """Run ``backend``'s supervisor in its own cancel scope (so a reload can stop it alone)."""
+        assert self._tg is not None
+        backend.subscribe(self._rebuild)
+        settled = self._settled[backend.name] = anyio.Event()
+        scope = self._scopes[id(backend)] = anyio.CancelScope()
+        self._tg.start_soon(self._supervise, backend, settled, scope, name=f"backend:{backend.name}")
+
+    async def _supervise(self, backend: Backend, settled: anyio.Event, scope: anyio.CancelScope) -> None:
+        with scope:
+            try:
+                await backend.run(task_status=_Started(settled))
+            except Exception:  # a bug in one backend must not take down the others
+                log.exception("backend.crashed", backend=backend.name)
+                settled.set()
+        self._scopes.pop(id(backend), None)
+
+    async def _stop(self, backend: Backend) -> None:
+        """Drain ``backend`` (calls in progress finish, bounded by ``gateway.drain_s``), then stop it."""
+        with anyio.move_on_after(self.config.gateway.drain_s) as drain:
+            await self.router.wait_idle(backend)
+        if drain.cancelled_caught:
+            log.warning("reload.drain_timeout", backend=backend.name, inflight=self.router.inflight(backend))
+        scope = self._scopes.pop(id(backend), None)
+        if scope is not None:
+            scope.cancel()
+
+    async def reload(self, config: Federation) -> ReloadPlan:
+        """Apply a new, validated federation without dropping a client session (see reload.py for the plan).
+
+        New and changed backends start first; the catalog is then swapped whole (clients get ``list_changed``);
+        removed and changed backends are drained and stopped last, so a call never finds its tool gone mid-way.
+        """
+        async with self._reload_lock:
+            plan = plan_reload(self.config, config)
+            for setting in plan.restart_needed:
+                log.warning("reload.restart_needed", setting=setting, message="takes effect at the next start")
+            fresh = build_backends(config, self._http, self._on_notification)
+            old = self._backends
+            backends = {name: (fresh[name] if name in plan.added + plan.changed else old[name]) for name in fresh}
+            self.config = config
+            self.loaded_at = time.time()
+            self.clients = ClientPolicy(config.clients)
+            self.router.use_clients(self.clients)
+            self._uses_costs = self._uses_costs or "{cost:" in config.model_dump_json()
+            for name in plan.added + plan.changed:
+                self._start(backends[name])
+            # The old generation keeps serving until the new one had its first outcome (ready or failed), so a
+            # changed backend's tools never vanish from the catalog in between.
+            with anyio.move_on_after(settle_budget(config)):
+                for name in plan.added + plan.changed:
+                    await self._settled[name].wait()
+            self._backends = backends
+            self._rebuild()
+            log.info("reload.applied", **plan.summary())
+            async with anyio.create_task_group() as stopping:
+                for name in plan.removed + plan.changed:
+                    stopping.start_soon(self._stop, old[name])
+                    self.router.breakers.forget(name)
+            for name in plan.removed:
+                self._settled.pop(name, None)
+            self._rebuild()
+            return plan
 
     async def _measure_costs(self) -> None:
         """Refresh the figures behind ``{cost:TOOL}`` placeholders: at startup, then every ``costs_refresh_s``."""
@@ -209,7 +282,15 @@ class Gateway:
         return self._backends
 
     def statuses(self) -> list[tuple[str, str, BackendStatus]]:
-        return [(b.name, b.kind, b.status) for b in self._backends.values()]
+        """Every backend's status; a READY backend whose circuit breaker is not closed shows as DEGRADED."""
+        out = []
+        for backend in self._backends.values():
+            status = backend.status
+            breaker = self.router.breakers.get(backend.name)
+            if status.state is BackendState.READY and breaker is not None and breaker.state is not BreakerState.CLOSED:
+                status = replace(status, state=BackendState.DEGRADED, reason=breaker.reason())
+            out.append((backend.name, backend.kind, status))
+        return out
 
     def on_catalog_change(self, listener: CatalogListener) -> None:
         self._listeners.append(listener)
@@ -231,7 +312,7 @@ class Gateway:
         return False
 
     def healthy(self) -> bool:
-        return all(b.status.state in (BackendState.READY, BackendState.DISABLED) for b in self._backends.values())
+        return all(status.state in (BackendState.READY, BackendState.DISABLED) for _, _, status in self.statuses())
 
     def _rebuild(self) -> None:
         catalog = Catalog.build(self.config, self._backends, self._costs)

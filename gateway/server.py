@@ -131,6 +131,7 @@ def _call_context(ctx: ServerRequestContext[Any], clients: ClientPolicy) -> Call
         client_version=version,
         caller=caller,
         declared=clients.declared(name, version, headers),
+        trace_carrier=ctx.meta,  # a client's traceparent continues into our spans (when tracing is on)
     )
 
 

@@ -283,6 +283,8 @@ class StubGateway:
         self.config = config
         self.backends = {b.name: b for b in backends}
         self.catalog = Catalog.build(config, dict(self.backends))
+        self.loaded_at = 1_700_000_000.0
+        self.reload_error: str | None = None
 
     def statuses(self) -> list[tuple[str, str, Any]]:
         return [(b.name, b.kind, b.status) for b in self.backends.values()]

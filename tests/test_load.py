@@ -65,6 +65,9 @@ gateway:
   name: load
   audit: {{enabled: {str(audit_enabled).lower()}, path: audit.db}}
   naming: {{mode: always}}
+  # Every planned timeout must reach its provider: a breaker opening mid-load would turn planned timeouts into
+  # circuit_open steps (tests/test_reload.py covers the breaker itself).
+  circuit_breaker: {{failure_threshold: 1000000}}
 servers:
   e:
     transport: stdio

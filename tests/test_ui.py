@@ -255,9 +255,6 @@ async def test_the_token_never_appears_in_a_url_or_a_location_header(tmp_path: P
     assert in_query.headers.get("location") is None
 
 
-# backends/mcp.py passes tenacity 9's deprecated ``initial=`` to wait_exponential_jitter; under
-# ``filterwarnings = error`` that warning crashes an in-process stdio backend before it reports its reason.
-@pytest.mark.filterwarnings("ignore:The 'initial' parameter is deprecated:DeprecationWarning")
 async def test_a_malicious_backend_reason_is_rendered_escaped(tmp_path: Path) -> None:
     config = f"""
 gateway: {{name: ui-test, audit: {{enabled: false}}}}

@@ -676,7 +676,7 @@ class McpBackend:
                 while True:
                     retrying = AsyncRetrying(
                         retry=retry_if_exception_type(_ConnectFailed),
-                        wait=wait_exponential_jitter(initial=0.5, max=30.0, jitter=0.5),
+                        wait=wait_exponential_jitter(multiplier=0.5, max=30.0, jitter=0.5),
                         sleep=anyio.sleep,
                         before_sleep=lambda state: first_outcome(),
                         reraise=True,
