@@ -6,15 +6,17 @@ with ``Last-Event-ID`` by replaying what the stream sent after that event. A cli
 whose stream the gateway closed because the downstream closed its own mid-call (see ``backends/mcp.py``), resumes
 without losing a message.
 
-``RecentEvents`` keeps the last ``capacity`` events in memory, across all streams: resumption is for a stream that
-broke moments ago, not a log. It holds references to the messages the transport already built (no copy), so its
-cost is a counter and a dictionary entry per event, and its memory is bounded by ``capacity`` messages. (It has no
+``RecentEvents`` keeps the events of the last ``max_age_s`` seconds in memory, at most ``capacity`` of them, across
+all streams: resumption is for a stream that broke moments ago, not a log. It holds references to the messages the
+transport already built (no copy), so its cost is a counter and a dictionary entry per event. Both bounds matter: a
+``tools/list`` answer of a large catalog weighs megabytes, and a client polling it must not grow the gateway. (It has no
 ``__len__``: the SDK tests the store for truth, and an empty store must still count as one.)
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 from collections import OrderedDict
 
 import mcp_types as types
@@ -24,23 +26,30 @@ __all__ = ["RETRY_MS", "RecentEvents"]
 
 RETRY_MS = 1000
 """The ``retry`` a client is told to wait before resuming a stream (the SSE field, in milliseconds)."""
-CAPACITY = 2048
+CAPACITY = 512
 """Events kept across all streams; older ones cannot be replayed (the client then has to start over)."""
+MAX_AGE_S = 30.0
+"""Events older than this are dropped: a client resumes within a few ``retry`` intervals or not at all."""
 
 
 class RecentEvents(EventStore):
     """The last ``capacity`` events of every stream, in order, replayable after any of them."""
 
-    def __init__(self, capacity: int = CAPACITY) -> None:
+    def __init__(self, capacity: int = CAPACITY, max_age_s: float = MAX_AGE_S) -> None:
         self._capacity = capacity
+        self._max_age_s = max_age_s
         self._counter = itertools.count(1)
-        self._events: OrderedDict[int, tuple[StreamId, types.JSONRPCMessage | None]] = OrderedDict()
+        self._events: OrderedDict[int, tuple[StreamId, types.JSONRPCMessage | None, float]] = OrderedDict()
 
     async def store_event(self, stream_id: StreamId, message: types.JSONRPCMessage | None) -> EventId:
         number = next(self._counter)
         events = self._events
-        events[number] = (stream_id, message)
+        now = time.monotonic()
+        events[number] = (stream_id, message, now)
         if len(events) > self._capacity:
+            events.popitem(last=False)
+        oldest = now - self._max_age_s
+        while events and next(iter(events.values()))[2] < oldest:
             events.popitem(last=False)
         return str(number)
 
@@ -53,7 +62,7 @@ class RecentEvents(EventStore):
         if entry is None:
             return None  # unknown, or evicted: nothing to resume
         stream_id = entry[0]
-        for number, (stream, message) in list(self._events.items()):
+        for number, (stream, message, _) in list(self._events.items()):
             if number > last and stream == stream_id and message is not None:
                 await send_callback(EventMessage(message, str(number)))
         return stream_id

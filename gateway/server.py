@@ -25,6 +25,7 @@ from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.models import InitializationOptions
 from mcp.server.runner import serve_dual_era_loop
 from mcp.shared.exceptions import MCPError
+from mcp_types import methods as _methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway.backends.base import ProgressFn
@@ -145,11 +146,29 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
             await gateway.wait_settled(STARTUP_LIST_WAIT_S)
             startup_waited.set()
 
+    validated = _ValidatedLists()
+
     async def middleware(ctx: ServerRequestContext[Any], call_next: CallNext) -> HandlerResult:
         # A client that connects while the backends are still connecting would be offered too little (no
         # resources, no prompts): the first handshake waits, bounded, for every backend's first outcome.
         if ctx.method == "initialize" and not startup_waited.is_set():
             await settled()
+        if (
+            ctx.method == "tools/list"
+            and startup_waited.is_set()
+            and ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
+        ):
+            connection = connection_of(ctx)
+            if connection is not None and connection.initialize_accepted:
+                # The SDK would validate and re-dump the whole list on every request (87% of a 2,500-tool
+                # tools/list); an answer validated once per catalog and protocol version is returned as is.
+                large = gateway.clients.is_large(_call_context(ctx, gateway.clients).declared)
+                answer = validated.answer(gateway.catalog.listing(large), ctx.protocol_version)
+
+                async def cached(_: ServerRequestContext[Any]) -> HandlerResult:
+                    return answer
+
+                return await upstreams.track(ctx, cached)
         return await upstreams.track(ctx, call_next)
 
     async def list_tools(ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
@@ -336,6 +355,26 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
     gateway.on_catalog_change(upstreams.announce)
     gateway.on_backend_notification(upstreams.on_backend_notification)
     return server, upstreams
+
+
+class _ValidatedLists:
+    """``tools/list`` answers validated against the protocol version once, reused until the catalog changes."""
+
+    MAX = 8  # a catalog has two listings (large and small clients) per protocol version in use
+
+    def __init__(self) -> None:
+        # (id of the listing, version) -> (the listing, kept alive so its id cannot be reused; the answer)
+        self._answers: dict[tuple[int, str], tuple[Mapping[str, Any], dict[str, Any]]] = {}
+
+    def answer(self, listing: Mapping[str, Any], version: str) -> dict[str, Any]:
+        found = self._answers.get((id(listing), version))
+        if found is not None:
+            return found[1]
+        if len(self._answers) >= self.MAX:
+            self._answers.clear()  # older catalogs' answers: never asked for again
+        answer = _methods.serialize_server_result("tools/list", version, dict(listing))
+        self._answers[(id(listing), version)] = (listing, answer)
+        return answer
 
 
 _MODERN_LIST_ENVELOPE = {"ttlMs": 0, "cacheScope": "private", "resultType": "complete"}
