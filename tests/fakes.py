@@ -1,9 +1,9 @@
 """In-memory fakes of the gateway's seams: a scripted ``Backend`` and an audit recorder that keeps what it is given.
 
 ``FakeBackend`` is a real implementation of the ``Backend`` protocol (``gateway/backends/base.py``), not a mock: it has
-a name, a kind, a settable status, a tool list, a per-tool ladder, scripted answers per ``(tool, variant)`` (a
-``CallToolResult`` is returned, a ``BackendError`` raised, ``BLOCK`` waits until the call is cancelled), a ``run()``
-that becomes ready and then parks until cancelled, and change listeners.
+a name, a kind, a status set with ``set_state``, a tool list, a per-tool ladder, scripted answers per
+``(tool, variant)`` (a ``CallToolResult`` is returned, a ``BackendError`` raised, ``BLOCK`` waits until the call is
+cancelled), a ``run()`` that becomes ready and then parks until cancelled, and change listeners.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import mcp_types as types
 from anyio.abc import TaskStatus
 
 from gateway.audit import AuditRecord
-from gateway.backends.base import Backend, BackendState, BackendStatus, ChangeListener, ProgressFn
+from gateway.backends.base import Backend, BackendBase, BackendState, BackendStatus, ProgressFn
 from gateway.errors import GatewayError
 
 __all__ = ["BLOCK", "FakeBackend", "FakeRecorder", "make_tool", "text_result"]
@@ -54,7 +54,7 @@ class Call:
     variant: str | None
 
 
-class FakeBackend:
+class FakeBackend(BackendBase):
     """A scripted backend. ``tools()`` follows the protocol (empty unless ready) unless ``list_when_down`` is set,
     which lets a test check that the catalog itself, not the backend, leaves a down backend's tools out."""
 
@@ -70,39 +70,20 @@ class FakeBackend:
         ladders: Mapping[str, Sequence[str | None]] | None = None,
         list_when_down: bool = False,
     ) -> None:
-        self._name = name
-        self._kind = kind
         self._tools = [make_tool(t) if isinstance(t, str) else t for t in tools]
-        self._status = BackendStatus(state, reason=reason, declared=declared, tool_count=len(self._tools))
+        super().__init__(
+            name, kind, BackendStatus(state, reason=reason, declared=declared, tool_count=len(self._tools))
+        )
         self._ladders = dict(ladders or {})
         self._list_when_down = list_when_down
         self._script: dict[tuple[str, str | None], deque[Answer]] = {}
-        self._listeners: list[ChangeListener] = []
         self.calls: list[Call] = []
         self.entered = anyio.Event()
 
-    # ------------------------------------------------------------------ the protocol
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def kind(self) -> str:
-        return self._kind
-
-    @property
-    def status(self) -> BackendStatus:
-        return self._status
-
-    @status.setter
-    def status(self, value: BackendStatus) -> None:
-        self._status = value
-        for listener in self._listeners:
-            listener()
+    # ------------------------------------------------------------------ the protocol (name, kind, status: BackendBase)
 
     def set_state(self, state: BackendState, reason: str | None = None, *, declared: bool = False) -> None:
-        self.status = BackendStatus(state, reason=reason, declared=declared, tool_count=len(self._tools))
+        self._set_status(BackendStatus(state, reason=reason, declared=declared, tool_count=len(self._tools)))
 
     def tools(self) -> Sequence[types.Tool]:
         if self._list_when_down or self._status.state in (BackendState.READY, BackendState.DEGRADED):
@@ -135,9 +116,6 @@ class FakeBackend:
             await anyio.sleep_forever()
         assert isinstance(answer, types.CallToolResult)
         return answer
-
-    def subscribe(self, listener: ChangeListener) -> None:
-        self._listeners.append(listener)
 
     # ------------------------------------------------------------------ scripting
 

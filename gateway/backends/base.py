@@ -11,6 +11,9 @@ The contract of ``call_tool``:
     disabled), with the cause in plain words; nothing foreign (``OSError``, ``httpx2``, ``anyio``) escapes;
   * cancellation of the calling task cancels the call downstream (a process group is killed, a
     ``notifications/cancelled`` is sent).
+
+``Backend`` is the contract; ``BackendBase`` is what the backends share of its implementation (name, kind, status,
+listeners, the logged state change).
 """
 
 from __future__ import annotations
@@ -23,10 +26,13 @@ from typing import Any, Protocol
 
 import anyio
 import mcp_types as types
+import structlog
 from anyio.abc import TaskStatus
 from mcp.shared.dispatcher import ProgressFnT
 
 from gateway.errors import BackendUnavailable
+
+log = structlog.get_logger("gateway.backend")
 
 
 class BackendState(StrEnum):
@@ -101,13 +107,19 @@ class Backend(Protocol):
         ...
 
 
-class DisabledBackend:
-    """A backend the operator switched off (``enabled: false``): shown with its reason, offering nothing."""
+class BackendBase:
+    """What the backends share, written once (an implementation helper; the contract is ``Backend``).
 
-    def __init__(self, name: str, kind: str, reason: str | None) -> None:
+    It holds the name, kind and status, offers no variants (``ladder`` answers ``(None,)``), keeps the change
+    listeners, and moves the status: ``_set_status`` enters a status, logs a change of state or reason and tells the
+    listeners; ``_set_state`` enters a state for a reason unless the backend is already there.
+    """
+
+    def __init__(self, name: str, kind: str, status: BackendStatus) -> None:
         self._name = name
         self._kind = kind
-        self._status = BackendStatus(BackendState.DISABLED, reason or "disabled in federation.yaml", declared=True)
+        self._status = status
+        self._listeners: list[ChangeListener] = []
 
     @property
     def name(self) -> str:
@@ -121,11 +133,67 @@ class DisabledBackend:
     def status(self) -> BackendStatus:
         return self._status
 
-    def tools(self) -> Sequence[types.Tool]:
-        return ()
-
     def ladder(self, tool: str, arguments: Mapping[str, Any]) -> Sequence[str | None]:
         return (None,)
+
+    def subscribe(self, listener: ChangeListener) -> None:
+        self._listeners.append(listener)
+
+    def _set_status(self, status: BackendStatus) -> None:
+        """Enter ``status`` and tell the listeners (always: the tool list may have changed within a state).
+
+        A change of state or reason is logged: ``backend.ready`` (info) or ``backend.state`` (info when disabled,
+        else a warning), with the backend, its kind, the state, the reason and the tool count.
+        """
+        previous = self._status
+        self._status = status
+        if status.state is not previous.state or status.reason != previous.reason:
+            event = "backend.ready" if status.state is BackendState.READY else "backend.state"
+            log_fn = log.info if status.state in (BackendState.READY, BackendState.DISABLED) else log.warning
+            log_fn(
+                event,
+                backend=self._name,
+                kind=self._kind,
+                state=str(status.state),
+                reason=status.reason,
+                tools=status.tool_count,
+            )
+        for listener in list(self._listeners):
+            listener()
+
+    def _set_state(
+        self, state: BackendState, reason: str | None = None, *, tool_count: int = 0, declared: bool = False
+    ) -> None:
+        """Enter ``state`` for ``reason``; nothing happens (no log, no listener told) when already there.
+
+        The reason of a FAILED or DEGRADED state is kept as ``last_error``; otherwise the last one stays.
+        ``tool_count`` is how many tools the backend offers in that state.
+        """
+        previous = self._status
+        if (previous.state, previous.reason) == (state, reason):
+            return
+        failing = state in (BackendState.FAILED, BackendState.DEGRADED)
+        self._set_status(
+            BackendStatus(
+                state,
+                reason,
+                last_error=reason if failing else previous.last_error,
+                tool_count=tool_count,
+                declared=declared,
+            )
+        )
+
+
+class DisabledBackend(BackendBase):
+    """A backend the operator switched off (``enabled: false``): shown with its reason, offering nothing."""
+
+    def __init__(self, name: str, kind: str, reason: str | None) -> None:
+        super().__init__(
+            name, kind, BackendStatus(BackendState.DISABLED, reason or "disabled in federation.yaml", declared=True)
+        )
+
+    def tools(self) -> Sequence[types.Tool]:
+        return ()
 
     async def run(self, *, task_status: TaskStatus[None]) -> None:
         task_status.started()
@@ -140,6 +208,3 @@ class DisabledBackend:
         progress: ProgressFn | None = None,
     ) -> types.CallToolResult:
         raise BackendUnavailable(self._name, self._status.reason or "disabled")
-
-    def subscribe(self, listener: ChangeListener) -> None:
-        pass

@@ -43,7 +43,7 @@ import mcp_types as types
 from jsonschema import exceptions as jsonschema_exceptions  # type: ignore[import-untyped]
 from jsonschema import validators as jsonschema_validators
 
-from gateway.backends.base import BackendState, BackendStatus, ChangeListener, ProgressFn
+from gateway.backends.base import BackendBase, BackendState, BackendStatus, ProgressFn
 from gateway.config import Adapter, AdapterTool, ThinWhen, environ
 from gateway.errors import (
     BackendError,
@@ -287,7 +287,7 @@ class _Outcome:
     stderr: bytes
 
 
-class CliBackend:
+class CliBackend(BackendBase):
     """A command-line program as a backend (kind ``adapter``). See the module docstring for the contract.
 
     Args:
@@ -297,12 +297,10 @@ class CliBackend:
     """
 
     def __init__(self, name: str, config: Adapter, *, spawn: Spawner = spawn_process) -> None:
-        self._name = name
+        super().__init__(name, "adapter", BackendStatus(state=BackendState.STARTING))
         self._config = config
         self._spawn = spawn
         self._limiter = anyio.CapacityLimiter(config.concurrency)
-        self._listeners: list[ChangeListener] = []
-        self._status = BackendStatus(state=BackendState.STARTING)
         self._live: set[_Run] = set()
         self._spawned_total = 0
         self._ran = False
@@ -324,19 +322,7 @@ class CliBackend:
                 self._config_problem = problem
                 break
 
-    # -- Backend protocol: identity and state
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def kind(self) -> str:
-        return "adapter"
-
-    @property
-    def status(self) -> BackendStatus:
-        return self._status
+    # -- Backend protocol: identity and state (name, kind, status, subscribe: BackendBase)
 
     def tools(self) -> Sequence[types.Tool]:
         # Known from configuration whatever the state, so a route keeps publishing this schema while the program
@@ -344,9 +330,6 @@ class CliBackend:
         if self._status.state is BackendState.DISABLED:
             return ()
         return self._tools
-
-    def subscribe(self, listener: ChangeListener) -> None:
-        self._listeners.append(listener)
 
     def statistics(self) -> CliStatistics:
         stats = self._limiter.statistics()
@@ -357,23 +340,6 @@ class CliBackend:
             concurrency=self._config.concurrency,
             spawned_total=self._spawned_total,
         )
-
-    def _set_status(self, state: BackendState, reason: str | None = None, *, declared: bool = False) -> None:
-        previous = self._status
-        last_error = reason if state is BackendState.FAILED else previous.last_error
-        ready = state in (BackendState.READY, BackendState.DEGRADED)
-        status = BackendStatus(
-            state=state,
-            reason=reason,
-            last_error=last_error,
-            tool_count=len(self._tools) if ready else 0,
-            declared=declared,
-        )
-        if (previous.state, previous.reason) == (state, reason):
-            return
-        self._status = status
-        for listener in list(self._listeners):
-            listener()
 
     # -- lifetime
 
@@ -414,15 +380,15 @@ class CliBackend:
         An adapter with ``enabled: false`` is DISABLED with the operator's reason and is never probed.
         """
         if not self._config.enabled:
-            self._set_status(BackendState.DISABLED, self._disabled_reason(), declared=True)
+            self._set_state(BackendState.DISABLED, self._disabled_reason(), declared=True)
             return self._status
         problem = self._config_problem or await anyio.to_thread.run_sync(self._locate_problem)
         if problem is None and self._config.probe is not None:
             problem = await self._probe(self._config.probe)
         if problem is None:
-            self._set_status(BackendState.READY)
+            self._set_state(BackendState.READY, tool_count=len(self._tools))
         else:
-            self._set_status(BackendState.FAILED, problem)
+            self._set_state(BackendState.FAILED, problem)
         return self._status
 
     def _locate_problem(self) -> str | None:

@@ -46,7 +46,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
-from gateway.backends.base import BackendState, BackendStatus, ChangeListener, ProgressFn
+from gateway.backends.base import BackendBase, BackendState, BackendStatus, ProgressFn
 from gateway.backends.relay import (
     UPSTREAM,
     InFlight,
@@ -313,7 +313,7 @@ class _Lane:
     failure: str | None = None
 
 
-class McpBackend:
+class McpBackend(BackendBase):
     """A downstream MCP server behind one long-lived, supervised client session."""
 
     def __init__(
@@ -325,12 +325,17 @@ class McpBackend:
         client_info: types.Implementation | None = None,
         on_notification: NotificationHook | None = None,
     ) -> None:
-        self._name = name
+        super().__init__(
+            name,
+            config.transport,
+            BackendStatus(BackendState.DISABLED, config.disabled_reason or "disabled in federation.yaml", declared=True)
+            if not config.enabled
+            else BackendStatus(BackendState.STARTING, "connecting"),
+        )
         self._config = config
         self._http = http
         self._client_info = client_info or types.Implementation(name="mcp-gateway", version="0.1.0")
         self._on_notification = on_notification
-        self._listeners: list[ChangeListener] = []
         self._session: ClientSession | None = None
         self._tools: tuple[types.Tool, ...] = ()
         self._resources: tuple[types.Resource, ...] = ()
@@ -340,11 +345,6 @@ class McpBackend:
         self._lost: anyio.Event = anyio.Event()
         self._probe_now: anyio.Event = anyio.Event()
         self._lost_reason: str | None = None
-        self._status = (
-            BackendStatus(BackendState.DISABLED, config.disabled_reason or "disabled in federation.yaml", declared=True)
-            if not config.enabled
-            else BackendStatus(BackendState.STARTING, "connecting")
-        )
         self._proc: StdioProcess | None = None
         # The calls in flight on the shared session: what a downstream's request is matched to when nothing links
         # it to its call (stdio, SSE, or streamable HTTP's standalone stream; see relay.py).
@@ -356,23 +356,11 @@ class McpBackend:
         self._subscribed: dict[str, int] = {}
         self.connects = 0
 
-    # -- the Backend protocol ------------------------------------------------------------------------------------
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def kind(self) -> str:
-        return self._config.transport
+    # -- the Backend protocol (name, kind, status, ladder, subscribe: BackendBase) ---------------------------------
 
     @property
     def config(self) -> ServerConfig:
         return self._config
-
-    @property
-    def status(self) -> BackendStatus:
-        return self._status
 
     @property
     def initialize_result(self) -> types.InitializeResult | None:
@@ -398,12 +386,6 @@ class McpBackend:
 
     def prompts(self) -> Sequence[types.Prompt]:
         return self._prompts
-
-    def ladder(self, tool: str, arguments: Mapping[str, Any]) -> Sequence[str | None]:
-        return (None,)
-
-    def subscribe(self, listener: ChangeListener) -> None:
-        self._listeners.append(listener)
 
     async def call_tool(
         self,
@@ -445,15 +427,7 @@ class McpBackend:
             lane = await self._lane_for(upstream)
             if lane is not None and lane.session is not None:
                 session, inflight = lane.session, lane.inflight
-        if upstream is None:
-            with self.map_call_errors():
-                return await session.send_request(
-                    request,
-                    result_type,
-                    request_read_timeout_seconds=self._config.timeout_s,
-                    progress_callback=progress,
-                )
-        key = inflight.enter(upstream)
+        key = inflight.enter(upstream) if upstream is not None else None
         try:
             with self.map_call_errors():
                 return await session.send_request(
@@ -463,7 +437,8 @@ class McpBackend:
                     progress_callback=progress,
                 )
         finally:
-            inflight.leave(key)
+            if key is not None:
+                inflight.leave(key)
 
     def _require_session(self) -> ClientSession:
         session = self._session
@@ -509,11 +484,16 @@ class McpBackend:
         if caps is None or caps.logging is None:
             return
         request = types.SetLevelRequest(params=types.SetLevelRequestParams(level=level))
+        await self._send_or_log(session, request, "backend.set_log_level_failed", level=level)
+
+    async def _send_or_log(self, session: ClientSession, request: Any, event: str, **fields: Any) -> None:
+        """Send ``request`` (answered by an empty result) within the connect timeout; a failure is logged as a
+        warning ``event`` with ``fields``, not raised."""
         try:
             with anyio.fail_after(self._config.connect_timeout_s):
                 await session.send_request(request, types.EmptyResult)
         except (MCPError, TimeoutError, httpx2.HTTPError, anyio.BrokenResourceError, OSError) as exc:
-            log.warning("backend.set_log_level_failed", backend=self._name, level=level, error=str(exc))
+            log.warning(event, backend=self._name, **fields, error=str(exc))
 
     async def subscribe_resource(self, uri: str) -> None:
         """Subscribe to updates of the downstream's ``uri`` (counted: the downstream is asked once).
@@ -548,11 +528,7 @@ class McpBackend:
             await self._apply_log_level(session, self._log_level)
         for uri in list(self._subscribed):
             request = types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri))
-            try:
-                with anyio.fail_after(self._config.connect_timeout_s):
-                    await session.send_request(request, types.EmptyResult)
-            except (MCPError, TimeoutError, httpx2.HTTPError, anyio.BrokenResourceError, OSError) as exc:
-                log.warning("backend.resubscribe_failed", backend=self._name, uri=uri, error=str(exc))
+            await self._send_or_log(session, request, "backend.resubscribe_failed", uri=uri)
 
     # -- the back-channel -----------------------------------------------------------------------------------------
 
@@ -906,23 +882,6 @@ class McpBackend:
 
     def _fail(self, reason: str) -> None:
         self._set_status(BackendStatus(BackendState.FAILED, reason, last_error=reason))
-
-    def _set_status(self, status: BackendStatus) -> None:
-        previous = self._status
-        self._status = status
-        if status.state is not previous.state or status.reason != previous.reason:
-            event = "backend.ready" if status.state is BackendState.READY else "backend.state"
-            log_fn = log.info if status.state in (BackendState.READY, BackendState.DISABLED) else log.warning
-            log_fn(
-                event,
-                backend=self._name,
-                kind=self.kind,
-                state=str(status.state),
-                reason=status.reason,
-                tools=status.tool_count,
-            )
-        for listener in self._listeners:
-            listener()
 
 
 def _takes_back_channel(caps: types.ClientCapabilities | None) -> bool:

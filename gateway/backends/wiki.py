@@ -45,7 +45,7 @@ from mcp.shared.path_security import PathEscapeError, contains_path_traversal, i
 # early edit be lost) nor stops promptly on cancellation (it waits out the Rust timeout); its engine does both.
 from watchfiles._rust_notify import RustNotify
 
-from gateway.backends.base import BackendState, BackendStatus, ChangeListener, ProgressFn
+from gateway.backends.base import BackendBase, BackendState, BackendStatus, ProgressFn
 from gateway.config import WIKI_TOOLS
 from gateway.errors import BackendUnavailable, InvalidArguments, ToolNotFound
 
@@ -802,7 +802,7 @@ def _snippet(index: _Index, path: str, terms: set[str]) -> tuple[int, str]:
 # --------------------------------------------------------------------------------------------------- the backend
 
 
-class WikiBackend:
+class WikiBackend(BackendBase):
     """The built-in wiki provider (kind ``wiki``). See the module docstring for what it guarantees.
 
     Args:
@@ -830,7 +830,7 @@ class WikiBackend:
             raise ValueError(f"Unknown wiki tool(s) {', '.join(unknown)}; choose from {', '.join(TOOL_NAMES)}.")
         if read_all_max_bytes < 1 or default_max_bytes < 1:
             raise ValueError("read_all_max_bytes and default_max_bytes must be at least 1.")
-        self._name = name
+        super().__init__(name, "wiki", BackendStatus(BackendState.STARTING, "indexing the wiki"))
         self._root = Path(root)
         self._root_real = self._root.resolve()
         self._read_all_max_bytes = read_all_max_bytes
@@ -838,8 +838,6 @@ class WikiBackend:
         wanted = TOOL_NAMES if tools is None else tuple(t for t in TOOL_NAMES if t in tools)
         specs = self._specs()
         self._tools: dict[str, _Tool] = {n: specs[n] for n in wanted}
-        self._status = BackendStatus(BackendState.STARTING, "indexing the wiki")
-        self._listeners: list[ChangeListener] = []
         self._ran = False
         self._index: _Index | None = None
         self._build_lock = anyio.Lock()
@@ -851,30 +849,12 @@ class WikiBackend:
         self._generation_changed = anyio.Event()
         self._last_build_s = 0.0
 
-    # ------------------------------------------------------------------ Backend protocol
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def kind(self) -> str:
-        return "wiki"
-
-    @property
-    def status(self) -> BackendStatus:
-        return self._status
+    # ------------------------------------------------------------------ Backend protocol (the rest: BackendBase)
 
     def tools(self) -> Sequence[types.Tool]:
         if self._status.state not in (BackendState.READY, BackendState.DEGRADED):
             return ()
         return tuple(spec.tool for spec in self._tools.values())
-
-    def ladder(self, tool: str, arguments: Mapping[str, Any]) -> Sequence[str | None]:
-        return (None,)
-
-    def subscribe(self, listener: ChangeListener) -> None:
-        self._listeners.append(listener)
 
     async def call_tool(
         self,
@@ -928,7 +908,7 @@ class WikiBackend:
                     self._watching = True
                     self._changes += 1  # index after the watch is installed: no change falls between the two
                     await self._fresh_index()
-                    self._set_state(BackendState.READY)
+                    self._set_state(BackendState.READY, tool_count=len(self._tools))
                     if not started:
                         task_status.started()
                         started = True
@@ -941,7 +921,11 @@ class WikiBackend:
                     log.warning("wiki.watch_restart", backend=self._name, reason=reason)
                     continue
                 else:
-                    self._set_state(BackendState.DEGRADED, f"{reason}; the index is rebuilt on every call")
+                    self._set_state(
+                        BackendState.DEGRADED,
+                        f"{reason}; the index is rebuilt on every call",
+                        tool_count=len(self._tools),
+                    )
             if not started:
                 task_status.started()
                 started = True
@@ -1079,22 +1063,6 @@ class WikiBackend:
         if not parts or _is_page_name(parts[-1]) or not os.path.isfile(path):
             return "/".join(parts)
         return None
-
-    def _set_state(self, state: BackendState, reason: str | None = None) -> None:
-        previous = self._status
-        if previous.state is state and previous.reason == reason:
-            return
-        ready = state in (BackendState.READY, BackendState.DEGRADED)
-        self._status = BackendStatus(
-            state,
-            reason,
-            last_error=reason if state is not BackendState.READY else previous.last_error,
-            tool_count=len(self._tools) if ready else 0,
-        )
-        log_fn = log.info if state is BackendState.READY else log.warning
-        log_fn("backend.state", backend=self._name, kind="wiki", state=str(state), reason=reason)
-        for listener in self._listeners:
-            listener()
 
     # ------------------------------------------------------------------ tools
 
