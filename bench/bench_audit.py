@@ -2,7 +2,8 @@
 
 For each mode it measures (1) the latency of one awaited ``record()`` with nothing else running (p50 and p99 over
 ``--rows`` sequential calls) and (2) the throughput of ``--writers`` tasks recording concurrently, where group commit
-shares each transaction between the rows that arrived while the previous one committed.
+shares each transaction between the callers that were ready when the batch's leader yielded (NORMAL) or that arrived
+while the previous commit ran in its thread (FULL).
 
 Run ``python -m bench.bench_audit [--dir DIR]`` from the project root. Put ``--dir`` on the disk the gateway's ledger
 will live on: a tmpfs makes every fsync free and hides the difference FULL makes.

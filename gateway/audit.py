@@ -1,21 +1,29 @@
-"""The audit ledger: one durable SQLite row per ``tools/call``, written by one thread and read by ``gateway audit``.
+"""The audit ledger: one durable SQLite row per ``tools/call``, group-committed, read by ``gateway audit``.
 
 Guarantee: ``await Ledger.record(row)`` returns only after the transaction holding the row has committed. The ledger
 runs SQLite in WAL mode; with the default ``synchronous="NORMAL"`` a commit has written the row into the WAL file
 (the OS page cache) but has not fsynced it, so a row whose ``record()`` returned survives the gateway being killed
 (SIGKILL, OOM, a crash); it can be lost only if the *machine* loses power or its kernel crashes before the OS has
-written the WAL out (its dirty-page flush, typically within 30 s, or the ledger's next checkpoint, which fsyncs).
-``synchronous="FULL"`` fsyncs the WAL on every commit and survives power loss too. NORMAL is the default because its
-cost does not depend on the disk: ``bench/bench_audit.py`` on the development VM (2 CPUs, ext4 on a virtual disk)
-puts an uncontended ``record()`` at a p50 of 0.13-0.27 ms with NORMAL, and at 0.31-0.38 ms with FULL while the disk
-is idle but 2-3 ms while other processes keep it busy. The router awaits ``record()`` before it answers, so a caller
-never sees a response whose row is not on disk in that sense.
+written the WAL out (its dirty-page flush, typically within 30 s, or the ledger's next checkpoint, which fsyncs and
+runs at least every ``CHECKPOINT_INTERVAL_S`` while rows arrive). ``synchronous="FULL"`` fsyncs the WAL on every
+commit and survives power loss too. NORMAL is the default because its cost does not depend on the disk:
+``bench/bench_audit.py`` on the development VM (2 CPUs, ext4 on a virtual disk) puts an uncontended ``record()`` at a
+p50 of 0.07 ms with NORMAL, and at 0.31-0.37 ms with FULL while the disk is idle but 2-3 ms while other processes keep
+it busy. The router awaits ``record()`` before it answers, so a caller never sees a response whose row is not on
+disk in that sense.
 
-Writing: one dedicated thread owns the write connection and takes rows from a queue. Rows that arrive while a commit
-is under way are committed together in the next transaction (group commit, up to ``MAX_BATCH`` rows), so throughput
-grows with load while an idle ledger commits each row at once. At most ``max_pending`` rows wait for their commit; a
-further ``record()`` waits for room (back-pressure), and no row is ever dropped. ``record()`` is shielded from
-cancellation: the row of a cancelled call is itself a row the ledger must keep.
+Writing (group commit): ``record()`` adds its row to the open batch; the caller that opened the batch (its leader)
+yields once to the event loop, so every caller that is ready joins the batch, then commits the batch in one
+transaction (up to ``MAX_BATCH`` rows) and wakes the others. With NORMAL a commit does not fsync (tens of
+microseconds), so the leader runs it on the event loop itself: no hand-off to a thread and no wake-up back. It never
+sleeps there on a lock: if another connection holds the write lock (retention, another process), that batch is
+committed from a worker thread, which waits for the lock. Checkpoints, which do fsync, are never a commit's: the
+writer connection has ``wal_autocheckpoint=0`` and a maintenance thread with its own connection runs a PASSIVE
+checkpoint every ``CHECKPOINT_INTERVAL_S`` (or ``CHECKPOINT_COMMITS`` commits) when rows were written, and retention
+every ``prune_interval_s``. With FULL every commit fsyncs, so the leader commits in a worker thread (SQLite's own
+checkpoints included) and rows arriving meanwhile form the next batch. At most ``max_pending`` rows wait for their
+commit; a further ``record()`` waits for room (back-pressure), and no row is ever dropped. ``record()`` is shielded
+from cancellation, the leader's commit included: the row of a cancelled call is itself a row the ledger must keep.
 
 Schema: ``PRAGMA user_version`` is the schema version; ``MIGRATIONS[i]`` takes a database from version ``i`` to
 ``i + 1`` and each runs in its own transaction, so a database of any older version is brought up to date in order
@@ -29,7 +37,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import queue
 import sqlite3
 import threading
 import time
@@ -40,7 +47,6 @@ from pathlib import Path
 from typing import Any, Final, Literal, Self
 
 import anyio
-import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 import structlog
@@ -57,6 +63,8 @@ DEFAULT_MAX_PENDING: Final = 1024  # rows accepted but not yet committed; beyond
 MAX_BATCH: Final = 512  # rows per transaction: bounds how long one commit holds the file's write lock
 PRUNE_INTERVAL_S: Final = 3600.0  # retention runs at open and then this often
 PRUNE_CHUNK: Final = 5000  # rows deleted per transaction, so a large prune does not stall queued rows
+CHECKPOINT_INTERVAL_S: Final = 1.0  # the maintenance thread checkpoints the WAL this often while rows arrive
+CHECKPOINT_COMMITS: Final = 1000  # ... or after this many commits, whichever comes first
 BUSY_TIMEOUT_S: Final = 5.0  # another process (a second gateway, a manual VACUUM) may hold the write lock briefly
 
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -255,11 +263,20 @@ def _migrate(conn: sqlite3.Connection, path: Path) -> None:
 
 
 @dataclass(slots=True, eq=False)
-class _Job:
-    row: tuple[Any, ...] | None  # None: a prune request
+class _Batch:
+    """Rows that share one transaction; its first caller (the leader) commits it, the others wait for ``done``."""
+
+    rows: list[tuple[Any, ...]] = field(default_factory=list)
     done: anyio.Event = field(default_factory=anyio.Event)
     error: str | None = None
-    pruned: int = 0
+
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    return getattr(exc, "sqlite_errorcode", None) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+class _Busy(Exception):
+    """Another connection holds the write lock: commit in a worker thread, where waiting for it blocks no one."""
 
 
 class Ledger(anyio.AsyncContextManagerMixin):
@@ -302,12 +319,19 @@ class Ledger(anyio.AsyncContextManagerMixin):
         self._max_pending = max_pending
         self._prune_interval_s = prune_interval_s
         self._state: Literal["new", "open", "closing", "closed"] = "new"
-        self._failure: str | None = None  # set (on the event loop) if the writer thread died
-        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()  # None: drain and stop
-        self._slots: anyio.Semaphore | None = None
-        self._token: anyio.lowlevel.EventLoopToken | None = None
+        self._conn: sqlite3.Connection | None = None  # the write connection: used by one batch at a time
+        self._slots: anyio.Semaphore | None = None  # max_pending rows; a further record() waits
+        self._writing: anyio.Lock | None = None  # held while a batch commits
+        self._batch: _Batch | None = None  # the batch new rows join, until its leader starts the commit
+        self._drained: anyio.Event | None = None  # set on close once no row is pending
+        # The maintenance thread: checkpoints and retention, on its own connection, off the event loop.
+        self._maintenance_conn: sqlite3.Connection | None = None
+        self._maintenance_lock = threading.Lock()  # the maintenance connection is used by one thread at a time
+        self._maintenance_wake = threading.Event()
+        self._maintenance_stop = False
         self._pending = self._peak_pending = 0
         self._rows_written = self._commits = self._largest_commit = self._rows_pruned = 0
+        self._checkpointed_commits = 0  # self._commits as of the last checkpoint
 
     @property
     def path(self) -> Path | None:
@@ -339,21 +363,28 @@ class Ledger(anyio.AsyncContextManagerMixin):
             finally:
                 self._state = "closed"
             return
-        self._slots = anyio.Semaphore(self._max_pending)
-        self._token = anyio.lowlevel.current_token()
-        conn = await anyio.to_thread.run_sync(self._open, self._path)
-        writer = threading.Thread(target=self._work, args=(conn,), name=f"audit-ledger:{self._path.name}", daemon=True)
-        writer.start()
+        self._slots = anyio.Semaphore(self._max_pending, fast_acquire=True)
+        self._writing = anyio.Lock(fast_acquire=True)
+        self._drained = anyio.Event()
+        conn, self._maintenance_conn = await anyio.to_thread.run_sync(self._open, self._path)
+        self._conn = conn
+        maintenance = threading.Thread(target=self._maintain, name=f"audit-ledger:{self._path.name}", daemon=True)
+        maintenance.start()
         self._state = "open"
         try:
             yield self
         finally:
-            # Queued rows were promised to their callers: drain them all, even while being cancelled. No timeout:
-            # the writer cannot be interrupted mid-commit, and a row is never abandoned.
+            # Pending rows were promised to their callers: their leaders commit them (record() is shielded), and
+            # closing waits for that even while being cancelled. No timeout: a row is never abandoned.
             self._state = "closing"
-            self._queue.put(None)
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(writer.join)
+                if self._pending:
+                    await self._drained.wait()
+                self._maintenance_stop = True
+                self._maintenance_wake.set()
+                await anyio.to_thread.run_sync(maintenance.join)
+                # Closing the last connection checkpoints the WAL (an fsync): off the event loop too.
+                await anyio.to_thread.run_sync(conn.close)
             self._state = "closed"
 
     async def record(self, rec: AuditRecord) -> None:
@@ -366,45 +397,87 @@ class Ledger(anyio.AsyncContextManagerMixin):
             raise AuditError(f"The audit ledger is {self._state}; rows can be recorded only while it is open.")
         if self._slots is None:  # disabled
             return
-        job = _Job(row=_encode(rec))
+        row = _encode(rec)
         with anyio.CancelScope(shield=True):
-            await self._slots.acquire()
-            # No await between this check and the put: the closing STOP or a writer failure cannot slip in between.
-            if self._state != "open" or self._failure is not None:
+            await self._slots.acquire()  # fast_acquire: no checkpoint unless the ledger is full
+            if self._state != "open":
                 self._slots.release()
-                raise AuditError(self._failure or "The audit ledger closed before the row could be recorded.")
+                raise AuditError("The audit ledger closed before the row could be recorded.")
             self._pending += 1
             self._peak_pending = max(self._peak_pending, self._pending)
-            self._queue.put(job)
-            await job.done.wait()
-        if job.error is not None:
-            raise AuditError(job.error)
+            joined = self._batch
+            if joined is None or len(joined.rows) >= MAX_BATCH:
+                batch = self._batch = _Batch(rows=[row])
+                await self._lead(batch)
+            else:
+                batch = joined
+                batch.rows.append(row)
+                await batch.done.wait()
+        if batch.error is not None:
+            raise AuditError(batch.error)
 
     async def prune(self) -> int:
-        """Apply retention now (in the writer, between commits); return how many rows were deleted."""
+        """Apply retention now (in a worker thread, in chunks between commits); return how many rows were deleted."""
         if self._state != "open":
             raise AuditError(f"The audit ledger is {self._state}; it can be pruned only while it is open.")
         if self._slots is None or self._retention_s is None:
             return 0
-        job = _Job(row=None)
         with anyio.CancelScope(shield=True):
-            self._queue.put(job)
-            await job.done.wait()
-        if job.error is not None:
-            raise AuditError(job.error)
-        return job.pruned
+            pruned = await anyio.to_thread.run_sync(self._prune_all)
+        return pruned
 
-    # --- the writer thread ------------------------------------------------------------------------------------
+    # --- on the event loop ------------------------------------------------------------------------------------
 
-    def _open(self, path: Path) -> sqlite3.Connection:
+    async def _lead(self, batch: _Batch) -> None:
+        """Commit ``batch``: let the callers that are ready join it first, then write it in one transaction.
+
+        With ``synchronous=NORMAL`` a commit only appends to the WAL (no fsync; tens of microseconds), so it runs
+        right here on the event loop: no thread hand-off and no wake-up back. If another connection holds the write
+        lock (retention, another process), the batch waits for it in a worker thread instead of blocking the loop.
+        With ``FULL`` every commit fsyncs, so it always runs in a worker thread; rows arriving meanwhile gather in the
+        next batch.
+        """
+        assert self._writing is not None and self._conn is not None and self._slots is not None
+        await anyio.lowlevel.cancel_shielded_checkpoint()  # the one yield: concurrent callers join the batch
+        try:
+            async with self._writing:
+                if self._batch is batch:
+                    self._batch = None  # closed: later rows start the next batch
+                try:
+                    if self._synchronous == "FULL":
+                        batch.error = await anyio.to_thread.run_sync(self._commit, batch.rows)
+                    else:
+                        try:
+                            batch.error = self._commit(batch.rows, busy_wait=False)
+                        except _Busy:
+                            batch.error = await anyio.to_thread.run_sync(self._commit, batch.rows)
+                except BaseException as exc:  # a bug, not a write error: fail the batch, then let it surface
+                    batch.error = f"The audit ledger could not commit: {exc!r}."
+                    raise
+        finally:
+            rows = len(batch.rows)
+            self._pending -= rows
+            for _ in range(rows):
+                self._slots.release()
+            batch.done.set()
+            if self._pending == 0 and self._state == "closing":
+                assert self._drained is not None
+                self._drained.set()
+            if self._commits - self._checkpointed_commits >= CHECKPOINT_COMMITS:
+                self._maintenance_wake.set()
+
+    # --- SQLite (the event loop or a worker thread; never two at once on one connection) -----------------------
+
+    def _open(self, path: Path) -> tuple[sqlite3.Connection, sqlite3.Connection]:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             if not path.exists():
                 os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))  # previews may be sensitive
-            # Handed to the writer thread once opened; never used by two threads at once.
+            # Used by the event loop and worker threads, never by two at once.
             conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_S)
         except (OSError, sqlite3.Error) as exc:
             raise AuditError(f"Cannot open the audit ledger at {path}: {exc}.") from exc
+        maintenance: sqlite3.Connection | None = None
         try:
             mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if str(mode).lower() != "wal":
@@ -413,13 +486,54 @@ class Ledger(anyio.AsyncContextManagerMixin):
             _migrate(conn, path)
             while self._prune_chunk(conn) == PRUNE_CHUNK:
                 pass
+            if self._synchronous == "NORMAL":
+                # Commits run on the event loop: checkpoints (which fsync) are the maintenance thread's, and a
+                # commit never sleeps on another connection's lock (it hands the batch to a worker thread instead).
+                # FULL commits run in a worker thread and fsync anyway: SQLite's own checkpoints stay in them.
+                conn.execute("PRAGMA wal_autocheckpoint=0")
+                conn.execute("PRAGMA busy_timeout=0")
+            maintenance = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_S)
+            maintenance.execute(f"PRAGMA synchronous={self._synchronous}")
+            maintenance.execute("PRAGMA wal_autocheckpoint=0")
         except sqlite3.Error as exc:
             conn.close()
+            if maintenance is not None:
+                maintenance.close()
             raise AuditError(f"Cannot open the audit ledger at {path}: {exc}.") from exc
         except BaseException:
             conn.close()
+            if maintenance is not None:
+                maintenance.close()
             raise
-        return conn
+        return conn, maintenance
+
+    def _commit(self, rows: list[tuple[Any, ...]], *, busy_wait: bool = True) -> str | None:
+        """Write ``rows`` in one transaction; return None, or the error every caller of the batch gets.
+
+        Raises:
+            _Busy: ``busy_wait`` is false and another connection holds the write lock (nothing was written).
+        """
+        conn = self._conn
+        assert conn is not None
+        if busy_wait and self._synchronous == "NORMAL":
+            conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany(_INSERT, rows)
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if not busy_wait and _is_busy(exc):
+                raise _Busy from exc
+            return f"Could not write {len(rows)} row(s) to the audit ledger at {self._path}: {exc}."
+        finally:
+            if busy_wait and self._synchronous == "NORMAL":
+                conn.execute("PRAGMA busy_timeout=0")
+        self._rows_written += len(rows)
+        self._commits += 1
+        self._largest_commit = max(self._largest_commit, len(rows))
+        return None
 
     def _prune_chunk(self, conn: sqlite3.Connection) -> int:
         if self._retention_s is None:
@@ -432,102 +546,50 @@ class Ledger(anyio.AsyncContextManagerMixin):
         self._rows_pruned += cursor.rowcount
         return cursor.rowcount
 
-    def _work(self, conn: sqlite3.Connection) -> None:
-        held: list[_Job | None] = []
+    def _prune_all(self) -> int:
+        """Retention in chunks, one transaction each, on the maintenance connection (in a worker thread)."""
+        assert self._maintenance_conn is not None
+        pruned = 0
         try:
-            self._serve(conn, held)
-        except BaseException as exc:
-            # A bug, not a write error (those fail their batch and the writer carries on). Fail every row still
-            # waiting, then let the thread's excepthook report the exception.
-            self._notify(self._fail_all, held, f"The audit ledger's writer stopped: {exc!r}.")
-            raise
-        finally:
-            conn.close()
+            with self._maintenance_lock:
+                while (n := self._prune_chunk(self._maintenance_conn)) > 0:
+                    pruned += n
+        except sqlite3.Error as exc:
+            raise AuditError(f"Could not prune the audit ledger at {self._path}: {exc}.") from exc
+        return pruned
 
-    def _serve(self, conn: sqlite3.Connection, held: list[_Job | None]) -> None:
+    def _maintain(self) -> None:
+        """The maintenance thread: a PASSIVE checkpoint every ``CHECKPOINT_INTERVAL_S`` (or ``CHECKPOINT_COMMITS``
+        commits) when rows were written, and retention every ``prune_interval_s``; then close its connection."""
+        conn = self._maintenance_conn
+        assert conn is not None
         next_prune = time.monotonic() + self._prune_interval_s
-        while True:
-            timeout = None if self._retention_s is None else max(0.0, next_prune - time.monotonic())
-            try:
-                held.append(self._queue.get(timeout=timeout))
-            except queue.Empty:  # time to prune; a full chunk means more is due, after the rows queued meanwhile
-                try:
-                    full = self._prune_chunk(conn) == PRUNE_CHUNK
-                except sqlite3.Error as exc:
-                    _log.warning("audit.prune_failed", path=str(self._path), error=str(exc))
-                    full = False
-                next_prune = time.monotonic() + (0.0 if full else self._prune_interval_s)
-                continue
-            while len(held) < MAX_BATCH:
-                try:
-                    held.append(self._queue.get_nowait())
-                except queue.Empty:
+        try:
+            while not self._maintenance_stop:
+                now = time.monotonic()
+                timeout = CHECKPOINT_INTERVAL_S
+                if self._retention_s is not None:
+                    timeout = min(timeout, max(0.0, next_prune - now))
+                self._maintenance_wake.wait(timeout)
+                self._maintenance_wake.clear()
+                if self._maintenance_stop:
                     break
-            stop = held[-1] is None  # nothing follows the stop: record() refuses rows once closing
-            jobs = [job for job in held if job is not None]
-            self._write(conn, [job for job in jobs if job.row is not None])
-            for job in jobs:
-                if job.row is None:
-                    self._prune_job(conn, job)
-            self._notify(self._complete, jobs)
-            held.clear()
-            if stop:
-                return
-
-    def _write(self, conn: sqlite3.Connection, jobs: list[_Job]) -> None:
-        if not jobs:
-            return
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.executemany(_INSERT, [job.row for job in jobs if job.row is not None])
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            message = f"Could not write {len(jobs)} row(s) to the audit ledger at {self._path}: {exc}."
-            for job in jobs:
-                job.error = message
-            return
-        self._rows_written += len(jobs)
-        self._commits += 1
-        self._largest_commit = max(self._largest_commit, len(jobs))
-
-    def _prune_job(self, conn: sqlite3.Connection, job: _Job) -> None:
-        try:
-            while (n := self._prune_chunk(conn)) > 0:
-                job.pruned += n
-        except sqlite3.Error as exc:
-            job.error = f"Could not prune the audit ledger at {self._path}: {exc}."
-
-    def _notify(self, callback: Callable[..., None], *args: Any) -> None:
-        try:
-            anyio.from_thread.run_sync(callback, *args, token=self._token)
-        except anyio.RunFinishedError:  # the event loop is gone, and nobody is waiting any more
-            pass
-
-    # --- on the event loop ------------------------------------------------------------------------------------
-
-    def _complete(self, jobs: list[_Job]) -> None:
-        assert self._slots is not None
-        for job in jobs:
-            if job.row is not None:
-                self._pending -= 1
-                self._slots.release()
-            job.done.set()
-
-    def _fail_all(self, held: list[_Job | None], message: str) -> None:
-        self._failure = message
-        jobs = [job for job in held if job is not None]
-        while True:
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                jobs.append(job)
-        for job in jobs:
-            job.error = message
-        self._complete(jobs)
+                commits = self._commits
+                try:
+                    with self._maintenance_lock:
+                        if self._synchronous == "NORMAL" and commits != self._checkpointed_commits:
+                            conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                            self._checkpointed_commits = commits
+                        if self._retention_s is not None and time.monotonic() >= next_prune:
+                            # A full chunk means more is due: after the rows that committed meanwhile.
+                            full = self._prune_chunk(conn) == PRUNE_CHUNK
+                            next_prune = time.monotonic() + (0.0 if full else self._prune_interval_s)
+                except sqlite3.Error as exc:
+                    _log.warning("audit.maintenance_failed", path=str(self._path), error=str(exc))
+                    next_prune = max(next_prune, time.monotonic() + min(self._prune_interval_s, 1.0))
+        finally:
+            with self._maintenance_lock:
+                conn.close()
 
 
 # --- the read side ----------------------------------------------------------------------------------------------

@@ -70,6 +70,9 @@ __all__ = ["HttpPool", "McpBackend", "classify_failure"]
 
 log = structlog.get_logger("gateway.backend")
 
+DRAIN_LIMIT_S = 0.05
+"""How long closing a POST's response may read the rest of its body so the connection can be reused."""
+DRAIN_LIMIT_BYTES = 64 * 1024
 SHUTDOWN_GRACE_S = 5.0
 """Bound on closing one session (the SDK's stdio shutdown closes stdin, waits, then kills the process tree)."""
 JSONRPC_REQUEST_TIMEOUT = -32001
@@ -77,6 +80,44 @@ JSONRPC_CONNECTION_CLOSED = -32000
 
 
 # ----------------------------------------------------------------------------------------------- shared HTTP
+
+
+class _DrainOnClose(httpx2.AsyncByteStream):
+    """A POST's response body that, when closed early, first reads what is left (bounded), so the connection
+    goes back to the pool instead of being torn down.
+
+    The SDK closes a POST's SSE response as soon as it has the JSON-RPC answer, a moment before the server ends the
+    stream; without the drain every call opened a new TCP connection (measured: 7-16% of the gateway's CPU per call
+    and 12-19% of the downstream's). The drain runs after the answer was delivered, off the caller's path.
+    """
+
+    def __init__(self, inner: httpx2.AsyncByteStream) -> None:
+        self._inner = inner
+        self._started = False
+        self._finished = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        self._started = True
+        async for chunk in self._inner:
+            yield chunk
+        self._finished = True
+
+    async def aclose(self) -> None:
+        if self._finished or not self._started:  # read to the end already, or never read: nothing to drain
+            await self._inner.aclose()
+            return
+        try:
+            with anyio.move_on_after(DRAIN_LIMIT_S):
+                drained = 0
+                async for chunk in self._inner:
+                    drained += len(chunk)
+                    if drained > DRAIN_LIMIT_BYTES:
+                        break
+                    await anyio.lowlevel.checkpoint()  # the time limit can always interrupt the drain
+        except (httpx2.HTTPError, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError, RuntimeError):
+            pass  # the connection is not reusable: closing it below is all that is left
+        finally:
+            await self._inner.aclose()
 
 
 class _SharedTransport(httpx2.AsyncBaseTransport):
@@ -88,7 +129,10 @@ class _SharedTransport(httpx2.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         if request.method == "GET" and "last-event-id" in request.headers:
             await _mirror_stream_close()
-        return await self._inner.handle_async_request(request)
+        response = await self._inner.handle_async_request(request)
+        if request.method == "POST" and isinstance(response.stream, httpx2.AsyncByteStream):
+            response.stream = _DrainOnClose(response.stream)
+        return response
 
     async def aclose(self) -> None:  # borrowed by per-backend clients; closed by HttpPool only
         pass
