@@ -64,6 +64,15 @@ def _check_tool_name(name: str) -> str:
     return name
 
 
+def _resolve_env_paths(value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+    """Environment values written as relative paths (``./x``, ``../x``) resolve against the file's folder.
+
+    A program may resolve a relative path against anything (npm's server-memory uses its own install folder), so
+    the gateway hands it an absolute path: ``MEMORY_FILE_PATH: ./.cache/memory.jsonl`` means next to federation.yaml.
+    """
+    return {k: (_resolve(v, info) or v) if v.startswith(("./", "../")) else v for k, v in value.items()}
+
+
 def _resolve(value: str | None, info: ValidationInfo) -> str | None:
     if value is None:
         return None
@@ -205,6 +214,7 @@ class StdioServer(_Backend):
     cwd: str | None = None
 
     _resolve_cwd = field_validator("cwd")(_resolve)
+    _resolve_env = field_validator("env")(_resolve_env_paths)
 
 
 class HttpServer(_Backend):
@@ -311,6 +321,7 @@ class Adapter(_Model):
     tools: dict[str, AdapterTool]
 
     _resolve_cwd = field_validator("cwd")(_resolve)
+    _resolve_env = field_validator("env")(_resolve_env_paths)
 
     @field_validator("tools")
     @classmethod

@@ -609,3 +609,13 @@ def test_the_property_documents_parse_cleanly_without_an_unknown_key() -> None:
     fed = parse_config(text, file=FILE, env={})
     assert fed.routes["find"].description == "d"
     assert fed.adapters["qmd"].tools["search"].variants["fast"].argv == ("s", "{q}")
+
+
+def test_env_values_written_as_relative_paths_resolve_against_the_files_folder() -> None:
+    text = (
+        "servers:\n  m: {transport: stdio, command: x, env: {A: ./.cache/m.jsonl, B: plain, C: /abs}}\n"
+        "adapters:\n  q: {command: q, env: {X: ../up}, tools: {t: {argv: [a]}}}\n"
+    )
+    fed = parse_config(text, file="/srv/gw/federation.yaml", env={})
+    assert fed.servers["m"].env == {"A": "/srv/gw/.cache/m.jsonl", "B": "plain", "C": "/abs"}
+    assert fed.adapters["q"].env == {"X": "/srv/gw/../up"}

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import random
 import signal
 import tempfile
 import weakref
@@ -861,7 +862,8 @@ class McpBackend(BackendBase):
     async def _ping_loop(self, session: ClientSession) -> None:
         """Ping every ``ping_interval_s``, or at once when the transport reports an error (e.g. its stream broke)."""
         while True:
-            with anyio.move_on_after(self._config.ping_interval_s):
+            # Jittered, so the pings of many backends (and of many gateways) do not fall in step.
+            with anyio.move_on_after(self._config.ping_interval_s * random.uniform(0.8, 1.2)):
                 await self._probe_now.wait()
             self._probe_now = anyio.Event()
             try:

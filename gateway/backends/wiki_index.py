@@ -1,0 +1,348 @@
+"""The index of a markdown folder, built by pure, blocking functions (no async, no Backend protocol).
+
+This module owns what ``WikiBackend`` (``gateway.backends.wiki``) serves from: walking the tree under a root (pages are
+``*.md`` and ``*.markdown`` files, skipping hidden names, ``node_modules`` and ``graphify-out``, following no directory
+symlinks and admitting no file that resolves outside the root), reading pages safely, front matter and titles, link
+extraction and resolution (wikilinks and markdown links, with broken links recorded), BM25 postings, and the
+``_Index`` snapshot that ``_build_index`` assembles, reusing unchanged pages of the previous build.
+"""
+
+from __future__ import annotations
+
+import errno
+import heapq
+import math
+import os
+import posixpath
+import re
+from array import array
+from collections import Counter
+from collections.abc import Mapping, Sequence, Set
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import unquote
+
+import yaml
+
+PAGE_SUFFIXES = (".md", ".markdown")
+EXCLUDED_DIRS = frozenset({"node_modules", "graphify-out"})
+_INDEX_MAX_BYTES_PER_PAGE = 4_000_000  # links and terms past this point of a (pathological) page are not indexed
+_BM25_K1 = 1.2
+_BM25_B = 0.75
+
+_YAML_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # safe_load's loader, in C when libyaml is there
+_WORD = re.compile(r"\w+")
+_FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)^(?:---|\.\.\.)[ \t]*(?:\r?\n|\Z)", re.S | re.M)
+_FENCED_CODE = re.compile(r"^[ \t]*(`{3,}|~{3,})[^\n]*\n.*?(?:^[ \t]*\1[ \t]*$|\Z)", re.S | re.M)
+_INLINE_CODE = re.compile(r"`[^`\n]+`")
+_HEADING = re.compile(r"^#[ \t]+(.+?)(?:[ \t]+#+)?[ \t]*$", re.M)
+_WIKILINK = re.compile(r"\[\[([^\[\]\n]+)\]\]")
+_MD_LINK = re.compile(r"\[[^\]\n]*\]\(\s*(<[^>\n]+>|[^)\s]+)(?:\s+[^)\n]*)?\)")
+_REF_DEFINITION = re.compile(r"^[ ]{0,3}\[[^\]\n]+\]:[ \t]*(<[^>\n]+>|\S+)", re.M)
+_URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+_ASSET_SUFFIX = re.compile(r"^\.[A-Za-z0-9]{1,5}$")
+
+
+@dataclass(frozen=True, slots=True)
+class _Page:
+    path: str  # relative to the root, '/'-separated
+    title: str
+    size: int  # bytes on disk
+
+
+_Stamp = tuple[int, int, int]  # (mtime_ns, size, inode)
+_Link = tuple[Literal["wiki", "md"], str]
+
+
+@dataclass(frozen=True, slots=True)
+class _Parsed:
+    """What one page contributes to the index; kept so an unchanged page is not read again."""
+
+    page: _Page
+    stamp: _Stamp
+    links: tuple[_Link, ...]
+    counts: Counter[str]
+
+
+class _Bm25:
+    """Okapi BM25 over per-page term counts (Lucene's non-negative idf); postings are compact arrays."""
+
+    __slots__ = ("_avg", "_lengths", "_n", "_postings")
+
+    def __init__(self, docs: Sequence[Counter[str]]) -> None:
+        lists: dict[str, tuple[list[int], list[int]]] = {}
+        for doc, counts in enumerate(docs):
+            for term, tf in counts.items():
+                entry = lists.get(term)
+                if entry is None:
+                    entry = lists[term] = ([], [])
+                entry[0].append(doc)
+                entry[1].append(tf)
+        self._postings = {term: (array("I", ids), array("I", tfs)) for term, (ids, tfs) in lists.items()}
+        self._lengths = array("I", (sum(c.values()) for c in docs))
+        self._n = len(docs)
+        self._avg = (sum(self._lengths) / self._n) if self._n else 1.0
+
+    def search(self, terms: Sequence[str], limit: int) -> list[tuple[int, float]]:
+        scores: dict[int, float] = {}
+        avg = self._avg or 1.0
+        for term in dict.fromkeys(terms):
+            entry = self._postings.get(term)
+            if entry is None:
+                continue
+            ids, tfs = entry
+            idf = math.log(1.0 + (self._n - len(ids) + 0.5) / (len(ids) + 0.5))
+            for doc, tf in zip(ids, tfs, strict=True):
+                norm = _BM25_K1 * (1.0 - _BM25_B + _BM25_B * self._lengths[doc] / avg)
+                scores[doc] = scores.get(doc, 0.0) + idf * tf * (_BM25_K1 + 1.0) / (tf + norm)
+        return heapq.nlargest(limit, scores.items(), key=lambda item: (item[1], -item[0]))
+
+
+@dataclass(slots=True)
+class _Index:
+    """One immutable snapshot of the wiki (``listings`` is a cache filled on demand)."""
+
+    root: Path  # resolved
+    pages: dict[str, _Page]  # in listing order
+    outgoing: dict[str, tuple[str, ...]]
+    inbound: dict[str, tuple[str, ...]]
+    broken: dict[str, tuple[str, ...]]
+    by_path: dict[str, str]  # lower-cased path, with and without suffix -> path
+    by_stem: dict[str, list[str]]
+    by_title: dict[str, list[str]]
+    bm25: _Bm25
+    order: list[str]  # doc id -> path
+    total_bytes: int
+    parsed: dict[str, _Parsed]  # reused by the next build for pages that did not change
+    listings: dict[str | None, tuple[str, dict[str, Any]]] = field(default_factory=dict)
+
+
+def _tokens(text: str) -> list[str]:
+    return _WORD.findall(text.lower())
+
+
+def _strip_suffix(path: str) -> str:
+    lower = path.lower()
+    for suffix in PAGE_SUFFIXES:
+        if lower.endswith(suffix):
+            return path[: -len(suffix)]
+    return path
+
+
+def _is_page_name(name: str) -> bool:
+    return name.lower().endswith(PAGE_SUFFIXES) and not name.startswith(".")
+
+
+def _walk(root: Path) -> list[tuple[str, _Stamp]]:
+    """Every page under ``root`` with its stamp (no directory symlinks followed, nothing escaping the root)."""
+    found: list[tuple[str, _Stamp]] = []
+    stack: list[tuple[str, str]] = [(str(root), "")]
+    while stack:
+        directory, rel = stack.pop()
+        try:
+            with os.scandir(directory) as entries:
+                listed = list(entries)
+        except OSError:
+            continue
+        for entry in listed:
+            name = entry.name
+            if name.startswith(".") or not _utf8_name(name):
+                continue
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    if name not in EXCLUDED_DIRS:
+                        stack.append((entry.path, f"{rel}{name}/"))
+                elif _is_page_name(name) and entry.is_file():
+                    if entry.is_symlink() and not Path(entry.path).resolve().is_relative_to(root):
+                        continue
+                    st = entry.stat()
+                    found.append((f"{rel}{name}", (st.st_mtime_ns, st.st_size, st.st_ino)))
+            except OSError:
+                continue
+    found.sort(key=lambda item: (item[0].casefold(), item[0]))
+    return found
+
+
+def _utf8_name(name: str) -> bool:
+    """False for a file name that is not valid UTF-8 (Python smuggles its bytes in as surrogates)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _read_head(path: Path | str, limit: int) -> tuple[bytes, int]:
+    """The first ``limit`` bytes of a file and its size."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        data = f.read(limit)
+    return data, max(size, len(data))
+
+
+def _read_page(root: Path, path: str, limit: int) -> tuple[bytes, int]:
+    """``_read_head`` of an indexed page, refusing one that now resolves outside the root (a symlink swapped in)."""
+    real = os.path.realpath(os.path.join(root, path))
+    if not real.startswith(os.path.join(root, "")):
+        raise PermissionError(errno.EACCES, "it now resolves outside the wiki root")
+    return _read_head(real, limit)
+
+
+def _front_matter(text: str) -> tuple[dict[str, Any], int]:
+    """The parsed front matter (empty if absent or unparsable) and where the body starts."""
+    match = _FRONT_MATTER.match(text)
+    if match is None:
+        return {}, 0
+    try:
+        loaded = yaml.load(match.group(1), Loader=_YAML_LOADER)
+    except Exception:  # front matter is user data; anything unparsable (bad YAML, bad dates) means "none"
+        loaded = None
+    return (loaded if isinstance(loaded, dict) else {}), match.end()
+
+
+def _without_code(text: str, *, inline: bool) -> str:
+    if "```" in text or "~~~" in text:
+        text = _FENCED_CODE.sub("", text)
+    if inline and "`" in text:
+        text = _INLINE_CODE.sub("", text)
+    return text
+
+
+def _title(text: str, stem: str) -> str:
+    """Front matter ``title``, else the first ``# `` heading outside code, else the file name."""
+    meta, body = _front_matter(text)
+    value = meta.get("title")
+    if value is not None and not isinstance(value, dict | list) and str(value).strip():
+        return " ".join(str(value).split())
+    match = _HEADING.search(_without_code(text[body:] if body else text, inline=False))
+    if match is not None and match.group(1).strip():
+        return match.group(1).strip()
+    return stem
+
+
+def _raw_links(text: str) -> tuple[_Link, ...]:
+    """Link targets in document order: wikilink targets (alias and heading removed) and markdown hrefs."""
+    prose = _without_code(text, inline=True)
+    found: list[tuple[int, Literal["wiki", "md"], str]] = []
+    for match in _WIKILINK.finditer(prose):
+        target = match.group(1).split("|", 1)[0].split("#", 1)[0].strip()
+        if target:
+            found.append((match.start(), "wiki", target))
+    for pattern in (_MD_LINK, _REF_DEFINITION):
+        for match in pattern.finditer(prose):
+            href = match.group(1).strip("<>").strip()
+            if href and not href.startswith(("#", "//")) and not _URL_SCHEME.match(href):
+                found.append((match.start(), "md", href))
+    found.sort(key=lambda item: item[0])
+    return tuple((kind, target) for _, kind, target in found)
+
+
+def _pick(candidates: Sequence[str], from_dir: str) -> str:
+    """Among pages of one name, prefer the linking page's folder, then the shallowest, then listing order."""
+    if len(candidates) == 1:
+        return candidates[0]
+    return min(candidates, key=lambda p: (posixpath.dirname(p) != from_dir, p.count("/")))
+
+
+def _resolve_wikilink(index: _Index, target: str, source: str) -> str | None:
+    key = _strip_suffix(target.replace("\\", "/").strip("/")).lower()
+    hit = index.by_path.get(key)
+    if hit is not None:
+        return hit
+    from_dir = posixpath.dirname(source)
+    candidates = index.by_stem.get(key.rsplit("/", 1)[-1], [])
+    if "/" in key:
+        candidates = [c for c in candidates if _strip_suffix(c).lower().endswith("/" + key)]
+    if not candidates:
+        candidates = index.by_title.get(" ".join(target.lower().split()), [])
+    return _pick(candidates, from_dir) if candidates else None
+
+
+def _resolve_md_link(index: _Index, href: str, source: str) -> tuple[str | None, bool]:
+    """``(page, is_page_link)``: a link to something that is not a page (an image, a folder) is not broken."""
+    target = unquote(href.split("#", 1)[0].split("?", 1)[0])
+    if not target:
+        return None, False
+    base = "" if target.startswith("/") else posixpath.dirname(source)
+    joined = posixpath.normpath(posixpath.join(base, target.lstrip("/")))
+    suffix = posixpath.splitext(joined)[1].lower()
+    if joined == ".." or joined.startswith("../"):
+        return None, suffix in PAGE_SUFFIXES
+    hit = index.by_path.get(joined.lower())  # also finds an extension-less link to a page
+    return hit, hit is not None or suffix in PAGE_SUFFIXES
+
+
+def _parse(root: Path, path: str, stamp: _Stamp) -> _Parsed | None:
+    try:
+        data, size = _read_page(root, path, _INDEX_MAX_BYTES_PER_PAGE)
+    except OSError:
+        return None
+    text = data.decode("utf-8", errors="replace")
+    title = _title(text, _strip_suffix(posixpath.basename(path)))
+    counts = Counter(_tokens(text))
+    counts.update(_tokens(title))  # the title counts once more than its occurrences in the body
+    return _Parsed(_Page(path, title, size), stamp, _raw_links(text), counts)
+
+
+def _build_index(root: Path, previous: Mapping[str, _Parsed] | None = None, changed: Set[str] = frozenset()) -> _Index:
+    """Walk ``root`` and index every page. Blocking; runs in a worker thread. Never raises for one bad file.
+
+    A page of ``previous`` is reused, not read again, when its stamp is unchanged and the watcher did not report it
+    in ``changed`` (the stamp alone can miss a same-size rewrite within one mtime tick).
+    """
+    previous = previous or {}
+    parsed: dict[str, _Parsed] = {}
+    for path, stamp in _walk(root):
+        old = previous.get(path)
+        entry = old if old is not None and old.stamp == stamp and path not in changed else _parse(root, path, stamp)
+        if entry is not None:
+            parsed[path] = entry
+    pages = {path: entry.page for path, entry in parsed.items()}
+    raw = {path: entry.links for path, entry in parsed.items()}
+    docs = [entry.counts for entry in parsed.values()]
+
+    by_path: dict[str, str] = {}
+    by_stem: dict[str, list[str]] = {}
+    by_title: dict[str, list[str]] = {}
+    for path, page in pages.items():
+        by_path.setdefault(path.lower(), path)
+        by_path.setdefault(_strip_suffix(path).lower(), path)
+        by_stem.setdefault(_strip_suffix(posixpath.basename(path)).lower(), []).append(path)
+        by_title.setdefault(" ".join(page.title.lower().split()), []).append(path)
+    index = _Index(
+        root=root,
+        pages=pages,
+        outgoing={},
+        inbound={},
+        broken={},
+        by_path=by_path,
+        by_stem=by_stem,
+        by_title=by_title,
+        bm25=_Bm25(docs),
+        order=list(pages),
+        total_bytes=sum(p.size for p in pages.values()),
+        parsed=parsed,
+    )
+    inbound: dict[str, list[str]] = {}
+    for path, links in raw.items():
+        out: dict[str, None] = {}
+        broken: dict[str, None] = {}
+        for kind, target in links:
+            if kind == "wiki":
+                hit = _resolve_wikilink(index, target, path)
+                is_page = hit is not None or not _ASSET_SUFFIX.match(posixpath.splitext(target)[1])
+                label = f"[[{target}]]"
+            else:
+                hit, is_page = _resolve_md_link(index, target, path)
+                label = target
+            if hit is not None and hit != path:
+                out.setdefault(hit)
+            elif hit is None and is_page:
+                broken.setdefault(label)
+        index.outgoing[path] = tuple(out)
+        index.broken[path] = tuple(broken)
+        for target_path in out:
+            inbound.setdefault(target_path, []).append(path)
+    index.inbound = {path: tuple(sources) for path, sources in inbound.items()}
+    return index
