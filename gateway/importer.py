@@ -135,10 +135,26 @@ def _strip_jsonc(text: str) -> str:
     chars = list(text)
     n = len(text)
 
-    def blank(start: int, end: int) -> None:
-        for k in range(start, end):
-            if chars[k] not in "\r\n":
-                chars[k] = " "
+    def comment_end(i: int) -> int | None:
+        """Where the comment starting at ``i`` ends, or None if no comment starts there."""
+        if text.startswith("//", i):
+            end = text.find("\n", i)
+            return n if end < 0 else end
+        if text.startswith("/*", i):
+            end = text.find("*/", i + 2)
+            return n if end < 0 else end + 2
+        return None
+
+    def next_significant(i: int) -> str:
+        while i < n:
+            end = comment_end(i)
+            if end is not None:
+                i = end
+            elif text[i].isspace():
+                i += 1
+            else:
+                return text[i]
+        return ""
 
     i, in_string = 0, False
     while i < n:
@@ -150,36 +166,14 @@ def _strip_jsonc(text: str) -> str:
             in_string = c != '"'
         elif c == '"':
             in_string = True
-        elif text.startswith("//", i):
-            end = text.find("\n", i)
-            end = n if end < 0 else end
-            blank(i, end)
+        elif (end := comment_end(i)) is not None:
+            for k in range(i, end):
+                if chars[k] not in "\r\n":
+                    chars[k] = " "
             i = end
             continue
-        elif text.startswith("/*", i):
-            end = text.find("*/", i + 2)
-            end = n if end < 0 else end + 2
-            blank(i, end)
-            i = end
-            continue
-        i += 1
-    stripped = "".join(chars)
-    i, in_string = 0, False
-    while i < n:
-        c = stripped[i]
-        if in_string:
-            if c == "\\":
-                i += 2
-                continue
-            in_string = c != '"'
-        elif c == '"':
-            in_string = True
-        elif c == ",":
-            j = i + 1
-            while j < n and stripped[j].isspace():
-                j += 1
-            if j < n and stripped[j] in "}]":
-                chars[i] = " "
+        elif c == "," and next_significant(i + 1) in ("}", "]"):
+            chars[i] = " "
         i += 1
     return "".join(chars)
 
