@@ -91,7 +91,7 @@ def build_backends(
 
 
 class Gateway:
-    """The running federation. Use as ``async with Gateway(config) as gateway:``."""
+    """The running federation. Use as ``async with Gateway(config).running() as gateway:``."""
 
     def __init__(self, config: Federation, *, audit: bool | None = None) -> None:
         self.config = config
