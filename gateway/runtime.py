@@ -4,8 +4,10 @@ Entering the gateway starts one supervisor task per backend (``Backend.run``) an
 is slow or broken never delays startup or the others. ``wait_settled()`` waits, bounded, until every backend has
 had its first outcome (ready, failed, or disabled) — ``gateway check`` and the first ``tools/list`` use it. Whenever a
 backend's state or tools change, the catalog is rebuilt and swapped whole, and the change listeners (the server's
-``list_changed`` broadcast) are told. Leaving the gateway cancels every supervisor; each closes its own session
-(and kills its own process group) inside its own task.
+``list_changed`` broadcast) are told. ``reload(config)`` applies an edited federation backend by backend (the plan
+comes from reload.py): each supervisor runs in its own cancel scope, so one backend can be drained and stopped
+alone. Leaving the gateway cancels every supervisor; each closes its own session (and kills its own process group)
+inside its own task.
 """
 
 from __future__ import annotations
