@@ -70,6 +70,8 @@ def _resolve_env_paths(value: dict[str, str], info: ValidationInfo) -> dict[str,
     A program may resolve a relative path against anything (npm's server-memory uses its own install folder), so
     the gateway hands it an absolute path: ``MEMORY_FILE_PATH: ./.cache/memory.jsonl`` means next to federation.yaml.
     """
+    if (info.context or {}).get("base_dir") is None:
+        return value  # no file to be relative to (a configuration built in memory): as written
     return {k: (_resolve(v, info) or v) if v.startswith(("./", "../")) else v for k, v in value.items()}
 
 
