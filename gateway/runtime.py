@@ -101,6 +101,8 @@ class Gateway:
         self._backends: dict[str, Backend] = {}
         self._settled: dict[str, anyio.Event] = {}
         self._catalog = Catalog.empty()
+        self._stale = False  # a backend changed since the catalog was built
+        self._stale_event = anyio.Event()
         self._listeners: list[CatalogListener] = []
         self._notification_listeners: list[NotificationHook] = []
         self._changes: MemoryObjectSendStream[Catalog] | None = None
@@ -108,7 +110,7 @@ class Gateway:
         self.clients = ClientPolicy(config.clients)
         self.metrics = GatewayMetrics(config.gateway.name, VERSION)
         self.tracer: CallTracer | None = None
-        self.router = Router(lambda: self._catalog, lambda: self._backends, None, self.clients, metrics=self.metrics)
+        self.router = Router(lambda: self.catalog, lambda: self._backends, None, self.clients, metrics=self.metrics)
         self.started_at = 0.0
         self._costs: dict[str, Cost] = {}
         self._tg: anyio.abc.TaskGroup | None = None
@@ -145,7 +147,7 @@ class Gateway:
                     self.ledger = await ledger_cm.__aenter__()
                 breaker = self.config.gateway.circuit_breaker
                 self.router = Router(
-                    lambda: self._catalog,
+                    lambda: self.catalog,
                     lambda: self._backends,
                     self.ledger,
                     self.clients,
@@ -159,6 +161,7 @@ class Gateway:
                 for backend in self._backends.values():
                     self._start(backend)
                 tg.start_soon(self._broadcast, receive)
+                tg.start_soon(self._rebuild_when_stale)
                 if self._uses_costs:
                     tg.start_soon(self._measure_costs)
                 self._rebuild()
@@ -178,7 +181,7 @@ class Gateway:
     def _start(self, backend: Backend) -> None:
         """Run ``backend``'s supervisor in its own cancel scope (so a reload can stop it alone)."""
         assert self._tg is not None
-        backend.subscribe(self._rebuild)
+        backend.subscribe(self._mark_stale)
         settled = self._settled[backend.name] = anyio.Event()
         scope = self._scopes[id(backend)] = anyio.CancelScope()
         self._tg.start_soon(self._supervise, backend, settled, scope, name=f"backend:{backend.name}")
@@ -277,6 +280,9 @@ class Gateway:
 
     @property
     def catalog(self) -> Catalog:
+        """The current catalog, rebuilt first if a backend changed since (so a reader never sees a stale one)."""
+        if self._stale:
+            self._rebuild()
         return self._catalog
 
     @property
@@ -316,7 +322,22 @@ class Gateway:
     def healthy(self) -> bool:
         return all(status.state in (BackendState.READY, BackendState.DISABLED) for _, _, status in self.statuses())
 
+    def _mark_stale(self) -> None:
+        """A backend's state or lists changed. Rebuilding is deferred to the next loop turn (or the next reader), so
+        a burst of changes — fifty backends becoming ready at startup — costs one build, not fifty."""
+        self._stale = True
+        self._stale_event.set()
+
+    async def _rebuild_when_stale(self) -> None:
+        while True:
+            await self._stale_event.wait()
+            self._stale_event = anyio.Event()
+            await anyio.lowlevel.checkpoint()  # let the rest of the burst arrive
+            if self._stale:
+                self._rebuild()  # announces the change to clients (list_changed) even if nobody reads the catalog
+
     def _rebuild(self) -> None:
+        self._stale = False
         catalog = Catalog.build(self.config, self._backends, self._costs)
         previous = self._catalog
         self._catalog = catalog
