@@ -471,6 +471,10 @@ class Ledger(anyio.AsyncContextManagerMixin):
     def _open(self, path: Path) -> tuple[sqlite3.Connection, sqlite3.Connection]:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            why = "a file of that name is in the way" if isinstance(exc, FileExistsError) else exc.strerror
+            raise AuditError(f"Cannot open the audit ledger at {path}: its folder cannot be created ({why}).") from exc
+        try:
             if not path.exists():
                 os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))  # previews may be sensitive
             # Used by the event loop and worker threads, never by two at once.

@@ -1,8 +1,10 @@
 """The ``gateway`` command: serve | check | tools | audit | import.
 
 Exit codes: 0 success (``check`` too, even with failed or disabled backends: they are reported, not fatal);
-2 an invalid configuration or command line (the message names the file, the key path and the line); 1 anything
-else that stops a command.
+2 an invalid configuration or command line (the message names the file, the key path and the line), or any other
+failure the gateway raises on purpose while starting (a ``GatewayError``, such as an audit ledger that cannot be
+opened): one sentence on stderr, never a traceback, even when it was raised inside a task group; 1 anything else that
+stops a command.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import structlog
 from gateway._logging import config_secrets, configure_logging, redactor
 from gateway.audit_report import add_audit_subcommands, run_audit
 from gateway.config import Federation, environ, load_config
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, GatewayError
 from gateway.http import Tokens, build_app, is_loopback, status_document
 from gateway.importer import add_import_subcommand, run_import
 from gateway.reload import watch_config
@@ -94,10 +96,34 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_audit(args)
     except KeyboardInterrupt:
         return EXIT_OK
-    except ConfigError as exc:  # found only when starting (e.g. tracing on without the OpenTelemetry SDK)
-        print(f"gateway: invalid configuration: {exc}", file=sys.stderr)
+    except (GatewayError, BaseExceptionGroup) as exc:  # e.g. tracing on without its SDK, a ledger that cannot open
+        errors = _gateway_errors(exc)
+        if errors is None:
+            raise
+        for error in errors:
+            print(f"gateway: {_sentence(error)}", file=sys.stderr)
         return EXIT_USAGE
     return EXIT_USAGE
+
+
+def _gateway_errors(exc: BaseException) -> list[GatewayError] | None:
+    """The failures inside ``exc`` (unwrapping task groups' ExceptionGroups) if every one is a ``GatewayError``,
+    else None: anything else is a bug, and its traceback is what its report needs."""
+    if isinstance(exc, GatewayError):
+        return [exc]
+    if not isinstance(exc, BaseExceptionGroup):
+        return None
+    found: list[GatewayError] = []
+    for inner in exc.exceptions:
+        errors = _gateway_errors(inner)
+        if errors is None:
+            return None
+        found += [error for error in errors if str(error) not in {str(seen) for seen in found}]
+    return found
+
+
+def _sentence(error: GatewayError) -> str:
+    return f"invalid configuration: {error}" if isinstance(error, ConfigError) else str(error)
 
 
 def _register_secrets(config: Federation) -> None:
