@@ -3,7 +3,9 @@
 ``load_config(path)`` parses the file once, interpolates ``${VAR}`` / ``${VAR:-default}`` in string values from the
 environment, validates everything (unknown keys are errors), resolves relative paths against the file's folder and
 returns a ``Federation``. Any problem raises ``ConfigError`` naming the file, the key path and the line, so a broken
-file never starts a half-configured gateway.
+file never starts a half-configured gateway. A value that came from the environment never appears in an error's
+message (which ``gateway check``, ``/status`` and the log show): wherever the message would echo it, it reads as
+written in the file (``${DS_TOKEN}``), see ``_Expansions``.
 """
 
 from __future__ import annotations
@@ -561,26 +563,65 @@ def _locate(loc: tuple[int | str, ...], lines: Lines) -> tuple[str, int | None]:
     return key_path, lines.get(matched)
 
 
-def _interpolate(value: Any, path: tuple[str, ...], env: Mapping[str, str], file: str, lines: Lines) -> Any:
+class _Expansions:
+    """What ``${VAR}`` interpolation put into the document, so that no error message shows it.
+
+    An error message may echo a value: pydantic's own (``Input tag 'x' found ...``), the ``(got ...)`` the loader
+    adds, a validator's (``tool name 'x' is invalid``). ``redact`` puts back, for each value taken from the
+    environment and each string value it was part of, the text written in the file. A value of fewer than
+    ``_MASK_ANYWHERE`` characters is replaced only where it stands quoted, so that ``greater than 0`` keeps its 0.
+    """
+
+    _MASK_ANYWHERE = 4
+
+    def __init__(self) -> None:
+        self.written: dict[str, str] = {}
+        """expanded text -> as written (``${NAME}`` for a variable's value; ``Bearer ${NAME}`` for a whole value)"""
+
+    def add(self, expanded: str, written: str) -> None:
+        if expanded and expanded != written:
+            self.written.setdefault(expanded, written)
+
+    def as_written(self, value: object) -> object:
+        """The value as the file wrote it, when interpolation produced it."""
+        return self.written.get(value, value) if isinstance(value, str) else value
+
+    def redact(self, text: str) -> str:
+        for expanded in sorted(self.written, key=len, reverse=True):
+            written = self.written[expanded]
+            if len(expanded) >= self._MASK_ANYWHERE:
+                text = text.replace(expanded, written)
+            else:
+                for quote in ("'", '"'):
+                    text = text.replace(f"{quote}{expanded}{quote}", f"{quote}{written}{quote}")
+        return text
+
+
+def _interpolate(
+    value: Any, path: tuple[str, ...], env: Mapping[str, str], file: str, lines: Lines, expansions: _Expansions
+) -> Any:
     if isinstance(value, dict):
-        return {k: _interpolate(v, (*path, str(k)), env, file, lines) for k, v in value.items()}
+        return {k: _interpolate(v, (*path, str(k)), env, file, lines, expansions) for k, v in value.items()}
     if isinstance(value, list):
-        return [_interpolate(v, (*path, str(i)), env, file, lines) for i, v in enumerate(value)]
+        return [_interpolate(v, (*path, str(i)), env, file, lines, expansions) for i, v in enumerate(value)]
     if not isinstance(value, str) or "${" not in value:
         return value
 
     def replace(match: re.Match[str]) -> str:
         name, default = match.group(1), match.group(2)
         value = env.get(name)
-        if default is not None:  # like the shell's ${VAR:-default}: an empty value also takes the default
-            return value if value else default
+        if default is not None and not value:  # like the shell's ${VAR:-default}: an empty value takes the default
+            return default
         if value is not None:
+            expansions.add(value, f"${{{name}}}")
             return value
         raise ConfigError(
             file, ".".join(path), lines.get(path), f"environment variable {name} is not set (referenced as ${{{name}}})"
         )
 
-    return _ENV_REF.sub(replace, value)
+    expanded = _ENV_REF.sub(replace, value)
+    expansions.add(expanded, value)
+    return expanded
 
 
 def parse_config(text: str, *, file: str = "<memory>", env: Mapping[str, str] | None = None) -> Federation:
@@ -613,7 +654,8 @@ def parse_config(text: str, *, file: str = "<memory>", env: Mapping[str, str] | 
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(file, "", 1, "the top level must be a mapping (version, gateway, servers, ...)")
-    data = _interpolate(data, (), env, file, lines)
+    expansions = _Expansions()
+    data = _interpolate(data, (), env, file, lines, expansions)
     base_dir = str(Path(file).resolve().parent) if file != "<memory>" else None
     try:
         fed = Federation.model_validate(data, context={"base_dir": base_dir})
@@ -630,15 +672,21 @@ def parse_config(text: str, *, file: str = "<memory>", env: Mapping[str, str] | 
             message = "required key is missing"
         elif err["type"] == "union_tag_not_found":
             message = "required key is missing: `transport` (one of stdio, streamable_http, sse)"
-        elif isinstance(err.get("input"), str | int | float) and err["type"] not in ("value_error", "assertion_error"):
-            message = f"{message} (got {err['input']!r})"  # scalars only: a mapping may hold interpolated secrets
+        else:
+            message = expansions.redact(message)
+            if isinstance(err.get("input"), str | int | float) and err["type"] not in (
+                "value_error",
+                "assertion_error",
+            ):
+                # Scalars only (a mapping is not worth printing); as written, so an expanded value is not shown.
+                message = f"{message} (got {expansions.as_written(err['input'])!r})"
         if message.startswith("Value error, "):
             message = message.removeprefix("Value error, ")
-        raise ConfigError(file, key_path, line, message) from exc
+        raise ConfigError(file, key_path, line, message) from None  # pydantic's own text would echo the input
     unresolved = fed.cross_reference_problem()
     if unresolved is not None:
         where, what = unresolved
-        raise ConfigError(file, ".".join(where), lines.get(where), what)
+        raise ConfigError(file, ".".join(where), lines.get(where), expansions.redact(what))
     fed._source = file
     return fed
 

@@ -1,7 +1,8 @@
 """Failures at startup, run as the real ``gateway`` command: one sentence naming the thing and the cause, exit code 2.
 
 A failure the gateway raises on purpose (a ``GatewayError``) while it starts, inside its task groups, must not end
-the command with an ExceptionGroup traceback: the operator gets one line on stderr, as for an invalid file.
+the command with an ExceptionGroup traceback: the operator gets one line on stderr, as for an invalid file. And that
+line never shows a value taken from the environment: a misplaced ``${DS_TOKEN}`` reads as written.
 """
 
 from __future__ import annotations
@@ -70,3 +71,34 @@ def test_an_audit_ledger_that_cannot_be_opened_ends_serve_with_one_line_and_exit
     assert cause in lines[0]
     assert "Traceback" not in done.stderr and "ExceptionGroup" not in done.stderr
     assert done.stdout == ""
+
+
+DS_TOKEN = "ds-7f3a9c2e-4b1d-SECRET"
+
+
+@pytest.mark.parametrize(
+    ("key", "shown"),
+    [
+        ("timeout_s: ${DS_TOKEN}", "servers.a.timeout_s: Input should be a valid number"),
+        ("transport: ${DS_TOKEN}", "servers.a.transport: Input tag '${DS_TOKEN}' found using 'transport'"),
+        ("session: '${DS_TOKEN}'", "servers.a.session: Input should be 'shared' or 'per_client' (got '${DS_TOKEN}')"),
+    ],
+    ids=["number", "transport", "enum"],
+)
+def test_check_shows_a_misplaced_secret_as_the_variable_not_its_value(tmp_path: Path, key: str, shown: str) -> None:
+    config = tmp_path / "federation.yaml"
+    lines = ["servers:", "  a:", "    transport: stdio", "    command: echo"]
+    field = key.split(":")[0]
+    lines = [line for line in lines if not line.strip().startswith(f"{field}:")] + [f"    {key}"]
+    config.write_text("\n".join(lines) + "\n")
+    done = subprocess.run(
+        [PYTHON, "-m", "gateway", "check", "-c", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        env={**os.environ, "DS_TOKEN": DS_TOKEN},
+    )
+    assert done.returncode == 2, done.stderr
+    assert DS_TOKEN not in done.stderr + done.stdout
+    assert done.stderr.splitlines() == [done.stderr.strip()]
+    assert done.stderr.startswith(f"gateway: invalid configuration: {config}:{len(lines)}: {shown}"), done.stderr
