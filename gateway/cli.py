@@ -221,13 +221,13 @@ def _reloader(gateway: Gateway) -> Callable[[str], Awaitable[None]]:
         source = gateway.config.source
         try:
             config = await anyio.to_thread.run_sync(load_config, source)
-        except ConfigError as exc:
+            _register_secrets(config)
+            await gateway.reload(config)
+        except ConfigError as exc:  # invalid, or it would remove every backend (gateway.allow_no_backends)
             gateway.reload_error = str(exc)
             log.error("reload.refused", reason=reason, error=str(exc), message="keeping the configuration in effect")
             return
         gateway.reload_error = None
-        _register_secrets(config)
-        await gateway.reload(config)
 
     return reload
 

@@ -157,6 +157,10 @@ class GatewaySettings(_Model):
     circuit_breaker: CircuitBreaker = CircuitBreaker()
     drain_s: float = Field(default=10.0, gt=0)
     """On reload, how long calls in progress on a removed or changed backend may take before it is stopped."""
+    allow_no_backends: bool = False
+    """Whether an edit of the file that leaves no backend at all (no server, adapter or wiki) applies on reload. By
+    default it is refused (the configuration in effect keeps serving): an empty or truncated save is far more often
+    an editor's accident than a wish to serve nothing. Starting with no backends is always allowed."""
     tracing: TracingSettings = TracingSettings()
     instructions: str | None = None
     """Sent to clients at initialize."""

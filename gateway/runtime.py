@@ -39,7 +39,7 @@ from gateway.costs import Cost, costs_from
 from gateway.errors import AuditError
 from gateway.health import Breakers, BreakerState
 from gateway.metrics import GatewayMetrics
-from gateway.reload import ReloadPlan, plan_reload
+from gateway.reload import ReloadPlan, check_reload, plan_reload
 from gateway.router import Router
 from gateway.tracing import CallTracer, open_tracing
 
@@ -210,8 +210,12 @@ class Gateway:
 
         New and changed backends start first; the catalog is then swapped whole (clients get ``list_changed``);
         removed and changed backends are drained and stopped last, so a call never finds its tool gone mid-way.
+
+        Raises:
+            ConfigError: the edit would remove every backend (``reload.check_reload``); nothing was changed.
         """
         async with self._reload_lock:
+            check_reload(self.config, config)
             plan = plan_reload(self.config, config)
             for setting in plan.restart_needed:
                 log.warning("reload.restart_needed", setting=setting, message="takes effect at the next start")
