@@ -184,12 +184,15 @@ async def test_an_empty_truncated_or_broken_save_is_refused_and_the_configuratio
             async with anyio.create_task_group() as tg:
                 tg.start_soon(steady)
                 empty = await refused_with("", "the file is empty")
-                assert empty.startswith(f"{path}: the file is empty")
-                assert "gateway.allow_no_backends: true" in empty
-                blank = await refused_with("# saving...\n\n", "the file is empty")
-                assert blank.startswith(f"{path}: the file is empty")
+                assert empty == (
+                    f"{path}: the file is empty: applying it would remove the only backend, so it is taken for an "
+                    "unfinished or truncated save and refused; to serve without backends, set "
+                    "`gateway.allow_no_backends: true`"
+                )
                 truncated = await refused_with(base[: base.index("servers:")], "declares no backends")
-                assert truncated.startswith(f"{path}: the file declares no backends")
+                assert truncated.startswith(f"{path}: the file declares no backends (servers, adapters, wiki): ")
+                blank = await refused_with("# saving...\n\n", "the file is empty")  # after another reason
+                assert blank == empty
                 broken = await refused_with(base[: base.index("command")] + "    command: [\n", "YAML syntax error")
                 assert broken.startswith(f"{path}:")
                 secret = await refused_with(base + "    timeout_s: ${DS_TOKEN}\n", "servers.a.timeout_s")
@@ -219,4 +222,10 @@ async def test_an_empty_truncated_or_broken_save_is_refused_and_the_configuratio
 
             await eventually(emptied, within=30)
             assert (await _status(gateway))["config"]["reload_error"] is None
-        assert DS_TOKEN not in gateway.output()
+        log = gateway.output()
+        assert DS_TOKEN not in log
+        refusals = [json.loads(line) for line in log.splitlines() if '"reload.refused"' in line]
+        errors = [entry["error"] for entry in refusals]
+        distinct = [error for i, error in enumerate(errors) if i == 0 or error != errors[i - 1]]  # a save seen twice
+        assert distinct[:3] == [empty, truncated, blank]
+        assert all(entry["message"] == "keeping the configuration in effect" for entry in refusals)
