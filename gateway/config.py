@@ -255,6 +255,8 @@ class ThinWhen(_Model):
     """The parsed output is empty (``[]``, ``{}``, blank text)."""
     stderr_contains: str | None = None
     """... and stderr contains this text (when set)."""
+    stdout_contains: str | None = None
+    """... and stdout contains this text (when set), e.g. graphify's "No path found between"."""
 
 
 class Variant(_Model):
@@ -267,6 +269,9 @@ class ExitCodes(_Model):
     ok: tuple[int, ...] = (0,)
     no_result: tuple[int, ...] = ()
     """Codes that mean "nothing found": an ordinary answer (not an error) carrying the program's output."""
+    thin: tuple[int, ...] = ()
+    """Codes that mean "nothing found" as a thin answer: the step fails as ``thin`` with the program's words as the
+    reason, so the route degrades to its next provider, or answers ``isError`` when none is left."""
 
 
 class AdapterTool(_Model):
@@ -275,6 +280,8 @@ class AdapterTool(_Model):
     input_schema: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
     argv: tuple[str, ...] | None = None
     timeout_s: float = Field(default=30.0, gt=0)
+    thin_when: ThinWhen | None = None
+    """For a tool without variants: when its answer counts as thin (a variant has its own ``thin_when``)."""
     switch: str | None = None
     """The argument whose value picks a variant."""
     variants: dict[str, Variant] = {}

@@ -269,9 +269,9 @@ def test_a_top_level_that_is_not_a_mapping_is_refused() -> None:
         ),
         (
             "adapters:\n  q:\n    command: q\n    tools:\n      t:\n        switch: m\n        variants:\n"
-            "          v: {argv: [x], thin_when: {empty: true, stdout_contains: x}}\n",
-            "adapters.q.tools.t.variants.v.thin_when.stdout_contains",
-            "stdout_contains",
+            "          v: {argv: [x], thin_when: {empty: true, exit_contains: x}}\n",
+            "adapters.q.tools.t.variants.v.thin_when.exit_contains",
+            "exit_contains",
         ),
         ("wiki:\n  root: docs\n  tool: [a]\n", "wiki.tool", "tool:"),
         (STDIO + "routes:\n  r:\n    providers: [mem/a]\n    shema_from: mem/a\n", "routes.r.shema_from", "shema_from"),

@@ -19,6 +19,7 @@ from typing import Any
 
 import anyio
 import pytest
+import yaml
 
 from tests.fixtures.gateway_proc import mcp_session, run_gateway
 from tests.fixtures.procs import RunningServer
@@ -35,12 +36,15 @@ TOKEN = "retrieval-token"
 DEEP_TIMEOUT_S = 3  # offline, `qmd query` hangs for minutes: the ladder must cut it here and degrade
 
 PAGES = {
-    "transport.md": "---\ntitle: Transport decisions\n---\n# Transport\nThe HTTP handshake answered an HTML error "
-    "page, so the search server was disabled. See [[Fallback ladder]].\n",
+    "transport.md": "---\ntitle: Transport decisions\n---\n# Transport handshake\nThe HTTP handshake answered an HTML "
+    "error page, so the search server was disabled. See [[Fallback ladder]] and [the ladder](ladder.md).\n",
     "ladder.md": "# Fallback ladder\nDeep degrades to vector, vector to keyword; keyword is the floor.\n"
-    "Related: [transport](transport.md).\n",
-    "notes/memory.md": "# Memory\nWe decided on SQLite for the audit ledger in November.\n",
+    "Related: [memory](notes/memory.md).\n## Keyword floor\nBM25 answers last.\n",
+    "notes/memory.md": "# Audit ledger memory\nWe decided on SQLite for the audit ledger in November.\n",
+    "island.md": "# Island\nA page nothing links to and that links nowhere.\n",
 }
+SHIPPED = yaml.safe_load((Path(__file__).resolve().parent.parent / "federation.yaml").read_text())
+SHIPPED_GRAPH = ".cache/graphify/docs/graph.json"
 
 
 def _qmd_env(state: Path) -> dict[str, str]:
@@ -68,78 +72,27 @@ def wiki(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _federation(root: Path, *, qmd_mcp_enabled: bool = True) -> str:
+    """The shipped federation.yaml's qmd, graphify and files_search entries, pointed at the test's wiki and state."""
     state = {"XDG_CACHE_HOME": str(root / "cache"), "XDG_CONFIG_HOME": str(root / "config")}
-    enabled = "" if qmd_mcp_enabled else "\n    enabled: false\n    disabled_reason: switched off by the test"
-    return f"""
-gateway:
-  audit: {{path: {root}/audit.db}}
-servers:
-  qmd-mcp:
-    transport: stdio
-    command: {QMD}
-    args: [mcp]
-    env: {json.dumps(state)}
-    timeout_s: 15
-    tools: {{include: []}}{enabled}
-adapters:
-  qmd:
-    command: {QMD}
-    env: {json.dumps(state)}
-    tools:
-      files_search:
-        router: true
-        description: Find the best snippets.
-        input_schema:
-          type: object
-          required: [query]
-          additionalProperties: false
-          properties:
-            query: {{type: string, minLength: 1}}
-            limit: {{type: integer, minimum: 1, maximum: 50, default: 10}}
-            mode: {{enum: [keyword, vector, deep], default: vector}}
-        switch: mode
-        variants:
-          keyword: {{argv: [search, -n, "{{limit}}", --json, --, "{{query}}"], timeout_s: 15}}
-          vector:
-            argv: [vsearch, -n, "{{limit}}", --json, --, "{{query}}"]
-            timeout_s: 30
-            thin_when: {{empty: true, stderr_contains: "need embeddings"}}
-          deep: {{argv: [query, -n, "{{limit}}", --json, --, "{{query}}"], timeout_s: {DEEP_TIMEOUT_S}}}
-        ladder: {{deep: vector, vector: keyword}}
-        output: json_array
-  graphify:
-    command: {GRAPHIFY}
-    tools:
-      graph_query:
-        input_schema:
-          type: object
-          required: [question]
-          properties:
-            question: {{type: string, minLength: 1}}
-            budget: {{type: integer, default: 2000}}
-        argv: [query, --, "{{question}}", --graph, {root}/graph/graph.json, --budget, "{{budget}}"]
-        exit_codes: {{ok: [0], no_result: [4]}}
-      graph_path:
-        input_schema:
-          type: object
-          required: [source, target]
-          properties:
-            source: {{type: string}}
-            target: {{type: string}}
-        argv: [path, --, "{{source}}", "{{target}}", --graph, {root}/graph/graph.json]
-        exit_codes: {{ok: [0], no_result: [3, 4]}}
-wiki:
-  root: {root}/docs
-routes:
-  files_search:
-    providers:
-      - provider: qmd-mcp/query
-        when: {{mode: [keyword]}}
-        arguments: {{searches: [{{type: lex, query: "{{query}}"}}], limit: "{{limit}}", rerank: false}}
-      - qmd/files_search
-      - provider: wiki/wiki_search
-        arguments: {{query: "{{query}}", limit: "{{limit}}"}}
-"""
+    qmd_mcp: dict[str, Any] = {**SHIPPED["servers"]["qmd-mcp"], "command": QMD, "env": state, "cwd": str(root)}
+    if not qmd_mcp_enabled:
+        qmd_mcp.update(enabled=False, disabled_reason="switched off by the test")
+    qmd = {**SHIPPED["adapters"]["qmd"], "command": QMD, "env": state, "cwd": str(root)}
+    files_search = json.loads(json.dumps(qmd["tools"]["files_search"]))
+    files_search["variants"]["deep"]["timeout_s"] = DEEP_TIMEOUT_S
+    qmd["tools"] = {"files_search": files_search}
+    graph_tools = json.loads(
+        json.dumps(SHIPPED["adapters"]["graphify"]["tools"]).replace(SHIPPED_GRAPH, f"{root}/graph/graph.json")
+    )
+    graphify = {**SHIPPED["adapters"]["graphify"], "command": GRAPHIFY, "cwd": str(root), "tools": graph_tools}
+    config = {
+        "gateway": {"audit": {"path": f"{root}/audit.db"}},
+        "servers": {"qmd-mcp": qmd_mcp},
+        "adapters": {"qmd": qmd, "graphify": graphify},
+        "wiki": {**SHIPPED["wiki"], "root": f"{root}/docs"},
+        "routes": {"files_search": SHIPPED["routes"]["files_search"]},
+    }
+    return yaml.safe_dump(config, sort_keys=False)
 
 
 @pytest.fixture(scope="module")
@@ -212,15 +165,47 @@ async def test_a_bad_argument_is_refused_naming_it_before_any_spawn(gateway: Run
     assert _meta(result)["status"] == "refused"
 
 
-async def test_graph_query_and_graph_path_answer_through_the_gateway(gateway: RunningServer) -> None:
+async def test_graph_path_names_the_path_between_two_named_pages(gateway: RunningServer) -> None:
     async with mcp_session(gateway.url(), token=TOKEN) as session:
-        query = await session.call_tool("graph_query", {"question": "ladder"})
-        path = await session.call_tool("graph_path", {"source": "no-such-node-a", "target": "no-such-node-b"})
+        result = await session.call_tool("graph_path", {"source": "transport.md", "target": "memory.md"})
+    assert not result.is_error, result.content
+    assert result.content[0].text.strip() == (
+        "Shortest path (2 hops):\n"
+        "  transport.md --references [EXTRACTED]--> ladder.md --references [EXTRACTED]--> memory.md"
+    )
+    assert _meta(result)["status"] == "ok"
+
+
+async def test_graph_query_finds_the_nodes_that_mention_a_term(gateway: RunningServer) -> None:
+    async with mcp_session(gateway.url(), token=TOKEN) as session:
+        result = await session.call_tool("graph_query", {"question": "keyword floor"})
+    assert not result.is_error, result.content
+    text = result.content[0].text
+    assert "Start: ['Keyword floor']" in text
+    nodes = [line.split(" [src=")[0] for line in text.splitlines() if line.startswith("NODE ")]
+    assert nodes == ["NODE Keyword floor", "NODE Fallback ladder", "NODE ladder.md"]
+    assert _meta(result)["status"] == "ok"
+
+
+async def test_no_graph_match_is_an_honest_error_never_an_empty_ok(gateway: RunningServer) -> None:
+    async with mcp_session(gateway.url(), token=TOKEN) as session:
         missing = await session.call_tool("graph_query", {"question": "zzzz-nothing-matches"})
-    assert not query.is_error and query.content[0].text.strip()
-    assert not path.is_error  # unknown node: graphify exits 4, declared "no result", an answer
-    assert not missing.is_error and "No matching nodes" in missing.content[0].text
-    assert missing.meta is not None
+        unknown = await session.call_tool("graph_path", {"source": "qqqq-xyzzy", "target": "memory.md"})
+        apart = await session.call_tool("graph_path", {"source": "transport.md", "target": "island.md"})
+    assert missing.is_error and _meta(missing)["status"] == "error"
+    assert "graphify/graph_query: thin (nothing found (exit 4): No matching nodes found.)" in missing.content[0].text
+    assert unknown.is_error and _meta(unknown)["status"] == "error"
+    assert "thin (nothing found (exit 4): No node matching 'qqqq-xyzzy' found." in unknown.content[0].text
+    assert apart.is_error and _meta(apart)["status"] == "error"
+    assert "thin (thin result: No path found between 'transport.md' and 'island.md'.)" in apart.content[0].text
+
+
+async def test_a_graph_value_that_looks_like_an_option_is_refused_naming_it(gateway: RunningServer) -> None:
+    async with mcp_session(gateway.url(), token=TOKEN) as session:
+        result = await session.call_tool("graph_query", {"question": "--help"})
+    assert result.is_error
+    assert "question" in result.content[0].text and "starts with '-'" in result.content[0].text
+    assert _meta(result)["status"] == "refused"
 
 
 async def test_files_search_falls_back_to_the_cli_when_qmds_mcp_server_dies(wiki: Path, tmp_path: Path) -> None:
