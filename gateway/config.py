@@ -49,7 +49,15 @@ TOOL_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 """Published tool names: SEP-986 characters, at most 64 long (the limit several model APIs enforce)."""
 
 _BACKEND_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,48}$")
-WIKI_TOOLS = ("wiki_index", "files_read", "files_neighbors", "wiki_read_all", "wiki_search")
+WIKI_TOOLS = (
+    "wiki_index",
+    "files_read",
+    "files_neighbors",
+    "wiki_read_all",
+    "wiki_search",
+    "wiki_vector_search",
+    "wiki_hybrid_search",
+)
 """The built-in wiki's tools (backends/wiki.py serves them)."""
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 

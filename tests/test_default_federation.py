@@ -62,7 +62,9 @@ def test_the_default_catalog_is_the_reference_surface(prepared: Path) -> None:
         "wiki_index", "files_read", "files_neighbors", "wiki_read_all", "files_search", "graph_query", "graph_path",
         "memory_recall",
     } <= tools.keys()  # fmt: skip
-    assert tools["files_search"]["providers"] == ["qmd-mcp/query", "qmd/files_search", "wiki/wiki_search"]
+    assert tools["files_search"]["providers"] == [
+        "qmd-mcp/query", "qmd/files_search", "wiki/wiki_hybrid_search", "wiki/wiki_vector_search", "wiki/wiki_search",
+    ]  # fmt: skip
     assert tools["memory_recall"]["providers"] == ["memory/search_nodes"]
     for name in ("files_search", "wiki_index", "files_neighbors", "files_read", "wiki_read_all"):
         description = tools[name]["description"]

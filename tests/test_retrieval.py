@@ -115,29 +115,48 @@ async def test_keyword_mode_is_served_by_qmds_mcp_server(gateway: RunningServer)
     assert "transport.md" in json.dumps(result.structured_content)
 
 
-async def test_vector_mode_without_embeddings_degrades_to_keyword_visibly(gateway: RunningServer) -> None:
+async def _semantic_ready(session: Any) -> None:
+    """Bounded: until the wiki's semantic rung answers (the model loads and the sections are embedded after the wiki
+    is READY, off the startup path; until then the route serves the BM25 floor)."""
+    with anyio.fail_after(60):
+        while True:
+            probe = await session.call_tool("files_search", {"query": "ledger", "mode": "vector", "limit": 1})
+            if _meta(probe)["served_by"] == "wiki/wiki_vector_search":
+                return
+
+
+def _files(result: Any) -> list[str]:
+    return [r["file"] for r in json.loads(result.content[0].text)]
+
+
+async def test_vector_mode_without_embeddings_degrades_to_the_wikis_semantic_rung(gateway: RunningServer) -> None:
     async with mcp_session(gateway.url(), token=TOKEN) as session:
-        result = await session.call_tool("files_search", {"query": "handshake"})
+        await _semantic_ready(session)
+        result = await session.call_tool("files_search", {"query": "which database keeps the record of decisions"})
     meta = _meta(result)
     assert not result.is_error
     assert meta["status"] == "degraded"
-    assert (meta["served_by"], meta["variant"]) == ("qmd/files_search", "keyword")
+    assert meta["served_by"] == "wiki/wiki_vector_search"
     assert meta["requested"] == {"provider": "qmd/files_search", "variant": "vector"}
     assert meta["steps"][0]["outcome"] == "thin" and "need embeddings" in meta["steps"][0]["reason"]
-    assert "transport.md" in result.content[0].text
+    assert [s["provider"] for s in meta["steps"]] == ["qmd/files_search", "wiki/wiki_vector_search"]
+    assert _files(result)[0] == "notes/memory.md"
+    assert json.loads(result.content[0].text)[0]["line"] == 2
 
 
 async def test_deep_mode_is_cut_at_its_timeout_and_degrades_with_every_step_recorded(gateway: RunningServer) -> None:
     async with mcp_session(gateway.url(), token=TOKEN) as session:
+        await _semantic_ready(session)
         with anyio.fail_after(DEEP_TIMEOUT_S + 20):
             result = await session.call_tool("files_search", {"query": "ladder floor", "mode": "deep"})
     meta = _meta(result)
     assert not result.is_error
-    outcomes = [(s["variant"], s["outcome"]) for s in meta["steps"]]
-    assert outcomes[0][0] == "deep" and outcomes[0][1] in ("timeout", "error")
-    assert outcomes[-1] == ("keyword", "ok")
-    assert meta["steps"][0]["ms"] >= 0 and (outcomes[0][1] != "timeout" or "timed out" in meta["steps"][0]["reason"])
-    assert "ladder.md" in result.content[0].text
+    outcomes = [(s["provider"], s["variant"], s["outcome"]) for s in meta["steps"]]
+    assert outcomes[0][1] == "deep" and outcomes[0][2] in ("timeout", "error")
+    assert outcomes[1] == ("qmd/files_search", "vector", "thin")
+    assert outcomes[-1] == ("wiki/wiki_hybrid_search", None, "ok")
+    assert meta["steps"][0]["ms"] >= 0 and (outcomes[0][2] != "timeout" or "timed out" in meta["steps"][0]["reason"])
+    assert json.loads(result.content[0].text)[0]["file"] == "ladder.md"
 
 
 async def test_no_qmd_process_outlives_its_call(gateway: RunningServer) -> None:
@@ -237,16 +256,20 @@ async def test_files_search_skips_a_declared_disabled_server_and_says_why(wiki: 
     }  # fmt: skip
 
 
-async def test_the_built_in_floor_answers_when_qmd_is_missing(wiki: Path, tmp_path: Path) -> None:
+async def test_the_built_in_rungs_answer_when_qmd_is_missing(wiki: Path, tmp_path: Path) -> None:
     config = _federation(wiki).replace(f"command: {QMD}", "command: qmd-is-not-installed")
     with run_gateway(config, tmp_path, tokens=TOKEN) as gateway:
         async with mcp_session(gateway.url(), token=TOKEN) as session:
-            result = await session.call_tool("files_search", {"query": "handshake"})
-    meta = _meta(result)
-    assert not result.is_error
+            keyword = await session.call_tool("files_search", {"query": "handshake", "mode": "keyword"})
+            await _semantic_ready(session)
+            vector = await session.call_tool("files_search", {"query": "an island page without links"})
+    meta = _meta(keyword)
+    assert not keyword.is_error
     assert meta["served_by"] == "wiki/wiki_search"
     assert [s["outcome"] for s in meta["steps"]][-1] == "ok"
-    assert "transport.md" in result.content[0].text
+    assert "transport.md" in keyword.content[0].text
+    assert _meta(vector)["served_by"] == "wiki/wiki_vector_search"
+    assert _files(vector)[0] == "island.md"
 
 
 def _qmd_mcp_pid(gateway: RunningServer) -> int:

@@ -70,6 +70,7 @@ class _Parsed:
     stamp: _Stamp
     links: tuple[_Link, ...]
     counts: Counter[str]
+    text: str  # the decoded page (up to _INDEX_MAX_BYTES_PER_PAGE), for the semantic index's sections
 
 
 class _Bm25:
@@ -402,7 +403,7 @@ def _parse(root: Path, path: str, stamp: _Stamp) -> _Parsed | None:
     title = _title(text, _strip_suffix(posixpath.basename(path)))
     counts = Counter(_tokens(text))
     counts.update(_tokens(title))  # the title counts once more than its occurrences in the body
-    return _Parsed(_Page(path, title, size), stamp, _raw_links(text), counts)
+    return _Parsed(_Page(path, title, size), stamp, _raw_links(text), counts, text)
 
 
 def _build_index(root: Path, previous: Mapping[str, _Parsed] | None = None, changed: Set[str] = frozenset()) -> _Index:
