@@ -1,7 +1,7 @@
 """Semantic and hybrid search over the wiki's sections, by pure, blocking functions (no async, no Backend protocol).
 
 The model is a *static* embedding model that ships inside a registry package: the wheel of ``wordllama`` carries
-``weights/l2_supercat_256.safetensors`` (a 32,000 x 256 float32 token table, 16 MB) and its tokenizer
+``weights/l2_supercat_256.safetensors`` (a 32,000 x 256 float16 token table, 16 MB) and its tokenizer
 (``tokenizers/l2_supercat_tokenizer_config.json``). A text's vector is the mean of its tokens' rows, normalised, so
 embedding is a table lookup: no GPU, no torch, about a millisecond for a query. ``load_embedder`` opens those two
 files by their paths inside the installed package and nothing else: no hub, no cache folder, no network, ever (the
@@ -96,7 +96,7 @@ class Section:
 class Embedder:
     """The static embedding model: tokenizer + token table; ``embed`` returns unit vectors (float32, one row each)."""
 
-    def __init__(self, table: Vectors, tokenizer: Any, source: str, load_s: float) -> None:
+    def __init__(self, table: npt.NDArray[np.floating[Any]], tokenizer: Any, source: str, load_s: float) -> None:
         self._table = table
         self._tokenizer = tokenizer
         self.source = source
@@ -110,7 +110,7 @@ class Embedder:
             for row, encoding in enumerate(self._tokenizer.encode_batch(batch, add_special_tokens=False)):
                 ids = encoding.ids
                 if ids:
-                    out[start + row] = self._table[np.asarray(ids, dtype=np.int64)].mean(axis=0)
+                    out[start + row] = self._table[np.asarray(ids, dtype=np.int64)].mean(axis=0, dtype=np.float32)
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         np.divide(out, norms, out=out, where=norms > 0)
         return out
@@ -173,10 +173,10 @@ def load_from(package: Path) -> Embedder:
         tokenizer.no_padding()
         tokenizer.no_truncation()
         with safe_open(str(weights), framework="np") as f:
-            table = np.ascontiguousarray(f.get_tensor("embedding.weight"), dtype=np.float32)
+            table = np.ascontiguousarray(f.get_tensor("embedding.weight"))  # float16 as shipped: 16 MB, not 32
     except Exception as exc:  # a corrupt file: any library error means "cannot load", with its words
         raise SemanticUnavailable(f"the embedding model cannot be read: {type(exc).__name__}: {exc}") from exc
-    if table.ndim != 2 or table.shape[0] < tokenizer.get_vocab_size():
+    if table.ndim != 2 or table.shape[0] < tokenizer.get_vocab_size() or table.dtype.kind != "f":
         raise SemanticUnavailable(f"the embedding table has an unexpected shape {table.shape}")
     return Embedder(table, tokenizer, f"wordllama {weights.name}", time.perf_counter() - began)
 
