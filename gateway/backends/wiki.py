@@ -1,10 +1,18 @@
-"""The built-in wiki provider: five read-only tools over a folder of markdown pages, served in process.
+"""The built-in wiki provider: seven read-only tools over a folder of markdown pages, served in process.
 
 ``WikiBackend`` owns an in-memory index of the pages under its root (paths, titles, sizes, outgoing and inbound
 links, BM25 postings). ``run`` installs a file watcher on the root *first* and builds the index *second*, so no change
 can slip between the two; every later change marks the index dirty and rebuilds it in the background. A call that
 finds the index dirty waits for (or runs) the rebuild, so it never sees a stale index it was told about, and an index
 is swapped in whole, so a call never sees a half-built one. When nothing changed, no call walks the tree.
+
+Semantic search (``wiki_vector_search``, ``wiki_hybrid_search``; ``wiki_semantic``) is served from a second snapshot
+that follows the first: once the wiki is READY, a task loads the embedding model and embeds the sections in worker
+threads (never on the event loop, never before READY), then rebuilds after each index build, re-embedding only the
+pages that changed. A semantic call first brings the snapshot up to the index it sees, so it is as fresh as the other
+tools. While the model loads, or for good when it cannot, a semantic call raises ``BackendThinResult`` naming the
+reason (thin, not unavailable, so the wiki's breaker stays closed and its other tools keep serving); a disabled
+semantic search is logged once and kept as the wiki's ``last_error``.
 
 Pages are ``*.md`` and ``*.markdown`` files under the root, skipping hidden names, ``node_modules`` and
 ``graphify-out``; symbolic links to directories are not followed and linked files resolving outside the root are not

@@ -692,6 +692,23 @@ async def test_semantic_search_is_thin_while_the_model_loads_and_never_blocks_st
         release.set()
 
 
+def test_the_model_loads_from_the_installed_package_without_opening_a_socket(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+    import socket
+
+    def no_network(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the embedding model tried to open a network connection")
+
+    monkeypatch.setattr(socket, "socket", no_network)
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    spec = importlib.util.find_spec("wordllama")
+    assert spec is not None and spec.origin is not None
+    embedder = wiki_semantic.load_from(Path(spec.origin).parent)
+    vectors = embedder.embed(["bake a loaf of bread", "knead the dough and bake it", "galaxies and planets"])
+    assert vectors.shape == (3, 256)
+    assert float(vectors[0] @ vectors[1]) > float(vectors[0] @ vectors[2])
+
+
 def test_sections_are_cut_at_headings_outside_code_and_long_ones_at_paragraphs() -> None:
     paragraph = " ".join(["word"] * 120)
     page = (
