@@ -1,9 +1,11 @@
 """The retrieval system of the reference, hosted by the real gateway over real qmd and graphify command lines.
 
 A wiki of markdown pages is generated per module; qmd indexes it (its state kept in the test's folder) and graphify
-builds its graph. files_search is routed qmd-mcp (keyword) -> qmd CLI (deep -> vector -> keyword) -> the built-in
-BM25 floor; graph_query and graph_path are graphify adapters. Skipped when scripts/install has not put qmd and
-graphify on PATH.
+builds its graph. The federation is the shipped federation.yaml's qmd, graphify, wiki and files_search entries,
+pointed at that wiki: files_search is routed qmd-mcp (keyword) -> qmd CLI (deep -> vector) -> the wiki's hybrid
+(deep) and vector (vector, deep) rungs, on the real wordllama model -> the built-in BM25 floor; graph_query and
+graph_path are graphify adapters whose misses are thin. Skipped when scripts/install has not put qmd and graphify
+on PATH.
 """
 
 from __future__ import annotations
