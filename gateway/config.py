@@ -310,6 +310,8 @@ class AdapterTool(_Model):
             return self
         if not self.variants:
             raise ValueError("`switch` needs `variants`")
+        if self.thin_when is not None:
+            raise ValueError("a tool with `switch` takes `thin_when` on each variant, not on the tool")
         for src, dst in self.ladder.items():
             for name in (src, dst):
                 if name not in self.variants:

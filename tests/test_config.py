@@ -481,6 +481,24 @@ def test_a_ladder_that_ends_on_a_floor_is_accepted() -> None:
     assert tool.ladder == {"deep": "vector", "vector": "keyword"}
 
 
+def test_thin_when_on_a_tool_with_variants_is_refused_not_ignored() -> None:
+    text = yaml_text(LADDER + "        thin_when: {empty: true}\n")
+    err = config_error(text)
+    assert_names(err, "adapters.qmd.tools.search", line_of(text, "search:"))
+    assert "`thin_when` on each variant" in err.message
+
+
+def test_thin_when_and_thin_exit_codes_on_a_tool_without_variants_are_read() -> None:
+    text = yaml_text(
+        'adapters:\n  g:\n    command: g\n    tools:\n      path:\n        argv: [path, "{a}"]\n'
+        "        exit_codes: {ok: [0], thin: [3, 4]}\n"
+        "        thin_when: {empty: false, stdout_contains: No path found}\n"
+    )
+    tool = parse_config(text, file=FILE, env={}).adapters["g"].tools["path"]
+    assert tool.exit_codes.thin == (3, 4)
+    assert tool.thin_when is not None and tool.thin_when.stdout_contains == "No path found"
+
+
 def test_an_adapter_tool_needs_argv_or_a_switch() -> None:
     text = yaml_text("adapters:\n  qmd:\n    command: qmd\n    tools:\n      search: {timeout_s: 3}\n")
     err = config_error(text)
