@@ -706,7 +706,8 @@ class WikiBackend(BackendBase):
     async def _serve_semantic(self) -> None:
         """Load the model (worker thread), build the semantic index, then follow every keyword index build."""
         try:
-            self._embedder = await anyio.to_thread.run_sync(self._load_model)
+            # abandon_on_cancel: loading and embedding touch nothing shared, so shutdown need not wait for them.
+            self._embedder = await anyio.to_thread.run_sync(self._load_model, abandon_on_cancel=True)
         except SemanticUnavailable as exc:
             self._semantic_state, self._semantic_reason = "disabled", exc.reason
             self._semantic_changed.set()
@@ -747,7 +748,9 @@ class WikiBackend(BackendBase):
             embedder = self._embedder
             assert embedder is not None
             generation = self._generation
-            semantic = await anyio.to_thread.run_sync(build_semantic, embedder, newest, previous)
+            semantic = await anyio.to_thread.run_sync(
+                build_semantic, embedder, newest, previous, abandon_on_cancel=True
+            )
             self._semantic, self._semantic_generation = semantic, generation
             self._semantic_state = "ready"
             self._semantic_changed.set()
