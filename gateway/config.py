@@ -134,6 +134,19 @@ class CircuitBreaker(_Model):
     max_cooldown_s: float = Field(default=300.0, gt=0)
 
 
+class EdgeSettings(_Model):
+    """What one caller's requests may make the gateway accept and hold (docs/operations.md, "What one caller can and
+    cannot do to another: input and answers")."""
+
+    max_argument_depth: int = Field(default=64, ge=1, le=200)
+    """Nesting levels a request's values may have; deeper is refused as invalid params (pydantic cannot serialise
+    much past 250)."""
+    replay_bytes: int = Field(default=32 * 1024 * 1024, ge=0)
+    """Bytes of recent SSE events kept in memory, across all streams, so a client can resume a broken stream."""
+    replay_stream_bytes: int = Field(default=4 * 1024 * 1024, ge=0)
+    """Bytes of recent events kept for any one stream; an event larger than this is sent but not kept."""
+
+
 class Naming(_Model):
     mode: Literal["never", "conditional", "always"] = "conditional"
     separator: str = Field(default="__", min_length=1, max_length=4)
@@ -153,6 +166,7 @@ class GatewaySettings(_Model):
     audit: AuditSettings = AuditSettings()
     naming: Naming = Naming()
     circuit_breaker: CircuitBreaker = CircuitBreaker()
+    edge: EdgeSettings = EdgeSettings()
     drain_s: float = Field(default=10.0, gt=0)
     """On reload, how long calls in progress on a removed or changed backend may take before it is stopped."""
     tracing: TracingSettings = TracingSettings()

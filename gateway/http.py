@@ -30,6 +30,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway._logging import redactor
 from gateway.backends.cli import CliBackend
+from gateway.edge import Edge
 from gateway.events import RETRY_MS, RecentEvents
 from gateway.metrics import CONTENT_TYPE, AdapterSnapshot, BackendSnapshot, StateSnapshot
 from gateway.runtime import VERSION, Gateway
@@ -255,7 +256,8 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
             Route("/healthz", healthz, methods=["GET"]),
             Route("/status", status, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
-            Route("/mcp", endpoint=mcp_app),
+            # Every POST body is checked before the SDK parses it (edge.py): one rule for both protocol eras.
+            Route("/mcp", endpoint=Edge(mcp_app, lambda: gateway.config.gateway.edge.max_argument_depth)),
             Mount("/ui", app=build_ui(gateway, tokens, is_loopback(host))),  # the status page; signs people in itself
         ],
         lifespan=lifespan,

@@ -154,6 +154,7 @@ class Gateway:
                     metrics=self.metrics,
                     tracer=self.tracer,
                     breakers=Breakers(breaker.failure_threshold, breaker.cooldown_s, breaker.max_cooldown_s),
+                    edge=lambda: self.config.gateway.edge,
                 )
                 self.started_at = anyio.current_time()
                 self._tg, self._http = tg, http

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
-    ("config",),
+    ("config", "inputs"),  # inputs: what a request's values must be before the gateway acts on them
     ("_logging", "audit", "audit_report", "metrics", "tracing"),  # metrics/tracing: instruments, fed by the router
     ("clients", "costs", "importer"),  # policies and conversions over config (costs reads audit's statistics)
     ("backends", "backends.base"),  # "backends" is backends/__init__.py
@@ -30,7 +30,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("runtime",),
     ("upstreams",),  # the clients and what they are owed: list changes, log messages, resource updates
     ("server", "events"),  # the MCP face (low-level Server), transport-free; events: resumable SSE streams
-    ("http", "ui"),  # the Starlette app around it: /mcp, /healthz, /status, /metrics, the guard; /ui, the status page
+    # the Starlette app around it: /mcp, /healthz, /status, /metrics, the guard; /ui, the status page; edge: a
+    # request's body checked before the SDK parses it
+    ("http", "ui", "edge"),
     ("cli", "__main__", "__init__"),  # "__init__" is gateway/__init__.py: the public surface re-exports from any layer
 )
 LAYER = {module: level for level, modules in enumerate(LAYERS) for module in modules}

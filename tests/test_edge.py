@@ -1,0 +1,185 @@
+"""The edge of ``/mcp`` (gateway/edge.py, gateway/inputs.py): what one caller sends cannot reach a downstream that
+every caller shares, in either protocol era.
+
+Real processes: the gateway (``python -m gateway serve``) in front of tests/fixtures/echo_server.py over stdio, one
+session shared by every caller; raw HTTP posts in the session era (2025-11-25, ``initialize`` and
+``Mcp-Session-Id``) and the stateless era (2026-07-28, ``_meta`` per request). Each refusal is checked for its answer,
+its ledger row, and a bystander call answered by the same downstream process (same pid) afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+
+from tests.fixtures.gateway_proc import echo_argv, run_gateway
+from tests.fixtures.procs import RunningServer
+
+pytestmark = pytest.mark.anyio
+
+WAIT = 15  # seconds: the bound on every exchange with the gateway process
+ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+MODERN = "2026-07-28"
+MODERN_META = {"io.modelcontextprotocol/protocolVersion": MODERN, "io.modelcontextprotocol/clientCapabilities": {}}
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("edge")
+
+
+@pytest.fixture(scope="module")
+def gateway(folder: Path) -> Iterator[RunningServer]:
+    argv = echo_argv("--stdio")
+    config = f"""
+gateway:
+  audit: {{path: {folder / "audit.db"}}}
+servers:
+  e:
+    transport: stdio
+    command: {argv[0]}
+    args: {json.dumps(argv[1:])}
+"""
+    with run_gateway(config, folder) as server:
+        yield server
+
+
+def rows(folder: Path) -> list[tuple[str, str, list[dict[str, Any]]]]:
+    with sqlite3.connect(folder / "audit.db") as db:
+        found = db.execute("SELECT tool, status, chain FROM calls ORDER BY id").fetchall()
+    return [(tool, status, json.loads(chain)) for tool, status, chain in found]
+
+
+class Raw:
+    """Raw JSON-RPC posts in one era; ``post`` returns (HTTP status, the JSON-RPC answer or None for a 202)."""
+
+    def __init__(self, http: httpx2.AsyncClient, url: str, era: str) -> None:
+        self.http, self.url, self.era = http, url, era
+        self.headers = dict(ACCEPT)
+        self.next_id = 100
+
+    async def open(self) -> None:
+        if self.era == MODERN:
+            self.headers["mcp-protocol-version"] = MODERN
+            return
+        init = {"protocolVersion": self.era, "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}
+        opened = await self.http.post(
+            self.url, headers=self.headers, json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init}
+        )
+        self.headers.update({"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": self.era})
+        await self.http.post(
+            self.url, headers=self.headers, json={"jsonrpc": "2.0", "method": "notifications/initialized"}
+        )
+
+    def call(self, name: str, arguments: Any, request_id: Any = ...) -> dict[str, Any]:
+        if request_id is ...:
+            self.next_id += 1
+            request_id = self.next_id
+        params: dict[str, Any] = {"name": name, "arguments": arguments}
+        if self.era == MODERN:
+            params["_meta"] = MODERN_META
+        return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
+
+    async def post(self, body: str) -> tuple[int, dict[str, Any] | None]:
+        headers = dict(self.headers)
+        if self.era == MODERN:
+            headers.update({"mcp-method": "tools/call", "mcp-name": json.loads(body)["params"]["name"]})
+        with anyio.fail_after(WAIT):
+            response = await self.http.post(self.url, headers=headers, content=body)
+        if response.status_code == 202:
+            return 202, None
+        if response.headers["content-type"].startswith("text/event-stream"):
+            data = [line[5:] for line in response.text.splitlines() if line.startswith("data:") and line[5:].strip()]
+            return response.status_code, json.loads(data[-1])
+        return response.status_code, response.json()
+
+    async def pid(self) -> int:
+        status, answer = await self.post(json.dumps(self.call("pid", {})))
+        assert status == 200 and answer is not None, answer
+        return int(answer["result"]["content"][0]["text"])
+
+
+@pytest.fixture(params=["2025-11-25", MODERN])
+async def raw(request: pytest.FixtureRequest, gateway: RunningServer) -> AsyncIterator[Raw]:
+    async with httpx2.AsyncClient(timeout=httpx2.Timeout(WAIT)) as http:
+        client = Raw(http, gateway.url(), request.param)
+        with anyio.fail_after(WAIT):
+            await client.open()
+        yield client
+
+
+def deep(levels: int) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for _ in range(levels):
+        value = {"a": value}
+    return value
+
+
+@pytest.mark.parametrize(
+    ("arguments_json", "argument", "reason"),
+    [
+        ('{"text": "\\ud800"}', "'text'", "it holds a lone surrogate (U+D800 at character 0)"),
+        ('{"text": "ok \\udfff"}', "'text'", "it holds a lone surrogate (U+DFFF at character 3)"),
+        (json.dumps({"text": "x", "nested": deep(900)}), "'nested'", "the value is nested more than 64 levels deep"),
+    ],
+    ids=["surrogate", "surrogate-later", "900-deep"],
+)
+async def test_an_unsendable_argument_is_refused_as_invalid_params_naming_it_with_a_row_and_the_shared_downstream_lives(
+    raw: Raw, folder: Path, arguments_json: str, argument: str, reason: str
+) -> None:
+    before = await raw.pid()
+    body = json.dumps(raw.call("echo", {"text": "PLACEHOLDER"})).replace('{"text": "PLACEHOLDER"}', arguments_json)
+    rows_before = len(rows(folder))
+
+    status, answer = await raw.post(body)
+
+    assert status == (400 if raw.era == MODERN else 200)  # each era's own shape for an invalid-params answer
+    assert answer is not None and answer["id"] == json.loads(body)["id"]
+    assert answer["error"]["code"] == -32602
+    message = answer["error"]["message"]
+    assert message.startswith(f"Invalid argument {argument} for tool 'echo': ") and reason in message
+    new = rows(folder)[rows_before:]
+    assert [(tool, status) for tool, status, _ in new] == [("echo", "invalid_params")]
+    assert new[0][2][0]["outcome"] == "invalid_params" and reason in new[0][2][0]["reason"]
+    assert await raw.pid() == before  # the bystander call: the same downstream process answers
+
+
+@pytest.mark.parametrize("request_id", [1.5, None, {}, True], ids=["float", "null", "object", "true"])
+async def test_a_tools_call_whose_id_is_not_a_string_or_integer_is_an_invalid_request(
+    raw: Raw, folder: Path, request_id: Any
+) -> None:
+    rows_before = len(rows(folder))
+    status, answer = await raw.post(json.dumps(raw.call("echo", {"text": "dropped?"}, request_id=request_id)))
+    assert status == 400
+    assert answer is not None and answer["id"] is None
+    assert answer["error"]["code"] == -32600
+    assert answer["error"]["message"].startswith("Invalid Request: a request's id must be a string or an integer")
+    assert len(rows(folder)) == rows_before  # never reached the router: nothing was called
+
+
+async def test_a_lone_surrogate_outside_the_arguments_is_refused_naming_where(raw: Raw, folder: Path) -> None:
+    before = await raw.pid()
+    body = json.dumps(raw.call("echo", {"text": "x"}))
+    body = body.replace(
+        '"method": "tools/call", "params": {', '"method": "tools/call", "params": {"extra": "\\ud83d", '
+    )
+    status, answer = await raw.post(body)
+    assert status == 400 and answer is not None
+    assert answer["error"]["code"] == -32602
+    assert answer["error"]["message"].startswith("Invalid params: at 'params.extra', it holds a lone surrogate")
+    assert await raw.pid() == before
+
+
+async def test_an_unknown_tool_leaves_a_row_of_its_own_status(raw: Raw, folder: Path) -> None:
+    rows_before = len(rows(folder))
+    status, answer = await raw.post(json.dumps(raw.call("no_such_tool", {})))
+    assert answer is not None and answer["error"]["code"] == -32602
+    assert answer["error"]["message"] == "Unknown tool: 'no_such_tool'."
+    assert [(tool, status) for tool, status, _ in rows(folder)[rows_before:]] == [("no_such_tool", "unknown_tool")]
