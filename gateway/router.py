@@ -28,6 +28,7 @@ and with ``tracer`` it gets a span, as does each step. Without them the router m
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -263,7 +264,9 @@ class Router:
             provider_args = provider.map_arguments(arguments)
             for variant in backend.ladder(provider.tool, provider_args):
                 underway.append((provider.label, variant, time.perf_counter()))
-                step, result, failure = await self._attempt(backend, provider, provider_args, variant, progress)
+                step, result, failure = await self._attempt(
+                    entry.name, backend, provider, provider_args, variant, progress
+                )
                 underway.pop()
                 steps.append(step)
                 if failure is None or isinstance(failure, BackendRpcError | BackendThinResult):
@@ -292,6 +295,7 @@ class Router:
 
     async def _attempt(
         self,
+        published: str,
         backend: Backend,
         provider: Provider,
         arguments: dict[str, Any],
@@ -309,7 +313,7 @@ class Router:
                 result = await backend.call_tool(provider.tool, arguments, variant=variant, progress=progress)
             except InvalidArguments as exc:
                 step = AuditStep(provider.label, variant, "refused", redactor.scrub(exc.message), _ms(t0))
-                outcome = (step, _invalid_result(exc), None)
+                outcome = (step, _invalid_result(_as_published(exc, published, provider)), None)
             except BackendError as exc:
                 step = AuditStep(provider.label, variant, exc.outcome, redactor.scrub(exc.reason), _ms(t0))
                 outcome = (step, None, exc)
@@ -443,6 +447,22 @@ def _failure_result(name: str, steps: list[AuditStep]) -> types.CallToolResult:
         parts = [f"{s.provider}{f' [{s.variant}]' if s.variant else ''}: {s.outcome} ({s.reason})" for s in steps]
         text = f"Tool {name!r} failed: every provider failed. " + "; ".join(parts)
     return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
+
+
+def _as_published(exc: InvalidArguments, published: str, provider: Provider) -> InvalidArguments:
+    """A backend's refusal of its own tool's arguments, told in the client's terms: the published tool (renamed,
+    prefixed or a route), and the published argument when a route's template passed it on under another name."""
+    argument = exc.argument
+    head, dot, rest = argument.partition(".")
+    if isinstance(provider.arguments, Mapping):
+        template = provider.arguments.get(head)
+        match = _PLACEHOLDER.fullmatch(template) if isinstance(template, str) else None
+        if match is not None:
+            argument = match.group(1) + dot + rest
+    return InvalidArguments(published, argument, exc.message)
+
+
+_PLACEHOLDER = re.compile(r"\{([^{}]+)\}")
 
 
 def _invalid_result(exc: InvalidArguments) -> types.CallToolResult:

@@ -479,3 +479,12 @@ async def test_a_cancelled_calls_row_names_the_step_that_was_under_way() -> None
     assert record.status == "cancelled"
     assert chain(record.chain) == [("a/search", None, "timeout"), ("b/search", None, "cancelled")]
     assert record.chain[1].reason == "cancelled while under way"
+
+
+async def test_a_backends_refusal_of_its_arguments_names_the_published_tool_and_argument() -> None:
+    a, b, solo, qmd = fakes()
+    b.script("search", InvalidArguments("search", "q", "unknown argument (expected: none)"))
+    setup = Setup(a, b, solo, qmd)
+    result = await setup.call("ask", {"question": "x"})  # route `ask` sends b/search its `question` as `q`
+    assert result.is_error
+    assert text(result) == "Invalid argument 'question' for tool 'ask': unknown argument (expected: none)"
