@@ -227,7 +227,11 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
     manager = StreamableHTTPSessionManager(
         app=server,
         json_response=json_response,
-        event_store=RecentEvents(),  # resumable streams (SEP-1699), see events.py
+        # resumable streams (SEP-1699), bounded in events, age and bytes: see events.py
+        event_store=RecentEvents(
+            max_bytes=gateway.config.gateway.edge.replay_bytes,
+            max_stream_bytes=gateway.config.gateway.edge.replay_stream_bytes,
+        ),
         retry_interval=RETRY_MS,
         # The Guard does Host/Origin checks for every path, so the SDK's own check is off (one policy, one place).
         security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),

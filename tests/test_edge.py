@@ -27,6 +27,7 @@ pytestmark = pytest.mark.anyio
 WAIT = 15  # seconds: the bound on every exchange with the gateway process
 ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 MODERN = "2026-07-28"
+REPLAY_BYTES = 8 * 1024 * 1024  # the event store's budget for this gateway (the default is 32 MiB)
 MODERN_META = {"io.modelcontextprotocol/protocolVersion": MODERN, "io.modelcontextprotocol/clientCapabilities": {}}
 
 
@@ -41,6 +42,7 @@ def gateway(folder: Path) -> Iterator[RunningServer]:
     config = f"""
 gateway:
   audit: {{path: {folder / "audit.db"}}}
+  edge: {{replay_bytes: {REPLAY_BYTES}}}
 servers:
   e:
     transport: stdio
@@ -183,3 +185,57 @@ async def test_an_unknown_tool_leaves_a_row_of_its_own_status(raw: Raw, folder: 
     assert answer is not None and answer["error"]["code"] == -32602
     assert answer["error"]["message"] == "Unknown tool: 'no_such_tool'."
     assert [(tool, status) for tool, status, _ in rows(folder)[rows_before:]] == [("no_such_tool", "unknown_tool")]
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")  # pragma: no cover
+
+
+async def burst(raw: Raw, bodies: list[str], concurrency: int = 4) -> list[dict[str, Any]]:
+    answers: list[dict[str, Any]] = []
+
+    async def worker(mine: list[str]) -> None:
+        for body in mine:
+            status, answer = await raw.post(body)
+            assert answer is not None, status
+            answers.append(answer)
+
+    with anyio.fail_after(120):
+        async with anyio.create_task_group() as tg:
+            for i in range(concurrency):
+                tg.start_soon(worker, bodies[i::concurrency])
+    return answers
+
+
+@pytest.mark.parametrize("raw", ["2025-11-25"], indirect=True)  # the session era: its answers go to the event store
+async def test_a_burst_of_huge_names_and_huge_answers_leaves_the_gateways_memory_bounded(
+    raw: Raw, gateway: RunningServer
+) -> None:
+    huge_name = "n" * 3_900_000
+    unknown = [json.dumps(raw.call(huge_name, {})) for _ in range(200)]
+    echoes = [json.dumps(raw.call("echo", {"text": "e" * 1_000_000})) for _ in range(100)]
+    # Warm up with the same traffic, so the allocator's growth for the burst's transient buffers (and a full store)
+    # is in "before": what the bursts add after that is what the gateway keeps.
+    await burst(raw, unknown[:40])
+    await burst(raw, echoes[:40], concurrency=2)
+    before = rss_mb(gateway.process.pid)
+
+    named = await burst(raw, unknown)
+    after_names = rss_mb(gateway.process.pid)
+    echoed = await burst(raw, echoes, concurrency=2)
+    after_answers = rss_mb(gateway.process.pid)
+    print(
+        f"RSS before {before:.0f} MB, after 200 huge names {after_names:.0f} MB, "
+        f"after 100 1-MB answers {after_answers:.0f} MB"
+    )
+
+    assert {a["error"]["message"] for a in named} == {f"Unknown tool: {'n' * 120!r}… (3,900,000 characters)."}
+    assert all(len(a["result"]["content"][0]["text"]) == 1_000_000 for a in echoed)
+    # Before the byte budget and the cut echo, this test measured 423 MB before and +664 MB after the names (the
+    # store kept every answer of the last 30 s, up to 512 of them, each echoing its 3.9 MB name); now +2 to +11 MB:
+    # what is kept for resumption is bounded by gateway.edge.replay_bytes (8 MiB here).
+    assert after_names - before < 30
+    assert after_answers - before < 30
