@@ -488,3 +488,18 @@ async def test_a_backends_refusal_of_its_arguments_names_the_published_tool_and_
     result = await setup.call("ask", {"question": "x"})  # route `ask` sends b/search its `question` as `q`
     assert result.is_error
     assert text(result) == "Invalid argument 'question' for tool 'ask': unknown argument (expected: none)"
+
+
+async def test_a_call_to_a_lost_backends_last_known_tool_is_answered_at_once_naming_it_and_why() -> None:
+    a, b, solo, qmd = fakes()
+    solo.set_state(BackendState.READY)
+    solo.set_state(BackendState.FAILED, "the connection closed; process exited with code 3")
+    setup = Setup(a, b, solo, qmd)  # the catalog built while solo is down still lists its `lookup`
+    result = await setup.call("lookup", {"q": "x"})
+    assert result.is_error and solo.calls == []
+    assert text(result) == (
+        "Tool 'lookup' failed: every provider failed. "
+        "solo/lookup: unavailable (the connection closed; process exited with code 3)"
+    )
+    [record] = setup.recorder.records
+    assert (record.status, chain(record.chain)) == ("error", [("solo/lookup", None, "unavailable")])
