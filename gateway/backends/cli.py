@@ -53,6 +53,7 @@ from gateway.errors import (
     BackendUnavailable,
     InvalidArguments,
     ToolNotFound,
+    quote,
 )
 
 __all__ = ["ChildProcess", "CliBackend", "CliStatistics", "Spawner", "build_argv", "spawn_process"]
@@ -177,7 +178,7 @@ def _check_leading_dash(tool: str, name: str, text: str, after_double_dash: bool
 
 
 def _preview(text: str, limit: int = 60) -> str:
-    return repr(text if len(text) <= limit else text[:limit] + "...")
+    return quote(text, limit)
 
 
 # --------------------------------------------------------------------------------------------------- spawn seam
@@ -485,7 +486,9 @@ class CliBackend(BackendBase):
             selected = spec.variants.get(chosen)
             if selected is None:
                 expected = ", ".join(repr(v) for v in spec.variants)
-                raise InvalidArguments(tool, spec.switch, f"unknown variant {chosen!r}; expected one of {expected}")
+                raise InvalidArguments(
+                    tool, spec.switch, f"unknown variant {quote(str(chosen))}; expected one of {expected}"
+                )
             args[spec.switch] = chosen
             template, thin = selected.argv, selected.thin_when
             timeout = selected.timeout_s if "timeout_s" in selected.model_fields_set else spec.timeout_s
