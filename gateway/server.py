@@ -27,6 +27,7 @@ from mcp.server.runner import serve_dual_era_loop
 from mcp.shared.exceptions import MCPError
 from mcp_types import methods as _methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
 
 from gateway.backends.base import ProgressFn
 from gateway.backends.mcp import McpBackend
@@ -158,8 +159,8 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
     async def middleware(ctx: ServerRequestContext[Any], call_next: CallNext) -> HandlerResult:
         try:
             return await serve(ctx, call_next)
-        except (MCPError, anyio.get_cancelled_exc_class()):
-            raise
+        except (MCPError, ValidationError, anyio.get_cancelled_exc_class()):
+            raise  # the SDK's own answers (a ValidationError of the params is its invalid params), and cancellation
         except Exception as exc:  # the per-request boundary: a fault while serving one request ends it alone
             log.exception("request.internal_error", method=ctx.method, error=type(exc).__name__)
             raise MCPError(
