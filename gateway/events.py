@@ -13,8 +13,8 @@ gateway holds (a caller asking 200 times for a 4 MB answer would otherwise park 
 each event is kept as its JSON text (what the transport sends; its size is what is counted, and the transport's
 messages are not kept alive) and parsed back only when replayed. The oldest events go first, and an event too large
 for its stream's budget is sent but not kept, together with its stream's earlier events: a resume never replays a
-stream with a hole in it — it finds its event gone and the client starts over. A ``tools/list`` answer is the same
-pre-serialised object for every caller, so its JSON is made once and shared. (The store has no ``__len__``: the SDK
+stream with a hole in it — it finds its event gone and the client starts over. A ``tools/list`` answer carries the same
+pre-serialised listing for every caller, so its JSON is made once and shared. (The store has no ``__len__``: the SDK
 tests it for truth, and an empty store must still count as one.)
 """
 
@@ -43,7 +43,7 @@ MAX_BYTES = 32 * 1024 * 1024
 MAX_STREAM_BYTES = 4 * 1024 * 1024
 """Bytes of events kept for one stream (``gateway.edge.replay_stream_bytes``)."""
 SHARED_MIN_BYTES = 65536
-"""A response result at least this large has its JSON kept for the next response carrying the very same object."""
+"""A response result at least this large has its JSON kept for the next response carrying the very same values."""
 _OVERHEAD = 200
 """Bytes an event costs besides its text (its entry, its number, its place in its stream's queue)."""
 
@@ -70,7 +70,7 @@ class RecentEvents(EventStore):
         self._streams: dict[StreamId, deque[int]] = {}
         self._stream_bytes: dict[StreamId, int] = {}
         self._bytes = 0
-        self._shared: tuple[Any, str] | None = None  # the last response result seen, and its JSON
+        self._shared: tuple[tuple[str, ...], tuple[Any, ...], str] | None = None  # a large result's keys, values, JSON
 
     def statistics(self) -> tuple[int, int]:
         """(events kept, bytes counted)."""
@@ -119,12 +119,15 @@ class RecentEvents(EventStore):
         if not isinstance(message, types.JSONRPCResponse) or not isinstance(message.result, dict):
             return message.model_dump_json(by_alias=True, exclude_unset=True)
         result, head = message.result, f'{{"jsonrpc":"2.0","id":{_id_json(message.id)},"result":'
+        # The transport's result is a fresh dict each time, but its values are the very objects the handler
+        # returned: the same catalog listing for every tools/list. Those identical values reuse the last JSON.
+        keys, values = tuple(result), tuple(result.values())
         shared = self._shared
-        if shared is not None and shared[0] is result:
-            return f"{head}{shared[1]}}}"
+        if shared is not None and shared[0] == keys and all(a is b for a, b in zip(shared[1], values, strict=True)):
+            return f"{head}{shared[2]}}}"
         data = message.model_dump_json(by_alias=True, exclude_unset=True)
         if len(data) > SHARED_MIN_BYTES and data.startswith(head) and data.endswith("}"):
-            self._shared = (result, data[len(head) : -1])  # likely the tools/list listing the next caller asks for
+            self._shared = (keys, values, data[len(head) : -1])
         return data
 
     def _drop(self, number: int) -> None:
