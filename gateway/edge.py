@@ -10,6 +10,8 @@ fails on them in a downstream session every caller shares. ``Edge`` gives both e
     passed on with its arguments withheld (``{}``) and the finding in the request's scope state (``WITHHELD``):
     the router refuses it as invalid params naming the argument, and writes its ledger row, with the caller's whole
     context (client, session) — the SDK's own answer path, so either era gets its usual answer shape;
+  * a ``tools/call`` whose name holds a lone surrogate is passed on with the name escaped: no published name holds
+    one, so it is an unknown tool, with its ledger row;
   * any other message holding such a value is answered ``-32602`` (Invalid params) naming where, HTTP 400.
 A body that is not JSON, or not one JSON object, is passed on untouched: the SDK's parse errors stand. The cost is
 one extra ``json.loads`` of each POST body (microseconds for a call; the SDK reads the whole body anyway).
@@ -73,22 +75,27 @@ class Edge:
                 kind = "null" if request_id is None else type(request_id).__name__
                 text = f"Invalid Request: a request's id must be a string or an integer, not {kind}."
                 return _error(None, INVALID_REQUEST, text), body
-        params = decoded.get("params")
-        arguments = None
-        if decoded.get("method") == "tools/call" and isinstance(params, dict) and "arguments" in params:
-            arguments = params.pop("arguments")
+        raw_params = decoded.get("params")
+        params: dict[str, Any] = raw_params if isinstance(raw_params, dict) else {}
+        call = decoded.get("method") == "tools/call" and isinstance(raw_params, dict)
+        rewritten = False
+        if call and isinstance(params.get("name"), str) and problem(params["name"]) is not None:
+            # No published name holds one (they are A-Z a-z 0-9 _ . -): an unknown tool, with its row, escaped.
+            params["name"] = params["name"].encode("utf-8", "backslashreplace").decode("utf-8")
+            rewritten = True
+        arguments = params.pop("arguments", None) if call else None
         found = problem(decoded, depth + 2)  # the envelope and params around the values
         if found is not None:
             where, reason = found
             return _error(request_id, INVALID_PARAMS, f"Invalid params: at {quote('.'.join(where))}, {reason}."), body
-        if arguments is None:
+        withheld = argument_problem(arguments, depth) if arguments is not None else None
+        if withheld is not None:
+            arguments = {}
+            scope.setdefault("state", {})[WITHHELD] = withheld
+        if withheld is None and not rewritten:
             return None, body
-        withheld = argument_problem(arguments, depth)
-        if withheld is None:
-            return None, body
-        assert isinstance(params, dict)
-        params["arguments"] = {}
-        scope.setdefault("state", {})[WITHHELD] = withheld
+        if arguments is not None:
+            params["arguments"] = arguments
         return None, json.dumps(decoded).encode()
 
 

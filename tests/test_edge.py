@@ -92,7 +92,8 @@ class Raw:
     async def post(self, body: str) -> tuple[int, dict[str, Any] | None]:
         headers = dict(self.headers)
         if self.era == MODERN:
-            headers.update({"mcp-method": "tools/call", "mcp-name": json.loads(body)["params"]["name"]})
+            name = json.loads(body)["params"]["name"].encode("utf-8", "backslashreplace").decode()
+            headers.update({"mcp-method": "tools/call", "mcp-name": name})
         with anyio.fail_after(WAIT):
             response = await self.http.post(self.url, headers=headers, content=body)
         if response.status_code == 202:
@@ -239,3 +240,14 @@ async def test_a_burst_of_huge_names_and_huge_answers_leaves_the_gateways_memory
     # what is kept for resumption is bounded by gateway.edge.replay_bytes (8 MiB here).
     assert after_names - before < 30
     assert after_answers - before < 30
+
+
+async def test_a_tool_name_holding_a_lone_surrogate_is_an_unknown_tool_with_its_row(raw: Raw, folder: Path) -> None:
+    before = await raw.pid()
+    rows_before = len(rows(folder))
+    body = json.dumps(raw.call("PLACEHOLDER", {"text": "x"})).replace("PLACEHOLDER", "echo\\ud800")
+    status, answer = await raw.post(body)
+    assert answer is not None and answer["error"]["code"] == -32602
+    assert answer["error"]["message"] == "Unknown tool: 'echo\\\\ud800'."  # escaped, never the raw surrogate
+    assert [(tool, status) for tool, status, _ in rows(folder)[rows_before:]] == [("echo\\ud800", "unknown_tool")]
+    assert await raw.pid() == before
