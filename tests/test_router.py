@@ -212,7 +212,7 @@ async def test_when_every_provider_fails_the_answer_is_an_error_naming_each_back
 ) -> None:
     a, b, solo, qmd = fakes()
     a.script("search", BackendUnavailable("a", "process exited with code 1: boom"))
-    b.script("search", second)  # type: ignore[arg-type]
+    b.script("search", second)
     setup = Setup(a, b, solo, qmd)
 
     result = await setup.call("search", {"q": "x"})
