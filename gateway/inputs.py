@@ -1,9 +1,11 @@
 """What a caller's input must be before the gateway acts on it, and how it is quoted back in an error.
 
-Two rules hold at the edge of every request, so nothing downstream (a pipe's UTF-8 encoder, pydantic's serializer,
+Three rules hold at the edge of every request, so nothing downstream (a pipe's UTF-8 encoder, pydantic's serializer,
 an argv, a path join, the ledger) ever meets input it cannot handle:
   * every string, key or value, is valid Unicode text: a lone surrogate (JSON ``"\\ud800"``, which Python's ``json``
     accepts) cannot be encoded as UTF-8 and would fail wherever the value is next written;
+  * numbers are finite: ``NaN`` and ``Infinity`` (which ``json`` and pydantic accept) are not JSON, and would reach
+    the tool as ``null``;
   * nesting is bounded (``MAX_DEPTH`` by default; ``gateway.edge.max_argument_depth``): pydantic refuses to serialise
     beyond a few hundred levels, ``json`` beyond the recursion limit.
 
@@ -14,6 +16,7 @@ into an error message: cut to ``ECHO_CHARS`` characters, so an error can never b
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from gateway.errors import ECHO_CHARS, quote
@@ -46,6 +49,8 @@ def problem(value: Any, max_depth: int = MAX_DEPTH) -> tuple[tuple[str, ...], st
             if at is not None:
                 return where, _surrogate_reason(item, at)
             continue
+        if isinstance(item, float) and not math.isfinite(item):
+            return where, f"it is {item!r}, which JSON cannot carry (it would reach the tool as null)"
         if isinstance(item, dict):
             children: Any = item.items()
         elif isinstance(item, list):

@@ -131,8 +131,10 @@ def deep(levels: int) -> dict[str, Any]:
         ('{"text": "\\ud800"}', "'text'", "it holds a lone surrogate (U+D800 at character 0)"),
         ('{"text": "ok \\udfff"}', "'text'", "it holds a lone surrogate (U+DFFF at character 3)"),
         (json.dumps({"text": "x", "nested": deep(900)}), "'nested'", "the value is nested more than 64 levels deep"),
+        ('{"text": "x", "n": [1, NaN]}', "'n'", "at 'n.1', it is nan, which JSON cannot carry"),
+        ('{"text": "x", "n": -Infinity}', "'n'", "it is -inf, which JSON cannot carry"),
     ],
-    ids=["surrogate", "surrogate-later", "900-deep"],
+    ids=["surrogate", "surrogate-later", "900-deep", "nan", "infinity"],
 )
 async def test_an_unsendable_argument_is_refused_as_invalid_params_naming_it_with_a_row_and_the_shared_downstream_lives(
     raw: Raw, folder: Path, arguments_json: str, argument: str, reason: str
