@@ -138,6 +138,8 @@ class EdgeSettings(_Model):
     """What one caller's requests may make the gateway accept and hold (docs/operations.md, "What one caller can and
     cannot do to another: input and answers")."""
 
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    """The largest POST body ``/mcp`` accepts; a larger one is refused with HTTP 413 before it is read whole."""
     max_argument_depth: int = Field(default=64, ge=1, le=200)
     """Nesting levels a request's values may have; deeper is refused as invalid params (pydantic cannot serialise
     much past 250)."""

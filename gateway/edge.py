@@ -5,6 +5,8 @@ lone surrogate and deep nesting with a bare 400 parse error (no ledger row), and
 ``1.5``, ``null``, ``{}`` or ``true`` for a notification (202, silently dropped); the stateless era (2026-07-28)
 parses with ``json``, which accepts both, and hands them on until a pipe's UTF-8 encoder or pydantic's serializer
 fails on them in a downstream session every caller shares. ``Edge`` gives both eras one rule (see inputs.py):
+  * a body larger than ``gateway.edge.max_body_bytes`` is refused with HTTP 413 (by its Content-Length before it is
+    read, else as soon as it passes the limit), so no caller makes the gateway hold more than that per request;
   * a request whose ``id`` is not a string or an integer is answered ``-32600`` (Invalid Request), HTTP 400;
   * a ``tools/call`` whose arguments hold a lone surrogate or nest beyond ``gateway.edge.max_argument_depth`` is
     passed on with its arguments withheld (``{}``) and the finding in the request's scope state (``WITHHELD``):
@@ -23,8 +25,10 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.config import EdgeSettings
 from gateway.errors import quote
 from gateway.inputs import argument_problem, problem
 from gateway.server import WITHHELD
@@ -38,20 +42,31 @@ INVALID_PARAMS = -32602
 class Edge:
     """Pure ASGI middleware in front of the MCP app: refuses or withholds what must not reach the SDK or a backend."""
 
-    def __init__(self, app: ASGIApp, max_depth: Callable[[], int]) -> None:
+    def __init__(self, app: ASGIApp, settings: Callable[[], EdgeSettings]) -> None:
         self.app = app
-        self.max_depth = max_depth
+        self.settings = settings
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
+        limit = self.settings().max_body_bytes
+        declared = Headers(scope=scope).get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            await _reply(send, _too_large(int(declared), limit), 413)
+            return
         chunks: list[bytes] = []
+        size = 0
         while True:
             message = await receive()
             if message["type"] != "http.request":
                 return  # the client went away before it finished sending
-            chunks.append(message.get("body", b""))
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:  # no Content-Length (chunked), or more than it said: stop reading at the limit
+                await _reply(send, _too_large(size, limit, more=True), 413)
+                return
+            chunks.append(chunk)
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
@@ -68,7 +83,7 @@ class Edge:
 
     def _check(self, decoded: dict[str, Any], scope: Scope, body: bytes) -> tuple[dict[str, Any] | None, bytes]:
         """(an answer to send instead, or None; the body to pass on)."""
-        depth = self.max_depth()
+        depth = self.settings().max_argument_depth
         request_id = decoded.get("id")
         if "method" in decoded and "id" in decoded:
             if request_id is None or isinstance(request_id, bool) or not isinstance(request_id, str | int):
@@ -99,14 +114,22 @@ class Edge:
         return None, json.dumps(decoded).encode()
 
 
+def _too_large(size: int, limit: int, *, more: bool = False) -> dict[str, Any]:
+    text = (
+        f"Request body too large: {'more than ' if more else ''}{size:,} bytes; the limit is {limit:,} "
+        "(gateway.edge.max_body_bytes)."
+    )
+    return _error(None, INVALID_REQUEST, text)
+
+
 def _error(request_id: Any, code: int, message: str) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}
 
 
-async def _reply(send: Send, answer: dict[str, Any]) -> None:
+async def _reply(send: Send, answer: dict[str, Any], status: int = 400) -> None:
     body = json.dumps(answer).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": 400, "headers": headers})
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 

@@ -261,7 +261,7 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
             Route("/status", status, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
             # Every POST body is checked before the SDK parses it (edge.py): one rule for both protocol eras.
-            Route("/mcp", endpoint=Edge(mcp_app, lambda: gateway.config.gateway.edge.max_argument_depth)),
+            Route("/mcp", endpoint=Edge(mcp_app, lambda: gateway.config.gateway.edge)),
             Mount("/ui", app=build_ui(gateway, tokens, is_loopback(host))),  # the status page; signs people in itself
         ],
         lifespan=lifespan,

@@ -253,3 +253,52 @@ async def test_a_tool_name_holding_a_lone_surrogate_is_an_unknown_tool_with_its_
     assert answer["error"]["message"] == "Unknown tool: 'echo\\\\ud800'."  # escaped, never the raw surrogate
     assert [(tool, status) for tool, status, _ in rows(folder)[rows_before:]] == [("echo\\ud800", "unknown_tool")]
     assert await raw.pid() == before
+
+
+@pytest.fixture(scope="module")
+def small_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    folder = tmp_path_factory.mktemp("edge-small")
+    argv = echo_argv("--stdio")
+    config = f"""
+gateway:
+  audit: {{enabled: false}}
+  edge: {{max_body_bytes: 65536}}
+servers:
+  e:
+    transport: stdio
+    command: {argv[0]}
+    args: {json.dumps(argv[1:])}
+"""
+    with run_gateway(config, folder) as server:
+        yield server
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+async def test_a_body_over_the_limit_is_refused_with_413_and_one_within_it_is_served(
+    small_gateway: RunningServer, chunked: bool
+) -> None:
+    async with httpx2.AsyncClient(timeout=httpx2.Timeout(WAIT)) as http:
+        client = Raw(http, small_gateway.url(), MODERN)
+        await client.open()
+        fits = json.dumps(client.call("echo", {"text": "f" * 60_000}))
+        status, answer = await client.post(fits)
+        assert status == 200 and answer is not None and answer["result"]["content"][0]["text"] == "f" * 60_000
+
+        body = json.dumps(client.call("echo", {"text": "x" * 100_000})).encode()
+
+        async def pieces() -> AsyncIterator[bytes]:
+            for start in range(0, len(body), 16_384):
+                yield body[start : start + 16_384]
+
+        headers = {**client.headers, "mcp-method": "tools/call", "mcp-name": "echo"}
+        with anyio.fail_after(WAIT):
+            response = await http.post(client.url, headers=headers, content=pieces() if chunked else body)
+    assert response.status_code == 413
+    message = response.json()["error"]["message"]
+    if chunked:
+        assert message.startswith("Request body too large: more than ")
+    else:
+        assert (
+            message
+            == f"Request body too large: {len(body):,} bytes; the limit is 65,536 (gateway.edge.max_body_bytes)."
+        )
