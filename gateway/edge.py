@@ -3,15 +3,16 @@
 The SDK's two entries disagree on what they accept: the session era (2025-xx) parses with pydantic, which refuses a
 lone surrogate and deep nesting with a bare 400 parse error (no ledger row), and takes a request whose ``id`` is
 ``1.5``, ``null``, ``{}`` or ``true`` for a notification (202, silently dropped); the stateless era (2026-07-28)
-parses with ``json``, which accepts both, and hands them on until a pipe's UTF-8 encoder or pydantic's serializer
-fails on them in a downstream session every caller shares. ``Edge`` gives both eras one rule (see inputs.py):
+parses with ``json``, which accepts both (and ``NaN``), and hands them on until a pipe's UTF-8 encoder or pydantic's
+serializer fails on them in a downstream session every caller shares. ``Edge`` gives both eras one rule (inputs.py):
   * a body larger than ``gateway.edge.max_body_bytes`` is refused with HTTP 413 (by its Content-Length before it is
     read, else as soon as it passes the limit), so no caller makes the gateway hold more than that per request;
   * a request whose ``id`` is not a string or an integer is answered ``-32600`` (Invalid Request), HTTP 400;
-  * a ``tools/call`` whose arguments hold a lone surrogate or nest beyond ``gateway.edge.max_argument_depth`` is
-    passed on with its arguments withheld (``{}``) and the finding in the request's scope state (``WITHHELD``):
-    the router refuses it as invalid params naming the argument, and writes its ledger row, with the caller's whole
-    context (client, session) — the SDK's own answer path, so either era gets its usual answer shape;
+  * a ``tools/call`` whose arguments hold a lone surrogate, ``NaN`` or ``Infinity``, or nest beyond
+    ``gateway.edge.max_argument_depth``, is passed on with its arguments withheld (``{}``) and the finding in the
+    request's scope state (``WITHHELD``): the router refuses it as invalid params naming the argument, and writes
+    its ledger row, with the caller's whole context (client, session) — the SDK's own answer path, so either era
+    gets its usual answer shape;
   * a ``tools/call`` whose name holds a lone surrogate is passed on with the name escaped: no published name holds
     one, so it is an unknown tool, with its ledger row;
   * any other message holding such a value is answered ``-32602`` (Invalid params) naming where, HTTP 400.
