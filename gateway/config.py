@@ -148,6 +148,38 @@ class Naming(_Model):
         return value
 
 
+class Limits(_Model):
+    """What one caller can hold at the HTTP edge, so that it cannot starve the others: connections (enforced by
+    ``gateway/connections.py``, the uvicorn protocol) and MCP sessions (``gateway/http.py``). docs/operations.md,
+    "What one caller can and cannot do to another: connections and sessions", explains each limit."""
+
+    max_connections: int = Field(default=512, ge=1)
+    """Open HTTP connections at once. At the cap a new connection evicts the oldest one still waiting for a request
+    head; if none is waiting, it is answered 503 and closed. Keep it well below the open-files limit."""
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    """From a connection's opening (or its previous response) to a complete request head; else 408 and closed."""
+    body_timeout_s: float = Field(default=30.0, gt=0)
+    """From a complete request head to the end of its body; else the connection is closed."""
+    keep_alive_s: float = Field(default=5.0, gt=0)
+    """How long a connection may be silent while no request is on it (before the first, and between requests)."""
+    max_sessions: int = Field(default=1000, ge=1)
+    """Open MCP sessions across all callers; beyond it ``initialize`` answers 503."""
+    sessions_per_caller: int = Field(default=64, ge=1)
+    """Open MCP sessions of one caller (one bearer token). At the cap its least-recently-used idle session is
+    closed to make room; if all of them are busy, ``initialize`` answers 429 naming the cap."""
+    session_idle_s: float = Field(default=300.0, gt=0)
+    """A session with no request in flight (and no open GET stream) for this long is closed."""
+
+    @model_validator(mode="after")
+    def _shares_fit(self) -> Limits:
+        if self.sessions_per_caller > self.max_sessions:
+            raise ValueError(
+                f"sessions_per_caller ({self.sessions_per_caller}) is larger than max_sessions ({self.max_sessions}):"
+                " one caller could then take every session"
+            )
+        return self
+
+
 class GatewaySettings(_Model):
     name: str = "mcp-gateway"
     listen: Listen = Listen()
@@ -169,6 +201,8 @@ class GatewaySettings(_Model):
     allowed_hosts: tuple[str, ...] = ()
     """Extra Host header values accepted besides loopback names (e.g. a reverse proxy's public name)."""
     allowed_origins: tuple[str, ...] = ()
+    limits: Limits = Limits()
+    """Connection and session limits at the HTTP edge."""
     costs_refresh_s: float = Field(default=60.0, gt=0)
     """How often the measured figures behind ``{cost:TOOL}`` placeholders are refreshed from the ledger and wiki."""
 
