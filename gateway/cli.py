@@ -10,6 +10,7 @@ stops a command.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import signal
@@ -23,6 +24,7 @@ import structlog
 from gateway._logging import config_secrets, configure_logging, redactor
 from gateway.audit_report import add_audit_subcommands, run_audit
 from gateway.config import Federation, environ, load_config
+from gateway.connections import edge_protocol, effective_max_connections, quiet_accept_errors, raise_open_files_limit
 from gateway.errors import ConfigError, GatewayError
 from gateway.http import Tokens, build_app, is_loopback, status_document
 from gateway.importer import add_import_subcommand, run_import
@@ -167,10 +169,23 @@ async def _serve(config: Federation, args: argparse.Namespace) -> int:
             # their child processes) are stopped; the gateway handles the signals itself instead.
             yield
 
+    limits = config.gateway.limits  # read at start: a reload does not change them
+    max_connections = effective_max_connections(limits, raise_open_files_limit())
+    quiet_accept_errors(asyncio.get_running_loop())
     async with Gateway(config).running() as gateway:
         app = build_app(gateway, host=host, tokens=tokens)
         server = _Uvicorn(
-            uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on", access_log=False)
+            uvicorn.Config(
+                app,
+                host=host,
+                port=port,
+                log_level="warning",
+                lifespan="on",
+                access_log=False,
+                http=edge_protocol(limits, max_connections=max_connections),  # deadlines and the cap: connections.py
+                backlog=max_connections,  # one accept burst opens at most this many sockets (connections.py)
+                timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]  # uvicorn takes any number here
+            )
         )
         async with anyio.create_task_group() as tg:
 

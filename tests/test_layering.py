@@ -30,7 +30,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("runtime",),
     ("upstreams",),  # the clients and what they are owed: list changes, log messages, resource updates
     ("server", "events"),  # the MCP face (low-level Server), transport-free; events: resumable SSE streams
-    ("http", "ui"),  # the Starlette app around it: /mcp, /healthz, /status, /metrics, the guard; /ui, the status page
+    ("http", "ui", "connections"),  # the Starlette app around it: /mcp, /healthz, /status, /metrics, the guard; /ui,
+    # the status page; connections: the uvicorn protocol under it (deadlines, the connection cap)
     ("cli", "__main__", "__init__"),  # "__init__" is gateway/__init__.py: the public surface re-exports from any layer
 )
 LAYER = {module: level for level, modules in enumerate(LAYERS) for module in modules}
