@@ -24,7 +24,7 @@ import structlog
 from gateway._logging import config_secrets, configure_logging, redactor
 from gateway.audit_report import add_audit_subcommands, run_audit
 from gateway.config import Federation, environ, load_config
-from gateway.connections import edge_protocol, effective_max_connections, quiet_accept_errors, raise_open_files_limit
+from gateway.connections import edge_protocol, effective_max_connections, quiet_edge_logs, raise_open_files_limit
 from gateway.errors import ConfigError, GatewayError
 from gateway.http import Tokens, build_app, is_loopback, status_document
 from gateway.importer import add_import_subcommand, run_import
@@ -171,7 +171,7 @@ async def _serve(config: Federation, args: argparse.Namespace) -> int:
 
     limits = config.gateway.limits  # read at start: a reload does not change them
     max_connections = effective_max_connections(limits, raise_open_files_limit())
-    quiet_accept_errors(asyncio.get_running_loop())
+    quiet_edge_logs(asyncio.get_running_loop())
     async with Gateway(config).running() as gateway:
         app = build_app(gateway, host=host, tokens=tokens)
         server = _Uvicorn(

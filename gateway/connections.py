@@ -18,15 +18,17 @@ missing deadlines (``gateway.limits``):
 Once a head is complete nothing here limits a request: a long tool call or an open GET stream (SSE) is never cut.
 ``raise_open_files_limit`` raises the soft RLIMIT_NOFILE to the hard one, and ``effective_max_connections`` keeps
 the cap (and the listen backlog, which bounds how many sockets one accept burst opens) below it with room for the
-gateway's own files. ``quiet_accept_errors`` rate-limits asyncio's "socket.accept()
+gateway's own files. ``quiet_edge_logs`` rate-limits asyncio's "socket.accept()
 out of system resource" report (CPython logs it once per pending connection, with a traceback, in a tight loop) to
-one line per second with a count of the ones suppressed. Only ``cli.py`` uses this module.
+one line per second with a count of the ones suppressed, and puts uvicorn's own per-request warnings through the same
+throttle (``ThrottledLog``). Only ``cli.py`` uses this module.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import resource
 import time
 from collections.abc import Callable
@@ -41,9 +43,10 @@ from gateway.config import Limits
 __all__ = [
     "OWN_FILES",
     "Throttle",
+    "ThrottledLog",
     "edge_protocol",
     "effective_max_connections",
-    "quiet_accept_errors",
+    "quiet_edge_logs",
     "raise_open_files_limit",
 ]
 
@@ -72,19 +75,35 @@ class Throttle:
         self._last[event] = now
         return self._suppressed.pop(event, 0)
 
+    def report(self, event: str, level: str = "info", **fields: Any) -> None:
+        """Log ``event`` unless it is being suppressed; a line that passes carries ``suppressed=N``."""
+        suppressed = self.allow(event)
+        if suppressed is not None:
+            getattr(log, level)(event, suppressed=suppressed, **fields)
 
-_throttle = Throttle()
 
+class ThrottledLog(logging.Filter):
+    """A logging filter passing each message template at most once per second, the next one with the count of those
+    suppressed: uvicorn warns once per malformed request ("Invalid HTTP request received."), which a client could
+    otherwise turn into a flood."""
 
-def _report(event: str, level: str = "info", **fields: Any) -> None:
-    suppressed = _throttle.allow(event)
-    if suppressed is not None:
-        getattr(log, level)(event, suppressed=suppressed, **fields)
+    def __init__(self, throttle: Throttle | None = None) -> None:
+        super().__init__()
+        self.throttle = throttle or Throttle()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        suppressed = self.throttle.allow(str(record.msg))
+        if suppressed is None:
+            return False
+        if suppressed:
+            record.msg = f"{record.msg} ({suppressed} more like it suppressed)"
+        return True
 
 
 class _EdgeProtocol(H11Protocol):
     limits: ClassVar[Limits]
     max_connections: ClassVar[int]
+    throttle: ClassVar[Throttle]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -100,11 +119,15 @@ class _EdgeProtocol(H11Protocol):
         if len(live) >= self.max_connections:
             waiting = [c for c in live if isinstance(c, _EdgeProtocol) and c._phase == "head"]
             if not waiting:
-                _report("connection.refused", "warning", limit=self.max_connections, reason="every connection busy")
+                self.throttle.report(
+                    "connection.refused", "warning", limit=self.max_connections, reason="every connection busy"
+                )
                 self._answer(503, "Service unavailable: too many open connections; retry shortly.", b"retry-after: 1")
                 return
             oldest = min(waiting, key=lambda c: c._waiting_since)
-            _report("connection.evicted", limit=self.max_connections, reason="oldest waiting for a request")
+            self.throttle.report(
+                "connection.evicted", limit=self.max_connections, reason="oldest waiting for a request"
+            )
             oldest._close()
         self._await_head()
         # uvicorn arms its silence timer only after a response; a fresh connection gets it too.
@@ -155,12 +178,12 @@ class _EdgeProtocol(H11Protocol):
 
     def _head_late(self) -> None:
         if self._phase == "head" and not self.transport.is_closing():
-            _report("connection.timeout", limit_s=self.limits.header_timeout_s, waited_for="request head")
+            self.throttle.report("connection.timeout", limit_s=self.limits.header_timeout_s, waited_for="request head")
             self._answer(408, f"Request timeout: no complete request head within {self.limits.header_timeout_s} s.")
 
     def _body_late(self) -> None:
         if self._phase == "body" and not self.transport.is_closing():
-            _report("connection.timeout", limit_s=self.limits.body_timeout_s, waited_for="request body")
+            self.throttle.report("connection.timeout", limit_s=self.limits.body_timeout_s, waited_for="request body")
             self._close()
 
     # ------------------------------------------------------------------------------------------- answers
@@ -193,7 +216,8 @@ class _EdgeProtocol(H11Protocol):
 def edge_protocol(limits: Limits, *, max_connections: int | None = None) -> type[H11Protocol]:
     """uvicorn's h11 protocol with ``limits`` applied (pass it as ``uvicorn.Config(http=...)``)."""
     cap = max_connections if max_connections is not None else limits.max_connections
-    return type("EdgeProtocol", (_EdgeProtocol,), {"limits": limits, "max_connections": cap})
+    attributes = {"limits": limits, "max_connections": cap, "throttle": Throttle()}
+    return type("EdgeProtocol", (_EdgeProtocol,), attributes)
 
 
 def raise_open_files_limit() -> int:
@@ -230,13 +254,14 @@ def effective_max_connections(limits: Limits, open_files: int) -> int:
 _ACCEPT_ERROR = "socket.accept() out of system resource"
 
 
-def quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> None:
+def quiet_edge_logs(loop: asyncio.AbstractEventLoop) -> None:
     """Report asyncio's accept failures (e.g. EMFILE) once per second with a count, not once per attempt."""
     previous = loop.get_exception_handler()
+    throttle = Throttle()
 
     def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         if context.get("message") == _ACCEPT_ERROR:
-            _report("connection.accept_failed", "error", error=str(context.get("exception")))
+            throttle.report("connection.accept_failed", "error", error=str(context.get("exception")))
             return
         if previous is not None:
             previous(loop, context)
@@ -244,3 +269,6 @@ def quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> None:
             loop.default_exception_handler(context)
 
     loop.set_exception_handler(handler)
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, ThrottledLog) for f in uvicorn_log.filters):
+        uvicorn_log.addFilter(ThrottledLog())

@@ -6,6 +6,7 @@ busy is answered 503 at once, and accept errors are reported once per second, no
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ import anyio
 import pytest
 from anyio.abc import SocketStream
 
-from gateway.connections import Throttle
+from gateway.connections import Throttle, ThrottledLog
 from tests.fixtures.gateway_proc import PYTHON, echo_argv, mcp_session
 from tests.fixtures.procs import LOOPBACK, RunningServer, free_port, start_http_server
 
@@ -163,3 +164,30 @@ def test_a_throttled_report_passes_once_per_interval_and_then_counts_what_it_sup
     now[0] += 1.0
     assert throttle.allow("accept") == 500
     assert throttle.allow("accept") is None
+
+
+async def test_malformed_requests_are_warned_about_once_a_second_with_a_count(tmp_path: Path) -> None:
+    with gateway(tmp_path, "") as gw:
+        with anyio.fail_after(10):
+            for _ in range(50):
+                async with await anyio.connect_tcp(LOOPBACK, gw.port) as stream:
+                    await stream.send(b"NOT HTTP AT ALL\r\n\r\n")
+                    assert (await read_to_close(stream)).startswith(b"HTTP/1.1 400 ")
+        output = gw.output()
+    warnings = [line for line in output.splitlines() if "Invalid HTTP request received." in line]
+    assert 1 <= len(warnings) <= 3, output  # 50 before the throttle
+
+
+def test_a_throttled_log_filter_passes_a_template_once_per_interval_and_then_names_the_count() -> None:
+    now = [0.0]
+    throttled = ThrottledLog(Throttle(interval=1.0, clock=lambda: now[0]))
+
+    def record(msg: str) -> logging.LogRecord:
+        return logging.LogRecord("uvicorn.error", logging.WARNING, __file__, 1, msg, None, None)
+
+    assert throttled.filter(record("Invalid HTTP request received."))
+    assert not any(throttled.filter(record("Invalid HTTP request received.")) for _ in range(9))
+    now[0] = 1.5
+    passed = record("Invalid HTTP request received.")
+    assert throttled.filter(passed)
+    assert passed.getMessage() == "Invalid HTTP request received. (9 more like it suppressed)"

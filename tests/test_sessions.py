@@ -16,6 +16,8 @@ import httpx2
 import pytest
 
 from gateway.audit import query
+from gateway.config import parse_config
+from gateway.errors import ConfigError
 from tests.fixtures.gateway_proc import PYTHON, echo_argv, mcp_session, run_gateway
 from tests.fixtures.procs import RunningServer
 
@@ -180,3 +182,16 @@ async def test_an_idle_session_expires_after_session_idle_s(tmp_path: Path) -> N
                 await anyio.sleep(2.5)  # the passing of idle time is the subject here, not a synchronisation
                 assert (await call_echo(http, url, "tok-alice", session, "x")).status_code == 404
         stop(gateway)
+
+
+def test_the_limits_have_defaults_and_a_per_caller_share_cannot_exceed_the_whole() -> None:
+    limits = parse_config("", file="federation.yaml", env={}).gateway.limits
+    assert (limits.sessions_per_caller, limits.max_sessions, limits.session_idle_s) == (64, 1000, 300.0)
+    with pytest.raises(ConfigError) as refused:
+        parse_config(
+            "gateway:\n  limits: {sessions_per_caller: 20, max_sessions: 10}\n", file="federation.yaml", env={}
+        )
+    assert str(refused.value) == (
+        "federation.yaml:2: gateway.limits: sessions_per_caller (20) is larger than max_sessions (10): "
+        "one caller could then take every session"
+    )
