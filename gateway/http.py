@@ -273,6 +273,7 @@ class CallerSessions(StreamableHTTPSessionManager):
         self.evicted = 0
 
     def statistics(self) -> dict[str, int]:
+        """For ``/status``: sessions open now, and how many were evicted at their caller's cap since start."""
         return {"open": len(self._server_instances), "evicted": self.evicted}
 
     async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -350,7 +351,9 @@ def _filter_session_ids() -> None:
             logger.addFilter(_SessionIdFilter())
 
 
-def status_document(gateway: Gateway, *, connections: int | None = None) -> dict[str, Any]:
+def status_document(
+    gateway: Gateway, *, connections: int | None = None, sessions: dict[str, int] | None = None
+) -> dict[str, Any]:
     """``/status`` and ``gateway check --json``: every backend's state and reason, the catalog's size and problems.
 
     Reasons quote what a backend printed (a stderr tail); registered secrets are scrubbed from them.
@@ -383,6 +386,8 @@ def status_document(gateway: Gateway, *, connections: int | None = None) -> dict
     }
     if connections is not None:
         doc["connections"] = connections
+    if sessions is not None:
+        doc["sessions"] = sessions
     return doc
 
 
@@ -430,7 +435,7 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
         return JSONResponse({"status": "ok" if gateway.healthy() else "degraded", "backends": states})
 
     async def status(request: Request) -> Response:
-        return JSONResponse(status_document(gateway, connections=len(connections)))
+        return JSONResponse(status_document(gateway, connections=len(connections), sessions=manager.statistics()))
 
     gateway.metrics.watch(lambda: state_snapshot(gateway))
 

@@ -365,9 +365,10 @@ def test_the_status_document_shows_every_backend_with_state_reason_and_tool_coun
     )
     a = FakeBackend("a", ["one", "two"])
     b = FakeBackend("b", ["t"], state=BackendState.FAILED, reason="handshake answered HTTP 502")
-    doc = status_document(stub_gateway(config, a, b), connections=3)
+    doc = status_document(stub_gateway(config, a, b), connections=3, sessions={"open": 2, "evicted": 5})
 
     assert (doc["gateway"], doc["status"], doc["connections"]) == ("gw", "degraded", 3)
+    assert doc["sessions"] == {"open": 2, "evicted": 5}
     assert doc["catalog"]["tools"] == 2
     assert any("'ghost'" in problem for problem in doc["catalog"]["problems"])
     rows = {row["name"]: row for row in doc["backends"]}
@@ -378,5 +379,5 @@ def test_the_status_document_shows_every_backend_with_state_reason_and_tool_coun
     a.set_state(BackendState.READY)
     b.set_state(BackendState.DISABLED, "not today", declared=True)
     doc = status_document(stub_gateway(config, a, b))
-    assert doc["status"] == "ok" and "connections" not in doc
+    assert doc["status"] == "ok" and "connections" not in doc and "sessions" not in doc
     assert {row["name"]: row["declared"] for row in doc["backends"]} == {"a": False, "b": True}
