@@ -34,6 +34,7 @@ import structlog
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, AuthorizationContext
 from mcp.server.auth.provider import AccessToken
 from mcp.server.lowlevel.server import Server
+from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp_types import INVALID_REQUEST, ErrorData, JSONRPCError
@@ -286,7 +287,7 @@ class CallerSessions(StreamableHTTPSessionManager):
             response.headers["content-type"] = "application/json"
             await response(scope, receive, send)
 
-    def _admit_session(self, requestor: AuthorizationContext | None) -> Any:
+    def _admit_session(self, requestor: AuthorizationContext | None) -> StreamableHTTPServerTransport | None:
         owners = self._session_owners
         mine = [sid for sid in self._server_instances if owners.get(sid) == requestor]
         if len(mine) >= self.per_caller:
