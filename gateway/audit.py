@@ -116,7 +116,7 @@ class AuditRecord:
 
     ts: float  # unix time the call arrived
     correlation_id: str  # one id for every step of the fallback chain
-    session_id: str | None
+    session_id: str | None  # 12 hex digits of the session id's SHA-256 (server.session_digest), never the id
     client_name: str | None
     client_version: str | None
     caller: str | None
