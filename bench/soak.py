@@ -1,6 +1,6 @@
 """Soak the real gateway with faults: does one failure stay one failure, and does every call leave exactly one row?
 
-    .venv/bin/python bench/soak.py [--quick] [--json OUT] [--only fault|ledger] [--keep DIR]
+    .venv/bin/python bench/soak.py [--quick] [--json OUT] [--only fault|ledger] [--no-http] [--keep DIR]
 
 Everything runs on loopback and stops by itself: every loop is bounded in count and in time, every process the soak
 starts is stopped at the end (and any process it finds left behind is reported, then killed). Markdown goes to stdout,
@@ -16,7 +16,10 @@ Every process the gateway spawns carries ``SOAK_MARKER=<unique>`` in its environ
 
 Scenario ``fault`` (isolation), once with a stdio downstream and once with a streamable-HTTP one:
   * 8 bystander sessions x 300 ``echo`` calls (``--quick``: 4 x 80), the SDK's client over streamable HTTP, each
-    call's text unique (``b<session>-<index>``) so its ledger row is found by ``args_hash``;
+    call's text unique (``b<session>-<index>``) so its ledger row is found by ``args_hash``. Each session starts a
+    call at most every ``Plan.pace_s`` (30 ms; quick 40 ms): a failing call answers in a millisecond, and unpaced
+    clients would spend all their calls inside the first crash window. The gateway's circuit breaker keeps its
+    defaults (5 failures, 30 s cooldown): when it opens, the window lasts until it lets a call through again;
   * the downstream is SIGKILLed at 1/3 and at 2/3 of the calls (the second kill waits until the first crash window
     has closed). stdio: the process is found as the gateway's child in /proc and the gateway restarts it itself;
     HTTP: the soak kills its own echo server and starts it again on the same port at once;
@@ -28,15 +31,21 @@ Scenario ``fault`` (isolation), once with a stdio downstream and once with a str
   SDK session's streams; every request must get exactly one answer); bystander error rates outside and inside the
   crash windows (a window runs from a kill to the end of the first successful call started after it, plus
   ``WINDOW_MARGIN_S``); the gateway's VmRSS at the start, peak (sampled) and end, and VmHWM; the downstream restarts
-  the gateway went through (distinct downstream pids, and ready-again transitions on ``/status``); the ledger's rows
-  against the calls made; processes left after the gateway's shutdown (one SIGTERM).
+  the gateway went through (distinct downstream pids, and ready-again transitions on ``/status``); the client sessions
+  the gateway holds (``/status`` ``connections``); the backend's state at the end; the ledger's rows against the
+  calls made (a call answered with a JSON-RPC error, e.g. "Unknown tool" while the backend restarts, is told apart
+  from one answered with a result); processes left after the gateway's shutdown (one SIGTERM). ``--no-http`` skips
+  the run with the HTTP downstream.
 
 Scenario ``ledger`` (durability):
   * phase A: 4 sessions of continuous calls alternating the stdio ``echo`` tool and a CLI adapter tool, plus two
     sessions that keep a long call in flight (the adapter's ``hang`` and the echo server's ``sleep``); the downstream
     is SIGKILLed twice; then the gateway gets SIGTERM and, 1 s later, a second SIGTERM, with calls in flight;
   * the processes still alive afterwards that the gateway started (by marker, and by its session id) are listed;
-  * phase B: a new gateway on the same ledger file, the 4 sessions continue for a while, then one SIGTERM.
+  * phase B: a new gateway on the same ledger file, the 4 sessions make 100 calls each (quick: 25), then one
+    SIGTERM.
+  A call still waiting for its answer 3 s after the gateway stopped is abandoned and counted as unanswered
+  ("pending" or "transport" in the outcomes).
   Reported per phase: calls sent (every ``call_tool``, answered or not), answers, the rows in the ledger, rows
   missing for answered calls (the ledger's guarantee: an answer implies its row), rows missing for unanswered calls,
   duplicate rows (by ``args_hash``, each call's arguments being unique, and by ``correlation_id``), rows no call
@@ -401,6 +410,9 @@ class Wire:
             "unanswered": sum(1 for i in self.requests if self.answers[i] == 0),
             "answered_more_than_once": sum(1 for i in self.requests if self.answers[i] > 1),
             "answers_to_unknown_ids": sum(n for i, n in self.answers.items() if i not in self.requests),
+            "tools_call_answered_once": sum(1 for key in calls if self.answers[key] == 1),
+            "tools_call_unanswered": sum(1 for key in calls if self.answers[key] == 0),
+            "tools_call_answered_more_than_once": sum(1 for key in calls if self.answers[key] > 1),
             "transport_exceptions": self.exceptions,
         }
 
@@ -664,6 +676,7 @@ class BadTally:
         default_factory=lambda: collections.defaultdict(collections.Counter)
     )
     transport_errors: collections.Counter[str] = field(default_factory=collections.Counter)
+    largest_answer: collections.Counter[str] = field(default_factory=collections.Counter)  # bytes
     sessions: int = 0
     samples: dict[str, str] = field(default_factory=dict)
 
@@ -678,6 +691,7 @@ class BadTally:
                     "unanswered": self.unanswered[k],
                     "answered_more_than_once": self.answered_twice[k],
                     "transport_errors": self.transport_errors[k],
+                    "largest_answer_bytes": self.largest_answer[k],
                     "http_status": dict(self.http_status[k]),
                     "sample_answer": self.samples.get(k, ""),
                 }
@@ -732,6 +746,7 @@ async def bad_client(url: str, token: str, echo_tool: str, stop: anyio.Event, pl
                 tally.sent[kind] += 1
                 r = await http.post(url, content=body, headers={"mcp-session-id": session})
                 tally.http_status[kind][r.status_code] += 1
+                tally.largest_answer[kind] = max(tally.largest_answer[kind], len(r.content))
                 answers = _answers(r.content, r.headers.get("content-type", ""))
                 mine = [a for a in answers if a.get("id") == expect and type(a.get("id")) is type(expect)]
                 nulls = [a for a in answers if a.get("id") is None]
@@ -791,6 +806,7 @@ class Watch:
     downstream_pids: dict[int, float] = field(default_factory=dict)  # pid -> first seen
     states: list[tuple[float, str]] = field(default_factory=list)  # changes of the backend's state on /status
     ready_again: int = 0
+    connections: list[int] = field(default_factory=list)  # /status "connections": client sessions the gateway holds
 
 
 async def watcher(gw: Gateway, http: httpx2.AsyncClient, needle: str, stop: anyio.Event, watch: Watch) -> None:
@@ -807,6 +823,8 @@ async def watcher(gw: Gateway, http: httpx2.AsyncClient, needle: str, stop: anyi
             for pid in gw.downstream_pids(needle):
                 watch.downstream_pids.setdefault(pid, now)
         doc = await gw.status(http)
+        if doc is not None and isinstance(doc.get("connections"), int):
+            watch.connections.append(doc["connections"])
         if doc is not None and doc.get("backends"):
             state = str(doc["backends"][0].get("state"))
             if state != last_state:
@@ -1017,10 +1035,13 @@ async def fault_soak(procs: Procs, workdir: Path, plan: Plan, downstream: str) -
                 stop_watch.set()
         run_s = time.monotonic() - t_run
         say(f"{name}: load done in {run_s:.1f} s; stopping the gateway")
-        doc["status_at_end"] = [
-            {k: b.get(k) for k in ("name", "state", "reason", "last_error")}
-            for b in ((await gw.status(http)) or {}).get("backends", [])
-        ]
+        final = (await gw.status(http)) or {}
+        doc["status_at_end"] = [{k: b.get(k) for k in ("name", "state", "reason")} for b in final.get("backends", [])]
+        doc["connections"] = {
+            "start": watch.connections[0] if watch.connections else None,
+            "peak": max(watch.connections, default=None),
+            "end": final.get("connections"),
+        }
         gw_sid = gw.pid
         doc["stop"] = await gw.stop()
         await anyio.sleep(0.5)
@@ -1283,7 +1304,7 @@ def report(doc: dict[str, Any]) -> str:
     for f in doc.get("fault", []):
         kind = f["downstream"]
         windows = ", ".join(f"{k['window_s']} s" + ("" if k["closed"] else " (never closed)") for k in f["kills"])
-        restarts, by = f["restarts_observed"], f["ledger"]["bystanders"]
+        restarts, by, w = f["restarts_observed"], f["ledger"]["bystanders"], f["wire"]
         new_pids = "-" if restarts["downstream_pids"] is None else restarts["downstream_pids"]
         out += [f"## Fault soak, {kind} downstream", ""]
         out += [
@@ -1296,9 +1317,12 @@ def report(doc: dict[str, Any]) -> str:
             f"| calls made / planned | {f['calls_made']} / {f['calls_planned']} (not sent: {f['calls_not_sent']}) |",
             f"| answers received (calls answered) | {f['answers']} |",
             f"| outcomes | {json.dumps(f['outcomes'])} |",
-            f"| wire: requests / answered exactly once / unanswered / answered twice+ / answers to unknown ids | "
-            f"{f['wire'].get('requests', 0)} / {f['wire'].get('answered_once', 0)} / {f['wire'].get('unanswered', 0)}"
-            f" / {f['wire'].get('answered_more_than_once', 0)} / {f['wire'].get('answers_to_unknown_ids', 0)} |",
+            f"| wire, tools/call requests: sent / answered exactly once / unanswered / answered twice+ | "
+            f"{w.get('tools_call_requests', 0)} / {w.get('tools_call_answered_once', 0)} / "
+            f"{w.get('tools_call_unanswered', 0)} / {w.get('tools_call_answered_more_than_once', 0)} |",
+            f"| wire, all requests (initialize, tools/list, ...): sent / unanswered / answered twice+ / answers to "
+            f"unknown ids | {w.get('requests', 0)} / {w.get('unanswered', 0)} / {w.get('answered_more_than_once', 0)} "
+            f"/ {w.get('answers_to_unknown_ids', 0)} |",
             f"| bystander sessions reopened (transport broke) | {f['session_reopens']} "
             f"(open failures {f['session_open_failures']}) |",
             f"| bystander error rate outside crash windows | {_pct(f['outside_windows']['error_rate'])} "
@@ -1312,6 +1336,13 @@ def report(doc: dict[str, Any]) -> str:
             f"{f['rss']['peak_sampled_mb']} / {f['rss']['end_mb']} / {f['rss']['hwm_mb']} MB |",
             f"| unclosed sessions opened (failed) | {f['unclosed_sessions']['opened']} "
             f"({f['unclosed_sessions']['failed']}) |",
+            f"| client sessions the gateway holds (/status connections) start / peak / end | "
+            f"{f['connections']['start']} / {f['connections']['peak']} / {f['connections']['end']} |",
+            "| backend at the end (/status) | "
+            + "; ".join(
+                f"{b['name']}: {b['state']}" + (f" ({b['reason']})" if b["reason"] else "") for b in f["status_at_end"]
+            )
+            + " |",
             f"| ledger rows (all callers) | {f['ledger']['rows']} {json.dumps(f['ledger']['rows_by_caller'])} |",
             f"| bystander calls made vs their rows | {f['ledger']['bystanders']['calls_sent']} vs "
             f"{f['ledger']['bystanders']['rows_matching_a_call']} |",
@@ -1337,14 +1368,14 @@ def report(doc: dict[str, Any]) -> str:
             "Bad input (one session of its own, raw bytes):",
             "",
             "| request | sent | answered (its id) | answered (id null) | no answer | answered twice+ "
-            "| transport errors | HTTP status | first answer |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| transport errors | HTTP status | largest answer | first answer |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for k, v in f["bad_input"]["by_kind"].items():
             out.append(
                 f"| {k} | {v['sent']} | {v['answered_with_its_id']} | {v['answered_with_id_null']} | "
                 f"{v['unanswered']} | {v['answered_more_than_once']} | {v['transport_errors']} | "
-                f"{json.dumps(v['http_status'])} | "
+                f"{json.dumps(v['http_status'])} | {v['largest_answer_bytes']:,} B | "
                 f"`{v['sample_answer'][:110].replace('|', '/')}` |"
             )
         out += [f"\nBad-input sessions opened: {f['bad_input']['sessions']}.", ""]
@@ -1403,7 +1434,8 @@ def report(doc: dict[str, Any]) -> str:
             "",
             f"Whole run: {led['total']['calls_sent']} calls sent, {led['total']['answered']} answered, "
             f"{led['total']['rows']} rows; missing for answered calls {led['total']['missing_rows_answered_calls']}, "
-            f"duplicates {led['total']['duplicate_rows_by_args_hash']}. Wire: {json.dumps(led['wire'])}.",
+            f"duplicates {led['total']['duplicate_rows_by_args_hash']}. Wire (answers counted per request id, "
+            f"per session): {json.dumps(led['wire'])}.",
             "",
         ]
     if doc.get("stray_killed_at_exit"):
