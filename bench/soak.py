@@ -43,7 +43,7 @@ Scenario ``ledger`` (durability):
     is SIGKILLed twice; then the gateway gets SIGTERM and, 1 s later, a second SIGTERM, with calls in flight;
   * the processes still alive afterwards that the gateway started (by marker, and by its session id) are listed;
   * phase B: a new gateway on the same ledger file, the 4 sessions make 100 calls each (quick: 25), then one
-    SIGTERM.
+    SIGTERM while the two long calls are in flight (the graceful path, for comparison).
   A call still waiting for its answer 3 s after the gateway stopped is abandoned and counted as unanswered
   ("pending" or "transport" in the outcomes).
   Reported per phase: calls sent (every ``call_tool``, answered or not), answers, the rows in the ledger, rows
@@ -400,6 +400,7 @@ class Wire:
         self.answers: collections.Counter[tuple[int, Any]] = collections.Counter()
         self.exceptions = 0  # transport errors the SDK put into the read stream
         self.sessions = 0  # request ids restart in every session: they are counted per session
+        self.http = HttpWire()
 
     def summary(self) -> dict[str, int]:
         calls = [key for key, method in self.requests.items() if method == "tools/call"]
@@ -414,7 +415,117 @@ class Wire:
             "tools_call_unanswered": sum(1 for key in calls if self.answers[key] == 0),
             "tools_call_answered_more_than_once": sum(1 for key in calls if self.answers[key] > 1),
             "transport_exceptions": self.exceptions,
+        } | self.http.summary()
+
+
+class HttpWire:
+    """What crossed the HTTP connection: JSON-RPC requests POSTed to the gateway and the answers the gateway sent
+    back (a JSON body or SSE events, on the POST's stream or a GET stream), by (Mcp-Session-Id, request id).
+
+    This is the exact count: the SDK's client also puts errors of its own making into the session (e.g. "SSE stream
+    ended and reconnection attempts were exhausted" for a request whose stream broke), which are not answers."""
+
+    def __init__(self) -> None:
+        self.requests: dict[tuple[str, Any], str] = {}
+        self.answers: collections.Counter[tuple[str, Any]] = collections.Counter()
+        self.http_status: collections.Counter[int] = collections.Counter()
+        self.unreached = 0  # POSTs that got no HTTP response at all
+
+    def summary(self) -> dict[str, int]:
+        calls = [key for key, method in self.requests.items() if method == "tools/call"]
+        return {
+            "http_requests_with_id": len(self.requests),
+            "http_tools_call": len(calls),
+            "http_tools_call_answered_once": sum(1 for key in calls if self.answers[key] == 1),
+            "http_tools_call_unanswered": sum(1 for key in calls if self.answers[key] == 0),
+            "http_tools_call_answered_more_than_once": sum(1 for key in calls if self.answers[key] > 1),
+            "http_requests_unanswered": sum(1 for key in self.requests if self.answers[key] == 0),
+            "http_answers_to_unknown_ids": sum(n for key, n in self.answers.items() if key not in self.requests),
         }
+
+
+def _messages(text: str) -> list[dict[str, Any]]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return []
+    return [m for m in (value if isinstance(value, list) else [value]) if isinstance(m, dict)]
+
+
+class _TeeStream(httpx2.AsyncByteStream):
+    """A response body passed through unchanged while its JSON-RPC answers are counted."""
+
+    def __init__(self, inner: Any, wire: HttpWire, key: str, sse: bool) -> None:
+        self._inner, self._wire, self._key, self._sse = inner, wire, key, sse
+        self._buffer = ""
+
+    def _count(self, text: str) -> None:
+        for m in _messages(text):
+            if "id" in m and "method" not in m and ("result" in m or "error" in m):
+                self._wire.answers[(self._key, m["id"])] += 1
+
+    def _events(self, final: bool) -> None:
+        self._buffer = self._buffer.replace("\r\n", "\n")
+        *events, self._buffer = self._buffer.split("\n\n")
+        if final:
+            events.append(self._buffer)
+            self._buffer = ""
+        for event in events:
+            data = "\n".join(line[5:].lstrip() for line in event.split("\n") if line.startswith("data:"))
+            if data:
+                self._count(data)
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._inner:
+            self._buffer += chunk.decode(errors="replace")
+            if self._sse:
+                self._events(final=False)
+            yield chunk
+
+    async def aclose(self) -> None:
+        if self._sse:
+            self._events(final=True)
+        elif self._buffer.strip():
+            self._count(self._buffer)
+        self._buffer = ""
+        await self._inner.aclose()
+
+
+class CountingTransport(httpx2.AsyncBaseTransport):
+    def __init__(self, wire: HttpWire) -> None:
+        self._inner = httpx2.AsyncHTTPTransport(trust_env=False)
+        self._wire = wire
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        try:
+            body = request.content
+        except Exception:  # a streamed request body: not ours to read
+            body = b""
+        sent = [m for m in _messages(body.decode(errors="replace"))] if request.method == "POST" and body else []
+        sent = [m for m in sent if "id" in m and "method" in m]
+        key = request.headers.get("mcp-session-id")
+        try:
+            response = await self._inner.handle_async_request(request)
+        except BaseException:  # sent, and no HTTP answer at all (connection refused or reset)
+            self._wire.unreached += 1
+            for m in sent:
+                self._wire.requests[(key or f"-{self._wire.unreached}", m["id"])] = str(m["method"])
+            raise
+        self._wire.http_status[response.status_code] += 1
+        key = key or response.headers.get("mcp-session-id") or f"-{id(response)}"
+        for m in sent:
+            self._wire.requests[(key, m["id"])] = str(m["method"])
+        sse = "text/event-stream" in response.headers.get("content-type", "")
+        return httpx2.Response(
+            response.status_code,
+            headers=response.headers,
+            stream=_TeeStream(response.stream, self._wire, key, sse),
+            extensions=response.extensions,
+            request=request,
+        )
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
 
 
 class _CountingRead:
@@ -486,7 +597,12 @@ async def sdk_session(url: str, token: str, wire: Wire, name: str) -> AsyncItera
     from mcp.client.streamable_http import streamable_http_client
 
     headers = {"Authorization": f"Bearer {token}"}
-    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=300), trust_env=False) as http:
+    async with httpx2.AsyncClient(
+        headers=headers,
+        timeout=httpx2.Timeout(30, read=300),
+        trust_env=False,
+        transport=CountingTransport(wire.http),
+    ) as http:
         async with streamable_http_client(url, http_client=http) as (read, write):
             wire.sessions += 1
             async with ClientSession(
@@ -500,6 +616,17 @@ async def sdk_session(url: str, token: str, wire: Wire, name: str) -> AsyncItera
                 yield session
 
 
+CLIENT_MADE = (
+    "SSE stream ended",
+    "Server returned an error response",
+    "Session terminated",
+    "Unexpected content type",
+    "Failed to parse",
+)
+"""Error messages the SDK's streamable-HTTP client makes up itself (mcp/client/streamable_http.py) when a request's
+stream broke or the HTTP answer was not JSON-RPC: no answer from the gateway."""
+
+
 @dataclass
 class Call:
     client: str
@@ -508,7 +635,7 @@ class Call:
     arguments: dict[str, Any]
     start: float
     end: float = 0.0
-    outcome: str = "pending"  # ok | is_error | rpc_error | timeout | transport | not_sent
+    outcome: str = "pending"  # ok | is_error | rpc_error | timeout | no_answer | transport | not_sent
     correlation_id: str | None = None
     detail: str = ""
 
@@ -528,7 +655,12 @@ async def do_call(session: Any, call: Call, expect_text: str | None, limit_s: fl
         result = await session.call_tool(call.tool, call.arguments, read_timeout_seconds=limit_s)
     except MCPError as exc:
         code = exc.error.code
-        call.outcome = "timeout" if code == -32001 else "rpc_error"
+        if code == -32001:
+            call.outcome = "timeout"
+        elif exc.error.message.startswith(CLIENT_MADE):
+            call.outcome = "no_answer"  # the SDK's client gave up on the request: the gateway never answered
+        else:
+            call.outcome = "rpc_error"
         call.detail = f"{code}: {exc.error.message[:120]}"
     except Exception as exc:  # the transport broke: no answer
         call.outcome = "transport"
@@ -1204,6 +1336,17 @@ async def ledger_soak(procs: Procs, workdir: Path, plan: Plan) -> dict[str, Any]
         def success_after(t: float) -> bool:
             return any(c.outcome == "ok" and c.start > t for c in calls)
 
+        async def shutdown(second_term_after: float | None) -> None:
+            sid = gw.pid
+            info["processes_before_shutdown"] = len(leftovers(marker, sid))
+            info["in_flight_at_shutdown"] = sum(1 for c in calls if c.outcome == "pending")
+            info["stop"] = await gw.stop(second_term_after=second_term_after)
+            await anyio.sleep(0.5)
+            left = leftovers(marker, sid)
+            info["leftovers_after_stop"] = left
+            kill_all(left)
+            stop.set()
+
         async def director() -> None:
             await anyio.sleep(plan.ledger_phase_a_s)
             for _ in range(2):
@@ -1217,38 +1360,26 @@ async def ledger_soak(procs: Procs, workdir: Path, plan: Plan) -> dict[str, Any]
                     while not success_after(t):  # noqa: ASYNC110 - polling what the clients saw
                         await anyio.sleep(0.02)
                 await anyio.sleep(plan.ledger_phase_a_s / 2)
-            sid = gw.pid
-            before = leftovers(marker, sid)
-            info["processes_before_shutdown"] = len(before)
-            info["in_flight_at_shutdown"] = sum(1 for c in calls if c.outcome == "pending")
             say("ledger A: SIGTERM, and a second SIGTERM 1 s later, with calls in flight")
-            info["stop"] = await gw.stop(second_term_after=1.0)
-            await anyio.sleep(0.5)
-            left = leftovers(marker, sid)
-            info["leftovers_after_stop"] = left
-            kill_all(left)
-            stop.set()
+            await shutdown(1.0)
 
         async with anyio.create_task_group() as load:
-            for n in workers:
-                load.start_soon(worker, n)
-            if phase == "A":
-                for n in hangers:
-                    load.start_soon(hanger, n)
-                await director()
-                # Calls still waiting for an answer from the stopped gateway stay "pending": cut, no answer.
-                await anyio.sleep(3.0)
-                load.cancel_scope.cancel()
+            for n in hangers:  # a long call in flight whenever the gateway is stopped
+                load.start_soon(hanger, n)
+            async with anyio.create_task_group() as work:
+                for n in workers:
+                    work.start_soon(worker, n)
+                if phase == "A":
+                    await director()
+            if phase == "B":
+                say("ledger B: one SIGTERM, with the long calls in flight")
+                await shutdown(None)
+            # Calls still waiting for an answer from the stopped gateway stay "pending": cut, no answer.
+            await anyio.sleep(3.0)
+            load.cancel_scope.cancel()
         info["kills"] = kills
         info["sessions_opened"] = sum(st.opened for st in stats.values())
         info["session_open_failures"] = sum(st.open_failures for st in stats.values())
-        if phase == "B":
-            sid = gw.pid
-            info["stop"] = await gw.stop()
-            await anyio.sleep(0.5)
-            left = leftovers(marker, sid)
-            info["leftovers_after_stop"] = left
-            kill_all(left)
 
     async with httpx2.AsyncClient(trust_env=False) as http:
         with anyio.fail_after(SCENARIO_LIMIT_S):
@@ -1317,12 +1448,15 @@ def report(doc: dict[str, Any]) -> str:
             f"| calls made / planned | {f['calls_made']} / {f['calls_planned']} (not sent: {f['calls_not_sent']}) |",
             f"| answers received (calls answered) | {f['answers']} |",
             f"| outcomes | {json.dumps(f['outcomes'])} |",
-            f"| wire, tools/call requests: sent / answered exactly once / unanswered / answered twice+ | "
-            f"{w.get('tools_call_requests', 0)} / {w.get('tools_call_answered_once', 0)} / "
-            f"{w.get('tools_call_unanswered', 0)} / {w.get('tools_call_answered_more_than_once', 0)} |",
-            f"| wire, all requests (initialize, tools/list, ...): sent / unanswered / answered twice+ / answers to "
-            f"unknown ids | {w.get('requests', 0)} / {w.get('unanswered', 0)} / {w.get('answered_more_than_once', 0)} "
-            f"/ {w.get('answers_to_unknown_ids', 0)} |",
+            f"| HTTP wire, tools/call: sent / answered exactly once / unanswered / answered twice+ | "
+            f"{w.get('http_tools_call', 0)} / {w.get('http_tools_call_answered_once', 0)} / "
+            f"{w.get('http_tools_call_unanswered', 0)} / {w.get('http_tools_call_answered_more_than_once', 0)} |",
+            f"| HTTP wire, every request with an id: sent / unanswered / answers to unknown ids | "
+            f"{w.get('http_requests_with_id', 0)} / {w.get('http_requests_unanswered', 0)} / "
+            f"{w.get('http_answers_to_unknown_ids', 0)} |",
+            f"| SDK session, tools/call: answered once / unanswered / twice+ (includes errors the client made up) | "
+            f"{w.get('tools_call_answered_once', 0)} / {w.get('tools_call_unanswered', 0)} / "
+            f"{w.get('tools_call_answered_more_than_once', 0)} |",
             f"| bystander sessions reopened (transport broke) | {f['session_reopens']} "
             f"(open failures {f['session_open_failures']}) |",
             f"| bystander error rate outside crash windows | {_pct(f['outside_windows']['error_rate'])} "
@@ -1381,12 +1515,13 @@ def report(doc: dict[str, Any]) -> str:
         out += [f"\nBad-input sessions opened: {f['bad_input']['sessions']}.", ""]
     led = doc.get("ledger")
     if led:
+        w = led["wire"]
         out += ["## Ledger integrity", ""]
         out += [
             f"{led['sessions']} sessions alternating `echo__echo` (stdio) and `cli__say` (CLI adapter), plus "
             f"{led['long_call_sessions']} sessions holding a long call (`cli__hang`, `echo__sleep`). Phase A: two "
             "downstream SIGKILLs, then SIGTERM + SIGTERM 1 s later with calls in flight. Phase B: a new gateway on "
-            "the same ledger, then one SIGTERM.",
+            "the same ledger, then one SIGTERM with the long calls in flight.",
             "",
             "| figure | phase A | phase B |",
             "|---|---|---|",
@@ -1434,8 +1569,10 @@ def report(doc: dict[str, Any]) -> str:
             "",
             f"Whole run: {led['total']['calls_sent']} calls sent, {led['total']['answered']} answered, "
             f"{led['total']['rows']} rows; missing for answered calls {led['total']['missing_rows_answered_calls']}, "
-            f"duplicates {led['total']['duplicate_rows_by_args_hash']}. Wire (answers counted per request id, "
-            f"per session): {json.dumps(led['wire'])}.",
+            f"duplicates {led['total']['duplicate_rows_by_args_hash']}. HTTP wire, tools/call (answers counted per "
+            f"request id and session): {w.get('http_tools_call', 0)} sent, {w.get('http_tools_call_answered_once', 0)}"
+            f" answered exactly once, {w.get('http_tools_call_unanswered', 0)} unanswered, "
+            f"{w.get('http_tools_call_answered_more_than_once', 0)} answered twice or more.",
             "",
         ]
     if doc.get("stray_killed_at_exit"):
