@@ -1,6 +1,7 @@
 """Soak the real gateway with faults: does one failure stay one failure, and does every call leave exactly one row?
 
-    .venv/bin/python bench/soak.py [--quick] [--json OUT] [--only fault|ledger] [--no-http] [--keep DIR]
+    .venv/bin/python bench/soak.py [--quick] [--json OUT] [--only fault|ledger] [--no-http] [--gateway-breaker]
+                                   [--keep DIR]
 
 Everything runs on loopback and stops by itself: every loop is bounded in count and in time, every process the soak
 starts is stopped at the end (and any process it finds left behind is reported, then killed). Markdown goes to stdout,
@@ -18,8 +19,8 @@ Scenario ``fault`` (isolation), once with a stdio downstream and once with a str
   * 8 bystander sessions x 300 ``echo`` calls (``--quick``: 4 x 80), the SDK's client over streamable HTTP, each
     call's text unique (``b<session>-<index>``) so its ledger row is found by ``args_hash``. Each session starts a
     call at most every ``Plan.pace_s`` (30 ms; quick 40 ms): a failing call answers in a millisecond, and unpaced
-    clients would spend all their calls inside the first crash window. The gateway's circuit breaker keeps its
-    defaults (5 failures, 30 s cooldown): when it opens, the window lasts until it lets a call through again;
+    clients would spend all their calls inside the first crash window. The circuit breaker's cooldown is 1 s
+    (``SOAK_BREAKER``; ``--gateway-breaker`` keeps the 30 s default), so a window measures the restart;
   * the downstream is SIGKILLed at 1/3 and at 2/3 of the calls (the second kill waits until the first crash window
     has closed). stdio: the process is found as the gateway's child in /proc and the gateway restarts it itself;
     HTTP: the soak kills its own echo server and starts it again on the same port at once;
@@ -300,6 +301,14 @@ def gateway_env(tokens: dict[str, str]) -> dict[str, str]:
     }
 
 
+SOAK_BREAKER: dict[str, float] = {"cooldown_s": 1.0, "max_cooldown_s": 2.0}
+"""The soak's circuit breaker (failure_threshold stays the default 5): with the gateway's 30 s cooldown, a breaker
+that opens when the calls in flight at a kill fail (it does, depending on timing) keeps the backend out for longer
+than the whole run, and the crash windows would measure the cooldown, not the restart. ``--gateway-breaker`` keeps
+the gateway's defaults instead."""
+BREAKER: dict[str, float] | None = SOAK_BREAKER
+
+
 def write_config(path: Path, servers: dict[str, Any], adapters: dict[str, Any] | None = None) -> Path:
     doc: dict[str, Any] = {
         "version": 1,
@@ -310,6 +319,8 @@ def write_config(path: Path, servers: dict[str, Any], adapters: dict[str, Any] |
         },
         "servers": servers,
     }
+    if BREAKER is not None:
+        doc["gateway"]["circuit_breaker"] = BREAKER
     if adapters:
         doc["adapters"] = adapters
     path.write_text(json.dumps(doc, indent=2))  # JSON is YAML
@@ -1227,6 +1238,7 @@ async def fault_soak(procs: Procs, workdir: Path, plan: Plan, downstream: str) -
             "session_open_failures": sum(s.open_failures for s in stats.values()),
             "run_s": round(run_s, 1),
             "kills": [{k: v for k, v in kill.items() if k != "t"} for kill in kills],
+            "circuit_open_answers": sum(1 for c in sent if "circuit_open" in c.detail),
             "outside_windows": rate(outs),
             "inside_windows": rate(ins),
             "rss": rss_summary(watch, start_kb, end_vm),
@@ -1429,7 +1441,7 @@ def report(doc: dict[str, Any]) -> str:
         "",
         f"Gateway: {env['gateway']}; {env['cpus']} CPUs, {env['platform']}, Python {env['python']}; load average "
         f"before {env['load_before']}, after {env['load_after']}; {'quick' if doc['quick'] else 'full'} run, "
-        f"{doc['wall_s']:.0f} s.",
+        f"{doc['wall_s']:.0f} s; circuit breaker: {env['circuit_breaker']}.",
         "",
     ]
     for f in doc.get("fault", []):
@@ -1464,6 +1476,7 @@ def report(doc: dict[str, Any]) -> str:
             f"| bystander error rate inside crash windows | {_pct(f['inside_windows']['error_rate'])} "
             f"({f['inside_windows']['errors']} of {f['inside_windows']['calls']}) |",
             f"| crash windows (kill -> first success after it + {WINDOW_MARGIN_S:g} s) | {windows or '-'} |",
+            f"| bystander answers refused by the open circuit breaker | {f['circuit_open_answers']} |",
             f"| downstream restarts observed (new pids / ready again on /status) | "
             f"{new_pids} / {restarts['ready_again_on_status']} |",
             f"| gateway RSS start / peak (sampled) / end / VmHWM | {f['rss']['start_mb']} / "
@@ -1615,15 +1628,23 @@ def main() -> int:
     parser.add_argument("--only", action="append", choices=("fault", "ledger"), help="one scenario; repeatable")
     parser.add_argument("--no-http", action="store_true", help="fault soak with the stdio downstream only")
     parser.add_argument(
+        "--gateway-breaker",
+        action="store_true",
+        help="keep the gateway's circuit-breaker defaults (30 s cooldown) instead of the soak's 1 s",
+    )
+    parser.add_argument(
         "--keep", metavar="DIR", help="work in DIR (kept: logs, configs, ledgers) instead of a temp dir"
     )
     args = parser.parse_args()
+    global BREAKER
+    BREAKER = None if args.gateway_breaker else SOAK_BREAKER
     env = {
         "cpus": os.cpu_count(),
         "platform": platform.platform(terse=True),
         "python": platform.python_version(),
         "load_before": " ".join(f"{x:.2f}" for x in os.getloadavg()),
         "gateway": git_state(),
+        "circuit_breaker": "gateway defaults" if BREAKER is None else json.dumps(BREAKER),
     }
     started = time.monotonic()
     tmp = tempfile.TemporaryDirectory(prefix="soak-") if args.keep is None else None
