@@ -28,15 +28,16 @@ Scenario ``fault`` (isolation), once with a stdio downstream and once with a str
     JSON escape (``"\\ud800"``) and as raw bytes (ED A0 80, invalid UTF-8), a 900-deep nested argument, a 1 MB tool
     name, and a ``tools/call`` whose id is 1.5;
   * one client opens sessions (``initialize``) and never closes them.
-  Reported: calls made and answers received, counted per JSON-RPC request id on the wire (a wrapper around the
-  SDK session's streams; every request must get exactly one answer); bystander error rates outside and inside the
-  crash windows (a window runs from a kill to the end of the first successful call started after it, plus
-  ``WINDOW_MARGIN_S``); the gateway's VmRSS at the start, peak (sampled) and end, and VmHWM; the downstream restarts
-  the gateway went through (distinct downstream pids, and ready-again transitions on ``/status``); the client sessions
-  the gateway holds (``/status`` ``connections``); the backend's state at the end; the ledger's rows against the
-  calls made (a call answered with a JSON-RPC error, e.g. "Unknown tool" while the backend restarts, is told apart
-  from one answered with a result); processes left after the gateway's shutdown (one SIGTERM). ``--no-http`` skips
-  the run with the HTTP downstream.
+  Reported: calls made and answers received, counted per JSON-RPC request id and session on the HTTP wire (a
+  transport wrapped around the client's httpx2 connection reads every POST and every JSON or SSE answer; every
+  request must get exactly one answer; errors the SDK client makes up itself are not answers); bystander error rates
+  outside and inside the crash windows (a window runs from a kill to the end of the first successful call started
+  after it, plus ``WINDOW_MARGIN_S``) and what the errors were; the gateway's VmRSS at the start (after 20 warm-up
+  calls), peak (sampled every 0.1 s) and end, and VmHWM; the downstream restarts the gateway went through (distinct
+  downstream pids, and ready-again transitions on ``/status``); the client sessions the gateway holds (``/status``
+  ``connections``); the backend's state at the end; the ledger's rows against the calls made (a call answered with a
+  JSON-RPC error, e.g. "Unknown tool" while the backend restarts, is told apart from one answered with a result);
+  processes left after the gateway's shutdown (one SIGTERM). ``--no-http`` skips the run with the HTTP downstream.
 
 Scenario ``ledger`` (durability):
   * phase A: 4 sessions of continuous calls alternating the stdio ``echo`` tool and a CLI adapter tool, plus two
