@@ -185,6 +185,23 @@ def children(pid: int) -> list[int]:
     return out
 
 
+def descendants(pid: int) -> list[int]:
+    tree: dict[int, list[int]] = collections.defaultdict(list)
+    for p in _pids():
+        st = _stat(p)
+        if st is not None:
+            tree[st[1]].append(p)
+    found: list[int] = []
+    todo = list(tree.get(pid, ()))
+    for _ in range(10_000):  # bounded: a process tree is finite, this only guards against a loop in a bad read
+        if not todo:
+            break
+        child = todo.pop(0)
+        found.append(child)
+        todo.extend(tree.get(child, ()))
+    return found
+
+
 def has_marker(pid: int, marker: str) -> bool:
     try:
         env = Path(f"/proc/{pid}/environ").read_bytes()
@@ -373,7 +390,8 @@ class Gateway:
             return None
 
     def downstream_pids(self, needle: str) -> list[int]:
-        return [p for p in children(self.pid) if needle in cmdline(p)]
+        """The gateway's descendants whose command line holds ``needle`` (a launcher in between is looked through)."""
+        return [p for p in descendants(self.pid) if needle in cmdline(p)]
 
     async def stop(self, *, second_term_after: float | None = None) -> dict[str, Any]:
         """SIGTERM (and a second one after ``second_term_after`` s); SIGKILL if still alive after STOP_TIMEOUT_S."""
