@@ -40,7 +40,6 @@ from gateway.clients import ClientPolicy, Declared
 from gateway.errors import (
     BackendError,
     BackendRpcError,
-    BackendThinResult,
     BackendUnavailable,
     InvalidArguments,
     ToolNotFound,
@@ -208,18 +207,20 @@ class Router:
                     AuditStep(provider.label, None, "disabled" if state.declared else "unavailable", reason, 0.0)
                 )
                 continue
-            breaker = self.breakers[provider.backend]
-            if not breaker.allow():
+            breaker = self.breakers.of(backend)
+            admission = breaker.allow()
+            if not admission:
                 steps.append(AuditStep(provider.label, None, "circuit_open", breaker.reason(), 0.0))
                 continue
             provider_args = provider.map_arguments(arguments)
             for variant in backend.ladder(provider.tool, provider_args):
-                step, result, failure = await self._attempt(backend, provider, provider_args, variant, progress)
+                with admission:  # a trial call cut short (cancelled) hands the trial back
+                    step, result, failure = await self._attempt(backend, provider, provider_args, variant, progress)
                 steps.append(step)
-                if failure is None or isinstance(failure, BackendRpcError | BackendThinResult):
-                    breaker.success()  # the backend answered (even if the answer is an error or thin)
+                if failure is None or failure.answered:
+                    breaker.success()  # the backend answered (even if the answer is an error, thin or too large)
                 else:
-                    breaker.failure(step.reason or failure.outcome)
+                    breaker.failure(step.reason or failure.outcome, cause=failure.cause)
                 if failure is not None:
                     log.warning(
                         "tool.step_failed",
