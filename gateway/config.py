@@ -237,6 +237,13 @@ class _Backend(_Model):
     """How long the handshake (process start + initialize) may take before the backend is marked failed."""
     ping_interval_s: float = Field(default=10.0, gt=0)
     """How often a live session is pinged, so a silently dead downstream is noticed before a call fails on it."""
+    max_answer_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    """The largest answer (one JSON-RPC message: a stdio line, an SSE event, an HTTP body) taken from this server.
+    A larger one fails that call alone, naming its size and this limit; the session keeps serving the others."""
+    min_uptime_s: float = Field(default=30.0, ge=0)
+    """How long a session must have stayed up before a reconnect starts the backoff again from its first step; a
+    server that dies sooner (e.g. right after its handshake) is restarted with growing waits (0.5 s doubling to
+    30 s), so a flapping server costs a few spawns per minute, not a tight loop."""
     router: bool = False
     tools: ToolFilter = ToolFilter()
     session: Literal["shared", "per_client"] = "shared"
