@@ -252,7 +252,11 @@ class LimitedTransport(httpx2.AsyncBaseTransport):
             return response  # a compressed body cannot be cut by lines: the SDK's own limits apply
         request_id = None
         if request.method == "POST":
-            found = _ID_OF_REQUEST.match(request.content[:200])  # the SDK writes its requests in this shape
+            try:
+                body = request.content[:200]
+            except httpx2.RequestNotRead:  # a streamed request body (the SDK sends its messages whole)
+                body = b""
+            found = _ID_OF_REQUEST.match(body)  # the SDK writes its requests in this shape
             request_id = json.loads(found.group(1)) if found is not None else None
         content_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
         if content_type == "text/event-stream":
