@@ -63,6 +63,13 @@ def faults_http() -> Iterator[RunningServer]:
 
 
 @pytest.fixture(scope="module")
+def faults_json() -> Iterator[RunningServer]:
+    port = free_port()
+    with start_http_server([PYTHON, FAULTS, "--http", str(port), "--json-response"], port) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
 def faults_sse() -> Iterator[RunningServer]:
     port = free_port()
     with start_http_server([PYTHON, FAULTS, "--sse", str(port)], port) as server:
@@ -102,23 +109,29 @@ async def _big_answer_with_a_bystander(backend: McpBackend, size: int) -> tuple[
     return outcome["big"], outcome["bystander"]
 
 
-def _transport_configs(http: RunningServer, sse: RunningServer, **keys: Any) -> dict[str, ServerConfig]:
-    return {
-        "stdio": stdio(**keys),
-        "stdio-id-last": stdio("--id-last", **keys),
-        "streamable_http": HttpServer(transport="streamable_http", url=http.url(), **keys),
-        "sse": SseServer(transport="sse", url=sse.url("/sse"), **keys),
-    }
+@pytest.fixture
+def transports(
+    faults_http: RunningServer, faults_json: RunningServer, faults_sse: RunningServer
+) -> dict[str, RunningServer]:
+    return {"streamable_http": faults_http, "streamable_http-json": faults_json, "sse": faults_sse}
 
 
-TRANSPORTS = ["stdio", "stdio-id-last", "streamable_http", "sse"]
+def _config(transport: str, servers: dict[str, RunningServer], **keys: Any) -> ServerConfig:
+    if transport.startswith("stdio"):
+        return stdio("--id-last", **keys) if transport == "stdio-id-last" else stdio(**keys)
+    if transport == "sse":
+        return SseServer(transport="sse", url=servers["sse"].url("/sse"), **keys)
+    return HttpServer(transport="streamable_http", url=servers[transport].url(), **keys)
 
 
-@pytest.mark.parametrize("transport", ["stdio", "stdio-id-last", "streamable_http"])
+TRANSPORTS = ["stdio", "stdio-id-last", "streamable_http", "streamable_http-json", "sse"]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS[:-1])  # SSE: see the next-but-one test
 async def test_an_answer_of_3_5_mb_passes_under_the_default_limit(
-    transport: str, faults_http: RunningServer, faults_sse: RunningServer
+    transport: str, transports: dict[str, RunningServer]
 ) -> None:
-    config = _transport_configs(faults_http, faults_sse)[transport]
+    config = _config(transport, transports)
     async with serving(config) as backend:
         big, bystander = await _big_answer_with_a_bystander(backend, 3_500_000)
         assert big == 3_500_000
@@ -139,9 +152,9 @@ async def _fails_alone(backend: McpBackend, size: int, limit: int) -> None:
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_an_answer_over_max_answer_bytes_fails_that_call_alone_naming_size_and_limit(
-    transport: str, faults_http: RunningServer, faults_sse: RunningServer
+    transport: str, transports: dict[str, RunningServer]
 ) -> None:
-    config = _transport_configs(faults_http, faults_sse, max_answer_bytes=MiB // 2)[transport]
+    config = _config(transport, transports, max_answer_bytes=MiB // 2)
     async with serving(config) as backend:
         await _fails_alone(backend, 2 * MiB, MiB // 2)
 
