@@ -784,7 +784,7 @@ class McpBackend(BackendBase):
                         with anyio.fail_after(self._config.connect_timeout_s):
                             self._init = await session.initialize()
                             lists = {kind: await self._list(session, kind) for kind in LIST_KINDS}
-                        connected = True
+                        connected, ready_at = True, anyio.current_time()
                         self._session = session
                         self._tools = lists["tools"]
                         self._resources = lists["resources"]
@@ -799,7 +799,6 @@ class McpBackend(BackendBase):
                                 last_error=self._status.last_error,
                             )
                         )
-                        ready_at = anyio.current_time()
                         on_first_outcome()
                         async with anyio.create_task_group() as tg:
                             tg.start_soon(self._ping_loop, session)
