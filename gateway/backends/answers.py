@@ -95,7 +95,7 @@ class LineLimit:
                 continue
             newline = chunk.find(b"\n", pos)
             stop = end if newline < 0 else newline
-            if self._held_size + stop - pos <= self.limit:  # this line fits (a later one in the chunk does not)
+            if newline >= 0 and self._held_size + stop - pos <= self.limit:  # fits (a later line does not)
                 yield b"".join([*self._held, chunk[pos : stop + 1]])
                 self._held, self._held_size = [], 0
                 pos = stop + 1

@@ -79,3 +79,23 @@ def test_an_oversized_notification_is_dropped_unless_it_is_on_a_requests_own_str
     assert replace_line(item, 50, sse=False) is None
     on_post = replace_line(item, 50, sse=False, request_id=8)
     assert on_post is not None and json.loads(on_post)["id"] == 8
+
+
+def test_the_cutter_agrees_with_a_plain_split_on_random_streams_and_chunkings() -> None:
+    import random
+
+    rng = random.Random(7)
+    for _ in range(300):
+        limit = rng.randint(1, 40)
+        lines = [bytes(rng.choice(b"ab") for _ in range(rng.randint(0, 60))) for _ in range(rng.randint(1, 8))]
+        stream = b"\n".join(lines) + b"\n"
+        cuts = sorted(rng.sample(range(1, len(stream)), min(len(stream) - 1, rng.randint(0, 10))))
+        chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
+        expected: list[bytes | int] = [line + b"\n" if len(line) <= limit else len(line) for line in lines]
+        got: list[bytes | int] = []
+        for item in _run(limit, chunks):
+            if isinstance(item, Oversized):
+                got.append(item.size)
+            else:
+                got.extend(piece + b"\n" for piece in item.split(b"\n")[:-1])
+        assert got == expected, (limit, lines, cuts)
