@@ -8,6 +8,7 @@ re-probes it with backoff. The breaker covers the other case: a backend that is 
     open ──(``cooldown_s`` elapsed; the next call is the trial)──> half-open
     half-open ──(the trial succeeds)──> closed
     half-open ──(the trial fails)──> open, with the cooldown doubled (capped at ``max_cooldown_s``)
+    open, half-open ──(the backend reconnects)──> closed
 
 While open, the router skips the backend (the step is recorded as ``circuit_open`` with the reason) and the route
 or ladder moves on, so a sick provider costs callers nothing instead of a timeout each. Only provider failures count
