@@ -23,6 +23,7 @@ import structlog
 
 from gateway._logging import config_secrets, configure_logging, redactor
 from gateway.audit_report import add_audit_subcommands, run_audit
+from gateway.backends.processes import become_subreaper
 from gateway.config import Federation, environ, load_config
 from gateway.connections import edge_protocol, effective_max_connections, quiet_edge_logs, raise_open_files_limit
 from gateway.errors import ConfigError, GatewayError
@@ -85,6 +86,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gateway: invalid configuration: {exc}", file=sys.stderr)
         return EXIT_USAGE
     _register_secrets(config)
+    if args.command in ("serve", "check", "tools"):
+        # Orphans of the programs the gateway spawns re-parent to it, so none escapes (backends/processes.py).
+        become_subreaper()
     try:
         if args.command == "serve":
             return anyio.run(_serve, config, args)

@@ -28,6 +28,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from gateway.audit import Ledger, ToolStats
 from gateway.audit import stats as audit_stats
+from gateway.backends import processes
 from gateway.backends.base import Backend, BackendState, BackendStatus, DisabledBackend
 from gateway.backends.cli import CliBackend
 from gateway.backends.mcp import HttpPool, McpBackend, NotificationHook
@@ -162,6 +163,7 @@ class Gateway:
                     self._start(backend)
                 tg.start_soon(self._broadcast, receive)
                 tg.start_soon(self._rebuild_when_stale)
+                tg.start_soon(self._sweep_orphans)
                 if self._uses_costs:
                     tg.start_soon(self._measure_costs)
                 self._rebuild()
@@ -171,6 +173,7 @@ class Gateway:
                     tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
+                await processes.sweep(everything=True)  # every backend has stopped: no adopted process may stay
                 if ledger_cm is not None and self.ledger is not None:
                     await ledger_cm.__aexit__(None, None, None)
                 await http.aclose()
@@ -273,6 +276,12 @@ class Gateway:
         if costs != self._costs:
             self._costs = costs
             self._rebuild()
+
+    async def _sweep_orphans(self) -> None:
+        """Reap adopted orphans and end the escaped ones (processes.py), also between adapter calls."""
+        while True:
+            await anyio.sleep(processes.SWEEP_INTERVAL_S)
+            await processes.sweep()
 
     async def _broadcast(self, receive: anyio.abc.ObjectReceiveStream[Catalog]) -> None:
         async with receive:

@@ -23,6 +23,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -43,6 +44,7 @@ import mcp_types as types
 from jsonschema import exceptions as jsonschema_exceptions  # type: ignore[import-untyped]
 from jsonschema import validators as jsonschema_validators
 
+from gateway.backends import processes
 from gateway.backends.base import BackendBase, BackendState, BackendStatus, ProgressFn
 from gateway.config import Adapter, AdapterTool, ThinWhen, environ
 from gateway.errors import (
@@ -237,23 +239,31 @@ class _OsProcess:
     def signal_group(self, signum: int) -> None:
         # The process was started with start_new_session=True, so its group id is its pid. The kernel keeps that
         # id reserved while any member lives, so this reaches grandchildren even after the leader was reaped.
+        # A descendant that left the group (setsid) is still in the leader's tree while the leader lives (the
+        # leader is a subreaper: see processes.py), so the tree is signalled too; once the leader is gone, its
+        # orphans are the gateway's, and processes.sweep() ends them.
+        members = processes.descendants(self._process.pid) if self._process.returncode is None else []
         try:
             os.killpg(self._process.pid, signum)
         except (ProcessLookupError, PermissionError):  # gone (EPERM: only zombies left, on some systems)
             pass
+        for pid in members:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
 
     async def aclose(self) -> None:
         await self._process.aclose()
 
 
 async def spawn_process(argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None) -> ChildProcess:
-    """Start ``argv`` (a list, never a shell string) in a new session, stdin from /dev/null, stdout/stderr piped.
+    """Start ``argv`` (a list, never a shell string) in a new session, stdin from /dev/null, stdout/stderr piped;
+    on Linux a subreaper that dies with the gateway (``processes.spawn_flags``).
 
     Raises:
         OSError: the program could not be started (translated by the caller).
     """
-    process = await anyio.open_process(
-        list(argv), stdin=DEVNULL, stdout=PIPE, stderr=PIPE, env=dict(env), cwd=cwd, start_new_session=True
+    process = await processes.open_process(
+        argv, subreaper=True, stdin=DEVNULL, stdout=PIPE, stderr=PIPE, env=dict(env), cwd=cwd
     )
     return _OsProcess(process)
 
@@ -644,6 +654,8 @@ class CliBackend(BackendBase):
         with anyio.move_on_after(_REAP_TIMEOUT_S):
             await process.wait()
             await process.aclose()
+        # A descendant that left the group and outlived the leader was re-parented to the gateway: end it too.
+        await processes.sweep()
 
     # -- the answer
 

@@ -28,6 +28,7 @@ from mcp.os.posix.utilities import terminate_posix_process_tree
 from mcp.shared.message import SessionMessage
 
 from gateway.backends.answers import LineLimit, replace_line
+from gateway.backends import processes
 
 __all__ = ["StdioProcess", "open_stdio"]
 
@@ -99,12 +100,8 @@ async def open_stdio(
     Raises:
         OSError: the process could not be spawned (FileNotFoundError for a missing command).
     """
-    process = await anyio.open_process(
-        [command, *args],
-        env=dict(env) if env is not None else None,
-        cwd=cwd,
-        stderr=stderr,
-        start_new_session=True,
+    process = await processes.open_process(  # a session of its own; on Linux, dies with the gateway
+        [command, *args], env=dict(env) if env is not None else None, cwd=cwd, stderr=stderr
     )
     # No await between the spawn and the task group below, or a cancellation would leak the process.
     proc = StdioProcess(process, stderr)

@@ -1,0 +1,222 @@
+"""The processes the gateway spawns, and every process they spawn: none may outlive its owner (Linux mechanisms).
+
+A process group is not enough: a grandchild that calls ``setsid()`` leaves it, and ``os.killpg`` no longer reaches
+it. So, on Linux:
+
+  * ``become_subreaper()`` makes the gateway a child subreaper (``PR_SET_CHILD_SUBREAPER``): a descendant whose
+    parent exits is re-parented to the gateway instead of to init, so it stays findable;
+  * ``spawn_flags()`` are the ``open_process`` keywords for every child the gateway spawns: a session of its own and
+    a ``preexec_fn`` that sets ``PR_SET_PDEATHSIG`` to SIGKILL, so the child dies with the gateway even when the
+    gateway is SIGKILLed (the kernel sends it when the *thread* that forked exits: the gateway spawns only from its
+    event-loop thread, which is the main thread and lives as long as the process). ``subreaper=True`` (the command-line
+    adapter's calls) also makes the child itself a subreaper, which survives ``execve``: while the call runs, its
+    program's orphans re-parent to the program, not to the gateway, so they stay inside the call's own tree;
+  * ``open_process()`` spawns with those flags and remembers the process, so the sweep can tell the gateway's own
+    children (which anyio's child watcher waits for) from adopted orphans;
+  * ``sweep()`` kills and reaps the *adopted* orphans: a direct child of the gateway that the gateway did not spawn,
+    in a session other than the gateway's own (a subprocess some library started in-process keeps the gateway's
+    session and is left alone), and not in the session of one of the gateway's own children that is still running
+    (that owner kills its session itself when it stops). Each is killed with its whole subtree, then reaped with
+    ``waitpid`` on its own pid only, so no exit status anyio waits for is ever taken. The command-line adapter
+    sweeps after every call, the runtime every ``SWEEP_INTERVAL_S`` and at shutdown (``everything=True``: every
+    adopted process, whatever its session).
+
+What this cannot do: once the gateway itself is SIGKILLed, an orphan re-parents to init, not to the dead gateway, and
+the kernel clears ``PDEATHSIG`` on fork, so a grandchild does not inherit it. Its direct children die (``PDEATHSIG``);
+their descendants are handled by ``gateway serve``'s supervisor (cli.py), which is their subreaper then. Elsewhere
+than Linux every function here is a no-op and the process group is the only boundary.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from subprocess import PIPE
+from typing import Any
+
+import anyio
+import anyio.abc
+import structlog
+from anyio._core._eventloop import get_async_backend
+
+__all__ = ["become_subreaper", "descendants", "open_process", "spawn_flags", "sweep"]
+
+log = structlog.get_logger("gateway.processes")
+
+SWEEP_INTERVAL_S = 5.0
+"""How often the runtime reaps adopted orphans and kills the escaped ones (the adapter also sweeps after each call)."""
+_REAP_WAIT_S = 1.0
+"""How long a sweep waits for the processes it killed to be reaped; only one stuck in the kernel takes longer."""
+_KILL_ROUNDS = 8
+"""A killed process's children re-parent and are killed in the next round; this bounds a fork bomb's sweep."""
+
+_LINUX = sys.platform == "linux"
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+_prctl: Any = None
+if _LINUX:
+    try:
+        _prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # pragma: no cover - a libc without prctl
+        _prctl = None
+
+_subreaper = False
+_spawned: weakref.WeakValueDictionary[int, anyio.abc.Process] = weakref.WeakValueDictionary()
+"""The gateway's own children by pid (anyio waits for them); everything else found as a child was adopted."""
+
+
+def become_subreaper() -> bool:
+    """Make this process a child subreaper (Linux); True if it is one now."""
+    global _subreaper
+    if _prctl is not None and not _subreaper:
+        _subreaper = _prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    return _subreaper
+
+
+def _preexec(parent: int, subreaper: bool) -> Callable[[], None]:
+    prctl = _prctl
+    kill, getpid, getppid = os.kill, os.getpid, os.getppid
+
+    def preexec() -> None:  # runs in the child between fork and exec: no allocation-heavy work, no locks
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if subreaper:
+            prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        if getppid() != parent:  # the gateway died before the flag was set: nobody would send the signal
+            kill(getpid(), signal.SIGKILL)
+
+    return preexec
+
+
+def spawn_flags(*, subreaper: bool = False) -> dict[str, Any]:
+    """``open_process`` keywords: a new session, and (Linux) death with the gateway; see the module docstring."""
+    flags: dict[str, Any] = {"start_new_session": True}
+    if _prctl is not None:
+        flags["preexec_fn"] = _preexec(os.getpid(), subreaper)
+    return flags
+
+
+async def open_process(command: Sequence[str], *, subreaper: bool = False, **kwargs: Any) -> anyio.abc.Process:
+    """``anyio.open_process`` with ``spawn_flags()``, remembered as one of the gateway's own children.
+
+    Raises:
+        OSError: the program could not be started.
+    """
+    kwargs.setdefault("stdin", PIPE)
+    kwargs.setdefault("stdout", PIPE)
+    kwargs.setdefault("stderr", PIPE)
+    # anyio.open_process has no preexec_fn; its event-loop backend passes every keyword on to Popen (asyncio's
+    # subprocess_exec, trio's open_process), with the same defaults as the public function.
+    backend = get_async_backend()
+    process = await backend.open_process(list(command), **spawn_flags(subreaper=subreaper), **kwargs)
+    _spawned[process.pid] = process
+    return process
+
+
+# ----------------------------------------------------------------------------------------------- /proc
+
+
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, ppid, session) of ``pid``, or None when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text.rsplit(")", 1)[1].split()
+    return fields[0], int(fields[1]), int(fields[3])
+
+
+def children(pid: int) -> list[int]:
+    """The direct children of ``pid`` (every thread's), from ``/proc/PID/task/*/children``."""
+    found: list[int] = []
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            found.extend(int(child) for child in (task / "children").read_text().split())
+        except OSError:
+            continue
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid``, parents before their children (bounded by the process table)."""
+    out: list[int] = []
+    seen = {pid}
+    frontier = [pid]
+    while frontier:
+        current = frontier.pop()
+        for child in children(current):
+            if child not in seen:
+                seen.add(child)
+                out.append(child)
+                frontier.append(child)
+    return out
+
+
+def _kill(pids: Iterable[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+async def sweep(*, everything: bool = False) -> int:
+    """Kill every adopted orphan that escaped its owner (with its subtree) and reap the adopted ones that exited.
+
+    Args:
+        everything: kill every adopted process, whatever its session (the gateway is stopping).
+
+    Returns how many adopted processes were killed. Every wait is bounded (a process stuck in the kernel is left
+    as a zombie for the next sweep).
+    """
+    if not _subreaper:
+        return 0  # a process that adopts nothing has only its own children
+    me = os.getpid()
+    own_session = os.getsid(0)
+    killed: list[int] = []
+    for _ in range(_KILL_ROUNDS):
+        running = {pid for pid, process in list(_spawned.items()) if process.returncode is None}
+        victims: list[int] = []
+        for child in children(me):
+            if child in _spawned:
+                continue  # ours: anyio waits for it
+            stat = _stat(child)
+            if stat is None:
+                continue
+            state, _, session = stat
+            if session == own_session:
+                continue  # not one of our sessions: a library's own subprocess, whose waiter reaps it
+            if state in ("Z", "X"):
+                _reap(child)
+            elif everything or session not in running:
+                victims.append(child)
+        if not victims:
+            break
+        for victim in victims:
+            _kill([victim, *descendants(victim)])
+            log.info("process.orphan_killed", pid=victim)
+        killed.extend(victims)
+    pending = set(killed)  # reaped pids leave at once: a reused pid could be one of ours
+    with anyio.move_on_after(_REAP_WAIT_S):
+        while pending:
+            pending = {pid for pid in pending if not _reap(pid)}
+            if pending:
+                await anyio.sleep(0.01)
+    return len(killed)
+
+
+def _reap(pid: int) -> bool:
+    """Reap an adopted child (never one of ours: anyio waits for those); True when it is gone."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return done != 0

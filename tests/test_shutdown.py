@@ -1,0 +1,135 @@
+"""Shutdown and processes, over a real ``gateway serve`` process and real programs (tests/fixtures/fake_cli.py).
+
+What is proved: a command-line call's grandchild that left the process group (``setsid``) is gone after the answer
+and after a timeout; SIGTERM drains in-flight calls for ``gateway.drain_s``, then cancels them with an answer that
+says the gateway is shutting down and a ``cancelled`` ledger row; a second SIGTERM cancels at once and still writes
+the rows and kills the children; and after SIGKILL no process the gateway started, nor any of theirs, is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import mcp_types as types
+import pytest
+
+from tests.fixtures.gateway_proc import FIXTURES, PYTHON, mcp_session, run_gateway
+from tests.fixtures.waiting import eventually
+
+if sys.platform != "linux":  # pragma: no cover
+    pytest.skip("the process guarantees are Linux ones (/proc, prctl)", allow_module_level=True)
+
+pytestmark = pytest.mark.anyio
+
+FAKE_CLI = str(FIXTURES / "fake_cli.py")
+SHUTTING_DOWN = "the gateway is shutting down"
+
+
+def federation(*, drain_s: float | None = None, timeout_s: float = 60) -> str:
+    drain = f"\n  drain_s: {drain_s}" if drain_s is not None else ""
+    return f"""
+version: 1
+gateway:
+  audit: {{path: audit.db}}{drain}
+adapters:
+  fake:
+    command: {PYTHON}
+    tools:
+      escape:
+        argv: [{FAKE_CLI}, escape, "{{pidfile}}", "{{then}}"]
+        input_schema: {{type: object, required: [pidfile, then], properties: {{pidfile: {{type: string}},
+                        then: {{enum: [answer, hang]}}}}}}
+        output: json_array
+        timeout_s: {timeout_s}
+      sleep:
+        argv: [{FAKE_CLI}, sleep]
+        input_schema: {{type: object}}
+        timeout_s: {timeout_s}
+"""
+
+
+def alive(pid: int) -> bool:
+    """True while the process exists and is not a zombie (a zombie holds nothing but its pid)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def descendants(pid: int) -> set[int]:
+    """Live descendants of ``pid`` (by parent pid, over the whole process table)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] not in ("Z", "X"):
+                parents[int(entry.name)] = int(fields[1])
+    found: set[int] = set()
+    frontier = [pid]
+    while frontier:
+        current = frontier.pop()
+        for child, parent in parents.items():
+            if parent == current and child not in found:
+                found.add(child)
+                frontier.append(child)
+    return found
+
+
+def read_pids(pidfile: Path) -> tuple[int, int]:
+    leader, grandchild = pidfile.read_text().split()
+    return int(leader), int(grandchild)
+
+
+@pytest.fixture
+def pidfile(tmp_path: Path) -> Iterator[Path]:
+    """Where the fake program writes "<leader> <grandchild>"; whatever a failing test left alive is killed after."""
+    path = tmp_path / "pids"
+    yield path
+    if path.exists():
+        for pid in read_pids(path):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def text_of(result: types.CallToolResult) -> str:
+    [content] = result.content
+    assert isinstance(content, types.TextContent)
+    return content.text
+
+
+# --------------------------------------------------------------------------------------------------- grandchildren
+
+
+async def test_a_grandchild_that_left_the_group_is_gone_after_the_answer(tmp_path: Path, pidfile: Path) -> None:
+    with run_gateway(federation(), tmp_path) as gateway:
+        async with mcp_session(gateway.url()) as session:
+            with anyio.fail_after(20):
+                result = await session.call_tool("escape", {"pidfile": str(pidfile), "then": "answer"})
+            assert result.structured_content == {"results": []}
+            leader, grandchild = read_pids(pidfile)
+            await eventually(lambda: not alive(grandchild), within=5)
+            assert not alive(leader)
+            assert descendants(gateway.process.pid) == set()
+
+
+async def test_a_grandchild_that_left_the_group_is_gone_after_a_timeout(tmp_path: Path, pidfile: Path) -> None:
+    with run_gateway(federation(timeout_s=2), tmp_path) as gateway:
+        async with mcp_session(gateway.url()) as session:
+            with anyio.fail_after(20):
+                result = await session.call_tool("escape", {"pidfile": str(pidfile), "then": "hang"})
+            assert result.is_error
+            assert "timed out after 2 s; process group killed" in text_of(result)
+            leader, grandchild = read_pids(pidfile)
+            await eventually(lambda: not alive(grandchild), within=5)
+            assert not alive(leader)
+            assert descendants(gateway.process.pid) == set()
