@@ -187,8 +187,9 @@ class GatewaySettings(_Model):
     audit: AuditSettings = AuditSettings()
     naming: Naming = Naming()
     circuit_breaker: CircuitBreaker = CircuitBreaker()
-    drain_s: float = Field(default=10.0, gt=0)
-    """On reload, how long calls in progress on a removed or changed backend may take before it is stopped."""
+    drain_s: float = Field(default=5.0, gt=0)
+    """How long calls in progress may take to finish when the gateway stops (SIGTERM), or, on reload, when their
+    backend is removed or changed; then they are cancelled. Well under the usual 10 s before SIGKILL."""
     allow_no_backends: bool = False
     """Whether an edit of the file that leaves no backend at all (no server, adapter or wiki) applies on reload. By
     default it is refused (the configuration in effect keeps serving): an empty or truncated save is far more often

@@ -9,6 +9,9 @@ The policy, in one place:
     rung of the provider's ladder, then to the next provider of the route; when every step failed the answer is
     ``isError`` naming each backend and its cause — except a lone provider's JSON-RPC error, which passes through
     as that error;
+  * when the gateway stops (``abort``, after its drain deadline), a call still in progress is cancelled (its
+    backend's work with it) and answered ``isError`` with the reason; so is a call that arrives later. Its status
+    is ``cancelled``;
   * every call leaves one audit row, written before the answer is returned, and one canonical log line; both carry
     the correlation id and the chain of steps, which the answer's ``_meta`` carries too. Degradation is never hidden.
 
@@ -102,6 +105,9 @@ class Router:
         self.breakers = breakers if breakers is not None else Breakers()
         self._inflight: dict[int, int] = {}  # id(backend) -> calls in progress on it (a reload drains by this)
         self._idle: dict[int, anyio.Event] = {}
+        self._calls: set[anyio.CancelScope] = set()  # every call being served: the shutdown cancels them
+        self._no_calls: anyio.Event | None = None
+        self._closing: str | None = None
 
     def use_clients(self, clients: ClientPolicy | None) -> None:
         """Swap the context gate's rules (on reload)."""
@@ -114,6 +120,23 @@ class Router:
         """Return once no call is in progress on ``backend`` (bound it with a deadline)."""
         while self._inflight.get(id(backend), 0):
             await self._idle.setdefault(id(backend), anyio.Event()).wait()
+
+    def calls_in_progress(self) -> int:
+        return len(self._calls)
+
+    async def wait_no_calls(self) -> None:
+        """Return once no call is being served (bound it with a deadline)."""
+        while self._calls:
+            if self._no_calls is None:
+                self._no_calls = anyio.Event()
+            await self._no_calls.wait()
+
+    def abort(self, reason: str) -> None:
+        """The gateway is stopping: every call in progress, and every later one, is answered with an error that
+        gives ``reason`` (status ``cancelled``, its row written) instead of being served."""
+        self._closing = reason
+        for scope in list(self._calls):
+            scope.cancel()
 
     async def call(
         self,
@@ -149,7 +172,8 @@ class Router:
                 if refusal is not None:
                     result, status = refusal, "refused"
                 else:
-                    result, status = await self._serve(entry, arguments, steps, progress)
+                    served = await self._abortable(entry, arguments, steps, progress)
+                    result, status = served or (_closing_result(name, self._closing or ""), "cancelled")
             except _Exhausted as exc:
                 status = "timeout" if exc.last is not None and exc.last.outcome == "timeout" else "error"
                 if exc.last is not None and len(steps) == 1 and isinstance(exc.last, BackendRpcError):
@@ -184,6 +208,28 @@ class Router:
         return types.CallToolResult(
             content=[types.TextContent(text=clients.refusal(name, ctx.declared))], is_error=True
         )
+
+    async def _abortable(
+        self,
+        entry: CatalogEntry,
+        arguments: dict[str, Any],
+        steps: list[AuditStep],
+        progress: ProgressFn | None,
+    ) -> tuple[types.CallToolResult, str] | None:
+        """``_serve`` in a scope ``abort()`` can cancel; None when it did (the backend's call was cancelled, so a
+        command-line program's processes are killed before this returns)."""
+        if self._closing is not None:
+            return None
+        with anyio.CancelScope() as scope:
+            self._calls.add(scope)
+            try:
+                return await self._serve(entry, arguments, steps, progress)
+            finally:
+                self._calls.discard(scope)
+                if not self._calls and self._no_calls is not None:
+                    self._no_calls.set()
+                    self._no_calls = None
+        return None
 
     async def _serve(
         self,
@@ -386,6 +432,11 @@ def _failure_result(name: str, steps: list[AuditStep]) -> types.CallToolResult:
     else:
         parts = [f"{s.provider}{f' [{s.variant}]' if s.variant else ''}: {s.outcome} ({s.reason})" for s in steps]
         text = f"Tool {name!r} failed: every provider failed. " + "; ".join(parts)
+    return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
+
+
+def _closing_result(name: str, reason: str) -> types.CallToolResult:
+    text = f"Tool {name!r} was not completed: {reason}."
     return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
 
 

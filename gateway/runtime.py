@@ -208,6 +208,30 @@ class Gateway:
         if scope is not None:
             scope.cancel()
 
+    async def drain(self, hurry: anyio.Event | None = None) -> None:
+        """The first step of stopping: let the calls in progress finish, for at most ``gateway.drain_s`` (or until
+        ``hurry`` is set: a second signal), then cancel the rest with an answer that says the gateway is shutting
+        down (``Router.abort``: each gets its ``cancelled`` row, and its processes are killed, before it returns).
+        Later calls are answered the same way at once."""
+        limit = self.config.gateway.drain_s
+        reason = f"the gateway is shutting down (the calls in progress had {limit:g} s to finish)"
+        with anyio.move_on_after(limit):
+            async with anyio.create_task_group() as waiting:
+
+                async def calls_done() -> None:
+                    await self.router.wait_no_calls()
+                    waiting.cancel_scope.cancel()
+
+                waiting.start_soon(calls_done)
+                if hurry is not None:
+                    await hurry.wait()
+                    reason = "the gateway is shutting down (stopped at once by a second signal)"
+                    waiting.cancel_scope.cancel()
+        left = self.router.calls_in_progress()
+        if left:
+            log.warning("gateway.calls_cancelled", calls=left, reason=reason)
+        self.router.abort(reason)
+
     async def reload(self, config: Federation) -> ReloadPlan:
         """Apply a new, validated federation without dropping a client session (see reload.py for the plan).
 

@@ -12,6 +12,7 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +20,10 @@ import anyio
 import mcp_types as types
 import pytest
 
+from gateway.audit import query
+from gateway.router import META_KEY
 from tests.fixtures.gateway_proc import FIXTURES, PYTHON, mcp_session, run_gateway
+from tests.fixtures.procs import RunningServer
 from tests.fixtures.waiting import eventually
 
 if sys.platform != "linux":  # pragma: no cover
@@ -133,3 +137,97 @@ async def test_a_grandchild_that_left_the_group_is_gone_after_a_timeout(tmp_path
             await eventually(lambda: not alive(grandchild), within=5)
             assert not alive(leader)
             assert descendants(gateway.process.pid) == set()
+
+
+# --------------------------------------------------------------------------------------------------- signals
+
+
+async def call_in_flight(
+    server: RunningServer, pidfile: Path, answers: list[types.CallToolResult | BaseException]
+) -> None:
+    """Call ``escape`` (a program that hangs with a setsid grandchild) and keep its answer, or what ended it."""
+    try:
+        async with mcp_session(server.url()) as session:
+            answers.append(await session.call_tool("escape", {"pidfile": str(pidfile), "then": "hang"}))
+    except Exception as exc:  # the connection died with the gateway (SIGKILL)
+        answers.append(exc)
+
+
+def rows(folder: Path) -> list[tuple[str, str]]:
+    return [(row.correlation_id, row.status) for row in query(folder / "audit.db", limit=None)]
+
+
+def answer_of(answers: list[types.CallToolResult | BaseException]) -> tuple[str, str]:
+    """The answer's correlation id and text; it must be the shutdown's isError answer."""
+    [answer] = answers
+    assert isinstance(answer, types.CallToolResult), answer
+    assert answer.is_error
+    assert answer.meta is not None
+    return answer.meta[META_KEY]["id"], text_of(answer)
+
+
+async def test_sigterm_lets_calls_drain_then_cancels_them_with_an_answer_and_a_row(
+    tmp_path: Path, pidfile: Path
+) -> None:
+    answers: list[types.CallToolResult | BaseException] = []
+    with run_gateway(federation(drain_s=1.5), tmp_path) as gateway:
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call_in_flight, gateway, pidfile, answers)
+                await eventually(pidfile.exists)
+                leader, grandchild = read_pids(pidfile)
+                signalled = time.monotonic()
+                gateway.process.send_signal(signal.SIGTERM)
+            answered = time.monotonic() - signalled
+            await eventually(lambda: gateway.process.poll() is not None, within=10)
+        exited = time.monotonic() - signalled
+        assert gateway.process.returncode == 0, gateway.output()
+        assert descendants(gateway.process.pid) == set()
+    correlation_id, text = answer_of(answers)
+    assert f"{SHUTTING_DOWN} (the calls in progress had 1.5 s to finish)" in text
+    assert 1.5 <= answered < 4.0
+    assert exited < 6.0
+    assert rows(tmp_path) == [(correlation_id, "cancelled")]
+    assert not alive(leader) and not alive(grandchild)
+
+
+async def test_a_second_sigterm_cancels_at_once_and_still_writes_the_rows_and_kills_the_children(
+    tmp_path: Path, pidfile: Path
+) -> None:
+    answers: list[types.CallToolResult | BaseException] = []
+    with run_gateway(federation(drain_s=60), tmp_path) as gateway:
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call_in_flight, gateway, pidfile, answers)
+                await eventually(pidfile.exists)
+                leader, grandchild = read_pids(pidfile)
+                signalled = time.monotonic()
+                gateway.process.send_signal(signal.SIGTERM)
+                await eventually(lambda: "gateway.stopping" in gateway.output())
+                gateway.process.send_signal(signal.SIGTERM)
+            answered = time.monotonic() - signalled
+            await eventually(lambda: gateway.process.poll() is not None, within=10)
+        exited = time.monotonic() - signalled
+        assert gateway.process.returncode == 0, gateway.output()
+        assert descendants(gateway.process.pid) == set()
+    correlation_id, text = answer_of(answers)
+    assert f"{SHUTTING_DOWN} (stopped at once by a second signal)" in text
+    assert answered < 3.0
+    assert exited < 5.0
+    assert rows(tmp_path) == [(correlation_id, "cancelled")]
+    assert not alive(leader) and not alive(grandchild)
+
+
+async def test_after_sigkill_no_process_the_gateway_started_is_left(tmp_path: Path, pidfile: Path) -> None:
+    answers: list[types.CallToolResult | BaseException] = []
+    with run_gateway(federation(), tmp_path) as gateway:
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call_in_flight, gateway, pidfile, answers)
+                await eventually(pidfile.exists)
+                leader, grandchild = read_pids(pidfile)
+                gateway.process.send_signal(signal.SIGKILL)
+            await anyio.to_thread.run_sync(gateway.process.wait, 10)
+            await eventually(lambda: not alive(leader) and not alive(grandchild), within=5)
+    [answer] = answers
+    assert isinstance(answer, BaseException)  # nobody is left to answer
