@@ -17,6 +17,7 @@ import json
 import math
 import signal
 import sys
+import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from typing import Any
 
@@ -25,7 +26,7 @@ import structlog
 
 from gateway._logging import config_secrets, configure_logging, redactor
 from gateway.audit_report import add_audit_subcommands, run_audit
-from gateway.backends.processes import become_subreaper
+from gateway.backends.processes import become_subreaper, supervise
 from gateway.config import Federation, environ, load_config
 from gateway.connections import edge_protocol, effective_max_connections, quiet_edge_logs, raise_open_files_limit
 from gateway.errors import ConfigError, GatewayError
@@ -90,6 +91,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gateway: invalid configuration: {exc}", file=sys.stderr)
         return EXIT_USAGE
     _register_secrets(config)
+    if args.command == "serve" and not (args.stdio and sys.stdin.isatty()) and threading.active_count() == 1:
+        # From here on this process is the gateway's supervisor's child (backends/processes.py); a terminal's
+        # stdin would make the gateway, in a process group of its own, stop on reading it (SIGTTIN).
+        supervise()
     if args.command in ("serve", "check", "tools"):
         # Orphans of the programs the gateway spawns re-parent to it, so none escapes (backends/processes.py).
         become_subreaper()

@@ -89,6 +89,17 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
+def worker(server: RunningServer) -> int:
+    """The gateway proper: the one child of the supervisor that ``gateway serve`` starts as (its pid is the one
+    everybody sees and signals)."""
+    [pid] = descendants(server.process.pid) - descendants_of_children(server.process.pid)
+    return pid
+
+
+def descendants_of_children(pid: int) -> set[int]:
+    return {grandchild for child in descendants(pid) for grandchild in descendants(child)}
+
+
 def read_pids(pidfile: Path) -> tuple[int, int]:
     leader, grandchild = pidfile.read_text().split()
     return int(leader), int(grandchild)
@@ -123,7 +134,7 @@ async def test_a_grandchild_that_left_the_group_is_gone_after_the_answer(tmp_pat
             leader, grandchild = read_pids(pidfile)
             await eventually(lambda: not alive(grandchild), within=5)
             assert not alive(leader)
-            assert descendants(gateway.process.pid) == set()
+            assert descendants(worker(gateway)) == set()
 
 
 async def test_a_grandchild_that_left_the_group_is_gone_after_a_timeout(tmp_path: Path, pidfile: Path) -> None:
@@ -136,7 +147,7 @@ async def test_a_grandchild_that_left_the_group_is_gone_after_a_timeout(tmp_path
             leader, grandchild = read_pids(pidfile)
             await eventually(lambda: not alive(grandchild), within=5)
             assert not alive(leader)
-            assert descendants(gateway.process.pid) == set()
+            assert descendants(worker(gateway)) == set()
 
 
 # --------------------------------------------------------------------------------------------------- signals
@@ -182,7 +193,7 @@ async def test_sigterm_lets_calls_drain_then_cancels_them_with_an_answer_and_a_r
             await eventually(lambda: gateway.process.poll() is not None, within=10)
         exited = time.monotonic() - signalled
         assert gateway.process.returncode == 0, gateway.output()
-        assert descendants(gateway.process.pid) == set()
+        assert descendants(gateway.process.pid) == set()  # the gateway, and everything it started, is gone
     correlation_id, text = answer_of(answers)
     assert f"{SHUTTING_DOWN} (the calls in progress had 1.5 s to finish)" in text
     assert 1.5 <= answered < 4.0
@@ -209,7 +220,7 @@ async def test_a_second_sigterm_cancels_at_once_and_still_writes_the_rows_and_ki
             await eventually(lambda: gateway.process.poll() is not None, within=10)
         exited = time.monotonic() - signalled
         assert gateway.process.returncode == 0, gateway.output()
-        assert descendants(gateway.process.pid) == set()
+        assert descendants(gateway.process.pid) == set()  # the gateway, and everything it started, is gone
     correlation_id, text = answer_of(answers)
     assert f"{SHUTTING_DOWN} (stopped at once by a second signal)" in text
     assert answered < 3.0
@@ -218,7 +229,28 @@ async def test_a_second_sigterm_cancels_at_once_and_still_writes_the_rows_and_ki
     assert not alive(leader) and not alive(grandchild)
 
 
-async def test_after_sigkill_no_process_the_gateway_started_is_left(tmp_path: Path, pidfile: Path) -> None:
+async def test_sigkill_of_the_gateways_pid_still_answers_writes_the_rows_and_leaves_no_process(
+    tmp_path: Path, pidfile: Path
+) -> None:
+    answers: list[types.CallToolResult | BaseException] = []
+    with run_gateway(federation(drain_s=1), tmp_path) as gateway:
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call_in_flight, gateway, pidfile, answers)
+                await eventually(pidfile.exists)
+                leader, grandchild = read_pids(pidfile)
+                gateway_proper = worker(gateway)
+                gateway.process.send_signal(signal.SIGKILL)  # the supervisor: the gateway gets SIGTERM
+            await anyio.to_thread.run_sync(gateway.process.wait, 10)
+            await eventually(lambda: not alive(gateway_proper), within=10)
+    assert gateway.process.returncode == -signal.SIGKILL
+    correlation_id, text = answer_of(answers)
+    assert SHUTTING_DOWN in text
+    assert rows(tmp_path) == [(correlation_id, "cancelled")]
+    assert not alive(leader) and not alive(grandchild)
+
+
+async def test_sigkill_of_the_gateway_proper_leaves_no_process(tmp_path: Path, pidfile: Path) -> None:
     answers: list[types.CallToolResult | BaseException] = []
     with run_gateway(federation(), tmp_path) as gateway:
         with anyio.fail_after(30):
@@ -226,8 +258,11 @@ async def test_after_sigkill_no_process_the_gateway_started_is_left(tmp_path: Pa
                 tg.start_soon(call_in_flight, gateway, pidfile, answers)
                 await eventually(pidfile.exists)
                 leader, grandchild = read_pids(pidfile)
-                gateway.process.send_signal(signal.SIGKILL)
+                os.kill(worker(gateway), signal.SIGKILL)  # what an OOM kill does: no shutdown code runs
             await anyio.to_thread.run_sync(gateway.process.wait, 10)
-            await eventually(lambda: not alive(leader) and not alive(grandchild), within=5)
+        assert gateway.process.returncode == 128 + signal.SIGKILL, gateway.output()
+        assert "supervisor.orphans_killed" in gateway.output()
     [answer] = answers
-    assert isinstance(answer, BaseException)  # nobody is left to answer
+    assert isinstance(answer, Exception)  # nobody was left to answer
+    assert rows(tmp_path) == []
+    assert not alive(leader) and not alive(grandchild)

@@ -29,10 +29,13 @@ than Linux every function here is a no-op and the process group is the only boun
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import gc
 import os
 import signal
 import sys
+import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -44,7 +47,7 @@ import anyio.abc
 import structlog
 from anyio._core._eventloop import get_async_backend
 
-__all__ = ["become_subreaper", "descendants", "open_process", "spawn_flags", "sweep"]
+__all__ = ["become_subreaper", "descendants", "open_process", "spawn_flags", "supervise", "sweep"]
 
 log = structlog.get_logger("gateway.processes")
 
@@ -220,3 +223,83 @@ def _reap(pid: int) -> bool:
     except ChildProcessError:
         return True
     return done != 0
+
+
+# ----------------------------------------------------------------------------------------------- supervisor
+
+
+def supervise() -> None:
+    """Split ``gateway serve`` into a supervisor and the gateway itself (Linux; elsewhere this returns at once).
+
+    Returns in the child, which goes on to be the gateway; the parent (the pid everyone sees) never returns. It is a
+    subreaper, so when the gateway dies, even by SIGKILL, every process the gateway left re-parents to it, and it
+    kills them with their subtrees, reaps them, and exits with the gateway's status (128+N when killed by signal
+    N). It forwards SIGTERM and SIGINT (SIGHUP as SIGTERM) to the gateway, which runs in a process group of its own
+    so that a terminal's Ctrl-C or a signal to the group reaches it once, through the supervisor. When the supervisor
+    itself is SIGKILLed, the gateway gets SIGTERM (``PR_SET_PDEATHSIG``) and stops as on any SIGTERM. Call it before
+    any thread is started: only the calling thread survives a fork.
+    """
+    if _prctl is None:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    parent = os.getpid()
+    child = os.fork()
+    if child == 0:
+        os.setpgid(0, 0)
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the supervisor is already gone
+            os.kill(os.getpid(), signal.SIGTERM)
+        return
+    with contextlib.suppress(OSError):  # the child may have done it already (or exec'd: it never does)
+        os.setpgid(child, child)
+    os._exit(_supervisor(child))
+
+
+def _supervisor(child: int) -> int:
+    gc.disable()  # it allocates next to nothing; a collection would copy the pages shared with the gateway
+    become_subreaper()
+
+    def forward(signum: int, _frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGTERM if signum == signal.SIGHUP else signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, forward)
+    status = 0
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0)  # reaps the adopted orphans too
+        except ChildProcessError:
+            break
+        if pid == child:
+            break
+    left = _kill_children()
+    if left:
+        log.warning("supervisor.orphans_killed", processes=left, message="the gateway left processes behind")
+    code = os.waitstatus_to_exitcode(status)
+    return code if code >= 0 else 128 - code
+
+
+def _kill_children() -> int:
+    """Kill every child of this process with its subtree, and reap them (bounded: _REAP_WAIT_S)."""
+    me = os.getpid()
+    killed: set[int] = set()
+    for _ in range(_KILL_ROUNDS):
+        found = [pid for pid in children(me) if pid not in killed]
+        if not found:
+            break
+        for pid in found:
+            _kill([pid, *descendants(pid)])
+        killed.update(found)
+        pending = set(found)
+        deadline = time.monotonic() + _REAP_WAIT_S
+        while pending and time.monotonic() < deadline:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                time.sleep(0.01)
+            pending.discard(pid)
+    return len(killed)
