@@ -239,9 +239,8 @@ class _OsProcess:
     def signal_group(self, signum: int) -> None:
         # The process was started with start_new_session=True, so its group id is its pid. The kernel keeps that
         # id reserved while any member lives, so this reaches grandchildren even after the leader was reaped.
-        # A descendant that left the group (setsid) is still in the leader's tree while the leader lives (the
-        # leader is a subreaper: see processes.py), so the tree is signalled too; once the leader is gone, its
-        # orphans are the gateway's, and processes.sweep() ends them.
+        # A descendant that left the group (setsid) is still in the leader's tree while its parent lives, so the
+        # tree is signalled too; one whose parent is gone was re-parented to the gateway: processes.sweep() ends it.
         members = processes.descendants(self._process.pid) if self._process.returncode is None else []
         try:
             os.killpg(self._process.pid, signum)
@@ -256,14 +255,14 @@ class _OsProcess:
 
 
 async def spawn_process(argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None) -> ChildProcess:
-    """Start ``argv`` (a list, never a shell string) in a new session, stdin from /dev/null, stdout/stderr piped;
-    on Linux a subreaper that dies with the gateway (``processes.spawn_flags``).
+    """Start ``argv`` (a list, never a shell string) in a new session, stdin from /dev/null, stdout/stderr piped
+    (``processes.open_process``: it cannot outlive the gateway).
 
     Raises:
         OSError: the program could not be started (translated by the caller).
     """
     process = await processes.open_process(
-        argv, subreaper=True, stdin=DEVNULL, stdout=PIPE, stderr=PIPE, env=dict(env), cwd=cwd
+        argv, call=True, stdin=DEVNULL, stdout=PIPE, stderr=PIPE, env=dict(env), cwd=cwd
     )
     return _OsProcess(process)
 
