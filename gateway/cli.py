@@ -1,5 +1,12 @@
 """The ``gateway`` command: serve | check | tools | audit | import.
 
+``gateway serve`` stops on SIGTERM or SIGINT: it stops taking connections, lets the calls in progress finish for at
+most ``gateway.drain_s``, answers the rest with "the gateway is shutting down" (a ``cancelled`` row each), stops the
+backends and their processes, and exits 0. A second signal cuts the drain short; it never skips the ledger or the
+processes. On Linux the pid that receives the signals is a small supervisor (``processes.supervise``) that forwards
+them and, should the gateway die by SIGKILL, kills every process it left. docs/operations.md, "Shutdown and
+processes", has what holds on each signal, measured.
+
 Exit codes: 0 success (``check`` too, even with failed or disabled backends: they are reported, not fatal);
 2 an invalid configuration or command line (the message names the file, the key path and the line), or any other
 failure the gateway raises on purpose while starting (a ``GatewayError``, such as an audit ledger that cannot be

@@ -6,8 +6,11 @@ had its first outcome (ready, failed, or disabled) — ``gateway check`` and the
 backend's state or tools change, the catalog is rebuilt and swapped whole, and the change listeners (the server's
 ``list_changed`` broadcast) are told. ``reload(config)`` applies an edited federation backend by backend (the plan
 comes from reload.py): each supervisor runs in its own cancel scope, so one backend can be drained and stopped
-alone. Leaving the gateway cancels every supervisor; each closes its own session (and kills its own process group)
-inside its own task.
+alone. Stopping is two steps: ``drain()`` lets the calls in progress finish for at most ``gateway.drain_s`` (less
+after a second signal), then cancels the rest, each answered with an error that says the gateway is shutting down and
+recorded as ``cancelled``; leaving ``running()`` then cancels every supervisor (each closes its own session and
+kills its own processes inside its own task), kills whatever orphan the gateway adopted (backends/processes.py,
+also swept every few seconds while it runs), and commits the ledger last.
 """
 
 from __future__ import annotations

@@ -13,7 +13,9 @@ Guarantees:
     shutdown the whole process group is signalled (SIGTERM, a short grace, then SIGKILL; at shutdown SIGKILL at once)
     and the leader is reaped, inside a shielded cancel scope with bounded waits. After a normal exit the group is
     swept with SIGKILL as well, so a grandchild that lingers (a launcher that does not forward signals, like qmd's)
-    dies with the call;
+    dies with the call. A descendant that left the group (``setsid``) is signalled through the leader's process
+    tree while its parent lives, and once orphaned it is the gateway's (a subreaper): ``processes.sweep()`` after
+    the call kills it, as soon as no other call that was running when it started still runs;
   * one deadline per call: the step's timeout (the variant's ``timeout_s`` when it sets one, else the tool's) covers
     the wait for a concurrency slot *and* the run. A caller never waits longer than the timeout it was promised, and
     when every slot is held by hung programs a cheap rung fails fast ("waiting for a free slot") instead of queueing
