@@ -266,3 +266,14 @@ async def test_sigkill_of_the_gateway_proper_leaves_no_process(tmp_path: Path, p
     assert isinstance(answer, Exception)  # nobody was left to answer
     assert rows(tmp_path) == []
     assert not alive(leader) and not alive(grandchild)
+
+
+async def test_sighup_to_the_gateways_pid_reloads_and_does_not_stop_it(tmp_path: Path, pidfile: Path) -> None:
+    with run_gateway(federation(), tmp_path) as gateway:
+        gateway.process.send_signal(signal.SIGHUP)  # the supervisor forwards it to the gateway
+        await eventually(lambda: "reload.applied" in gateway.output())
+        async with mcp_session(gateway.url()) as session:
+            with anyio.fail_after(20):
+                result = await session.call_tool("escape", {"pidfile": str(pidfile), "then": "answer"})
+        assert result.structured_content == {"results": []}
+        assert gateway.process.poll() is None

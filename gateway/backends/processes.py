@@ -249,7 +249,7 @@ def supervise() -> None:
     Returns in the child, which goes on to be the gateway; the parent (the pid everyone sees) never returns. It is a
     subreaper, so when the gateway dies, even by SIGKILL, every process the gateway left re-parents to it, and it
     kills them with their subtrees, reaps them, and exits with the gateway's status (128+N when killed by signal
-    N). It forwards SIGTERM and SIGINT (SIGHUP as SIGTERM) to the gateway, which runs in a process group of its own
+    N). It forwards SIGTERM, SIGINT and SIGHUP (reload) to the gateway, which runs in a process group of its own
     so that a terminal's Ctrl-C or a signal to the group reaches it once, through the supervisor. When the supervisor
     itself is SIGKILLed, the gateway gets SIGTERM (``PR_SET_PDEATHSIG``) and stops as on any SIGTERM. Call it before
     any thread is started: only the calling thread survives a fork.
@@ -279,7 +279,7 @@ def _supervisor(child: int) -> int:
 
     def forward(signum: int, _frame: object) -> None:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(child, signal.SIGTERM if signum == signal.SIGHUP else signum)
+            os.kill(child, signum)
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, forward)
