@@ -275,6 +275,12 @@ def supervise() -> None:
 
 def _supervisor(child: int) -> int:
     gc.disable()  # it allocates next to nothing; a collection would copy the pages shared with the gateway
+    # stdin and stdout are the gateway's (serve --stdio talks over them): a copy held here would delay the EOF a
+    # client waits for. stderr stays, for the log line below.
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1):
+        os.dup2(devnull, fd)
+    os.close(devnull)
     become_subreaper()
 
     def forward(signum: int, _frame: object) -> None:
