@@ -277,3 +277,35 @@ async def test_sighup_to_the_gateways_pid_reloads_and_does_not_stop_it(tmp_path:
                 result = await session.call_tool("escape", {"pidfile": str(pidfile), "then": "answer"})
         assert result.structured_content == {"results": []}
         assert gateway.process.poll() is None
+
+
+async def test_an_orphan_that_may_belong_to_a_running_call_is_killed_once_that_call_ends(
+    tmp_path: Path, pidfile: Path
+) -> None:
+    answers: list[types.CallToolResult | BaseException] = []
+    with run_gateway(federation(timeout_s=3), tmp_path) as gateway:
+        async with mcp_session(gateway.url()) as session:
+
+            async def long_call() -> None:
+                answers.append(await session.call_tool("sleep", {}))
+
+            with anyio.fail_after(20):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(long_call)  # running when the orphan starts: the orphan could be its helper
+                    await eventually(lambda: "fake_cli.py sleep" in " ".join(cmdlines(worker(gateway))))
+                    result = await session.call_tool("escape", {"pidfile": str(pidfile), "then": "answer"})
+                    assert result.structured_content == {"results": []}
+                    _, grandchild = read_pids(pidfile)
+                    assert alive(grandchild)  # deferred while the sleep call runs
+                await eventually(lambda: not alive(grandchild), within=8)  # that call timed out: now it goes
+            [timed_out] = answers
+            assert isinstance(timed_out, types.CallToolResult) and "timed out after 3 s" in text_of(timed_out)
+            assert descendants(worker(gateway)) == set()
+
+
+def cmdlines(pid: int) -> list[str]:
+    out = []
+    for child in descendants(pid):
+        with contextlib.suppress(OSError):
+            out.append(Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+    return out
