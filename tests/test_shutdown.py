@@ -9,6 +9,7 @@ the rows and kills the children; and after SIGKILL no process the gateway starte
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -309,3 +310,41 @@ def cmdlines(pid: int) -> list[str]:
         with contextlib.suppress(OSError):
             out.append(Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode())
     return out
+
+
+async def test_sigterm_over_stdio_drains_then_answers_the_call_in_flight(tmp_path: Path, pidfile: Path) -> None:
+    config = tmp_path / "federation.yaml"
+    config.write_text(federation(drain_s=1))
+    process = await anyio.open_process(
+        [PYTHON, "-m", "gateway", "serve", "--stdio", "-c", str(config)], cwd=tmp_path, start_new_session=True
+    )
+    assert process.stdin is not None and process.stdout is not None
+    init = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}
+    call = {"name": "escape", "arguments": {"pidfile": str(pidfile), "then": "hang"}}
+    messages = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call},
+    ]
+    try:
+        with anyio.fail_after(30):
+            await process.stdin.send(b"".join(json.dumps(m).encode() + b"\n" for m in messages))
+            await eventually(pidfile.exists)
+            leader, grandchild = read_pids(pidfile)
+            process.send_signal(signal.SIGTERM)
+            output = b""
+            async for chunk in process.stdout:  # the answer comes while stdin is still open
+                output += chunk
+                if b'"id":2' in output and output.endswith(b"\n"):
+                    break
+            await process.stdin.aclose()  # the stdio transport reads stdin in a thread: it ends at EOF
+            code = await process.wait()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    [answer] = [m for m in map(json.loads, output.splitlines()) if m.get("id") == 2]
+    assert answer["result"]["isError"] is True
+    assert f"{SHUTTING_DOWN} (the calls in progress had 1 s to finish)" in answer["result"]["content"][0]["text"]
+    assert code == 0
+    assert [status for _, status in rows(tmp_path)] == ["cancelled"]
+    assert not alive(leader) and not alive(grandchild)
