@@ -21,7 +21,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("config",),
     ("_logging", "audit", "audit_report", "metrics", "tracing"),  # metrics/tracing: instruments, fed by the router
     ("clients", "costs", "importer"),  # policies and conversions over config (costs reads audit's statistics)
-    ("backends", "backends.base", "backends.answers", "backends.processes"),  # "backends" is backends/__init__.py; answers: the answer limit; processes: no escape
+    # "backends" is backends/__init__.py; answers: the answer limit; processes: no process escapes
+    ("backends", "backends.base", "backends.answers", "backends.processes"),
     ("backends.stdio", "backends.relay", "backends.wiki_index"),  # relay: back-channel context; wiki_index: pure index
     ("backends.mcp", "backends.cli", "backends.wiki"),
     ("listings",),  # resources, templates, prompts: merged and named like the tools, built into the catalog

@@ -27,8 +27,8 @@ from anyio.abc import Process
 from mcp.os.posix.utilities import terminate_posix_process_tree
 from mcp.shared.message import SessionMessage
 
-from gateway.backends.answers import LineLimit, replace_line
 from gateway.backends import processes
+from gateway.backends.answers import LineLimit, replace_line
 
 __all__ = ["StdioProcess", "open_stdio"]
 
