@@ -126,7 +126,7 @@ class AuditRecord:
 
     ts: float  # unix time the call arrived
     correlation_id: str  # one id for every step of the fallback chain
-    session_id: str | None
+    session_id: str | None  # 12 hex digits of the session id's SHA-256 (server.session_digest), never the id
     client_name: str | None
     client_version: str | None
     caller: str | None
@@ -481,6 +481,10 @@ class Ledger(anyio.AsyncContextManagerMixin):
     def _open(self, path: Path) -> tuple[sqlite3.Connection, sqlite3.Connection]:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            why = "a file of that name is in the way" if isinstance(exc, FileExistsError) else exc.strerror
+            raise AuditError(f"Cannot open the audit ledger at {path}: its folder cannot be created ({why}).") from exc
+        try:
             if not path.exists():
                 os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))  # previews may be sensitive
             # Used by the event loop and worker threads, never by two at once.

@@ -3,7 +3,9 @@
 ``load_config(path)`` parses the file once, interpolates ``${VAR}`` / ``${VAR:-default}`` in string values from the
 environment, validates everything (unknown keys are errors), resolves relative paths against the file's folder and
 returns a ``Federation``. Any problem raises ``ConfigError`` naming the file, the key path and the line, so a broken
-file never starts a half-configured gateway.
+file never starts a half-configured gateway. A value that came from the environment never appears in an error's
+message (which ``gateway check``, ``/status`` and the log show): wherever the message would echo it, it reads as
+written in the file (``${DS_TOKEN}``), see ``_Expansions``.
 """
 
 from __future__ import annotations
@@ -161,6 +163,38 @@ class Naming(_Model):
         return value
 
 
+class Limits(_Model):
+    """What one caller can hold at the HTTP edge, so that it cannot starve the others: connections (enforced by
+    ``gateway/connections.py``, the uvicorn protocol) and MCP sessions (``gateway/http.py``). docs/operations.md,
+    "What one caller can and cannot do to another: connections and sessions", explains each limit."""
+
+    max_connections: int = Field(default=512, ge=1)
+    """Open HTTP connections at once. At the cap a new connection evicts the oldest one still waiting for a request
+    head; if none is waiting, it is answered 503 and closed. Keep it well below the open-files limit."""
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    """From a connection's opening (or its previous response) to a complete request head; else 408 and closed."""
+    body_timeout_s: float = Field(default=30.0, gt=0)
+    """From a complete request head to the end of its body; else the connection is closed."""
+    keep_alive_s: float = Field(default=5.0, gt=0)
+    """How long a connection may be silent while no request is on it (before the first, and between requests)."""
+    max_sessions: int = Field(default=1000, ge=1)
+    """Open MCP sessions across all callers; beyond it ``initialize`` answers 503."""
+    sessions_per_caller: int = Field(default=64, ge=1)
+    """Open MCP sessions of one caller (one bearer token). At the cap its least-recently-used idle session is
+    closed to make room; if all of them are busy, ``initialize`` answers 429 naming the cap."""
+    session_idle_s: float = Field(default=300.0, gt=0)
+    """A session with no request in flight (and no open GET stream) for this long is closed."""
+
+    @model_validator(mode="after")
+    def _shares_fit(self) -> Limits:
+        if self.sessions_per_caller > self.max_sessions:
+            raise ValueError(
+                f"sessions_per_caller ({self.sessions_per_caller}) is larger than max_sessions ({self.max_sessions}):"
+                " one caller could then take every session"
+            )
+        return self
+
+
 class GatewaySettings(_Model):
     name: str = "mcp-gateway"
     listen: Listen = Listen()
@@ -169,8 +203,13 @@ class GatewaySettings(_Model):
     naming: Naming = Naming()
     circuit_breaker: CircuitBreaker = CircuitBreaker()
     edge: EdgeSettings = EdgeSettings()
-    drain_s: float = Field(default=10.0, gt=0)
-    """On reload, how long calls in progress on a removed or changed backend may take before it is stopped."""
+    drain_s: float = Field(default=5.0, gt=0)
+    """How long calls in progress may take to finish when the gateway stops (SIGTERM), or, on reload, when their
+    backend is removed or changed; then they are cancelled. Well under the usual 10 s before SIGKILL."""
+    allow_no_backends: bool = False
+    """Whether an edit of the file that leaves no backend at all (no server, adapter or wiki) applies on reload. By
+    default it is refused (the configuration in effect keeps serving): an empty or truncated save is far more often
+    an editor's accident than a wish to serve nothing. Starting with no backends is always allowed."""
     tracing: TracingSettings = TracingSettings()
     instructions: str | None = None
     """Sent to clients at initialize."""
@@ -179,6 +218,8 @@ class GatewaySettings(_Model):
     allowed_hosts: tuple[str, ...] = ()
     """Extra Host header values accepted besides loopback names (e.g. a reverse proxy's public name)."""
     allowed_origins: tuple[str, ...] = ()
+    limits: Limits = Limits()
+    """Connection and session limits at the HTTP edge."""
     costs_refresh_s: float = Field(default=60.0, gt=0)
     """How often the measured figures behind ``{cost:TOOL}`` placeholders are refreshed from the ledger and wiki."""
 
@@ -213,6 +254,13 @@ class _Backend(_Model):
     """How long the handshake (process start + initialize) may take before the backend is marked failed."""
     ping_interval_s: float = Field(default=10.0, gt=0)
     """How often a live session is pinged, so a silently dead downstream is noticed before a call fails on it."""
+    max_answer_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    """The largest answer (one JSON-RPC message: a stdio line, an SSE event, an HTTP body) taken from this server.
+    A larger one fails that call alone, naming its size and this limit; the session keeps serving the others."""
+    min_uptime_s: float = Field(default=30.0, ge=0)
+    """How long a session must have stayed up before a reconnect starts the backoff again from its first step; a
+    server that dies sooner (e.g. right after its handshake) is restarted with growing waits (0.5 s doubling to
+    30 s), so a flapping server costs a few spawns per minute, not a tight loop."""
     router: bool = False
     tools: ToolFilter = ToolFilter()
     session: Literal["shared", "per_client"] = "shared"
@@ -577,26 +625,65 @@ def _locate(loc: tuple[int | str, ...], lines: Lines) -> tuple[str, int | None]:
     return key_path, lines.get(matched)
 
 
-def _interpolate(value: Any, path: tuple[str, ...], env: Mapping[str, str], file: str, lines: Lines) -> Any:
+class _Expansions:
+    """What ``${VAR}`` interpolation put into the document, so that no error message shows it.
+
+    An error message may echo a value: pydantic's own (``Input tag 'x' found ...``), the ``(got ...)`` the loader
+    adds, a validator's (``tool name 'x' is invalid``). ``redact`` puts back, for each value taken from the
+    environment and each string value it was part of, the text written in the file. A value of fewer than
+    ``_MASK_ANYWHERE`` characters is replaced only where it stands quoted, so that ``greater than 0`` keeps its 0.
+    """
+
+    _MASK_ANYWHERE = 4
+
+    def __init__(self) -> None:
+        self.written: dict[str, str] = {}
+        """expanded text -> as written (``${NAME}`` for a variable's value; ``Bearer ${NAME}`` for a whole value)"""
+
+    def add(self, expanded: str, written: str) -> None:
+        if expanded and expanded != written:
+            self.written.setdefault(expanded, written)
+
+    def as_written(self, value: object) -> object:
+        """The value as the file wrote it, when interpolation produced it."""
+        return self.written.get(value, value) if isinstance(value, str) else value
+
+    def redact(self, text: str) -> str:
+        for expanded in sorted(self.written, key=len, reverse=True):
+            written = self.written[expanded]
+            if len(expanded) >= self._MASK_ANYWHERE:
+                text = text.replace(expanded, written)
+            else:
+                for quote in ("'", '"'):
+                    text = text.replace(f"{quote}{expanded}{quote}", f"{quote}{written}{quote}")
+        return text
+
+
+def _interpolate(
+    value: Any, path: tuple[str, ...], env: Mapping[str, str], file: str, lines: Lines, expansions: _Expansions
+) -> Any:
     if isinstance(value, dict):
-        return {k: _interpolate(v, (*path, str(k)), env, file, lines) for k, v in value.items()}
+        return {k: _interpolate(v, (*path, str(k)), env, file, lines, expansions) for k, v in value.items()}
     if isinstance(value, list):
-        return [_interpolate(v, (*path, str(i)), env, file, lines) for i, v in enumerate(value)]
+        return [_interpolate(v, (*path, str(i)), env, file, lines, expansions) for i, v in enumerate(value)]
     if not isinstance(value, str) or "${" not in value:
         return value
 
     def replace(match: re.Match[str]) -> str:
         name, default = match.group(1), match.group(2)
         value = env.get(name)
-        if default is not None:  # like the shell's ${VAR:-default}: an empty value also takes the default
-            return value if value else default
+        if default is not None and not value:  # like the shell's ${VAR:-default}: an empty value takes the default
+            return default
         if value is not None:
+            expansions.add(value, f"${{{name}}}")
             return value
         raise ConfigError(
             file, ".".join(path), lines.get(path), f"environment variable {name} is not set (referenced as ${{{name}}})"
         )
 
-    return _ENV_REF.sub(replace, value)
+    expanded = _ENV_REF.sub(replace, value)
+    expansions.add(expanded, value)
+    return expanded
 
 
 def parse_config(text: str, *, file: str = "<memory>", env: Mapping[str, str] | None = None) -> Federation:
@@ -629,7 +716,8 @@ def parse_config(text: str, *, file: str = "<memory>", env: Mapping[str, str] | 
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(file, "", 1, "the top level must be a mapping (version, gateway, servers, ...)")
-    data = _interpolate(data, (), env, file, lines)
+    expansions = _Expansions()
+    data = _interpolate(data, (), env, file, lines, expansions)
     base_dir = str(Path(file).resolve().parent) if file != "<memory>" else None
     try:
         fed = Federation.model_validate(data, context={"base_dir": base_dir})
@@ -646,15 +734,21 @@ def parse_config(text: str, *, file: str = "<memory>", env: Mapping[str, str] | 
             message = "required key is missing"
         elif err["type"] == "union_tag_not_found":
             message = "required key is missing: `transport` (one of stdio, streamable_http, sse)"
-        elif isinstance(err.get("input"), str | int | float) and err["type"] not in ("value_error", "assertion_error"):
-            message = f"{message} (got {err['input']!r})"  # scalars only: a mapping may hold interpolated secrets
+        else:
+            message = expansions.redact(message)
+            if isinstance(err.get("input"), str | int | float) and err["type"] not in (
+                "value_error",
+                "assertion_error",
+            ):
+                # Scalars only (a mapping is not worth printing); as written, so an expanded value is not shown.
+                message = f"{message} (got {expansions.as_written(err['input'])!r})"
         if message.startswith("Value error, "):
             message = message.removeprefix("Value error, ")
-        raise ConfigError(file, key_path, line, message) from exc
+        raise ConfigError(file, key_path, line, message) from None  # pydantic's own text would echo the input
     unresolved = fed.cross_reference_problem()
     if unresolved is not None:
         where, what = unresolved
-        raise ConfigError(file, ".".join(where), lines.get(where), what)
+        raise ConfigError(file, ".".join(where), lines.get(where), expansions.redact(what))
     fed._source = file
     return fed
 

@@ -6,7 +6,8 @@
     │   ├── BackendUnavailable     not connected, disabled, crashed, refused, process could not start
     │   ├── BackendTimeout         no answer within the step's timeout
     │   ├── BackendProtocolError   the backend answered with something that is not a valid answer
-    │   │   └── BackendRpcError        ... a JSON-RPC error answer (a lone provider's passes through as is)
+    │   │   ├── BackendRpcError        ... a JSON-RPC error answer (a lone provider's passes through as is)
+    │   │   └── BackendAnswerTooLarge  ... an answer over the server's ``max_answer_bytes`` (that call fails alone)
     │   └── BackendThinResult      an answer a variant declares not worth keeping (degrade to the next rung)
     ├── ToolNotFound           no tool of that name in the catalog (a JSON-RPC error, not a tool result)
     ├── InvalidArguments       a tool argument failed validation (an ``isError`` answer naming the argument)
@@ -79,13 +80,19 @@ class BackendError(GatewayError):
     Attributes:
         backend: the backend's name as declared in federation.yaml.
         reason: what happened, in plain words ("timed out after 15 s", "process exited with code 1: ...").
+        cause: what failures with one cause share (e.g. the lost session of a crash that failed every call in flight
+            on it), so the circuit breaker counts them once; None when each failure stands alone.
+        answered: the provider did answer, only the answer failed the step (a JSON-RPC error, a thin or an oversized
+            answer): a sign of life, which the circuit breaker counts as a success.
     """
 
     outcome = "error"
+    answered = False
 
-    def __init__(self, backend: str, reason: str) -> None:
+    def __init__(self, backend: str, reason: str, *, cause: object = None) -> None:
         self.backend = backend
         self.reason = reason
+        self.cause = cause
         super().__init__(f"backend {backend!r}: {reason}")
 
     def __repr__(self) -> str:
@@ -106,18 +113,37 @@ class BackendProtocolError(BackendError):
 
 class BackendThinResult(BackendError):
     outcome = "thin"
+    answered = True
 
 
 class BackendRpcError(BackendProtocolError):
     """The backend answered with a JSON-RPC error; kept whole so a lone provider's error can pass through."""
 
     outcome = "rpc_error"
+    answered = True
 
     def __init__(self, backend: str, code: int, message: str, data: object = None) -> None:
         self.code = code
         self.message = message
         self.data = data
         super().__init__(backend, f"the server answered with error {code}: {message}")
+
+
+class BackendAnswerTooLarge(BackendProtocolError):
+    """One answer was larger than the server's ``max_answer_bytes``: that call fails, its session keeps serving.
+
+    Attributes:
+        size: the answer's size in bytes (one JSON-RPC message as it arrived).
+        limit: the limit it exceeded.
+    """
+
+    outcome = "too_large"
+    answered = True
+
+    def __init__(self, backend: str, size: int, limit: int) -> None:
+        self.size = size
+        self.limit = limit
+        super().__init__(backend, f"the answer is {size:,} bytes, over this server's max_answer_bytes of {limit:,}")
 
 
 class ToolNotFound(GatewayError):

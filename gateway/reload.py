@@ -7,6 +7,9 @@ client rules) lives in the catalog, which the runtime rebuilds and swaps whole. 
 startup (the listen address, the tokens variable, the ledger, tracing): a change there is reported in
 ``restart_needed`` and otherwise ignored until the next start.
 
+``check_reload(old, new)`` refuses, with a ``ConfigError``, an edit that would remove every backend (an empty or
+truncated save) unless the new file says ``gateway.allow_no_backends: true``.
+
 ``watch_config(path, reload)`` calls ``reload()`` whenever the file changes (editors that save by writing a new file
 and renaming it over the old one included) or the process receives SIGHUP.
 """
@@ -25,8 +28,9 @@ import watchfiles
 from pydantic import BaseModel
 
 from gateway.config import Federation
+from gateway.errors import ConfigError
 
-__all__ = ["ReloadPlan", "backend_specs", "plan_reload", "watch_config"]
+__all__ = ["ReloadPlan", "backend_specs", "check_reload", "plan_reload", "watch_config"]
 
 log = structlog.get_logger("gateway.reload")
 
@@ -69,6 +73,28 @@ def plan_reload(old: Federation, new: Federation) -> ReloadPlan:
     unchanged = tuple(name for name in common if before[name] == after[name])
     restart = tuple(f"gateway.{key}" for key in RESTART_ONLY if getattr(old.gateway, key) != getattr(new.gateway, key))
     return ReloadPlan(added, removed, changed, unchanged, restart)
+
+
+def check_reload(old: Federation, new: Federation) -> None:
+    """Refuse an edit that would remove every backend, unless the new file allows it explicitly.
+
+    Raises:
+        ConfigError: naming the file, with how to say that no backends is what is wanted.
+    """
+    if not backend_specs(old) or backend_specs(new) or new.gateway.allow_no_backends:
+        return
+    what = (
+        "the file is empty" if not new.model_fields_set else "the file declares no backends (servers, adapters, wiki)"
+    )
+    count = len(backend_specs(old))
+    removed = "the only backend" if count == 1 else f"all {count} backends"
+    raise ConfigError(
+        new.source,
+        "",
+        None,
+        f"{what}: applying it would remove {removed}, so it is taken for an unfinished or truncated save and "
+        "refused; to serve without backends, set `gateway.allow_no_backends: true`",
+    )
 
 
 async def watch_config(path: str | Path, reload: Callable[[str], Awaitable[None]]) -> None:

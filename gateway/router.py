@@ -14,6 +14,9 @@ The policy, in one place:
     rung of the provider's ladder, then to the next provider of the route; when every step failed the answer is
     ``isError`` naming each backend and its cause — except a lone provider's JSON-RPC error, which passes through
     as that error;
+  * when the gateway stops (``abort``, after its drain deadline), a call still in progress is cancelled (its
+    backend's work with it) and answered ``isError`` with the reason; so is a call that arrives later. Its status
+    is ``cancelled``;
   * every call leaves one audit row, written before the answer is returned, and one canonical log line; both carry
     the correlation id and the chain of steps, which the answer's ``_meta`` carries too. Degradation is never hidden.
     Unknown tools (``unknown_tool``) and refused arguments (``invalid_params``) leave theirs too; a cancelled call's
@@ -50,7 +53,6 @@ from gateway.errors import (
     ECHO_CHARS,
     BackendError,
     BackendRpcError,
-    BackendThinResult,
     BackendUnavailable,
     InvalidArguments,
     ToolNotFound,
@@ -119,6 +121,9 @@ class Router:
         self._edge = edge
         self._inflight: dict[int, int] = {}  # id(backend) -> calls in progress on it (a reload drains by this)
         self._idle: dict[int, anyio.Event] = {}
+        self._calls: set[anyio.CancelScope] = set()  # every call being served: the shutdown cancels them
+        self._no_calls: anyio.Event | None = None
+        self._closing: str | None = None
 
     def use_clients(self, clients: ClientPolicy | None) -> None:
         """Swap the context gate's rules (on reload)."""
@@ -134,6 +139,23 @@ class Router:
         """Return once no call is in progress on ``backend`` (bound it with a deadline)."""
         while self._inflight.get(id(backend), 0):
             await self._idle.setdefault(id(backend), anyio.Event()).wait()
+
+    def calls_in_progress(self) -> int:
+        return len(self._calls)
+
+    async def wait_no_calls(self) -> None:
+        """Return once no call is being served (bound it with a deadline)."""
+        while self._calls:
+            if self._no_calls is None:
+                self._no_calls = anyio.Event()
+            await self._no_calls.wait()
+
+    def abort(self, reason: str) -> None:
+        """The gateway is stopping: every call in progress, and every later one, is answered with an error that
+        gives ``reason`` (status ``cancelled``, its row written) instead of being served."""
+        self._closing = reason
+        for scope in list(self._calls):
+            scope.cancel()
 
     async def call(
         self,
@@ -182,7 +204,11 @@ class Router:
                 if refusal_result is not None:
                     result, status = refusal_result, "refused"
                 else:
-                    result, status = await self._serve(entry, arguments, steps, progress, underway)
+                    served = await self._abortable(entry, arguments, steps, progress, underway)
+                    if served is None:  # cut short by the shutdown: the step under way is named in the chain
+                        for label, variant, t0 in underway:
+                            steps.append(AuditStep(label, variant, "cancelled", self._closing or "", _ms(t0)))
+                    result, status = served or (_closing_result(name, self._closing or ""), "cancelled")
             except _Exhausted as exc:
                 status = "timeout" if exc.last is not None and exc.last.outcome == "timeout" else "error"
                 if exc.last is not None and len(steps) == 1 and isinstance(exc.last, BackendRpcError):
@@ -234,6 +260,29 @@ class Router:
             content=[types.TextContent(text=clients.refusal(name, ctx.declared))], is_error=True
         )
 
+    async def _abortable(
+        self,
+        entry: CatalogEntry,
+        arguments: dict[str, Any],
+        steps: list[AuditStep],
+        progress: ProgressFn | None,
+        underway: list[tuple[str, str | None, float]],
+    ) -> tuple[types.CallToolResult, str] | None:
+        """``_serve`` in a scope ``abort()`` can cancel; None when it did (the backend's call was cancelled, so a
+        command-line program's processes are killed before this returns)."""
+        if self._closing is not None:
+            return None
+        with anyio.CancelScope() as scope:
+            self._calls.add(scope)
+            try:
+                return await self._serve(entry, arguments, steps, progress, underway)
+            finally:
+                self._calls.discard(scope)
+                if not self._calls and self._no_calls is not None:
+                    self._no_calls.set()
+                    self._no_calls = None
+        return None
+
     async def _serve(
         self,
         entry: CatalogEntry,
@@ -257,22 +306,24 @@ class Router:
                     AuditStep(provider.label, None, "disabled" if state.declared else "unavailable", reason, 0.0)
                 )
                 continue
-            breaker = self.breakers[provider.backend]
-            if not breaker.allow():
+            breaker = self.breakers.of(backend)
+            admission = breaker.allow()
+            if not admission:
                 steps.append(AuditStep(provider.label, None, "circuit_open", breaker.reason(), 0.0))
                 continue
             provider_args = provider.map_arguments(arguments)
             for variant in backend.ladder(provider.tool, provider_args):
                 underway.append((provider.label, variant, time.perf_counter()))
-                step, result, failure = await self._attempt(
-                    entry.name, backend, provider, provider_args, variant, progress
-                )
+                with admission:  # a trial call cut short (cancelled) hands the trial back
+                    step, result, failure = await self._attempt(
+                        entry.name, backend, provider, provider_args, variant, progress
+                    )
                 underway.pop()
                 steps.append(step)
-                if failure is None or isinstance(failure, BackendRpcError | BackendThinResult):
-                    breaker.success()  # the backend answered (even if the answer is an error or thin)
+                if failure is None or failure.answered:
+                    breaker.success()  # the backend answered (even if the answer is an error, thin or too large)
                 else:
-                    breaker.failure(step.reason or failure.outcome)
+                    breaker.failure(step.reason or failure.outcome, cause=failure.cause)
                 if failure is not None:
                     log.warning(
                         "tool.step_failed",
@@ -463,6 +514,11 @@ def _as_published(exc: InvalidArguments, published: str, provider: Provider) -> 
 
 
 _PLACEHOLDER = re.compile(r"\{([^{}]+)\}")
+
+
+def _closing_result(name: str, reason: str) -> types.CallToolResult:
+    text = f"Tool {name!r} was not completed: {reason}."
+    return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
 
 
 def _invalid_result(exc: InvalidArguments) -> types.CallToolResult:

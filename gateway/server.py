@@ -8,11 +8,13 @@ router; it federates the rest of the protocol the same way: ``resources/list``, 
 cancellation through the SDK on every forwarded request. Each request becomes the ``UPSTREAM`` of the work it causes,
 so a downstream's sampling, elicitation and roots requests reach the client whose call caused them (see
 backends/relay.py). The capabilities a client is offered at ``initialize`` are what the ready backends offer. It is
-transport-agnostic: ``http.py`` mounts it on streamable HTTP, the CLI runs it over stdio.
+transport-agnostic: ``http.py`` mounts it on streamable HTTP, the CLI runs it over stdio. A call's context names its
+session by ``session_digest`` only: session ids never reach the log, the ledger or a span.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -39,7 +41,7 @@ from gateway.router import CallContext
 from gateway.runtime import VERSION, Gateway
 from gateway.upstreams import Upstreams
 
-__all__ = ["WITHHELD", "build_server"]
+__all__ = ["WITHHELD", "build_server", "session_digest"]
 
 log = structlog.get_logger("gateway.server")
 
@@ -117,6 +119,15 @@ class _GatewayServer(Server[Any]):
         )
 
 
+def session_digest(session_id: str | None) -> str | None:
+    """What the log, the ledger and spans say instead of a session id: 12 hex digits of its SHA-256.
+
+    A session id is a bearer credential for the session (whoever holds it can try to use it), so it is never
+    written down; the digest still correlates one session's calls, and an operator who has the id can compute it.
+    """
+    return hashlib.sha256(session_id.encode()).hexdigest()[:12] if session_id else None
+
+
 def _call_context(ctx: ServerRequestContext[Any], clients: ClientPolicy) -> CallContext:
     params = ctx.session.client_params
     info = params.client_info if params is not None else None
@@ -127,7 +138,7 @@ def _call_context(ctx: ServerRequestContext[Any], clients: ClientPolicy) -> Call
     withheld = None
     if request is not None and hasattr(request, "headers"):  # a Starlette request on HTTP, None on stdio
         headers = request.headers
-        session_id = headers.get("mcp-session-id")
+        session_id = session_digest(headers.get("mcp-session-id"))
         state = request.scope.get("state", {})
         caller = state.get("caller")
         withheld = state.get(WITHHELD)

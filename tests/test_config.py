@@ -357,6 +357,39 @@ def test_a_config_error_never_echoes_an_interpolated_secret() -> None:
     assert "s3cr3t-bearer-value" not in str(err)
 
 
+DS_TOKEN = "ds-7f3a9c2e-4b1d-SECRET"
+
+
+@pytest.mark.parametrize(
+    ("text", "key_path", "written"),
+    [
+        (STDIO + "    timeout_s: ${DS_TOKEN}\n", "servers.mem.timeout_s", "(got '${DS_TOKEN}')"),
+        (STDIO + "    session: ${DS_TOKEN}\n", "servers.mem.session", "(got '${DS_TOKEN}')"),
+        ("servers:\n  web:\n    transport: ${DS_TOKEN}\n", "servers.web.transport", "'${DS_TOKEN}'"),
+        ("servers:\n  web:\n    transport: sse\n    url: ${DS_TOKEN}\n", "servers.web.url", "'${DS_TOKEN}'"),
+        ("servers:\n  web:\n    transport: sse\n    url: x${DS_TOKEN}\n", "servers.web.url", "'x${DS_TOKEN}'"),
+        ("gateway:\n  naming: {mode: '${DS_TOKEN}'}\n", "gateway.naming.mode", "'${DS_TOKEN}'"),
+        ("gateway:\n  listen: {port: '${DS_TOKEN}'}\n", "gateway.listen.port", "'${DS_TOKEN}'"),
+        (STDIO + "    tools: {rename: {a: '${DS_TOKEN}!'}}\n", "servers.mem.tools.rename", "'${DS_TOKEN}!'"),
+        ("routes:\n  r: ['${DS_TOKEN}/search']\n", "routes.r", "backend '${DS_TOKEN}'"),
+    ],
+    ids=["number", "enum", "transport", "url", "url-part", "mode", "port", "tool-name", "route"],
+)
+def test_a_config_error_shows_an_expanded_value_as_the_variable_written(text: str, key_path: str, written: str) -> None:
+    err = config_error(yaml_text(text), env={"DS_TOKEN": DS_TOKEN})
+    assert err.key_path == key_path
+    assert DS_TOKEN not in str(err) and DS_TOKEN not in repr(err)
+    assert "ds-7f3a9c2e" not in err.message
+    assert written in err.message, err.message
+
+
+def test_a_short_expanded_value_is_shown_as_written_without_masking_the_rest_of_the_message() -> None:
+    err = config_error(STDIO + "    timeout_s: '${N}'\n", env={"N": "0"})
+    assert err.message == "Input should be greater than 0 (got '${N}')"
+    err = config_error("servers:\n  web:\n    transport: '${T}'\n", env={"T": "s"})
+    assert err.message.startswith("Input tag '${T}' found using 'transport' does not match"), err.message
+
+
 def test_a_missing_env_variable_names_the_key_that_references_it() -> None:
     text = yaml_text(
         """

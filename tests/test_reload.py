@@ -140,3 +140,92 @@ async def test_a_circuit_breaker_opens_on_repeated_failures_and_closes_after_a_g
             await eventually(trial_succeeds, within=10)
             entry = next(b for b in (await _status(gateway))["backends"] if b["name"] == "a")
             assert entry["state"] == "ready"
+
+
+DS_TOKEN = "ds-7f3a9c2e-4b1d-SECRET"
+
+
+async def test_an_empty_truncated_or_broken_save_is_refused_and_the_configuration_in_effect_keeps_serving(
+    tmp_path: Path,
+) -> None:
+    base = "gateway:\n  drain_s: 5\nservers:\n" + _stdio("a")
+    with run_gateway(base, tmp_path, tokens=TOKEN, env={"DS_TOKEN": DS_TOKEN}) as gateway:
+        path = tmp_path / "federation.yaml"
+        failures: list[str] = []
+        calls = 0
+        async with mcp_session(gateway.url(), token=TOKEN) as session:
+            stop = anyio.Event()
+
+            async def steady() -> None:
+                nonlocal calls
+                while not stop.is_set():
+                    try:
+                        result = await session.call_tool("a_echo", {"text": "x"})
+                    except Exception as exc:  # any failure is what this test is about
+                        failures.append(repr(exc))
+                        return
+                    calls += 1
+                    if result.is_error:
+                        failures.append(str(result.content))
+                    await anyio.sleep(0.01)  # a steady rate, not synchronisation
+
+            async def refused_with(text: str, reason: str) -> str:
+                path.write_text(text)
+
+                async def shown() -> bool:
+                    return reason in ((await _status(gateway))["config"]["reload_error"] or "")
+
+                await eventually(shown, within=20)
+                n = calls
+                await eventually(lambda: calls > n + 5, within=20)  # still serving
+                error: str = (await _status(gateway))["config"]["reload_error"]
+                return error
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(steady)
+                empty = await refused_with("", "the file is empty")
+                assert empty == (
+                    f"{path}: the file is empty: applying it would remove the only backend, so it is taken for an "
+                    "unfinished or truncated save and refused; to serve without backends, set "
+                    "`gateway.allow_no_backends: true`"
+                )
+                truncated = await refused_with(base[: base.index("servers:")], "declares no backends")
+                assert truncated.startswith(f"{path}: the file declares no backends (servers, adapters, wiki): ")
+                blank = await refused_with("# saving...\n\n", "the file is empty")  # after another reason
+                assert blank == empty
+                broken = await refused_with(base[: base.index("command")] + "    command: [\n", "YAML syntax error")
+                assert broken.startswith(f"{path}:")
+                secret = await refused_with(base + "    timeout_s: ${DS_TOKEN}\n", "servers.a.timeout_s")
+                assert "(got '${DS_TOKEN}')" in secret
+                assert DS_TOKEN not in secret
+                stop.set()
+            assert failures == [], failures[:5]
+            assert {entry["name"] for entry in (await _status(gateway))["backends"]} == {"a"}
+
+            # A valid save applies (and clears the error); an explicit empty one too.
+            path.write_text(base + _stdio("c"))
+
+            async def applied() -> bool:
+                return "c_echo" in await _names(session)
+
+            await eventually(applied, within=30)
+
+            async def cleared() -> bool:
+                return (await _status(gateway))["config"]["reload_error"] is None
+
+            await eventually(cleared, within=30)
+            assert (await session.call_tool("c_echo", {"text": "new"})).content[0].text == "new"
+            path.write_text("gateway:\n  allow_no_backends: true\n")
+
+            async def emptied() -> bool:
+                return (await _status(gateway))["backends"] == [] and not await _names(session)
+
+            await eventually(emptied, within=30)
+            assert (await _status(gateway))["config"]["reload_error"] is None
+        log = gateway.output()
+        assert DS_TOKEN not in log
+        refusals = [json.loads(line) for line in log.splitlines() if '"reload.refused"' in line]
+        errors = [entry["error"] for entry in refusals]
+        distinct = [error for i, error in enumerate(errors) if i == 0 or error != errors[i - 1]]  # a save seen twice
+        assert distinct[:3] == [empty, truncated, blank]
+        assert all(entry["message"] == "keeping the configuration in effect" for entry in refusals)

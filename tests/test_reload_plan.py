@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gateway.config import parse_config
-from gateway.reload import plan_reload
+from gateway.errors import ConfigError
+from gateway.reload import check_reload, plan_reload
 
 BASE = """
 gateway: {listen: {port: 8080}}
@@ -51,3 +54,26 @@ def test_disabling_a_wiki_restarts_it_as_a_disabled_backend_shown_with_its_reaso
     new = BASE.replace("wiki: {root: docs}", "wiki: {root: docs, enabled: false, disabled_reason: moving}")
     plan = plan_reload(parse_config(BASE), parse_config(new))
     assert plan.changed == ("wiki",) and plan.removed == ()
+
+
+@pytest.mark.parametrize(
+    ("text", "what"),
+    [
+        ("", "the file is empty"),
+        ("# half-saved\n", "the file is empty"),
+        ("gateway: {drain_s: 5}\nservers: {}\n", "the file declares no backends (servers, adapters, wiki)"),
+    ],
+)
+def test_an_edit_removing_every_backend_is_refused_naming_the_file(text: str, what: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        check_reload(parse_config(BASE), parse_config(text, file="conf/federation.yaml", env={}))
+    assert str(info.value) == (
+        f"conf/federation.yaml: {what}: applying it would remove all 4 backends, so it is taken for an unfinished "
+        "or truncated save and refused; to serve without backends, set `gateway.allow_no_backends: true`"
+    )
+
+
+def test_removing_every_backend_applies_when_the_file_says_so_or_none_were_running() -> None:
+    check_reload(parse_config(BASE), parse_config("gateway: {allow_no_backends: true}\n"))
+    check_reload(parse_config(""), parse_config(""))
+    check_reload(parse_config(BASE), parse_config("wiki: {enabled: false}\n"))  # a disabled backend is declared

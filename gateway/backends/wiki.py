@@ -8,7 +8,11 @@ is swapped in whole, so a call never sees a half-built one. When nothing changed
 
 Pages are ``*.md`` and ``*.markdown`` files under the root, skipping hidden names, ``node_modules`` and
 ``graphify-out``; symbolic links to directories are not followed and linked files resolving outside the root are not
-pages. Every file is decoded as UTF-8 with replacement, so no byte sequence crashes a tool. File-level problems
+pages. Every file is opened through ``wiki_index._open_in_root`` (``files_read`` too, for any path it is given):
+component by component relative to descriptors, never following a link out of the root, so a folder or page swapped
+for a link to the outside, at any moment, is refused rather than read (``mcp``'s ``safe_join`` checks a path and then
+opens it, which such a swap can slip between). Every file is decoded as UTF-8 with replacement, so no byte sequence
+crashes a tool. File-level problems
 (not found, a path refused because it leaves the root) are ``is_error`` answers; bad arguments raise
 ``InvalidArguments`` naming the argument; ``OSError`` never escapes (``map_wiki_errors``).
 """
@@ -20,6 +24,7 @@ import json
 import math
 import os
 import posixpath
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -32,7 +37,7 @@ import anyio
 import mcp_types as types
 import structlog
 from anyio.abc import TaskStatus
-from mcp.shared.path_security import PathEscapeError, contains_path_traversal, is_absolute_path, safe_join
+from mcp.shared.path_security import contains_path_traversal, is_absolute_path
 
 # The watchfiles public ``awatch`` neither says when its watch is installed (so ``started()`` could precede it and an
 # early edit be lost) nor stops promptly on cancellation (it waits out the Rust timeout); its engine does both.
@@ -44,11 +49,13 @@ from gateway.backends.wiki_index import (
     _WORD,
     EXCLUDED_DIRS,
     PAGE_SUFFIXES,
+    OutsideRoot,
     _build_index,
     _Index,
     _is_page_name,
+    _open_in_root,
     _Page,
-    _read_head,
+    _read_fd,
     _read_page,
     _resolve_wikilink,
     _strip_suffix,
@@ -236,6 +243,14 @@ def _refuse_path(path: str) -> str | None:
     if any(part.startswith(".") for part in posixpath.normpath(path).split("/") if part != "."):
         return f"Refused path {path!r}: hidden files and folders are not served."
     return None
+
+
+def _open_existing(root: Path, path: str) -> int | None:
+    """``_open_in_root``, or None when nothing is there (also when a folder on the way is a file)."""
+    try:
+        return _open_in_root(root, path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
 
 
 def _find_page(index: _Index, query: str) -> str | None:
@@ -894,24 +909,28 @@ class WikiBackend(BackendBase):
             return _error_result(refusal)
         limit: int = args["max_bytes"]
         try:
-            target = safe_join(index.root, path)
-            if not target.exists() and not path.lower().endswith(PAGE_SUFFIXES):
+            fd = _open_existing(index.root, path)
+            if fd is None and not path.lower().endswith(PAGE_SUFFIXES):
                 for suffix in PAGE_SUFFIXES:
-                    if (candidate := safe_join(index.root, path + suffix)).is_file():
-                        target = candidate
+                    fd = _open_existing(index.root, path + suffix)
+                    if fd is not None and not stat.S_ISREG(os.fstat(fd).st_mode):
+                        os.close(fd)  # a folder named like a page: not what an extension-less path means
+                        fd = None
+                    if fd is not None:
                         break
-            if target.is_dir():
-                return _error_result(f"{path!r} is a folder; list it with wiki_index(folder={path!r}).")
-            if not target.exists():
+            if fd is None:
                 return _not_found(index, "file", path)
-            if not target.is_file():
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                os.close(fd)
+                if stat.S_ISDIR(mode):
+                    return _error_result(f"{path!r} is a folder; list it with wiki_index(folder={path!r}).")
                 return _error_result(f"Refused path {path!r}: not a regular file.")
-            data, size = _read_head(target, limit)
-        except PathEscapeError:
+            data, size = _read_fd(fd, limit)
+        except OutsideRoot:
             return _error_result(f"Refused path {path!r}: it resolves outside the wiki root (through a symbolic link).")
-        except (OSError, RuntimeError) as exc:  # RuntimeError: a symbolic link loop, as Path.resolve reports it
-            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else "symbolic link loop"
-            return _error_result(f"Could not read {path!r}: {why}.")
+        except OSError as exc:
+            return _error_result(f"Could not read {path!r}: {exc.strerror or type(exc).__name__}.")
         if size <= limit:
             return _text_result(data.decode("utf-8", errors="replace"))
         text = _complete_utf8(data).decode("utf-8", errors="replace")

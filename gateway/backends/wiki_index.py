@@ -5,6 +5,12 @@ This module owns what ``WikiBackend`` (``gateway.backends.wiki``) serves from: w
 symlinks and admitting no file that resolves outside the root), reading pages safely, front matter and titles, link
 extraction and resolution (wikilinks and markdown links, with broken links recorded), BM25 postings, and the
 ``_Index`` snapshot that ``_build_index`` assembles, reusing unchanged pages of the previous build.
+
+Confinement: nothing under the root is opened by path. ``_open_in_root`` walks a path one component at a time, each
+opened relative to its parent's descriptor with ``O_NOFOLLOW``; a symbolic link met on the way is read
+(``readlink``) and its target walked the same way from the root, refused if it would leave it. The walk of the tree
+opens each folder the same way. So swapping a folder for a link to the outside while the wiki reads can make a read
+fail, never reach the outside; links that stay inside the root keep working.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import math
 import os
 import posixpath
 import re
+import stat
 from array import array
 from collections import Counter
 from collections.abc import Mapping, Sequence, Set
@@ -134,34 +141,140 @@ def _is_page_name(name: str) -> bool:
     return name.lower().endswith(PAGE_SUFFIXES) and not name.startswith(".")
 
 
-def _walk(root: Path) -> list[tuple[str, _Stamp]]:
-    """Every page under ``root`` with its stamp (no directory symlinks followed, nothing escaping the root)."""
-    found: list[tuple[str, _Stamp]] = []
-    stack: list[tuple[str, str]] = [(str(root), "")]
-    while stack:
-        directory, rel = stack.pop()
-        try:
-            with os.scandir(directory) as entries:
-                listed = list(entries)
-        except OSError:
-            continue
-        for entry in listed:
-            name = entry.name
-            if name.startswith(".") or not _utf8_name(name):
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # NONBLOCK: a FIFO must not hang the open
+_MAX_LINKS = 40  # symbolic links followed in one path, as Linux allows (then ELOOP)
+_LINK_ERRNOS = frozenset({errno.ELOOP, errno.EMLINK, errno.ENOTDIR})  # how O_NOFOLLOW reports a link (Linux, BSD)
+
+
+class OutsideRoot(PermissionError):
+    """The path, or a symbolic link on it, leads out of the wiki root."""
+
+    def __init__(self) -> None:
+        super().__init__(errno.EACCES, "it resolves outside the wiki root (through a symbolic link)")
+
+
+def _open_in_root(root: Path | str, path: str) -> int:
+    """Open ``path`` (relative to ``root``, ``/``-separated) without ever leaving ``root``: a descriptor of the file
+    or folder it names, opened for reading. The caller closes it.
+
+    Every component is opened relative to its parent's descriptor with ``O_NOFOLLOW``, so no link is followed by the
+    kernel; a link met is read and its target walked from the folder holding it (an absolute target from the root,
+    if it lies under it). ``..`` steps back to the folder walked before, never above the root. So a folder swapped
+    for a link while we walk makes the open fail or stay inside, never reach the outside.
+
+    Raises:
+        OutsideRoot: the path or a link on it leaves the root.
+        OSError: not found, not a folder, a link loop (ELOOP), permissions.
+    """
+    root_text = os.fspath(root)
+    todo = [part for part in reversed(path.split("/")) if part not in ("", ".")]
+    stack = [os.open(root_text, _DIR_FLAGS & ~os.O_NOFOLLOW)]  # the root itself may be reached through a link
+    links = 0
+    try:
+        while todo:
+            part = todo.pop()
+            if part == "..":
+                if len(stack) == 1:
+                    raise OutsideRoot()
+                os.close(stack.pop())
+                continue
+            if part in ("", "."):
                 continue
             try:
-                if entry.is_dir(follow_symlinks=False):
-                    if name not in EXCLUDED_DIRS:
-                        stack.append((entry.path, f"{rel}{name}/"))
-                elif _is_page_name(name) and entry.is_file():
-                    if entry.is_symlink() and not Path(entry.path).resolve().is_relative_to(root):
-                        continue
-                    st = entry.stat()
-                    found.append((f"{rel}{name}", (st.st_mtime_ns, st.st_size, st.st_ino)))
-            except OSError:
+                fd = os.open(part, _DIR_FLAGS if todo else _FILE_FLAGS, dir_fd=stack[-1])
+            except OSError as exc:
+                if exc.errno not in _LINK_ERRNOS:
+                    raise
+                try:
+                    target = os.readlink(part, dir_fd=stack[-1])
+                except OSError:
+                    raise exc from None  # not a link: e.g. a file where a folder was expected
+                links += 1
+                if links > _MAX_LINKS:
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP)) from None
+                if target.startswith("/"):
+                    inside = os.path.relpath(target, root_text)
+                    if inside == ".." or inside.startswith("../") or not os.path.isabs(root_text):
+                        raise OutsideRoot() from None
+                    while len(stack) > 1:
+                        os.close(stack.pop())
+                    target = inside
+                todo.extend(p for p in reversed(target.split("/")) if p not in ("", "."))
                 continue
+            stack.append(fd)
+        return stack.pop()
+    finally:
+        for fd in stack:
+            os.close(fd)
+
+
+def _walk(root: Path) -> list[tuple[str, _Stamp]]:
+    """Every page under ``root`` with its stamp (no directory symlinks followed, nothing escaping the root).
+
+    Each folder is opened relative to its parent's descriptor with ``O_NOFOLLOW`` (a folder swapped for a link
+    meanwhile is skipped, not listed); a linked page is admitted only if ``_open_in_root`` reaches it. Depth first,
+    holding one descriptor per level (not one per folder waiting its turn).
+    """
+    found: list[tuple[str, _Stamp]] = []
+    try:
+        top = os.open(root, _DIR_FLAGS & ~os.O_NOFOLLOW)
+    except OSError:
+        return found
+    frames: list[tuple[int, str, list[str]]] = []  # (folder descriptor, its path, subfolders still to walk)
+    try:
+        frames.append((top, "", []))
+        frames[-1][2].extend(_list_folder(root, top, "", found))
+        while frames:
+            fd, rel, pending = frames[-1]
+            if not pending:
+                os.close(frames.pop()[0])
+                continue
+            name = pending.pop()
+            try:
+                child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except OSError:
+                continue  # gone, or swapped for a link since it was listed
+            frames.append((child, f"{rel}{name}/", []))
+            frames[-1][2].extend(_list_folder(root, child, f"{rel}{name}/", found))
+    finally:
+        for fd, _, _ in frames:
+            os.close(fd)
     found.sort(key=lambda item: (item[0].casefold(), item[0]))
     return found
+
+
+def _list_folder(root: Path, fd: int, rel: str, found: list[tuple[str, _Stamp]]) -> list[str]:
+    """Add the pages of the folder open on ``fd`` to ``found``; its subfolders to walk, in reverse order."""
+    subfolders: list[str] = []
+    try:
+        with os.scandir(fd) as entries:
+            listed = list(entries)
+    except OSError:
+        return subfolders
+    for entry in listed:
+        name = entry.name
+        if name.startswith(".") or not _utf8_name(name):
+            continue
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                if name not in EXCLUDED_DIRS:
+                    subfolders.append(name)
+            elif _is_page_name(name) and entry.is_symlink():
+                page = _open_in_root(root, f"{rel}{name}")
+                try:
+                    st = os.fstat(page)
+                finally:
+                    os.close(page)
+                if stat.S_ISREG(st.st_mode):
+                    found.append((f"{rel}{name}", (st.st_mtime_ns, st.st_size, st.st_ino)))
+            elif _is_page_name(name) and entry.is_file(follow_symlinks=False):
+                st = entry.stat(follow_symlinks=False)
+                found.append((f"{rel}{name}", (st.st_mtime_ns, st.st_size, st.st_ino)))
+        except OSError:
+            continue
+    subfolders.reverse()
+    return subfolders
 
 
 def _utf8_name(name: str) -> bool:
@@ -173,20 +286,27 @@ def _utf8_name(name: str) -> bool:
     return True
 
 
-def _read_head(path: Path | str, limit: int) -> tuple[bytes, int]:
-    """The first ``limit`` bytes of a file and its size."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
+def _read_fd(fd: int, limit: int) -> tuple[bytes, int]:
+    """The first ``limit`` bytes of the regular file open on ``fd`` and its size; closes ``fd``."""
+    with open(fd, "rb", closefd=True) as f:
+        st = os.fstat(f.fileno())
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+        if not stat.S_ISREG(st.st_mode):
+            raise PermissionError(errno.EACCES, "not a regular file")
         data = f.read(limit)
-    return data, max(size, len(data))
+    return data, max(st.st_size, len(data))
 
 
 def _read_page(root: Path, path: str, limit: int) -> tuple[bytes, int]:
-    """``_read_head`` of an indexed page, refusing one that now resolves outside the root (a symlink swapped in)."""
-    real = os.path.realpath(os.path.join(root, path))
-    if not real.startswith(os.path.join(root, "")):
-        raise PermissionError(errno.EACCES, "it now resolves outside the wiki root")
-    return _read_head(real, limit)
+    """The first ``limit`` bytes of the file at ``path`` under ``root`` and its size, opened by ``_open_in_root`` (a
+    folder or page swapped for a link out of the root since it was indexed is refused, whenever the swap happens).
+
+    Raises:
+        OutsideRoot: it now resolves outside the root.
+        OSError: it cannot be opened or is not a regular file.
+    """
+    return _read_fd(_open_in_root(root, path), limit)
 
 
 def _front_matter(text: str) -> tuple[dict[str, Any], int]:

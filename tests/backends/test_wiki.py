@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -662,6 +663,79 @@ async def test_a_page_swapped_for_a_symlink_out_of_the_root_is_never_revealed(ro
             ("wiki_search", {"query": "secret kiwi"}),
         ]:
             assert SECRET not in text(await backend.call_tool(tool, arguments))
+
+
+async def test_symlinks_that_stay_inside_the_root_keep_working(root: Path) -> None:
+    os.symlink("notes/alpha.md", root / "alias.md")
+    os.symlink(root / "notes", root / "shortcut")  # absolute, and to a folder: not walked, but readable
+    os.symlink("../index.md", root / "notes/up.md")
+    async with wiki_at(root) as backend:
+        index = await listing(backend)
+        alias = await call(backend, "files_read", path="alias.md")
+        through = await call(backend, "files_read", path="shortcut/deep/../alpha.md")
+        up = await call(backend, "files_read", path="notes/up.md")
+        out = await call(backend, "files_read", path="shortcut/../../outside/secret.md")
+    assert "alias.md — Alpha" in index and "notes/up.md — Home Page" in index and "shortcut/" not in index
+    assert text(alias).startswith("# Alpha") and text(through).startswith("# Alpha")
+    assert text(up).startswith("---\ntitle: Home Page")
+    assert out.is_error and "'..' would leave the wiki root" in text(out)
+
+
+RACE_READS = 600  # per tool; today's check-then-open leaked on about one read in ten
+RACE_SWAPS = 100_000  # bound on the swapping thread, which stops as soon as the reads are done
+
+
+async def test_a_folder_swapped_for_a_symlink_to_the_outside_while_reading_never_leaks(root: Path) -> None:
+    """A thread keeps swapping ``notes/`` for a symlink to an outside folder holding the same names; every tool that
+    opens files (and the index, rebuilt by the watcher meanwhile) must never show an outside byte."""
+    outside = root.parent / "outside-notes"
+    for rel in ("alpha.md", "beta.md", "deep/gamma.md"):
+        write(outside, rel, f"# {SECRET} {rel}\nkiwi {SECRET}\n")
+    os.symlink(outside, root / ".swap-link")
+    stop = threading.Event()
+    swaps = 0
+
+    def swap() -> None:
+        nonlocal swaps
+        notes, stash, link = root / "notes", root / ".swap-stash", root / ".swap-link"
+        while not stop.is_set() and swaps < RACE_SWAPS:
+            os.rename(notes, stash)
+            os.rename(link, notes)
+            os.rename(notes, link)
+            os.rename(stash, notes)
+            swaps += 1
+
+    leaks: dict[str, int] = {}
+    reads: dict[str, int] = {}
+    async with wiki_at(root) as backend:
+        swapper = threading.Thread(target=swap, name="swapper", daemon=True)
+        swapper.start()
+        try:
+            with anyio.fail_after(120):
+                for tool, arguments in [
+                    ("files_read", {"path": "notes/beta.md"}),
+                    ("files_read", {"path": "notes/deep/gamma.md"}),
+                    ("files_neighbors", {"path": "notes/alpha.md"}),
+                    ("wiki_search", {"query": "kiwi"}),
+                    ("wiki_index", {}),
+                    ("wiki_read_all", {}),
+                ]:
+                    key = f"{tool}({next(iter(arguments.values()), '')})"
+                    for _ in range(RACE_READS if tool != "wiki_read_all" else RACE_READS // 4):
+                        result = await backend.call_tool(tool, arguments)
+                        reads[key] = reads.get(key, 0) + 1
+                        if any(
+                            SECRET in block.text for block in result.content if isinstance(block, types.TextContent)
+                        ):
+                            leaks[key] = leaks.get(key, 0) + 1
+        finally:
+            stop.set()
+            swapper.join(timeout=WAIT_S)
+        assert not swapper.is_alive()
+        assert swaps > 100, swaps  # the race really ran
+        assert leaks == {}, (leaks, reads, swaps)
+        # Once the swapping stops (``notes/`` is the real folder again), the pages read as before.
+        assert text(await call(backend, "files_read", path="notes/beta.md")).startswith("---\ntitle: Beta Title")
 
 
 async def test_a_page_with_an_undecodable_file_name_breaks_nothing(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
