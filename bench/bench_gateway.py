@@ -164,7 +164,17 @@ class Proc:
 
     @property
     def pid(self) -> int:
-        return self.popen.pid
+        """The serving process: for ``gateway serve``, the supervisor's forked child (same command line), not the
+        supervisor the pid of ``popen`` is."""
+        pid = self.popen.pid
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+                if Path(f"/proc/{child}/cmdline").read_bytes() == cmdline:
+                    return int(child)
+        except OSError:
+            pass
+        return pid
 
     def output(self) -> str:
         self.log.flush()
@@ -220,7 +230,7 @@ class Procs:
         for proc in self.procs:
             if proc.popen.poll() is None:
                 try:
-                    os.killpg(proc.pid, signal.SIGTERM)
+                    os.killpg(proc.popen.pid, signal.SIGTERM)
                 except ProcessLookupError:
                     pass
         deadline = time.monotonic() + 3.0
@@ -229,7 +239,7 @@ class Procs:
                 proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 try:
-                    os.killpg(proc.pid, signal.SIGKILL)
+                    os.killpg(proc.popen.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
                 proc.popen.wait()

@@ -1,5 +1,12 @@
 """The ``gateway`` command: serve | check | tools | audit | import.
 
+``gateway serve`` stops on SIGTERM or SIGINT: it stops taking connections, lets the calls in progress finish for at
+most ``gateway.drain_s``, answers the rest with "the gateway is shutting down" (a ``cancelled`` row each), stops the
+backends and their processes, and exits 0. A second signal cuts the drain short; it never skips the ledger or the
+processes. On Linux the pid that receives the signals is a small supervisor (``processes.supervise``) that forwards
+them and, should the gateway die by SIGKILL, kills every process it left. docs/operations.md, "Shutdown and
+processes", has what holds on each signal, measured.
+
 Exit codes: 0 success (``check`` too, even with failed or disabled backends: they are reported, not fatal);
 2 an invalid configuration or command line (the message names the file, the key path and the line), or any other
 failure the gateway raises on purpose while starting (a ``GatewayError``, such as an audit ledger that cannot be
@@ -10,11 +17,15 @@ stops a command.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
+import functools
 import json
+import math
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+import threading
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from typing import Any
 
 import anyio
@@ -22,7 +33,9 @@ import structlog
 
 from gateway._logging import config_secrets, configure_logging, redactor
 from gateway.audit_report import add_audit_subcommands, run_audit
+from gateway.backends.processes import become_subreaper, supervise
 from gateway.config import Federation, environ, load_config
+from gateway.connections import edge_protocol, effective_max_connections, quiet_edge_logs, raise_open_files_limit
 from gateway.errors import ConfigError, GatewayError
 from gateway.http import Tokens, build_app, is_loopback, status_document
 from gateway.importer import add_import_subcommand, run_import
@@ -36,6 +49,8 @@ log = structlog.get_logger("gateway.cli")
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 AUDIT_DB_FROM_CONFIG = "gateway.audit.path"
+ANSWER_GRACE_S = 1.0
+"""After the drain, how long the answers (the shutdown's error results included) have to reach their callers."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -83,6 +98,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gateway: invalid configuration: {exc}", file=sys.stderr)
         return EXIT_USAGE
     _register_secrets(config)
+    if args.command == "serve" and not (args.stdio and sys.stdin.isatty()) and threading.active_count() == 1:
+        # From here on this process is the gateway's supervisor's child (backends/processes.py); a terminal's
+        # stdin would make the gateway, in a process group of its own, stop on reading it (SIGTTIN).
+        supervise()
+    if args.command in ("serve", "check", "tools"):
+        # Orphans of the programs the gateway spawns re-parent to it, so none escapes (backends/processes.py).
+        become_subreaper()
     try:
         if args.command == "serve":
             return anyio.run(_serve, config, args)
@@ -167,21 +189,28 @@ async def _serve(config: Federation, args: argparse.Namespace) -> int:
             # their child processes) are stopped; the gateway handles the signals itself instead.
             yield
 
+    limits = config.gateway.limits  # read at start: a reload does not change them
+    max_connections = effective_max_connections(limits, raise_open_files_limit())
+    quiet_edge_logs(asyncio.get_running_loop())
     async with Gateway(config).running() as gateway:
         app = build_app(gateway, host=host, tokens=tokens)
         server = _Uvicorn(
-            uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on", access_log=False)
+            uvicorn.Config(
+                app,
+                host=host,
+                port=port,
+                log_level="warning",
+                lifespan="on",
+                access_log=False,
+                http=edge_protocol(limits, max_connections=max_connections),  # deadlines and the cap: connections.py
+                backlog=max_connections,  # one accept burst opens at most this many sockets (connections.py)
+                timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]  # uvicorn takes any number here
+                # A backstop only: _stop_http ends the connections first (an idle stream does not hold the exit).
+                timeout_graceful_shutdown=math.ceil(config.gateway.drain_s + 2 * ANSWER_GRACE_S),
+            )
         )
         async with anyio.create_task_group() as tg:
-
-            async def stop_on_signal() -> None:
-                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                    async for signum in signals:
-                        log.info("gateway.stopping", signal=signal.Signals(signum).name)
-                        server.should_exit = True
-                        return
-
-            tg.start_soon(stop_on_signal)
+            tg.start_soon(_stop_on_signals, gateway, functools.partial(_stop_http, server, gateway))
             tg.start_soon(watch_config, config.source, _reloader(gateway))
             log.info(
                 "gateway.serving", url=f"http://{host}:{port}/mcp", backends=len(gateway.backends), auth=bool(tokens)
@@ -192,6 +221,37 @@ async def _serve(config: Federation, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+async def _stop_on_signals(gateway: Gateway, stop: Callable[[anyio.Event], Coroutine[Any, Any, None]]) -> None:
+    """The first SIGINT/SIGTERM starts the shutdown (``stop``: drain, then cancel what is left); a second one
+    cuts the drain short (``hurry``). Neither kills the process: the shutdown always writes the ledger and stops
+    the children (the table in docs/operations.md, "Shutdown and processes")."""
+    hurry = anyio.Event()
+    stopping = False
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with anyio.create_task_group() as tg:
+            async for signum in signals:
+                name = signal.Signals(signum).name
+                if not stopping:
+                    stopping = True
+                    log.info("gateway.stopping", signal=name, drain_s=gateway.config.gateway.drain_s)
+                    tg.start_soon(stop, hurry)
+                else:
+                    log.warning("gateway.stopping_now", signal=name, calls=gateway.router.calls_in_progress())
+                    hurry.set()
+
+
+async def _stop_http(server: Any, gateway: Gateway, hurry: anyio.Event) -> None:
+    """Stop taking connections, drain the calls, then give the answers ANSWER_GRACE_S to be written and close
+    what is still open (idle event streams: nothing anyone waits for)."""
+    server.should_exit = True
+    await gateway.drain(hurry)
+    with anyio.move_on_after(ANSWER_GRACE_S):
+        while server.server_state.tasks:  # noqa: ASYNC110 - uvicorn offers no event for it
+            await anyio.sleep(0.02)
+    for task in list(server.server_state.tasks):
+        task.cancel(msg="the gateway is shutting down")
+
+
 async def _serve_stdio(config: Federation) -> int:
     from mcp.server.stdio import stdio_server
 
@@ -199,13 +259,12 @@ async def _serve_stdio(config: Federation) -> int:
         server, _ = build_server(gateway)
         async with anyio.create_task_group() as tg:
 
-            async def stop_on_signal() -> None:
-                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                    async for _ in signals:
-                        tg.cancel_scope.cancel()
-                        return
+            async def stop(hurry: anyio.Event) -> None:
+                await gateway.drain(hurry)
+                await anyio.sleep(ANSWER_GRACE_S)  # the answers are written to stdout meanwhile
+                tg.cancel_scope.cancel()
 
-            tg.start_soon(stop_on_signal)
+            tg.start_soon(_stop_on_signals, gateway, stop)
             tg.start_soon(watch_config, config.source, _reloader(gateway))
             async with stdio_server() as (read, write):
                 await server.run(read, write, server.create_initialization_options())

@@ -144,6 +144,21 @@ class CircuitBreaker(_Model):
     max_cooldown_s: float = Field(default=300.0, gt=0)
 
 
+class EdgeSettings(_Model):
+    """What one caller's requests may make the gateway accept and hold (docs/operations.md, "What one caller can and
+    cannot do to another: input and answers")."""
+
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    """The largest POST body ``/mcp`` accepts; a larger one is refused with HTTP 413 before it is read whole."""
+    max_argument_depth: int = Field(default=64, ge=1, le=200)
+    """Nesting levels a request's values may have; deeper is refused as invalid params (pydantic cannot serialise
+    much past 250)."""
+    replay_bytes: int = Field(default=32 * 1024 * 1024, ge=0)
+    """Bytes of recent SSE events kept in memory, across all streams, so a client can resume a broken stream."""
+    replay_stream_bytes: int = Field(default=4 * 1024 * 1024, ge=0)
+    """Bytes of recent events kept for any one stream; an event larger than this is sent but not kept."""
+
+
 class Naming(_Model):
     mode: Literal["never", "conditional", "always"] = "conditional"
     separator: str = Field(default="__", min_length=1, max_length=4)
@@ -156,6 +171,38 @@ class Naming(_Model):
         return value
 
 
+class Limits(_Model):
+    """What one caller can hold at the HTTP edge, so that it cannot starve the others: connections (enforced by
+    ``gateway/connections.py``, the uvicorn protocol) and MCP sessions (``gateway/http.py``). docs/operations.md,
+    "What one caller can and cannot do to another: connections and sessions", explains each limit."""
+
+    max_connections: int = Field(default=512, ge=1)
+    """Open HTTP connections at once. At the cap a new connection evicts the oldest one still waiting for a request
+    head; if none is waiting, it is answered 503 and closed. Keep it well below the open-files limit."""
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    """From a connection's opening (or its previous response) to a complete request head; else 408 and closed."""
+    body_timeout_s: float = Field(default=30.0, gt=0)
+    """From a complete request head to the end of its body; else the connection is closed."""
+    keep_alive_s: float = Field(default=5.0, gt=0)
+    """How long a connection may be silent while no request is on it (before the first, and between requests)."""
+    max_sessions: int = Field(default=1000, ge=1)
+    """Open MCP sessions across all callers; beyond it ``initialize`` answers 503."""
+    sessions_per_caller: int = Field(default=64, ge=1)
+    """Open MCP sessions of one caller (one bearer token). At the cap its least-recently-used idle session is
+    closed to make room; if all of them are busy, ``initialize`` answers 429 naming the cap."""
+    session_idle_s: float = Field(default=300.0, gt=0)
+    """A session with no request in flight (and no open GET stream) for this long is closed."""
+
+    @model_validator(mode="after")
+    def _shares_fit(self) -> Limits:
+        if self.sessions_per_caller > self.max_sessions:
+            raise ValueError(
+                f"sessions_per_caller ({self.sessions_per_caller}) is larger than max_sessions ({self.max_sessions}):"
+                " one caller could then take every session"
+            )
+        return self
+
+
 class GatewaySettings(_Model):
     name: str = "mcp-gateway"
     listen: Listen = Listen()
@@ -163,8 +210,10 @@ class GatewaySettings(_Model):
     audit: AuditSettings = AuditSettings()
     naming: Naming = Naming()
     circuit_breaker: CircuitBreaker = CircuitBreaker()
-    drain_s: float = Field(default=10.0, gt=0)
-    """On reload, how long calls in progress on a removed or changed backend may take before it is stopped."""
+    edge: EdgeSettings = EdgeSettings()
+    drain_s: float = Field(default=5.0, gt=0)
+    """How long calls in progress may take to finish when the gateway stops (SIGTERM), or, on reload, when their
+    backend is removed or changed; then they are cancelled. Well under the usual 10 s before SIGKILL."""
     allow_no_backends: bool = False
     """Whether an edit of the file that leaves no backend at all (no server, adapter or wiki) applies on reload. By
     default it is refused (the configuration in effect keeps serving): an empty or truncated save is far more often
@@ -177,6 +226,8 @@ class GatewaySettings(_Model):
     allowed_hosts: tuple[str, ...] = ()
     """Extra Host header values accepted besides loopback names (e.g. a reverse proxy's public name)."""
     allowed_origins: tuple[str, ...] = ()
+    limits: Limits = Limits()
+    """Connection and session limits at the HTTP edge."""
     costs_refresh_s: float = Field(default=60.0, gt=0)
     """How often the measured figures behind ``{cost:TOOL}`` placeholders are refreshed from the ledger and wiki."""
 
@@ -211,6 +262,13 @@ class _Backend(_Model):
     """How long the handshake (process start + initialize) may take before the backend is marked failed."""
     ping_interval_s: float = Field(default=10.0, gt=0)
     """How often a live session is pinged, so a silently dead downstream is noticed before a call fails on it."""
+    max_answer_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    """The largest answer (one JSON-RPC message: a stdio line, an SSE event, an HTTP body) taken from this server.
+    A larger one fails that call alone, naming its size and this limit; the session keeps serving the others."""
+    min_uptime_s: float = Field(default=30.0, ge=0)
+    """How long a session must have stayed up before a reconnect starts the backoff again from its first step; a
+    server that dies sooner (e.g. right after its handshake) is restarted with growing waits (0.5 s doubling to
+    30 s), so a flapping server costs a few spawns per minute, not a tight loop."""
     router: bool = False
     tools: ToolFilter = ToolFilter()
     session: Literal["shared", "per_client"] = "shared"

@@ -6,17 +6,40 @@
     │   ├── BackendUnavailable     not connected, disabled, crashed, refused, process could not start
     │   ├── BackendTimeout         no answer within the step's timeout
     │   ├── BackendProtocolError   the backend answered with something that is not a valid answer
-    │   │   └── BackendRpcError        ... a JSON-RPC error answer (a lone provider's passes through as is)
+    │   │   ├── BackendRpcError        ... a JSON-RPC error answer (a lone provider's passes through as is)
+    │   │   └── BackendAnswerTooLarge  ... an answer over the server's ``max_answer_bytes`` (that call fails alone)
     │   └── BackendThinResult      an answer a variant declares not worth keeping (degrade to the next rung)
     ├── ToolNotFound           no tool of that name in the catalog (a JSON-RPC error, not a tool result)
     ├── InvalidArguments       a tool argument failed validation (an ``isError`` answer naming the argument)
     ├── CatalogConflict        two tools would be published under one name, or a name is invalid
     └── AuditError             the audit ledger cannot be opened or written
 
-Foreign errors (httpx2, anyio, OSError, mcp) are translated into these at the seam, in ``backends/``.
+Foreign errors (httpx2, anyio, OSError, mcp) are translated into these at the seam, in ``backends/``. Client input
+echoed into a message goes through ``quote`` (cut to ``ECHO_CHARS``).
 """
 
 from __future__ import annotations
+
+ECHO_CHARS = 120
+"""Characters of client input quoted in an error message (a name, a URI, an argument path); the rest is counted."""
+
+
+URI_CHARS = 2048
+"""Characters of a client's URI echoed in an error's data (a real URI fits; a megabyte of one does not)."""
+
+
+def clip(text: str, limit: int = ECHO_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, with "…" when it was cut (for echoing client input as data)."""
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def quote(text: str, limit: int = ECHO_CHARS) -> str:
+    """``text`` quoted for an error message: the one way client input is echoed into an error, so an answer can never
+    be made as large as the request that caused it. ``repr`` (control characters and lone surrogates come out
+    escaped), cut to ``limit`` characters with the full length said."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}… ({len(text):,} characters)"
 
 
 class GatewayError(Exception):
@@ -57,13 +80,19 @@ class BackendError(GatewayError):
     Attributes:
         backend: the backend's name as declared in federation.yaml.
         reason: what happened, in plain words ("timed out after 15 s", "process exited with code 1: ...").
+        cause: what failures with one cause share (e.g. the lost session of a crash that failed every call in flight
+            on it), so the circuit breaker counts them once; None when each failure stands alone.
+        answered: the provider did answer, only the answer failed the step (a JSON-RPC error, a thin or an oversized
+            answer): a sign of life, which the circuit breaker counts as a success.
     """
 
     outcome = "error"
+    answered = False
 
-    def __init__(self, backend: str, reason: str) -> None:
+    def __init__(self, backend: str, reason: str, *, cause: object = None) -> None:
         self.backend = backend
         self.reason = reason
+        self.cause = cause
         super().__init__(f"backend {backend!r}: {reason}")
 
     def __repr__(self) -> str:
@@ -84,12 +113,14 @@ class BackendProtocolError(BackendError):
 
 class BackendThinResult(BackendError):
     outcome = "thin"
+    answered = True
 
 
 class BackendRpcError(BackendProtocolError):
     """The backend answered with a JSON-RPC error; kept whole so a lone provider's error can pass through."""
 
     outcome = "rpc_error"
+    answered = True
 
     def __init__(self, backend: str, code: int, message: str, data: object = None) -> None:
         self.code = code
@@ -98,10 +129,27 @@ class BackendRpcError(BackendProtocolError):
         super().__init__(backend, f"the server answered with error {code}: {message}")
 
 
+class BackendAnswerTooLarge(BackendProtocolError):
+    """One answer was larger than the server's ``max_answer_bytes``: that call fails, its session keeps serving.
+
+    Attributes:
+        size: the answer's size in bytes (one JSON-RPC message as it arrived).
+        limit: the limit it exceeded.
+    """
+
+    outcome = "too_large"
+    answered = True
+
+    def __init__(self, backend: str, size: int, limit: int) -> None:
+        self.size = size
+        self.limit = limit
+        super().__init__(backend, f"the answer is {size:,} bytes, over this server's max_answer_bytes of {limit:,}")
+
+
 class ToolNotFound(GatewayError):
     def __init__(self, name: str) -> None:
         self.name = name
-        super().__init__(f"Unknown tool: {name!r}.")
+        super().__init__(f"Unknown tool: {quote(name)}.")
 
 
 class InvalidArguments(GatewayError):
@@ -111,8 +159,8 @@ class InvalidArguments(GatewayError):
         self.tool = tool
         self.argument = argument
         self.message = message
-        target = f"argument {argument!r}" if argument else "arguments"
-        super().__init__(f"Invalid {target} for tool {tool!r}: {message}")
+        target = f"argument {quote(argument)}" if argument else "arguments"
+        super().__init__(f"Invalid {target} for tool {quote(tool)}: {message}")
 
 
 class CatalogConflict(GatewayError):

@@ -6,6 +6,13 @@ MCP work — then answers ``/healthz`` (no auth, no reasons), ``/status`` (auth,
 (Prometheus text format; auth unless ``gateway.auth.metrics_requires_token`` says otherwise — by default it is
 required unless the gateway is bound to loopback). ``/metrics`` holds names, states and counts only: no reasons,
 arguments or secrets.
+
+Host and Origin are parsed, never prefix-matched: a Host must be exactly ``name[:port]`` and an Origin exactly
+``scheme://host[:port]``, and the parsed host is compared whole (``http://localhost:1.evil.example.com`` is refused).
+A refusal, and any answer to a caller without a token, carries ``Connection: close``, so a connection that outlives
+its first response belongs to a token holder (``connections.py`` relies on that to keep room for them). Sessions
+(``CallerSessions``): each belongs to the caller that opened it, one caller holds at most
+``gateway.limits.sessions_per_caller`` of them, and a session id is never logged or stored (``session_digest``).
 """
 
 from __future__ import annotations
@@ -14,31 +21,56 @@ import hashlib
 import hmac
 import ipaddress
 import json
+import logging
+import math
 import re
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import urlsplit
 
+import structlog
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, AuthorizationContext
+from mcp.server.auth.provider import AccessToken
+from mcp.server.lowlevel.server import Server
+from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
+from mcp_types import INVALID_REQUEST, ErrorData, JSONRPCError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway._logging import redactor
 from gateway.backends.cli import CliBackend
+from gateway.config import Limits
+from gateway.edge import Edge
 from gateway.events import RETRY_MS, RecentEvents
 from gateway.metrics import CONTENT_TYPE, AdapterSnapshot, BackendSnapshot, StateSnapshot
 from gateway.runtime import VERSION, Gateway
-from gateway.server import build_server
+from gateway.server import build_server, session_digest
 from gateway.ui import UI_PATHS, build_ui
 
-__all__ = ["Guard", "Tokens", "build_app", "is_loopback", "metrics_need_token", "state_snapshot", "status_document"]
+__all__ = [
+    "CallerSessions",
+    "Guard",
+    "Tokens",
+    "build_app",
+    "is_loopback",
+    "metrics_need_token",
+    "state_snapshot",
+    "status_document",
+]
+
+log = structlog.get_logger("gateway.http")
 
 _NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
+_LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
+_PORT = re.compile(r"^[0-9]{1,5}$")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 def is_loopback(host: str) -> bool:
@@ -104,28 +136,29 @@ class Guard:
         self.app = app
         self.tokens = tokens
         self.loopback = loopback
-        self.allowed_hosts = {h.lower() for h in allowed_hosts}
+        self.allowed_hosts = {h.lower().replace("[", "").replace("]", "") for h in allowed_hosts}
         self.allowed_origins = {o.lower() for o in allowed_origins}
+        self.allowed_origin_parts = {p for p in map(_split_origin, self.allowed_origins) if p is not None}
         self.public_paths = set(public_paths)
 
     def _host_ok(self, host: str) -> bool:
-        host = host.lower()
-        name = host.rsplit(":", 1)[0] if not host.endswith("]") else host  # the port does not matter
-        if host in self.allowed_hosts or name in self.allowed_hosts:
+        parsed = _split_host(host)
+        if parsed is None:
+            return False  # empty, or not host[:port] at all (e.g. "localhost:1.evil.example.com")
+        name, port = parsed
+        if name in self.allowed_hosts or (port is not None and f"{name}:{port}" in self.allowed_hosts):
             return True
         if not self.loopback:
             return True  # behind a real name: the operator's proxy owns Host; auth is required anyway
-        return name in ("127.0.0.1", "localhost", "[::1]")
+        return name in _LOOPBACK_NAMES
 
     def _origin_ok(self, origin: str) -> bool:
-        origin = origin.lower()
-        if origin in self.allowed_origins:
+        parsed = _split_origin(origin)
+        if parsed is not None and parsed in self.allowed_origin_parts:
             return True
         if not self.loopback:
             return not self.allowed_origins  # a list, when given, is exhaustive
-        rest = origin.split("://", 1)[-1]
-        name = rest.rsplit(":", 1)[0] if not rest.endswith("]") else rest
-        return name in ("127.0.0.1", "localhost", "[::1]")
+        return parsed is not None and parsed[1] in _LOOPBACK_NAMES
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -139,9 +172,14 @@ class Guard:
         if origin is not None and not self._origin_ok(origin):
             await _plain(send, 403, "Forbidden: Origin not allowed.")
             return
-        if scope["path"] not in self.public_paths and self.tokens:
-            caller = self.tokens.identify(headers.get("authorization"))
-            if caller is None:
+        caller = self.tokens.identify(headers.get("authorization")) if self.tokens else None
+        if caller is not None:
+            scope.setdefault("state", {})["caller"] = caller
+            # The SDK binds a session to the principal that opened it and answers 404 to any other (POST, GET and
+            # DELETE alike); the caller's name is that principal.
+            scope["user"] = AuthenticatedUser(AccessToken(token="", client_id=caller, scopes=[]))
+        elif self.tokens:
+            if scope["path"] not in self.public_paths:
                 await _plain(
                     send,
                     401,
@@ -149,18 +187,175 @@ class Guard:
                     [(b"www-authenticate", b'Bearer realm="mcp-gateway"')],
                 )
                 return
-            scope.setdefault("state", {})["caller"] = caller
+            send = _closing(send)  # only token holders keep a connection open (connections.py counts on it)
         await self.app(scope, receive, send)
 
 
+def _split_host(host: str) -> tuple[str, int | None] | None:
+    """A Host header's (name, port), lowercased, IPv6 without brackets; None unless it is exactly host[:port]."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        name, bracket, rest = host[1:].partition("]")
+        if not bracket or not name:
+            return None
+    else:
+        name, colon, port = host.partition(":")
+        rest = colon + port
+        if not name or "[" in name or "]" in name:
+            return None
+    if not rest:
+        return name, None
+    if not rest.startswith(":") or not _PORT.fullmatch(rest[1:]) or int(rest[1:]) > 65535:
+        return None
+    return name, int(rest[1:])
+
+
+def _split_origin(origin: str) -> tuple[str, str, int] | None:
+    """An Origin header's (scheme, host, port), the port defaulted by scheme; None unless it is exactly
+    ``scheme://host[:port]`` over http or https (``null``, paths, user info and junk after the host are refused)."""
+    try:
+        parts = urlsplit(origin.strip().lower())
+        port = parts.port
+    except ValueError:  # e.g. "http://localhost:1.evil.example.com": not a port
+        return None
+    if parts.scheme not in _DEFAULT_PORTS or not parts.hostname or "@" in parts.netloc:
+        return None
+    if parts.path or parts.query or parts.fragment:
+        return None
+    return parts.scheme, parts.hostname, port if port is not None else _DEFAULT_PORTS[parts.scheme]
+
+
+def _closing(send: Send) -> Send:
+    """``send`` with ``Connection: close`` added to the response: the connection ends with this answer."""
+
+    async def closing(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
+        await send(message)
+
+    return closing
+
+
 async def _plain(send: Send, status: int, text: str, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    """A refusal. The connection is closed with it: a refused client holds no connection (connections.py)."""
     body = json.dumps({"error": text}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+    ]
     await send({"type": "http.response.start", "status": status, "headers": headers + (extra or [])})
     await send({"type": "http.response.body", "body": body})
 
 
-def status_document(gateway: Gateway, *, connections: int | None = None) -> dict[str, Any]:
+class _CallerAtCap(Exception):
+    """Raised inside session admission: the caller's sessions are all busy and it is at its cap."""
+
+
+class CallerSessions(StreamableHTTPSessionManager):
+    """The SDK's session manager, shared fairly between callers (``gateway.limits``).
+
+    A session belongs to the caller that opened it: the Guard puts the caller in ``scope["user"]`` and the SDK
+    answers 404 to every other caller, for POST, GET and DELETE alike, as if the session did not exist. One caller
+    holds at most ``sessions_per_caller`` sessions. At that cap its new ``initialize`` closes its own
+    least-recently-used *idle* session (no request in flight, no open GET stream), whose id then answers 404 (a
+    client that comes back re-initializes, as for an expired session); if every one of its sessions is busy, the
+    new ``initialize`` is answered 429 naming the cap. Other callers are never touched: only ``max_sessions``, which
+    many callers within their shares are needed to reach, is global. The choice to evict rather than refuse is
+    deliberate: a client that forgets to DELETE its sessions keeps working instead of locking itself out for
+    ``session_idle_s``, and it can only ever displace its own sessions.
+
+    Admission overrides the SDK's ``_admit_session``, which runs under the SDK's creation lock, so the cap holds
+    against concurrent ``initialize`` requests. SDK log lines are passed through ``_SessionIdFilter``.
+    """
+
+    def __init__(self, app: Server[Any], *, limits: Limits, **kwargs: Any) -> None:
+        super().__init__(app, session_idle_timeout=limits.session_idle_s, max_sessions=limits.max_sessions, **kwargs)
+        self.per_caller = limits.sessions_per_caller
+        self.evicted = 0
+
+    def statistics(self) -> dict[str, int]:
+        """For ``/status``: sessions open now, and how many were evicted at their caller's cap since start."""
+        return {"open": len(self._server_instances), "evicted": self.evicted}
+
+    async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super()._handle_stateful_request(scope, receive, send)
+        except _CallerAtCap as refusal:  # raised before anything was sent
+            log.warning("session.refused", caller=_caller(scope), limit=self.per_caller)
+            body = JSONRPCError(jsonrpc="2.0", id=None, error=ErrorData(code=INVALID_REQUEST, message=str(refusal)))
+            response = Response(body.model_dump_json(by_alias=True, exclude_unset=True), status_code=429)
+            response.headers["content-type"] = "application/json"
+            await response(scope, receive, send)
+
+    def _admit_session(self, requestor: AuthorizationContext | None) -> StreamableHTTPServerTransport | None:
+        owners = self._session_owners
+        mine = [sid for sid in self._server_instances if owners.get(sid) == requestor]
+        if len(mine) >= self.per_caller:
+            victim = self._least_recently_used_idle(mine)
+            caller = requestor["client_id"] if requestor is not None else "anonymous"
+            if victim is None:
+                raise _CallerAtCap(
+                    f"Too many open sessions for caller {caller}: it has {len(mine)} open session"
+                    f"{'' if len(mine) == 1 else 's'}, the limit (gateway.limits.sessions_per_caller), and all are "
+                    "busy; end one with DELETE or let one go idle, then initialize again."
+                )
+            self._evict(victim)
+            log.info("session.evicted", caller=caller, session=session_digest(victim), limit=self.per_caller)
+        return super()._admit_session(requestor)
+
+    def _least_recently_used_idle(self, sessions: list[str]) -> str | None:
+        """Of ``sessions``, the one idle longest. A transport's idle deadline is its last request's end plus the
+        (shared) idle timeout while nothing is in flight, and infinite while something is: so the smallest finite
+        deadline is the least recently used idle session."""
+        idle = []
+        for sid in sessions:
+            scope = self._server_instances[sid].idle_scope
+            if scope is not None and math.isfinite(scope.deadline) and not scope.cancel_called:
+                idle.append((scope.deadline, sid))
+        return min(idle)[1] if idle else None
+
+    def _evict(self, session_id: str) -> None:
+        """Forget the session now (its id answers 404 at once) and end its server task, which terminates the
+        transport on its way out, exactly as an idle timeout does."""
+        transport = self._server_instances.pop(session_id)
+        self._session_owners.pop(session_id, None)
+        if transport.idle_scope is not None:
+            transport.idle_scope.cancel()
+        self.evicted += 1
+
+
+def _caller(scope: Scope) -> str | None:
+    caller = scope.get("state", {}).get("caller")
+    return caller if isinstance(caller, str) else None
+
+
+class _SessionIdFilter(logging.Filter):
+    """Rewrites the SDK's log lines about sessions so that no session id reaches the log, only its digest."""
+
+    _ID = re.compile(r"\b[0-9a-f]{32}\b")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        scrubbed = self._ID.sub(lambda m: f"session:{session_digest(m.group(0))}", message)
+        if scrubbed != message:
+            record.msg, record.args = scrubbed, None
+        return True
+
+
+_SESSION_LOGGERS = ("mcp.server.streamable_http_manager", "mcp.server.streamable_http")
+
+
+def _filter_session_ids() -> None:
+    for name in _SESSION_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _SessionIdFilter) for f in logger.filters):
+            logger.addFilter(_SessionIdFilter())
+
+
+def status_document(
+    gateway: Gateway, *, connections: int | None = None, sessions: dict[str, int] | None = None
+) -> dict[str, Any]:
     """``/status`` and ``gateway check --json``: every backend's state and reason, the catalog's size and problems.
 
     Reasons quote what a backend printed (a stderr tail); registered secrets are scrubbed from them.
@@ -193,6 +388,8 @@ def status_document(gateway: Gateway, *, connections: int | None = None) -> dict
     }
     if connections is not None:
         doc["connections"] = connections
+    if sessions is not None:
+        doc["sessions"] = sessions
     return doc
 
 
@@ -223,10 +420,16 @@ def metrics_need_token(gateway: Gateway, host: str) -> bool:
 def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: bool = False) -> ASGIApp:
     """The gateway's HTTP app. Run it inside ``gateway.running()`` (the caller owns the gateway's lifetime)."""
     server, connections = build_server(gateway)
-    manager = StreamableHTTPSessionManager(
-        app=server,
+    _filter_session_ids()
+    manager = CallerSessions(
+        server,
+        limits=gateway.config.gateway.limits,
         json_response=json_response,
-        event_store=RecentEvents(),  # resumable streams (SEP-1699), see events.py
+        # resumable streams (SEP-1699), bounded in events, age and bytes: see events.py
+        event_store=RecentEvents(
+            max_bytes=gateway.config.gateway.edge.replay_bytes,
+            max_stream_bytes=gateway.config.gateway.edge.replay_stream_bytes,
+        ),
         retry_interval=RETRY_MS,
         # The Guard does Host/Origin checks for every path, so the SDK's own check is off (one policy, one place).
         security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
@@ -238,7 +441,7 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
         return JSONResponse({"status": "ok" if gateway.healthy() else "degraded", "backends": states})
 
     async def status(request: Request) -> Response:
-        return JSONResponse(status_document(gateway, connections=len(connections)))
+        return JSONResponse(status_document(gateway, connections=len(connections), sessions=manager.statistics()))
 
     gateway.metrics.watch(lambda: state_snapshot(gateway))
 
@@ -255,7 +458,8 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
             Route("/healthz", healthz, methods=["GET"]),
             Route("/status", status, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
-            Route("/mcp", endpoint=mcp_app),
+            # Every POST body is checked before the SDK parses it (edge.py): one rule for both protocol eras.
+            Route("/mcp", endpoint=Edge(mcp_app, lambda: gateway.config.gateway.edge)),
             Mount("/ui", app=build_ui(gateway, tokens, is_loopback(host))),  # the status page; signs people in itself
         ],
         lifespan=lifespan,

@@ -6,8 +6,11 @@ had its first outcome (ready, failed, or disabled) — ``gateway check`` and the
 backend's state or tools change, the catalog is rebuilt and swapped whole, and the change listeners (the server's
 ``list_changed`` broadcast) are told. ``reload(config)`` applies an edited federation backend by backend (the plan
 comes from reload.py): each supervisor runs in its own cancel scope, so one backend can be drained and stopped
-alone. Leaving the gateway cancels every supervisor; each closes its own session (and kills its own process group)
-inside its own task.
+alone. Stopping is two steps: ``drain()`` lets the calls in progress finish for at most ``gateway.drain_s`` (less
+after a second signal), then cancels the rest, each answered with an error that says the gateway is shutting down and
+recorded as ``cancelled``; leaving ``running()`` then cancels every supervisor (each closes its own session and
+kills its own processes inside its own task), kills whatever orphan the gateway adopted (backends/processes.py,
+also swept every few seconds while it runs), and commits the ledger last.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from gateway.audit import Ledger, ToolStats
 from gateway.audit import stats as audit_stats
+from gateway.backends import processes
 from gateway.backends.base import Backend, BackendState, BackendStatus, DisabledBackend
 from gateway.backends.cli import CliBackend
 from gateway.backends.mcp import HttpPool, McpBackend, NotificationHook
@@ -154,6 +158,7 @@ class Gateway:
                     metrics=self.metrics,
                     tracer=self.tracer,
                     breakers=Breakers(breaker.failure_threshold, breaker.cooldown_s, breaker.max_cooldown_s),
+                    edge=lambda: self.config.gateway.edge,
                 )
                 self.started_at = anyio.current_time()
                 self._tg, self._http = tg, http
@@ -162,6 +167,7 @@ class Gateway:
                     self._start(backend)
                 tg.start_soon(self._broadcast, receive)
                 tg.start_soon(self._rebuild_when_stale)
+                tg.start_soon(self._sweep_orphans)
                 if self._uses_costs:
                     tg.start_soon(self._measure_costs)
                 self._rebuild()
@@ -171,6 +177,7 @@ class Gateway:
                     tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
+                await processes.sweep(everything=True)  # every backend has stopped: no adopted process may stay
                 if ledger_cm is not None and self.ledger is not None:
                     await ledger_cm.__aexit__(None, None, None)
                 await http.aclose()
@@ -204,6 +211,30 @@ class Gateway:
         scope = self._scopes.pop(id(backend), None)
         if scope is not None:
             scope.cancel()
+
+    async def drain(self, hurry: anyio.Event | None = None) -> None:
+        """The first step of stopping: let the calls in progress finish, for at most ``gateway.drain_s`` (or until
+        ``hurry`` is set: a second signal), then cancel the rest with an answer that says the gateway is shutting
+        down (``Router.abort``: each gets its ``cancelled`` row, and its processes are killed, before it returns).
+        Later calls are answered the same way at once."""
+        limit = self.config.gateway.drain_s
+        reason = f"the gateway is shutting down (the calls in progress had {limit:g} s to finish)"
+        with anyio.move_on_after(limit):
+            async with anyio.create_task_group() as waiting:
+
+                async def calls_done() -> None:
+                    await self.router.wait_no_calls()
+                    waiting.cancel_scope.cancel()
+
+                waiting.start_soon(calls_done)
+                if hurry is not None:
+                    await hurry.wait()
+                    reason = "the gateway is shutting down (stopped at once by a second signal)"
+                    waiting.cancel_scope.cancel()
+        left = self.router.calls_in_progress()
+        if left:
+            log.warning("gateway.calls_cancelled", calls=left, reason=reason)
+        self.router.abort(reason)
 
     async def reload(self, config: Federation) -> ReloadPlan:
         """Apply a new, validated federation without dropping a client session (see reload.py for the plan).
@@ -273,6 +304,12 @@ class Gateway:
         if costs != self._costs:
             self._costs = costs
             self._rebuild()
+
+    async def _sweep_orphans(self) -> None:
+        """Reap adopted orphans and end the escaped ones (processes.py), also between adapter calls."""
+        while True:
+            await anyio.sleep(processes.SWEEP_INTERVAL_S)
+            await processes.sweep()
 
     async def _broadcast(self, receive: anyio.abc.ObjectReceiveStream[Catalog]) -> None:
         async with receive:

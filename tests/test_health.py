@@ -1,8 +1,10 @@
-"""The circuit breaker's state machine, driven by a fake clock."""
+"""The circuit breaker's state machine, driven by a fake clock (and a fake backend for its reconnects)."""
 
 from __future__ import annotations
 
+from gateway.backends.base import BackendState
 from gateway.health import Breaker, Breakers, BreakerState
+from tests.fakes import FakeBackend
 
 
 class Clock:
@@ -74,3 +76,64 @@ def test_breakers_are_per_backend_and_can_be_forgotten() -> None:
     assert breakers["b"].state is BreakerState.CLOSED
     breakers.forget("a")
     assert breakers.get("a") is None and breakers["a"].state is BreakerState.CLOSED
+
+
+def test_failures_that_share_a_cause_count_once() -> None:
+    b = breaker(Clock())
+    crash, other = object(), object()
+    for _ in range(8):  # eight calls lost to one crash
+        b.failure("the connection closed", cause=crash)
+    assert b.failures == 1 and b.state is BreakerState.CLOSED
+    b.failure("the connection closed", cause=other)
+    b.failure("timed out")  # no cause: each one counts
+    assert b.failures == 3 and b.state is BreakerState.OPEN
+
+
+def test_a_reconnect_closes_an_open_breaker() -> None:
+    b = breaker(Clock())
+    for _ in range(3):
+        b.failure("crash")
+    assert not b.allow()
+    b.reconnected()
+    assert b.state is BreakerState.CLOSED and b.failures == 0 and b.allow()
+
+
+def test_a_trial_that_raises_hands_the_trial_back_and_only_its_own() -> None:
+    clock = Clock()
+    b = breaker(clock)
+    for _ in range(3):
+        b.failure("crash")
+    clock.now += 10.0
+    trial = b.allow()
+    assert trial and b.state is BreakerState.HALF_OPEN
+    assert not b.allow()
+    try:
+        with trial:
+            raise KeyboardInterrupt  # stands for the caller's cancellation
+    except KeyboardInterrupt:
+        pass
+    assert b.state is BreakerState.HALF_OPEN
+    second = b.allow()  # the trial is free again
+    assert second
+    with trial:  # the first caller's admission no longer holds the trial: leaving it releases nothing
+        pass
+    try:
+        with b.allow():
+            raise RuntimeError
+    except RuntimeError:
+        pass
+    assert not b.allow()  # `second` still holds the trial
+    b.success()
+    assert b.state is BreakerState.CLOSED
+
+
+def test_a_breaker_closes_when_its_backend_is_ready_again() -> None:
+    backend = FakeBackend("a", ["t"])
+    breakers = Breakers(failure_threshold=1)
+    b = breakers.of(backend)
+    b.failure("crash")
+    assert b.state is BreakerState.OPEN
+    backend.set_state(BackendState.FAILED, "the connection closed")
+    assert b.state is BreakerState.OPEN
+    backend.set_state(BackendState.READY)
+    assert b.state is BreakerState.CLOSED

@@ -167,7 +167,19 @@ async def test_without_configured_tokens_requests_pass_on_a_loopback_bind() -> N
     assert app.paths == ["/mcp"]
 
 
-@pytest.mark.parametrize("host", ["evil.example.com", "127.0.0.1.evil.example.com", "localhost.evil.com:8080", ""])
+@pytest.mark.parametrize(
+    "host",
+    [
+        "evil.example.com",
+        "127.0.0.1.evil.example.com",
+        "localhost.evil.com:8080",
+        "",
+        "localhost:1.evil.example.com",
+        "127.0.0.1:8080:evil",
+        "[::1]evil.example.com",
+        "localhost:99999",
+    ],
+)
 async def test_a_foreign_host_header_gets_421_on_a_loopback_bind_even_with_a_token(host: str) -> None:
     app = App()
     response = await get(guard(app), token="tok-alice", headers={"Host": host})
@@ -202,7 +214,21 @@ async def test_an_allowed_host_is_accepted_on_any_port_like_the_loopback_names()
     assert (await get(g, token="tok-alice", headers={"Host": "gateway.internal:8080"})).status_code == 200
 
 
-@pytest.mark.parametrize("origin", ["http://evil.example.com", "https://127.0.0.1.evil.example.com", "null"])
+@pytest.mark.parametrize(
+    "origin",
+    [
+        "http://evil.example.com",
+        "https://127.0.0.1.evil.example.com",
+        "null",
+        "http://localhost:1.evil.example.com",
+        "http://127.0.0.1:80.evil.example.com",
+        "http://localhost@evil.example.com",
+        "http://localhost:8080/path",
+        "ftp://localhost",
+        "localhost",
+        "http://[::1]:1.evil.example.com",
+    ],
+)
 async def test_a_foreign_origin_gets_403_on_a_loopback_bind(origin: str) -> None:
     app = App()
     response = await get(guard(app), token="tok-alice", headers={"Origin": origin})
@@ -225,6 +251,39 @@ async def test_allowed_origins_extend_the_loopback_ones_and_are_exhaustive_off_l
     remote = guard(App(), loopback=False, allowed_origins=origins)
     assert (await get(remote, token="tok-alice", headers={"Origin": "https://app.example.com"})).status_code == 200
     assert (await get(remote, token="tok-alice", headers={"Origin": "http://localhost"})).status_code == 403
+
+
+async def test_an_allowed_origin_matches_by_scheme_host_and_port_not_by_prefix() -> None:
+    g = guard(App(), loopback=False, allowed_origins=["https://app.example.com"])
+    assert (await get(g, token="tok-alice", headers={"Origin": "https://app.example.com:443"})).status_code == 200
+    for origin in [
+        "https://app.example.com:1.evil.example.com",
+        "http://app.example.com",
+        "https://app.example.com:8443",
+    ]:
+        assert (await get(g, token="tok-alice", headers={"Origin": origin})).status_code == 403, origin
+
+
+async def test_a_refusal_closes_the_connection_and_only_a_token_holder_keeps_one() -> None:
+    refused = await get(guard(App()), token="wrong")
+    assert (refused.status_code, refused.headers["connection"]) == (401, "close")
+    public = await get(guard(App()), "/healthz")
+    assert (public.status_code, public.headers["connection"]) == (200, "close")
+    held = await get(guard(App()), "/healthz", token="tok-alice")
+    assert held.status_code == 200 and "connection" not in held.headers
+
+
+async def test_a_token_holder_is_the_principal_the_sdk_binds_sessions_to() -> None:
+    seen: list[Any] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        seen.append(scope.get("user"))
+        await App()(scope, receive, send)
+
+    g = Guard(app, tokens=Tokens("alice=tok-alice"), loopback=True)
+    await get(g, token="tok-alice")
+    (user,) = seen
+    assert user.access_token.client_id == "alice" and user.access_token.token == ""
 
 
 async def test_a_non_http_scope_passes_through_untouched() -> None:
@@ -306,9 +365,10 @@ def test_the_status_document_shows_every_backend_with_state_reason_and_tool_coun
     )
     a = FakeBackend("a", ["one", "two"])
     b = FakeBackend("b", ["t"], state=BackendState.FAILED, reason="handshake answered HTTP 502")
-    doc = status_document(stub_gateway(config, a, b), connections=3)
+    doc = status_document(stub_gateway(config, a, b), connections=3, sessions={"open": 2, "evicted": 5})
 
     assert (doc["gateway"], doc["status"], doc["connections"]) == ("gw", "degraded", 3)
+    assert doc["sessions"] == {"open": 2, "evicted": 5}
     assert doc["catalog"]["tools"] == 2
     assert any("'ghost'" in problem for problem in doc["catalog"]["problems"])
     rows = {row["name"]: row for row in doc["backends"]}
@@ -319,5 +379,5 @@ def test_the_status_document_shows_every_backend_with_state_reason_and_tool_coun
     a.set_state(BackendState.READY)
     b.set_state(BackendState.DISABLED, "not today", declared=True)
     doc = status_document(stub_gateway(config, a, b))
-    assert doc["status"] == "ok" and "connections" not in doc
+    assert doc["status"] == "ok" and "connections" not in doc and "sessions" not in doc
     assert {row["name"]: row["declared"] for row in doc["backends"]} == {"a": False, "b": True}

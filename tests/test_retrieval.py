@@ -275,8 +275,11 @@ async def test_the_built_in_rungs_answer_when_qmd_is_missing(wiki: Path, tmp_pat
 
 
 def _qmd_mcp_pid(gateway: RunningServer) -> int:
-    """The pid of the `qmd mcp` server the gateway spawned (its direct child, leading its own process group)."""
-    done = subprocess.run(["pgrep", "-P", str(gateway.process.pid), "-f", "qmd mcp"], capture_output=True, text=True)
+    """The pid of the `qmd mcp` server the gateway spawned (a direct child of the gateway proper, which is the one
+    child of the supervisor `gateway serve` starts as; it leads its own process group)."""
+    supervisor = subprocess.run(["pgrep", "-P", str(gateway.process.pid)], capture_output=True, text=True)
+    [proper] = supervisor.stdout.split()
+    done = subprocess.run(["pgrep", "-P", proper, "-f", "qmd mcp"], capture_output=True, text=True)
     pids = [int(pid) for pid in done.stdout.split()]
-    assert pids, f"no `qmd mcp` child of {gateway.process.pid}"
+    assert pids, f"no `qmd mcp` child of {proper}"
     return pids[0]

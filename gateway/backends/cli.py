@@ -13,7 +13,9 @@ Guarantees:
     shutdown the whole process group is signalled (SIGTERM, a short grace, then SIGKILL; at shutdown SIGKILL at once)
     and the leader is reaped, inside a shielded cancel scope with bounded waits. After a normal exit the group is
     swept with SIGKILL as well, so a grandchild that lingers (a launcher that does not forward signals, like qmd's)
-    dies with the call;
+    dies with the call. A descendant that left the group (``setsid``) is signalled through the leader's process
+    tree while its parent lives, and once orphaned it is the gateway's (a subreaper): ``processes.sweep()`` after
+    the call kills it, as soon as no other call that was running when it started still runs;
   * one deadline per call: the step's timeout (the variant's ``timeout_s`` when it sets one, else the tool's) covers
     the wait for a concurrency slot *and* the run. A caller never waits longer than the timeout it was promised, and
     when every slot is held by hung programs a cheap rung fails fast ("waiting for a free slot") instead of queueing
@@ -23,6 +25,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -43,6 +46,7 @@ import mcp_types as types
 from jsonschema import exceptions as jsonschema_exceptions  # type: ignore[import-untyped]
 from jsonschema import validators as jsonschema_validators
 
+from gateway.backends import processes
 from gateway.backends.base import BackendBase, BackendState, BackendStatus, ProgressFn
 from gateway.config import Adapter, AdapterTool, ThinWhen, environ
 from gateway.errors import (
@@ -53,6 +57,7 @@ from gateway.errors import (
     BackendUnavailable,
     InvalidArguments,
     ToolNotFound,
+    quote,
 )
 
 __all__ = ["ChildProcess", "CliBackend", "CliStatistics", "Spawner", "build_argv", "spawn_process"]
@@ -177,7 +182,7 @@ def _check_leading_dash(tool: str, name: str, text: str, after_double_dash: bool
 
 
 def _preview(text: str, limit: int = 60) -> str:
-    return repr(text if len(text) <= limit else text[:limit] + "...")
+    return quote(text, limit)
 
 
 # --------------------------------------------------------------------------------------------------- spawn seam
@@ -237,23 +242,30 @@ class _OsProcess:
     def signal_group(self, signum: int) -> None:
         # The process was started with start_new_session=True, so its group id is its pid. The kernel keeps that
         # id reserved while any member lives, so this reaches grandchildren even after the leader was reaped.
+        # A descendant that left the group (setsid) is still in the leader's tree while its parent lives, so the
+        # tree is signalled too; one whose parent is gone was re-parented to the gateway: processes.sweep() ends it.
+        members = processes.descendants(self._process.pid) if self._process.returncode is None else []
         try:
             os.killpg(self._process.pid, signum)
         except (ProcessLookupError, PermissionError):  # gone (EPERM: only zombies left, on some systems)
             pass
+        for pid in members:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
 
     async def aclose(self) -> None:
         await self._process.aclose()
 
 
 async def spawn_process(argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None) -> ChildProcess:
-    """Start ``argv`` (a list, never a shell string) in a new session, stdin from /dev/null, stdout/stderr piped.
+    """Start ``argv`` (a list, never a shell string) in a new session, stdin from /dev/null, stdout/stderr piped
+    (``processes.open_process``: it cannot outlive the gateway).
 
     Raises:
         OSError: the program could not be started (translated by the caller).
     """
-    process = await anyio.open_process(
-        list(argv), stdin=DEVNULL, stdout=PIPE, stderr=PIPE, env=dict(env), cwd=cwd, start_new_session=True
+    process = await processes.open_process(
+        argv, call=True, stdin=DEVNULL, stdout=PIPE, stderr=PIPE, env=dict(env), cwd=cwd
     )
     return _OsProcess(process)
 
@@ -485,7 +497,9 @@ class CliBackend(BackendBase):
             selected = spec.variants.get(chosen)
             if selected is None:
                 expected = ", ".join(repr(v) for v in spec.variants)
-                raise InvalidArguments(tool, spec.switch, f"unknown variant {chosen!r}; expected one of {expected}")
+                raise InvalidArguments(
+                    tool, spec.switch, f"unknown variant {quote(str(chosen))}; expected one of {expected}"
+                )
             args[spec.switch] = chosen
             template, thin = selected.argv, selected.thin_when
             timeout = selected.timeout_s if "timeout_s" in selected.model_fields_set else spec.timeout_s
@@ -644,6 +658,8 @@ class CliBackend(BackendBase):
         with anyio.move_on_after(_REAP_TIMEOUT_S):
             await process.wait()
             await process.aclose()
+        # A descendant that left the group and outlived the leader was re-parented to the gateway: end it too.
+        await processes.sweep()
 
     # -- the answer
 

@@ -4,9 +4,16 @@
 ``async with`` blocks inside its own task, initializes with protocol negotiation, lists the tools, resources,
 resource templates and prompts (every page), restores the log level and the resource subscriptions the gateway's
 clients hold, marks itself ready, and then waits until the connection ends (the process exits, the HTTP stream
-breaks, a ping fails). It then marks itself failed with the reason in plain words and reconnects with exponential
-backoff and jitter (tenacity); after a session that worked, the backoff starts again from the first step. A backend
-that never connects still calls ``task_status.started()`` after its first failure, so it never blocks startup.
+breaks, a ping fails, a stdio server stops reading its stdin). It then marks itself failed with the reason in plain
+words and reconnects with exponential backoff and jitter (tenacity); only after a session that stayed up
+``min_uptime_s`` does the backoff start again from the first step, so a server that dies right after its handshake
+costs a few spawns per minute, not a tight loop. A backend that never connects still calls ``task_status.started()``
+after its first failure, so it never blocks startup.
+
+Faults stay with their cause. An answer over ``max_answer_bytes`` is replaced in the byte stream by an error answer
+(backends/answers.py) and fails its call alone (``BackendAnswerTooLarge``). Every call's failure that comes from
+losing the session carries that session's ``_Life`` as its ``cause``, so the circuit breaker counts a crash with
+eight calls in flight once (health.py).
 
 While it runs, a downstream's ``list_changed`` re-reads that list (and the listeners rebuild the catalog), its log
 messages and resource updates go to the ``on_notification`` hook, and its own requests to its client (sampling,
@@ -47,6 +54,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
+from gateway.backends.answers import ANSWER_TOO_LARGE, LimitedTransport, answer_too_large
 from gateway.backends.base import BackendBase, BackendState, BackendStatus, ProgressFn
 from gateway.backends.relay import (
     UPSTREAM,
@@ -60,6 +68,7 @@ from gateway.backends.relay import (
 from gateway.backends.stdio import StdioProcess, open_stdio
 from gateway.config import HttpServer, ServerConfig, SseServer, StdioServer
 from gateway.errors import (
+    BackendAnswerTooLarge,
     BackendError,
     BackendProtocolError,
     BackendRpcError,
@@ -78,6 +87,11 @@ SHUTDOWN_GRACE_S = 5.0
 """Bound on closing one session (the SDK's stdio shutdown closes stdin, waits, then kills the process tree)."""
 JSONRPC_REQUEST_TIMEOUT = -32001
 JSONRPC_CONNECTION_CLOSED = -32000
+SSE_EVENT_CAP = 1024 * 1024 - 1024
+"""The SDK's legacy SSE client takes no event larger than 1 MiB (not configurable): over SSE the answer limit is at
+most this, so an oversized answer is replaced before the SDK would end the session on it."""
+SSE_EVENT_MARGIN = 64 * 1024
+"""What the SDK's own SSE event limit allows beyond ``max_answer_bytes`` (a backstop behind backends/answers.py)."""
 
 
 # ----------------------------------------------------------------------------------------------- shared HTTP
@@ -163,10 +177,16 @@ class HttpPool:
         self._transport = _SharedTransport()
 
     def client(
-        self, headers: Mapping[str, str], timeout_s: float, recorder: _ResponseRecorder, read_s: float = 300.0
+        self,
+        headers: Mapping[str, str],
+        timeout_s: float,
+        recorder: _ResponseRecorder,
+        read_s: float = 300.0,
+        *,
+        max_answer_bytes: int,
     ) -> httpx2.AsyncClient:
         return httpx2.AsyncClient(
-            transport=self._transport,
+            transport=LimitedTransport(self._transport, max_answer_bytes),
             headers=dict(headers),
             timeout=httpx2.Timeout(timeout_s, read=read_s),
             trust_env=False,
@@ -327,7 +347,8 @@ class _WatchedReceiveStream:
 
 
 class _ConnectFailed(Exception):
-    """A connection attempt failed; ``reason`` is already in plain words."""
+    """A connection attempt failed, or its session ended before ``min_uptime_s`` (the backoff goes on growing);
+    ``reason`` is already in plain words."""
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
@@ -347,15 +368,33 @@ _BACK_CHANNEL_CAPABILITIES = types.ClientCapabilities(
 
 
 @dataclass(eq=False)
+class _Life:
+    """One session's lifetime. ``lost`` is set once the session is gone, ``reason`` says first why; the object
+    itself is the ``cause`` that the failures of the calls it took down share."""
+
+    lost: anyio.Event = field(default_factory=anyio.Event)
+    reason: str | None = None
+
+    def mark_lost(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+        self.lost.set()
+
+
+@dataclass(eq=False)
 class _Lane:
     """A downstream session of one upstream client (``session: per_client``), owned by its own task."""
 
     owner: Any  # the upstream SDK Connection
     inflight: InFlight
     ready: anyio.Event = field(default_factory=anyio.Event)
-    closed: anyio.Event = field(default_factory=anyio.Event)
+    life: _Life = field(default_factory=_Life)
     session: ClientSession | None = None
     failure: str | None = None
+
+    @property
+    def closed(self) -> anyio.Event:
+        return self.life.lost
 
 
 class McpBackend(BackendBase):
@@ -387,9 +426,8 @@ class McpBackend(BackendBase):
         self._templates: tuple[types.ResourceTemplate, ...] = ()
         self._prompts: tuple[types.Prompt, ...] = ()
         self._init: types.InitializeResult | None = None
-        self._lost: anyio.Event = anyio.Event()
+        self._life = _Life()
         self._probe_now: anyio.Event = anyio.Event()
-        self._lost_reason: str | None = None
         self._proc: StdioProcess | None = None
         # The calls in flight on the shared session: what a downstream's request is matched to when nothing links
         # it to its call (stdio, SSE, or streamable HTTP's standalone stream; see relay.py).
@@ -466,15 +504,16 @@ class McpBackend(BackendBase):
         *,
         per_client: bool,
     ) -> Any:
+        life = self._life
         session = self._require_session()
         inflight = self._inflight
         if per_client and upstream is not None:
             lane = await self._lane_for(upstream)
             if lane is not None and lane.session is not None:
-                session, inflight = lane.session, lane.inflight
+                session, inflight, life = lane.session, lane.inflight, lane.life
         key = inflight.enter(upstream) if upstream is not None else None
         try:
-            with self.map_call_errors():
+            with self.map_call_errors(life):
                 return await session.send_request(
                     request,
                     result_type,
@@ -488,26 +527,39 @@ class McpBackend(BackendBase):
     def _require_session(self) -> ClientSession:
         session = self._session
         if session is None or self._status.state is not BackendState.READY:
-            raise BackendUnavailable(self._name, self._status.reason or f"not ready ({self._status.state})")
+            reason = self._status.reason or f"not ready ({self._status.state})"
+            raise BackendUnavailable(self._name, reason, cause=self._life)
         return session
 
     @contextmanager
-    def map_call_errors(self) -> Iterator[None]:
-        """Translate a call's foreign errors into BackendError, naming this backend."""
+    def map_call_errors(self, life: _Life | None = None) -> Iterator[None]:
+        """Translate a call's foreign errors into BackendError, naming this backend.
+
+        ``life`` is the session the call went out on (the shared one by default): a failure that comes from losing
+        it ends it (if it is not over already), says why it was lost, and carries it as its ``cause``.
+        """
+        life = life or self._life
         try:
             yield
         except MCPError as exc:
-            if exc.error.code == JSONRPC_REQUEST_TIMEOUT:
-                raise BackendTimeout(
-                    self._name, f"timed out after {self._config.timeout_s:g} s (cancellation sent downstream)"
-                ) from exc
-            if exc.error.code == JSONRPC_CONNECTION_CLOSED:
-                self._mark_lost("the connection closed during a call")
-                raise BackendUnavailable(self._name, "the connection closed during the call (server crashed?)") from exc
-            raise BackendRpcError(self._name, exc.error.code, exc.error.message, exc.error.data) from exc
+            code = exc.error.code
+            too_large = answer_too_large(exc.error.data) if code == ANSWER_TOO_LARGE else None
+            if too_large is not None:
+                raise BackendAnswerTooLarge(self._name, *too_large) from exc
+            if code == JSONRPC_REQUEST_TIMEOUT:
+                timeout = f"timed out after {self._config.timeout_s:g} s"
+                if life.lost.is_set():  # the session went away meanwhile (e.g. its stdin stopped taking messages)
+                    raise BackendTimeout(self._name, f"{timeout}: {life.reason}", cause=life) from exc
+                raise BackendTimeout(self._name, f"{timeout} (cancellation sent downstream)") from exc
+            if code == JSONRPC_CONNECTION_CLOSED:
+                known = life.reason
+                life.mark_lost("the connection closed during a call")
+                why = f": {known}" if known is not None and known != "the connection closed" else " (server crashed?)"
+                raise BackendUnavailable(self._name, f"the connection closed during the call{why}", cause=life) from exc
+            raise BackendRpcError(self._name, code, exc.error.message, exc.error.data) from exc
         except (httpx2.HTTPError, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-            self._mark_lost(f"transport error: {exc or type(exc).__name__}")
-            raise BackendUnavailable(self._name, f"transport error: {exc or type(exc).__name__}") from exc
+            life.mark_lost(f"transport error: {exc or type(exc).__name__}")
+            raise BackendUnavailable(self._name, f"transport error: {exc or type(exc).__name__}", cause=life) from exc
         except RuntimeError as exc:  # the SDK raises RuntimeError for unexpected result shapes
             raise BackendProtocolError(self._name, str(exc)) from exc
 
@@ -634,8 +686,8 @@ class McpBackend(BackendBase):
         offered = types.ClientCapabilities(sampling=caps.sampling, elicitation=caps.elicitation, roots=caps.roots)
         try:
             with tempfile.TemporaryFile() as stderr:
-                async with self._transport(recorder, stderr, primary=False) as (read, write):
-                    watched = _WatchedReceiveStream(read, lane.closed.set)
+                async with self._transport(recorder, stderr, lane.life, primary=False) as (read, write):
+                    watched = _WatchedReceiveStream(read, lambda: lane.life.mark_lost("the connection closed"))
                     async with ClientSession(
                         watched,
                         write,
@@ -709,18 +761,19 @@ class McpBackend(BackendBase):
                 self._lanes_tg = None
 
     async def _session_lifetime(self, on_first_outcome: Callable[[], None]) -> None:
-        """One connection: open, initialize, serve until lost. Raises _ConnectFailed when it could not connect."""
+        """One connection: open, initialize, serve until lost. Raises _ConnectFailed when it could not connect, or
+        when the session it made ended before ``min_uptime_s``."""
         self.connects += 1
         recorder = _ResponseRecorder()
-        self._lost = anyio.Event()
-        self._lost_reason = None
+        self._life = life = _Life()
         self._proc = None
         connected = False
+        ready_at = 0.0
         failure: Exception | None = None
         with tempfile.TemporaryFile() as stderr:
             try:
-                async with self._transport(recorder, stderr) as (read, write):
-                    watched = _WatchedReceiveStream(read, lambda: self._mark_lost("the connection closed"))
+                async with self._transport(recorder, stderr, life) as (read, write):
+                    watched = _WatchedReceiveStream(read, lambda: life.mark_lost("the connection closed"))
                     async with ClientSession(
                         watched,
                         write,
@@ -731,7 +784,7 @@ class McpBackend(BackendBase):
                         with anyio.fail_after(self._config.connect_timeout_s):
                             self._init = await session.initialize()
                             lists = {kind: await self._list(session, kind) for kind in LIST_KINDS}
-                        connected = True
+                        connected, ready_at = True, anyio.current_time()
                         self._session = session
                         self._tools = lists["tools"]
                         self._resources = lists["resources"]
@@ -749,7 +802,7 @@ class McpBackend(BackendBase):
                         on_first_outcome()
                         async with anyio.create_task_group() as tg:
                             tg.start_soon(self._ping_loop, session)
-                            await self._lost.wait()
+                            await life.lost.wait()
                             tg.cancel_scope.cancel()
             except anyio.get_cancelled_exc_class():
                 self._session = None
@@ -765,8 +818,17 @@ class McpBackend(BackendBase):
             detail = _exit_detail(exit_code, stderr_tail) if proc is not None else ""
             if failure is not None and not detail:
                 detail = classify_failure(failure, config=self._config, http=recorder)
-            reason = self._lost_reason or "the connection closed"
-            self._fail(f"{reason}; {detail}" if detail else reason)
+            reason = life.reason or "the connection closed"
+            reason = f"{reason}; {detail}" if detail else reason
+            uptime = anyio.current_time() - ready_at
+            if uptime < self._config.min_uptime_s:
+                reason += (
+                    f" (it was up for {uptime:.1f} s, less than min_uptime_s of {self._config.min_uptime_s:g} s: "
+                    "reconnecting with backoff)"
+                )
+                self._fail(reason)
+                raise _ConnectFailed(reason) from failure
+            self._fail(reason)
             return
         reason = classify_failure(
             failure or RuntimeError("the session ended during the handshake"),
@@ -780,16 +842,21 @@ class McpBackend(BackendBase):
 
     @asynccontextmanager
     async def _transport(
-        self, recorder: _ResponseRecorder, stderr: IO[bytes], *, primary: bool = True
+        self, recorder: _ResponseRecorder, stderr: IO[bytes], life: _Life, *, primary: bool = True
     ) -> AsyncIterator[Any]:
         config = self._config
         if isinstance(config, StdioServer):
             env = get_default_environment() | dict(config.env)
-            async with open_stdio(config.command, list(config.args), env=env, cwd=config.cwd, stderr=stderr) as (
-                read,
-                write,
-                proc,
-            ):
+            async with open_stdio(
+                config.command,
+                list(config.args),
+                env=env,
+                cwd=config.cwd,
+                stderr=stderr,
+                max_line_bytes=config.max_answer_bytes,
+                write_timeout_s=config.timeout_s,
+                on_failure=functools.partial(self._transport_failed, life),
+            ) as (read, write, proc):
                 if primary:
                     self._proc = proc
                 yield read, write
@@ -797,8 +864,12 @@ class McpBackend(BackendBase):
         http = self._http or HttpPool()
         if isinstance(config, HttpServer):
             # A response stream may stay open as long as the longest call: never cut it before the call's timeout.
-            client = http.client(config.headers, config.connect_timeout_s, recorder, max(300.0, config.timeout_s + 30))
-            async with streamable_http_client(config.url, http_client=client) as streams:
+            limit = config.max_answer_bytes
+            read_s = max(300.0, config.timeout_s + 30)
+            client = http.client(config.headers, config.connect_timeout_s, recorder, read_s, max_answer_bytes=limit)
+            async with streamable_http_client(
+                config.url, http_client=client, max_sse_event_size=limit + SSE_EVENT_MARGIN
+            ) as streams:
                 yield streams
             return
 
@@ -806,7 +877,8 @@ class McpBackend(BackendBase):
             headers: dict[str, str] | None = None, timeout: httpx2.Timeout | None = None, auth: Any = None
         ) -> httpx2.AsyncClient:
             merged = {**config.headers, **(headers or {})}
-            client = http.client(merged, config.connect_timeout_s, recorder)
+            limit = min(config.max_answer_bytes, SSE_EVENT_CAP)
+            client = http.client(merged, config.connect_timeout_s, recorder, max_answer_bytes=limit)
             if timeout is not None:
                 client.timeout = timeout
             return client
@@ -922,9 +994,15 @@ class McpBackend(BackendBase):
         )
 
     def _mark_lost(self, reason: str) -> None:
-        if self._lost_reason is None:
-            self._lost_reason = reason
-        self._lost.set()
+        self._life.mark_lost(reason)
+
+    def _transport_failed(self, life: _Life, reason: str) -> None:
+        """The transport gave up on a live session (a stdio server stopped reading its stdin): the backend is
+        declared failed at once, before its process is stopped, so no new call is sent to it meanwhile."""
+        life.mark_lost(reason)
+        if life is self._life and self._session is not None:
+            self._session = None
+            self._fail(reason)
 
     def _fail(self, reason: str) -> None:
         self._set_status(BackendStatus(BackendState.FAILED, reason, last_error=reason))
