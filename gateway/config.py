@@ -174,7 +174,7 @@ class Naming(_Model):
 class Limits(_Model):
     """What one caller can hold at the HTTP edge, so that it cannot starve the others: connections (enforced by
     ``gateway/connections.py``, the uvicorn protocol) and MCP sessions (``gateway/http.py``). docs/operations.md,
-    "What one caller can and cannot do to another: connections and sessions", explains each limit."""
+    "What one caller can and cannot do to another" (connections and sessions), explains each limit."""
 
     max_connections: int = Field(default=512, ge=1)
     """Open HTTP connections at once. At the cap a new connection evicts the oldest one still waiting for a request
