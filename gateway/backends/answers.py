@@ -100,13 +100,7 @@ class LineLimit:
                 self._held, self._held_size = [], 0
                 pos = stop + 1
                 continue
-            self._start_dropping()
-            self._skip(chunk[pos:stop])
-            if newline < 0:
-                return
-            yield Oversized(self._size, self._head, self._tail)
-            self._dropping = False
-            pos = newline + 1
+            self._start_dropping()  # this line is over: the branch above drops it (what is held goes first)
 
     def flush(self) -> Iterator[bytes | Oversized]:
         if self._dropping:
