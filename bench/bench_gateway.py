@@ -66,20 +66,25 @@ from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, TextIO
+from typing import Any, TextIO
 
 import anyio
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.procs import LOOPBACK, Proc, children_of, descendants, free_port, say, vm_kb  # noqa: E402
+from bench.procs import Procs as ProcsBase  # noqa: E402
+
 ECHO = ROOT / "tests" / "fixtures" / "echo_server.py"
 MULTI_ECHO = ROOT / "bench" / "multi_echo.py"
 FASTMCP_PROXY = ROOT / "bench" / "fastmcp_proxy.py"
 FASTMCP_PYTHON = ROOT / ".tools" / "bin" / "fastmcp-python"
 PY = sys.executable
-LOOPBACK = "127.0.0.1"
 SECTIONS = ("calls", "throughput", "list", "profile")
 ECHO_BUILTIN_TOOLS = 8  # the fixture's own tools; --tools N adds N more
 STARTUP_TIMEOUT_S = 60.0  # many Python servers importing the SDK at once on 2 cores
+STOP_GRACE_S = 3.0  # how long the servers have to exit on SIGTERM before they are SIGKILLed
 ARGS = {"text": "hello"}
 THROUGHPUT_SKIP = ("gateway-stdio-stdio-ledger",)  # the sequential rows measure the ledger over stdio
 HTTP_KEYS = ("direct-http", "gateway-http", "gateway-http-ledger", "fastmcp-http")
@@ -132,20 +137,7 @@ QUICK = Plan(
 )
 
 
-_T0 = time.monotonic()
-
-
-def say(text: str) -> None:
-    print(f"[{time.monotonic() - _T0:6.1f} s] {text}", file=sys.stderr, flush=True)
-
-
 # ----------------------------------------------------------------------------------------------- processes
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
 
 
 def gateway_argv() -> list[str]:
@@ -153,50 +145,11 @@ def gateway_argv() -> list[str]:
     return [str(script)] if script.exists() else [PY, "-m", "gateway"]
 
 
-@dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen[bytes]
-    port: int | None
-    log: IO[bytes]
-    health: str | None = None  # a URL answering {"status": "ok"} once ready (the gateway's /healthz)
-    backends: int = 0
-
-    @property
-    def pid(self) -> int:
-        """The serving process: for ``gateway serve``, the supervisor's forked child (same command line), not the
-        supervisor the pid of ``popen`` is."""
-        pid = self.popen.pid
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
-                if Path(f"/proc/{child}/cmdline").read_bytes() == cmdline:
-                    return int(child)
-        except OSError:
-            pass
-        return pid
-
-    def output(self) -> str:
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read().decode(errors="replace")[-3000:]
-
-
-class Procs:
-    """Every server process the benchmark starts; each in its own process group, all stopped at the end."""
+class Procs(ProcsBase):
+    """Every server process the benchmark starts (bench/procs.py), run in the project root."""
 
     def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
-        self.procs: list[Proc] = []
-
-    def start(self, name: str, argv: list[str], port: int | None = None, health: str | None = None) -> Proc:
-        log = open(self.workdir / f"{name}.log", "w+b")  # closed in stop_all
-        popen = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT
-        )
-        proc = Proc(name, popen, port, log, health)
-        self.procs.append(proc)
-        return proc
+        super().__init__(workdir, cwd=ROOT)
 
     def wait_ready(self, procs: Iterable[Proc]) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -226,25 +179,6 @@ class Procs:
         except OSError:
             return False
 
-    def stop_all(self) -> None:
-        for proc in self.procs:
-            if proc.popen.poll() is None:
-                try:
-                    os.killpg(proc.popen.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + 3.0
-        for proc in self.procs:
-            try:
-                proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(proc.popen.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.popen.wait()
-            proc.log.close()
-
 
 def write_federation(path: Path, servers: dict[str, dict[str, Any]], *, ledger: Path | None) -> Path:
     """A federation.yaml (JSON is YAML) with the given servers, and the audit ledger on (at ``ledger``) or off."""
@@ -256,15 +190,7 @@ def write_federation(path: Path, servers: dict[str, dict[str, Any]], *, ledger: 
 
 def rss_mb(pid: int) -> dict[str, float]:
     """VmRSS (resident now) and VmHWM (peak resident) of one process, in MB; the children are not counted."""
-    out: dict[str, float] = {}
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                out[key] = int(value.split()[0]) / 1024.0
-    except OSError:
-        pass
-    return out
+    return {key: kb / 1024.0 for key, kb in vm_kb(pid).items()}
 
 
 # ----------------------------------------------------------------------------------------------- targets
@@ -288,7 +214,7 @@ class Target:
     def roles(self) -> dict[str, list[int]]:
         """Whose CPU to count, by role: the client (this process), the front (gateway / proxy), the downstream."""
         if self.proc is not None:
-            front = [self.proc.pid]
+            front = [self.proc.serving_pid]
         elif self.key.startswith("direct-"):
             front = []
         else:
@@ -324,31 +250,6 @@ def cpu_ns(pids: Iterable[int]) -> tuple[int, int]:
             run += int(fields[0])
             wait += int(fields[1])
     return run, wait
-
-
-def children_of() -> dict[int, list[int]]:
-    out: dict[int, list[int]] = collections.defaultdict(list)
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rpartition(")")[2].split()[1])
-        out[ppid].append(int(entry))
-    return out
-
-
-def descendants(pid: int, tree: dict[int, list[int]] | None = None) -> list[int]:
-    tree = children_of() if tree is None else tree
-    found: list[int] = []
-    todo = list(tree.get(pid, ()))
-    while todo:
-        child = todo.pop()
-        found.append(child)
-        todo.extend(tree.get(child, ()))
-    return found
 
 
 class CpuMeter:
@@ -470,7 +371,7 @@ async def bench_calls(targets: list[Target], client: Client, plan: Plan) -> None
             "samples_ms": [round(v, 4) for v in ms],
         }
         if t.proc is not None:
-            t.results["rss_after_calls_mb"] = rss_mb(t.proc.pid)
+            t.results["rss_after_calls_mb"] = rss_mb(t.proc.serving_pid)
 
 
 async def bench_throughput(targets: list[Target], client: Client, plan: Plan) -> None:
@@ -533,7 +434,7 @@ async def bench_list(targets: list[Target], client: Client, plan: Plan) -> None:
         ms = [s * 1000 for s in samples[t.key]]
         t.results["list"] = {"n": len(ms), "p50_ms": statistics.median(ms), "p99_ms": percentile(ms, 99)}
         if t.proc is not None:
-            t.results["rss_mb"] = rss_mb(t.proc.pid)
+            t.results["rss_mb"] = rss_mb(t.proc.serving_pid)
 
 
 # ----------------------------------------------------------------------------------------------- profile
@@ -550,19 +451,19 @@ async def profile(
     """Sample ``proc`` with py-spy (on-CPU samples only, all threads) while ``load`` runs; summarise the stacks."""
     raw = outdir / f"profile-{name}.txt"
     rate = 250
-    cmd = [py_spy, "record", "--pid", str(proc.pid), "--rate", str(rate), "--duration", str(int(seconds) + 1)]
+    cmd = [py_spy, "record", "--pid", str(proc.serving_pid), "--rate", str(rate), "--duration", str(int(seconds) + 1)]
     cmd += ["--format", "raw", "--output", str(raw), "--threads", "--gil"]
     log = outdir / f"profile-{name}.log"
     with open(log, "wb") as stderr:  # noqa: ASYNC230 - a log file, opened once
         spy = await anyio.open_process(cmd, stdout=stderr, stderr=stderr)
         await anyio.sleep(0.5)  # let it attach before the load starts
-        threads_before = thread_cpu(proc.pid)
+        threads_before = thread_cpu(proc.serving_pid)
         t0 = time.perf_counter()
         calls = 0
         while time.perf_counter() - t0 < seconds:  # the load stays inside py-spy's window (seconds + 1)
             calls += await load()
         elapsed = time.perf_counter() - t0
-        threads_after = thread_cpu(proc.pid)
+        threads_after = thread_cpu(proc.serving_pid)
         with anyio.fail_after(30):
             await spy.wait()
     if not raw.exists():
@@ -1051,7 +952,7 @@ async def run(args: argparse.Namespace, workdir: Path, procs: Procs) -> dict[str
                 t.floor = None if key.startswith("direct-") else floors[key]
                 t.measured = key in measured
                 if t.downstream == "http":
-                    t.down_pids = [echo_http.pid]
+                    t.down_pids = [echo_http.serving_pid]
                 targets.append(t)
 
     list_targets: list[Target] = []
@@ -1106,7 +1007,8 @@ async def run(args: argparse.Namespace, workdir: Path, procs: Procs) -> dict[str
     say(f"all ready in {time.monotonic() - t0:.1f} s")
     for p in started:
         if p.health is not None:
-            doc["memory"].append({"process": p.name, "backends": p.backends, "when": "ready, idle", **rss_mb(p.pid)})
+            memory = rss_mb(p.serving_pid)
+            doc["memory"].append({"process": p.name, "backends": p.backends, "when": "ready, idle", **memory})
 
     errlog = open(workdir / "stdio-servers.log", "w")  # noqa: ASYNC230 - closed by the stack
     async with AsyncExitStack() as stack:
@@ -1237,7 +1139,7 @@ def main() -> int:
         try:
             doc = anyio.run(run, args, Path(tmp), procs)
         finally:
-            procs.stop_all()
+            procs.stop_all(grace_s=STOP_GRACE_S)
             say("servers stopped")
     doc["environment"] = env | {"load_after": " ".join(f"{x:.2f}" for x in os.getloadavg())}
     doc["wall_s"] = time.monotonic() - started

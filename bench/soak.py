@@ -75,7 +75,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import anyio
 import httpx2
@@ -83,12 +83,13 @@ import httpx2
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.procs import LOOPBACK, Proc, cmdline, descendants, free_port, say, vm_kb  # noqa: E402
+from bench.procs import Procs as ProcsBase  # noqa: E402
 from gateway.audit import args_hash  # noqa: E402  (the ledger's own definition of a call's identity)
 
 ECHO = ROOT / "tests" / "fixtures" / "echo_server.py"
 FAKE_CLI = ROOT / "tests" / "fixtures" / "fake_cli.py"
 PY = sys.executable
-LOOPBACK = "127.0.0.1"
 META_KEY = "mcp-gateway/call"  # gateway/router.py: the correlation id travels in the result's _meta under this key
 READY_TIMEOUT_S = 60.0  # a gateway importing the SDK and starting its downstream on a busy 2-core machine
 STOP_TIMEOUT_S = 20.0  # how long a stopping gateway may take before the soak SIGKILLs it (and says so)
@@ -134,24 +135,12 @@ QUICK = Plan(
     pace_s=0.04,
 )
 
-_T0 = time.monotonic()
-
-
-def say(text: str) -> None:
-    print(f"[{time.monotonic() - _T0:6.1f} s] {text}", file=sys.stderr, flush=True)
-
 
 class HarnessError(RuntimeError):
     """The soak itself could not run (not a bad figure)."""
 
 
 # ----------------------------------------------------------------------------------------------- /proc
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
 
 
 def _stat(pid: int) -> tuple[str, int, int] | None:
@@ -166,40 +155,6 @@ def _stat(pid: int) -> tuple[str, int, int] | None:
 
 def _pids() -> list[int]:
     return [int(p) for p in os.listdir("/proc") if p.isdigit()]
-
-
-def cmdline(pid: int) -> str:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return ""
-    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
-
-
-def children(pid: int) -> list[int]:
-    out = []
-    for p in _pids():
-        st = _stat(p)
-        if st is not None and st[1] == pid:
-            out.append(p)
-    return out
-
-
-def descendants(pid: int) -> list[int]:
-    tree: dict[int, list[int]] = collections.defaultdict(list)
-    for p in _pids():
-        st = _stat(p)
-        if st is not None:
-            tree[st[1]].append(p)
-    found: list[int] = []
-    todo = list(tree.get(pid, ()))
-    for _ in range(10_000):  # bounded: a process tree is finite, this only guards against a loop in a bad read
-        if not todo:
-            break
-        child = todo.pop(0)
-        found.append(child)
-        todo.extend(tree.get(child, ()))
-    return found
 
 
 def has_marker(pid: int, marker: str) -> bool:
@@ -229,83 +184,33 @@ def leftovers(marker: str, sid: int | None) -> list[dict[str, Any]]:
     return found
 
 
-def kill_all(procs: list[dict[str, Any]]) -> None:
-    for p in procs:
+def kill_all(found: list[dict[str, Any]]) -> None:
+    for p in found:
         try:
             os.kill(p["pid"], signal.SIGKILL)
         except ProcessLookupError:
             pass
 
 
-def vm_kb(pid: int) -> dict[str, int]:
-    out: dict[str, int] = {}
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                out[key] = int(value.split()[0])
-    except OSError:
-        pass
-    return out
-
-
 # ----------------------------------------------------------------------------------------------- processes
 
 
-@dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen[bytes]
-    log: IO[bytes]
-    port: int
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def output(self, tail: int = 3000) -> str:
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read().decode(errors="replace")[-tail:]
-
-
-class Procs:
-    """Every process the soak starts, each in its own session; all are killed at the end."""
+class Procs(ProcsBase):
+    """Every process the soak starts (bench/procs.py), and the markers of the processes its gateways start: at the
+    end all are killed, and so is any process found carrying one of the markers."""
 
     def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
-        self.procs: list[Proc] = []
+        super().__init__(workdir)
         self.markers: list[str] = []
-
-    def start(self, name: str, argv: list[str], port: int, env: dict[str, str] | None = None) -> Proc:
-        log = open(self.workdir / f"{name}.log", "a+b")  # closed in stop_all
-        popen = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd=self.workdir,
-            env=env,
-        )
-        proc = Proc(name, popen, log, port)
-        self.procs.append(proc)
-        return proc
 
     def marker(self, label: str) -> str:
         m = f"soak-{os.getpid()}-{label}-{uuid.uuid4().hex[:8]}"
         self.markers.append(m)
         return m
 
-    def stop_all(self) -> list[dict[str, Any]]:
-        for proc in self.procs:
-            if proc.popen.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            proc.popen.wait()
-            proc.log.close()
+    def stop_all_and_sweep(self) -> list[dict[str, Any]]:
+        """SIGKILL every process started, then every live process carrying a marker; those are returned."""
+        self.stop_all()
         stray = [p for m in self.markers for p in leftovers(m, None)]
         kill_all(stray)
         return stray
@@ -1691,7 +1596,7 @@ def main() -> int:
         say("harness error: see above")
         return 2
     finally:
-        stray = procs.stop_all()
+        stray = procs.stop_all_and_sweep()
         if doc is not None:
             doc["stray_killed_at_exit"] = stray
         say("all processes stopped")
