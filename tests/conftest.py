@@ -1,4 +1,5 @@
-"""Shared test setup: the anyio backend, a clean environment, and the project's locally installed tools on PATH."""
+"""Shared test setup: the anyio backend, a clean environment, the project's locally installed tools on PATH, and the
+``pidfile`` of the fixture program that leaves a grandchild behind."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.fixtures.procs import kill_pids
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS_BIN = ROOT / ".tools" / "bin"
@@ -28,3 +31,12 @@ def clean_environ() -> Iterator[None]:
     yield
     os.environ.clear()
     os.environ.update(saved)
+
+
+@pytest.fixture
+def pidfile(tmp_path: Path) -> Iterator[Path]:
+    """Where ``tests/fixtures/fake_cli.py`` writes "<leader> <grandchild>" (``read_pids``); whatever a failing test
+    left alive is killed after."""
+    path = tmp_path / "pids"
+    yield path
+    kill_pids(path)

@@ -14,7 +14,6 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -24,7 +23,7 @@ import pytest
 from gateway.audit import query
 from gateway.router import META_KEY
 from tests.fixtures.gateway_proc import FIXTURES, PYTHON, mcp_session, run_gateway
-from tests.fixtures.procs import RunningServer
+from tests.fixtures.procs import RunningServer, read_pids
 from tests.fixtures.waiting import eventually
 
 if sys.platform != "linux":  # pragma: no cover
@@ -99,22 +98,6 @@ def worker(server: RunningServer) -> int:
 
 def descendants_of_children(pid: int) -> set[int]:
     return {grandchild for child in descendants(pid) for grandchild in descendants(child)}
-
-
-def read_pids(pidfile: Path) -> tuple[int, int]:
-    leader, grandchild = pidfile.read_text().split()
-    return int(leader), int(grandchild)
-
-
-@pytest.fixture
-def pidfile(tmp_path: Path) -> Iterator[Path]:
-    """Where the fake program writes "<leader> <grandchild>"; whatever a failing test left alive is killed after."""
-    path = tmp_path / "pids"
-    yield path
-    if path.exists():
-        for pid in read_pids(path):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
 
 
 def text_of(result: types.CallToolResult) -> str:

@@ -4,12 +4,10 @@ timeouts, process groups, caps, concurrency and the environment against real sub
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +28,7 @@ from gateway.errors import (
     InvalidArguments,
     ToolNotFound,
 )
+from tests.fixtures.procs import read_pids
 
 FAKE_CLI = str(Path(__file__).resolve().parent.parent / "fixtures" / "fake_cli.py")
 PY = sys.executable
@@ -103,23 +102,6 @@ def count(folder: Path, pattern: str) -> int:
 
 def same_folder(a: str | Path, b: str | Path) -> bool:
     return Path(a).resolve() == Path(b).resolve()
-
-
-def read_pids(pidfile: Path) -> tuple[int, int]:
-    leader, grandchild = pidfile.read_text().split()
-    return int(leader), int(grandchild)
-
-
-@pytest.fixture
-def pidfile(tmp_path: Path) -> Iterator[Path]:
-    """Where the fixture program writes "<leader> <grandchild>"; whatever a failing test left alive is killed after."""
-    path = tmp_path / "pids"
-    yield path
-    if path.exists():
-        leader, grandchild = read_pids(path)
-        for kill, pid in ((os.killpg, leader), (os.kill, grandchild)):
-            with contextlib.suppress(OSError):
-                kill(pid, signal.SIGKILL)
 
 
 # --------------------------------------------------------------------------------------------------- the fake seam
