@@ -14,6 +14,8 @@ import os
 import signal
 import sys
 import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
@@ -137,9 +139,10 @@ async def test_a_grandchild_that_left_the_group_is_gone_after_a_timeout(tmp_path
 # --------------------------------------------------------------------------------------------------- signals
 
 
-async def call_in_flight(
-    server: RunningServer, pidfile: Path, answers: list[types.CallToolResult | BaseException]
-) -> None:
+Answers = list[types.CallToolResult | BaseException]
+
+
+async def call_in_flight(server: RunningServer, pidfile: Path, answers: Answers) -> None:
     """Call ``escape`` (a program that hangs with a setsid grandchild) and keep its answer, or what ended it."""
     try:
         async with mcp_session(server.url()) as session:
@@ -148,11 +151,33 @@ async def call_in_flight(
         answers.append(exc)
 
 
+@dataclass
+class InFlight:
+    """A call to ``escape`` hanging in its program: the pids the program wrote, and, once the call has ended, its
+    answer (or what ended it)."""
+
+    leader: int
+    grandchild: int
+    answers: Answers
+
+
+@contextlib.asynccontextmanager
+async def a_call_in_flight(server: RunningServer, pidfile: Path) -> AsyncIterator[InFlight]:
+    """The body runs while a call to ``escape`` hangs (its program has written its pids); the block is left once the
+    call has ended."""
+    answers: Answers = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call_in_flight, server, pidfile, answers)
+        await eventually(pidfile.exists)
+        leader, grandchild = read_pids(pidfile)
+        yield InFlight(leader, grandchild, answers)
+
+
 def rows(folder: Path) -> list[tuple[str, str]]:
     return [(row.correlation_id, row.status) for row in query(folder / "audit.db", limit=None)]
 
 
-def answer_of(answers: list[types.CallToolResult | BaseException]) -> tuple[str, str]:
+def answer_of(answers: Answers) -> tuple[str, str]:
     """The answer's correlation id and text; it must be the shutdown's isError answer."""
     [answer] = answers
     assert isinstance(answer, types.CallToolResult), answer
@@ -161,95 +186,81 @@ def answer_of(answers: list[types.CallToolResult | BaseException]) -> tuple[str,
     return answer.meta[META_KEY]["id"], text_of(answer)
 
 
-async def test_sigterm_lets_calls_drain_then_cancels_them_with_an_answer_and_a_row(
-    tmp_path: Path, pidfile: Path
-) -> None:
-    answers: list[types.CallToolResult | BaseException] = []
-    with run_gateway(federation(drain_s=1.5), tmp_path) as gateway:
+async def sigterm_with_a_call_in_flight(
+    folder: Path, pidfile: Path, *, drain_s: float, twice: bool
+) -> tuple[InFlight, float, float]:
+    """SIGTERM (``twice``: a second one once the gateway says it is stopping) while a call is in flight; the call,
+    and the seconds from the (first) signal to the call's end and to the gateway's exit. The gateway must exit with
+    0 and leave no process behind."""
+    with run_gateway(federation(drain_s=drain_s), folder) as gateway:
         with anyio.fail_after(30):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(call_in_flight, gateway, pidfile, answers)
-                await eventually(pidfile.exists)
-                leader, grandchild = read_pids(pidfile)
+            async with a_call_in_flight(gateway, pidfile) as call:
                 signalled = time.monotonic()
                 gateway.process.send_signal(signal.SIGTERM)
+                if twice:
+                    await eventually(lambda: "gateway.stopping" in gateway.output())
+                    gateway.process.send_signal(signal.SIGTERM)
             answered = time.monotonic() - signalled
             await eventually(lambda: gateway.process.poll() is not None, within=10)
         exited = time.monotonic() - signalled
         assert gateway.process.returncode == 0, gateway.output()
         assert descendants(gateway.process.pid) == set()  # the gateway, and everything it started, is gone
-    correlation_id, text = answer_of(answers)
+    return call, answered, exited
+
+
+async def test_sigterm_lets_calls_drain_then_cancels_them_with_an_answer_and_a_row(
+    tmp_path: Path, pidfile: Path
+) -> None:
+    call, answered, exited = await sigterm_with_a_call_in_flight(tmp_path, pidfile, drain_s=1.5, twice=False)
+    correlation_id, text = answer_of(call.answers)
     assert f"{SHUTTING_DOWN} (the calls in progress had 1.5 s to finish)" in text
     assert 1.5 <= answered < 4.0
     assert exited < 6.0
     assert rows(tmp_path) == [(correlation_id, "cancelled")]
-    assert not alive(leader) and not alive(grandchild)
+    assert not alive(call.leader) and not alive(call.grandchild)
 
 
 async def test_a_second_sigterm_cancels_at_once_and_still_writes_the_rows_and_kills_the_children(
     tmp_path: Path, pidfile: Path
 ) -> None:
-    answers: list[types.CallToolResult | BaseException] = []
-    with run_gateway(federation(drain_s=60), tmp_path) as gateway:
-        with anyio.fail_after(30):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(call_in_flight, gateway, pidfile, answers)
-                await eventually(pidfile.exists)
-                leader, grandchild = read_pids(pidfile)
-                signalled = time.monotonic()
-                gateway.process.send_signal(signal.SIGTERM)
-                await eventually(lambda: "gateway.stopping" in gateway.output())
-                gateway.process.send_signal(signal.SIGTERM)
-            answered = time.monotonic() - signalled
-            await eventually(lambda: gateway.process.poll() is not None, within=10)
-        exited = time.monotonic() - signalled
-        assert gateway.process.returncode == 0, gateway.output()
-        assert descendants(gateway.process.pid) == set()  # the gateway, and everything it started, is gone
-    correlation_id, text = answer_of(answers)
+    call, answered, exited = await sigterm_with_a_call_in_flight(tmp_path, pidfile, drain_s=60, twice=True)
+    correlation_id, text = answer_of(call.answers)
     assert f"{SHUTTING_DOWN} (stopped at once by a second signal)" in text
     assert answered < 3.0
     assert exited < 5.0
     assert rows(tmp_path) == [(correlation_id, "cancelled")]
-    assert not alive(leader) and not alive(grandchild)
+    assert not alive(call.leader) and not alive(call.grandchild)
 
 
 async def test_sigkill_of_the_gateways_pid_still_answers_writes_the_rows_and_leaves_no_process(
     tmp_path: Path, pidfile: Path
 ) -> None:
-    answers: list[types.CallToolResult | BaseException] = []
     with run_gateway(federation(drain_s=1), tmp_path) as gateway:
         with anyio.fail_after(30):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(call_in_flight, gateway, pidfile, answers)
-                await eventually(pidfile.exists)
-                leader, grandchild = read_pids(pidfile)
+            async with a_call_in_flight(gateway, pidfile) as call:
                 gateway_proper = worker(gateway)
                 gateway.process.send_signal(signal.SIGKILL)  # the supervisor: the gateway gets SIGTERM
             await anyio.to_thread.run_sync(gateway.process.wait, 10)
             await eventually(lambda: not alive(gateway_proper), within=10)
     assert gateway.process.returncode == -signal.SIGKILL
-    correlation_id, text = answer_of(answers)
+    correlation_id, text = answer_of(call.answers)
     assert SHUTTING_DOWN in text
     assert rows(tmp_path) == [(correlation_id, "cancelled")]
-    assert not alive(leader) and not alive(grandchild)
+    assert not alive(call.leader) and not alive(call.grandchild)
 
 
 async def test_sigkill_of_the_gateway_proper_leaves_no_process(tmp_path: Path, pidfile: Path) -> None:
-    answers: list[types.CallToolResult | BaseException] = []
     with run_gateway(federation(), tmp_path) as gateway:
         with anyio.fail_after(30):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(call_in_flight, gateway, pidfile, answers)
-                await eventually(pidfile.exists)
-                leader, grandchild = read_pids(pidfile)
+            async with a_call_in_flight(gateway, pidfile) as call:
                 os.kill(worker(gateway), signal.SIGKILL)  # what an OOM kill does: no shutdown code runs
             await anyio.to_thread.run_sync(gateway.process.wait, 10)
         assert gateway.process.returncode == 128 + signal.SIGKILL, gateway.output()
         assert "supervisor.orphans_killed" in gateway.output()
-    [answer] = answers
+    [answer] = call.answers
     assert isinstance(answer, Exception)  # nobody was left to answer
     assert rows(tmp_path) == []
-    assert not alive(leader) and not alive(grandchild)
+    assert not alive(call.leader) and not alive(call.grandchild)
 
 
 async def test_sighup_to_the_gateways_pid_reloads_and_does_not_stop_it(tmp_path: Path, pidfile: Path) -> None:
@@ -266,7 +277,7 @@ async def test_sighup_to_the_gateways_pid_reloads_and_does_not_stop_it(tmp_path:
 async def test_an_orphan_that_may_belong_to_a_running_call_is_killed_once_that_call_ends(
     tmp_path: Path, pidfile: Path
 ) -> None:
-    answers: list[types.CallToolResult | BaseException] = []
+    answers: Answers = []
     with run_gateway(federation(timeout_s=3), tmp_path) as gateway:
         async with mcp_session(gateway.url()) as session:
 
