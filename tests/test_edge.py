@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +37,13 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("edge")
 
 
-@pytest.fixture(scope="module")
-def gateway(folder: Path) -> Iterator[RunningServer]:
+@contextmanager
+def echo_gateway(folder: Path, settings: dict[str, Any]) -> Iterator[RunningServer]:
+    """The gateway in ``folder``, in front of tests/fixtures/echo_server.py over stdio (server ``e``), with
+    ``settings`` as its config's ``gateway`` section."""
     argv = echo_argv("--stdio")
     config = f"""
-gateway:
-  audit: {{path: {folder / "audit.db"}}}
-  edge: {{replay_bytes: {REPLAY_BYTES}}}
+gateway: {json.dumps(settings)}
 servers:
   e:
     transport: stdio
@@ -50,6 +51,14 @@ servers:
     args: {json.dumps(argv[1:])}
 """
     with run_gateway(config, folder) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def gateway(folder: Path) -> Iterator[RunningServer]:
+    with echo_gateway(
+        folder, {"audit": {"path": str(folder / "audit.db")}, "edge": {"replay_bytes": REPLAY_BYTES}}
+    ) as server:
         yield server
 
 
@@ -258,18 +267,7 @@ async def test_a_tool_name_holding_a_lone_surrogate_is_an_unknown_tool_with_its_
 @pytest.fixture(scope="module")
 def small_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     folder = tmp_path_factory.mktemp("edge-small")
-    argv = echo_argv("--stdio")
-    config = f"""
-gateway:
-  audit: {{enabled: false}}
-  edge: {{max_body_bytes: 65536}}
-servers:
-  e:
-    transport: stdio
-    command: {argv[0]}
-    args: {json.dumps(argv[1:])}
-"""
-    with run_gateway(config, folder) as server:
+    with echo_gateway(folder, {"audit": {"enabled": False}, "edge": {"max_body_bytes": 65536}}) as server:
         yield server
 
 
