@@ -52,7 +52,6 @@ import argparse
 import collections
 import json
 import os
-import platform
 import shutil
 import signal
 import socket
@@ -75,6 +74,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.procs import LOOPBACK, Proc, children_of, descendants, free_port, say, vm_kb  # noqa: E402
 from bench.procs import Procs as ProcsBase  # noqa: E402
+from bench.run_env import environment, load_average  # noqa: E402
 
 ECHO = ROOT / "tests" / "fixtures" / "echo_server.py"
 MULTI_ECHO = ROOT / "bench" / "multi_echo.py"
@@ -1087,20 +1087,6 @@ def _public(t: Target) -> dict[str, Any]:
     return d
 
 
-def git_state() -> str:
-    """The commit measured, and whether gateway/ had uncommitted changes."""
-    try:
-        head = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(ROOT), "status", "--porcelain", "--", "gateway"], capture_output=True, text=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
-    return f"{head}{' + uncommitted changes in gateway/' if dirty else ''}"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer calls (under a minute)")
@@ -1127,11 +1113,7 @@ def main() -> int:
         else:
             args.fastmcp_problem = f"{FASTMCP_PYTHON.relative_to(ROOT)} cannot import fastmcp"
     env = {
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(terse=True),
-        "python": platform.python_version(),
-        "load_before": " ".join(f"{x:.2f}" for x in os.getloadavg()),
-        "gateway": git_state(),
+        **environment(),
     }
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp:
@@ -1141,7 +1123,7 @@ def main() -> int:
         finally:
             procs.stop_all(grace_s=STOP_GRACE_S)
             say("servers stopped")
-    doc["environment"] = env | {"load_after": " ".join(f"{x:.2f}" for x in os.getloadavg())}
+    doc["environment"] = env | {"load_after": load_average()}
     doc["wall_s"] = time.monotonic() - started
     doc["verdicts"] = verdicts(doc)
     print(report(doc))

@@ -60,12 +60,10 @@ import argparse
 import collections
 import json
 import os
-import platform
 import re
 import signal
 import socket
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
@@ -85,6 +83,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.procs import LOOPBACK, Proc, cmdline, descendants, free_port, say, vm_kb  # noqa: E402
 from bench.procs import Procs as ProcsBase  # noqa: E402
+from bench.run_env import environment, load_average  # noqa: E402
 from gateway.audit import args_hash  # noqa: E402  (the ledger's own definition of a call's identity)
 
 ECHO = ROOT / "tests" / "fixtures" / "echo_server.py"
@@ -1532,19 +1531,6 @@ def report(doc: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def git_state() -> str:
-    try:
-        head = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(ROOT), "status", "--porcelain", "--", "gateway"], capture_output=True, text=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
-    return f"{head}{' + uncommitted changes in gateway/' if dirty else ''}"
-
-
 async def run(args: argparse.Namespace, workdir: Path, procs: Procs) -> dict[str, Any]:
     plan = QUICK if args.quick else FULL
     doc: dict[str, Any] = {"quick": args.quick, "plan": plan.__dict__, "fault": [], "notes": []}
@@ -1576,11 +1562,7 @@ def main() -> int:
     global BREAKER
     BREAKER = None if args.gateway_breaker else SOAK_BREAKER
     env = {
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(terse=True),
-        "python": platform.python_version(),
-        "load_before": " ".join(f"{x:.2f}" for x in os.getloadavg()),
-        "gateway": git_state(),
+        **environment(),
         "circuit_breaker": "gateway defaults" if BREAKER is None else json.dumps(BREAKER),
     }
     started = time.monotonic()
@@ -1602,7 +1584,7 @@ def main() -> int:
         say("all processes stopped")
         if tmp is not None:
             tmp.cleanup()
-    doc["environment"] = env | {"load_after": " ".join(f"{x:.2f}" for x in os.getloadavg())}
+    doc["environment"] = env | {"load_after": load_average()}
     doc["wall_s"] = time.monotonic() - started
     print(report(doc))
     if args.json:
