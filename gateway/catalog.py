@@ -22,7 +22,7 @@ from typing import Any
 import mcp_types as types
 
 from gateway.backends.base import Backend, BackendState
-from gateway.config import TOOL_NAME_RE, Federation, RouteStep
+from gateway.config import TOOL_NAME_RE, Federation, RouteStep, SearchHitsResult
 from gateway.costs import Cost, fill_placeholders
 from gateway.listings import Listings
 
@@ -95,6 +95,8 @@ class CatalogEntry:
     route: bool = False
     defaults: Mapping[str, Any] = field(default_factory=dict)
     """The schema's argument defaults (what an absent argument means to a route's ``when`` conditions)."""
+    result: SearchHitsResult | None = None
+    """The route's declared result shape (gateway/results.py), applied to whichever provider answers."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +192,9 @@ class Catalog:
             )
             providers = tuple(_provider(step) for step in route.providers)
             audit = dict(route.audit) or _adapter_audit(config, source)
-            entries[route_name] = CatalogEntry(route_name, tool, providers, audit, route=True, defaults=_defaults(tool))
+            entries[route_name] = CatalogEntry(
+                route_name, tool, providers, audit, route=True, defaults=_defaults(tool), result=route.result
+            )
 
         mode, sep = config.gateway.naming.mode, config.gateway.naming.separator
         counts: dict[str, int] = {}

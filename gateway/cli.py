@@ -308,6 +308,8 @@ async def _check(config: Federation, as_json: bool) -> int:
         if b["declared"]:
             reason = f"(declared) {reason}"
         rows.append((b["name"], b["kind"], b["state"], str(b["tools"]), reason))
+        for variant in b["variants_not_ready"]:  # a ready backend whose variant cannot run here (its probe said)
+            rows.append(("", "", "", "", f"(detected) variant {variant['variant']} not ready: {variant['reason']}"))
     print(f"config: {config.source}  (valid)")
     print(_table(rows))
     print(f"catalog: {doc['catalog']['tools']} tools; status: {doc['status']}")

@@ -374,6 +374,10 @@ def status_document(
                 "last_error": redactor.scrub(status.last_error),
                 "tools": per_backend.get(name, 0),
                 "downstream_tools": status.tool_count,
+                "variants_not_ready": [
+                    {"variant": label, "reason": redactor.scrub(reason), "detected": True}
+                    for label, reason in status.unready
+                ],
             }
         )
     doc: dict[str, Any] = {

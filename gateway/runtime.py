@@ -158,6 +158,7 @@ class Gateway:
                     metrics=self.metrics,
                     tracer=self.tracer,
                     breakers=Breakers(breaker.failure_threshold, breaker.cooldown_s, breaker.max_cooldown_s),
+                    budget=lambda: self.config.gateway.call_budget,
                 )
                 self.started_at = anyio.current_time()
                 self._tg, self._http = tg, http

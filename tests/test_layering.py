@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("backends.stdio", "backends.relay", "backends.wiki_index"),  # relay: back-channel context; wiki_index: pure index
     ("backends.mcp", "backends.cli", "backends.wiki"),
     ("listings",),  # resources, templates, prompts: merged and named like the tools, built into the catalog
-    ("catalog", "health", "reload"),
+    ("catalog", "health", "reload", "budget", "results"),  # budget: one deadline per call; results: route shapes
     ("router",),
     ("runtime",),
     ("upstreams",),  # the clients and what they are owed: list changes, log messages, resource updates
