@@ -8,7 +8,6 @@ missing (as `qmd doctor` does), one by a probe that finds everything in place.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -121,9 +120,9 @@ async def test_status_and_check_show_the_detected_reason_on_the_variant(gateway:
         [{"variant": "search[gated]", "reason": detail, "detected": True}],
     )
     (tmp_path / "federation.yaml").write_text(_config())
-    done = subprocess.run(
-        [PY, "-m", "gateway", "check", "-c", str(tmp_path / "federation.yaml")],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert f"(detected) variant search[gated] not ready: {detail}" in done.stdout
+    with anyio.fail_after(60):
+        done = await anyio.run_process(
+            [PY, "-m", "gateway", "check", "-c", str(tmp_path / "federation.yaml")], check=False
+        )
+    assert done.returncode == 0, done.stderr.decode()
+    assert f"(detected) variant search[gated] not ready: {detail}" in done.stdout.decode()
