@@ -216,6 +216,16 @@ async def test_healthz_is_public_and_names_states_but_no_reasons(gateway: Runnin
     assert "reason" not in response.text
 
 
+async def test_the_root_path_points_to_mcp_ui_and_status_without_a_token(gateway: RunningServer) -> None:
+    async with httpx2.AsyncClient() as http:
+        with anyio.fail_after(10):
+            response = await http.get(gateway.url("/"))
+    assert response.status_code == 200
+    doc = response.json()
+    assert [doc[k].split(" ")[0] for k in ("mcp", "ui", "status")] == ["/mcp", "/ui", "/status"]
+    assert TOKEN not in response.text and "ready" not in response.text  # pointers only: no state
+
+
 def test_check_prints_states_and_reasons_and_exits_0(federation: str, tmp_path: Path) -> None:
     path = tmp_path / "federation.yaml"
     path.write_text(federation)
