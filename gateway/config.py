@@ -45,6 +45,7 @@ __all__ = [
     "StdioServer",
     "TOOL_NAME_RE",
     "TracingSettings",
+    "add_project_tools",
     "VariantProbe",
     "load_config",
 ]
@@ -832,3 +833,22 @@ def load_config(path: str | os.PathLike[str]) -> Federation:
 def environ(name: str) -> str | None:
     """Read one environment variable (the rest of the gateway does not touch ``os.environ``)."""
     return os.environ.get(name)
+
+
+def add_project_tools(config_file: str, prefix: str) -> str | None:
+    """Put the project's ``.tools/bin`` first on ``PATH`` when it is not there yet; the folder added, or None.
+
+    scripts/install puts the programs the default federation names (qmd, graphify, the memory server) in
+    ``.tools/bin``, not on the system's PATH, so ``.venv/bin/gateway check`` run by hand would report them "command not
+    found". The folder looked for is next to the configuration file, else next to the gateway's own virtualenv
+    (``prefix`` is ``sys.prefix``). Spawned programs inherit the changed ``PATH`` (it is passed as ``pass_env``).
+    """
+    parts = [p for p in os.environ.get("PATH", os.defpath).split(os.pathsep) if p]
+    for candidate in (Path(config_file).resolve().parent / ".tools" / "bin", Path(prefix).parent / ".tools" / "bin"):
+        if candidate.is_dir():
+            folder = str(candidate)
+            if folder in parts or str(candidate.resolve()) in parts:
+                return None
+            os.environ["PATH"] = os.pathsep.join([folder, *parts])
+            return folder
+    return None
