@@ -22,6 +22,7 @@ from typing import Any
 import mcp_types as types
 
 from gateway.backends.base import Backend, BackendState
+from gateway.clients import note_without
 from gateway.config import TOOL_NAME_RE, Federation, RouteStep, SearchHitsResult
 from gateway.costs import Cost, fill_placeholders
 from gateway.listings import Listings
@@ -224,7 +225,10 @@ class Catalog:
 
         dumped = {name: e.tool.model_dump(by_alias=True, mode="json", exclude_none=True) for name, e in entries.items()}
         gated = set(config.clients.large_context_tools) & dumped.keys()
-        small = {"tools": [t for name, t in dumped.items() if name not in gated]} if gated else None
+        small_note = note_without(note, gated)  # a small client is not told about the tools it cannot see
+        small = (
+            {"tools": [_with_note(t, note, small_note) for n, t in dumped.items() if n not in gated]} if gated else None
+        )
         lists = Listings.build(config, backends)
         return cls(entries, {"tools": list(dumped.values())}, tuple(problems) + lists.problems, small, lists)
 
@@ -302,6 +306,14 @@ def _adapter_audit(config: Federation, source: str) -> dict[str, int]:
     if adapter is not None and local in adapter.tools:
         return dict(adapter.tools[local].audit)
     return {}
+
+
+def _with_note(tool: dict[str, Any], note: str, replacement: str) -> dict[str, Any]:
+    """A dumped tool whose description ends with ``note``, with ``replacement`` in its place."""
+    description = tool.get("description")
+    if not note or note == replacement or not isinstance(description, str) or not description.endswith(note):
+        return tool
+    return {**tool, "description": description[: len(description) - len(note)] + replacement}
 
 
 def _publish(tool: types.Tool, name: str, description: str, note: str) -> types.Tool:
