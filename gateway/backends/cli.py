@@ -20,6 +20,10 @@ Guarantees:
     the wait for a concurrency slot *and* the run. A caller never waits longer than the timeout it was promised, and
     when every slot is held by hung programs a cheap rung fails fast ("waiting for a free slot") instead of queueing
     behind them; the message says which phase ran out;
+  * a variant with a ``probe`` is checked with the adapter (at start, then at every re-check): a line of the probe's
+    output matching ``unready_when`` (or a probe that fails) marks it not ready, shown in ``BackendStatus.unready``;
+    a call for it raises ``VariantNotReady`` before anything is spawned, so the ladder moves on at once. A call that
+    comes before the first check has probed waits for it, at most the probe's timeout;
   * foreign errors (``OSError``, anyio stream errors, JSON errors) leave as ``gateway.errors`` classes.
 """
 
