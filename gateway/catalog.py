@@ -3,9 +3,11 @@
 ``Catalog.build(config, backends)`` takes the tools of every ready backend, applies the per-backend filters
 (``include`` / ``exclude`` / ``rename`` / ``describe``), the routes (a published tool served by an ordered list of
 providers), the naming policy (``never`` | ``conditional``: prefix only names that collide | ``always``) and the
-router note, and pre-serialises the ``tools/list`` answer once. A catalog is never mutated: when a backend joins,
-leaves or changes its tools, the runtime builds a new one and swaps it whole, so ``tools/list`` costs a dictionary
-lookup and a request never sees a half-built catalog.
+router note, and pre-serialises the ``tools/list`` answer once (and, when some tools are for large-context clients
+only, the smaller list the others get, whose router note names none of them: ``clients.note_without``). A route's
+declared result shape rides on its entry (``CatalogEntry.result``) for the router. A catalog is never mutated: when
+a backend joins, leaves or changes its tools, the runtime builds a new one and swaps it whole, so ``tools/list`` costs
+a dictionary lookup and a request never sees a half-built catalog.
 
 Problems found while building (a downstream tool whose name cannot be published, a collision under ``never``)
 never fail the build: the tool is left out and the problem is kept in ``Catalog.problems`` for ``gateway check``
