@@ -678,6 +678,13 @@ class Call:
         return self.outcome in ("ok", "is_error", "rpc_error")
 
 
+def _leaf(exc: BaseException) -> BaseException:
+    """The first exception inside (nested) exception groups: what actually broke."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
 async def do_call(session: Any, call: Call, expect_text: str | None, limit_s: float = CALL_TIMEOUT_S) -> None:
     from mcp.shared.exceptions import MCPError
 
@@ -762,7 +769,8 @@ async def drive(
         except Exception as exc:
             if current is not None and current.outcome == "pending":
                 current.outcome, current.end = "transport", time.monotonic()
-                current.detail = f"session failed: {type(exc).__name__}: {str(exc)[:100]}"
+                cause = _leaf(exc)
+                current.detail = f"session failed: {type(cause).__name__}: {str(cause)[:100]}"
                 i += 1
             elif current is None:
                 stats.open_failures += 1
@@ -1042,6 +1050,10 @@ def match_ledger(calls: list[Call], rows: list[dict[str, Any]]) -> dict[str, Any
         "examples_missing_answered": [f"{c.client}#{c.index} {c.tool} {c.outcome}" for c in missing_answered[:5]],
         "rows_by_status": dict(collections.Counter(r["status"] for r in rows if r["args_hash"] in hashes)),
         "unanswered_outcomes": dict(collections.Counter(c.outcome for c in sent if not c.answered)),
+        # why they got no answer: a refused connection means the call never reached the gateway (no row is due)
+        "unanswered_details": dict(
+            collections.Counter((c.detail or "")[:80] for c in sent if not c.answered).most_common(4)
+        ),
         "rpc_errors_without_row": dict(collections.Counter(c.detail[:60] for c in missing_rpc).most_common(4)),
     }
 
@@ -1584,6 +1596,7 @@ def report(doc: dict[str, Any]) -> str:
                 ),
             ),
             row("rows missing for unanswered calls", lambda p: p["ledger"]["missing_rows_unanswered_calls"]),
+            row("why the unanswered calls got no answer", lambda p: json.dumps(p["ledger"]["unanswered_details"])),
             row("answered, correlation id not in ledger", lambda p: p["ledger"]["answered_with_cid_not_in_ledger"]),
             row("duplicate rows (args hash)", lambda p: p["ledger"]["duplicate_rows_by_args_hash"]),
             row("duplicate correlation ids", lambda p: p["ledger"]["duplicate_correlation_ids"]),

@@ -55,8 +55,18 @@ from gateway.errors import AuditError
 
 _log = structlog.get_logger(__name__)
 
-STATUSES: Final = ("ok", "error", "degraded", "refused", "cancelled", "timeout")
-ERROR_STATUSES: Final = frozenset({"error", "timeout"})
+STATUSES: Final = (
+    "ok",
+    "error",
+    "degraded",
+    "refused",
+    "cancelled",
+    "timeout",
+    "unknown_tool",
+    "invalid_params",
+    "internal_error",
+)
+ERROR_STATUSES: Final = frozenset({"error", "timeout", "internal_error"})
 """The statuses ``stats`` counts as errors: the tool did not answer. ``refused`` is policy, ``cancelled`` the client."""
 
 DEFAULT_MAX_PENDING: Final = 1024  # rows accepted but not yet committed; beyond this record() waits

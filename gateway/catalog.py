@@ -9,6 +9,11 @@ declared result shape rides on its entry (``CatalogEntry.result``) for the route
 a backend joins, leaves or changes its tools, the runtime builds a new one and swaps it whole, so ``tools/list`` costs
 a dictionary lookup and a request never sees a half-built catalog.
 
+A backend that was ready and is now lost (reconnecting, or failing to) keeps its last known tools listed: clients
+cache lists, and a tool that vanishes for the seconds of a reconnect would leave them calling names they were told
+are gone, or never calling them again. Calls to them are answered at once with an ``isError`` naming the backend and
+why it is unavailable (router.py), and leave a row. A backend that is disabled, or removed by a reload, leaves.
+
 Problems found while building (a downstream tool whose name cannot be published, a collision under ``never``)
 never fail the build: the tool is left out and the problem is kept in ``Catalog.problems`` for ``gateway check``
 and ``/status``.
@@ -170,12 +175,17 @@ class Catalog:
         known: dict[str, tuple[Backend, types.Tool]] = {}  # "backend/local" -> the backend's own tool
         for name, backend in backends.items():
             state = backend.status.state
-            ready = state in (BackendState.READY, BackendState.DEGRADED)
-            if not ready and not (backend.kind in STATIC_KINDS and state is not BackendState.DISABLED):
-                continue
-            for tool in backend.tools():
+            if state is BackendState.DISABLED:
+                continue  # disabled (declared or by reload): its tools leave
+            publish = state in (BackendState.READY, BackendState.DEGRADED)
+            tools = backend.tools()
+            if not publish and backend.kind not in STATIC_KINDS:
+                # Lost and reconnecting (or failing to): it keeps the tools it had when last ready, so clients'
+                # cached lists stay true; the router answers their calls at once with why the backend is down.
+                tools, publish = backend.last_known_tools(), True
+            for tool in tools:
                 known[f"{name}/{tool.name}"] = (backend, tool)
-                if f"{name}/{tool.name}" in route_providers or not ready:
+                if f"{name}/{tool.name}" in route_providers or not publish:
                     continue  # consumed by a route (served under the route's name), or not serving on its own
                 candidate = _candidate(config, name, tool)
                 if candidate is not None:

@@ -54,7 +54,15 @@ TOOL_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 """Published tool names: SEP-986 characters, at most 64 long (the limit several model APIs enforce)."""
 
 _BACKEND_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,48}$")
-WIKI_TOOLS = ("wiki_index", "files_read", "files_neighbors", "wiki_read_all", "wiki_search")
+WIKI_TOOLS = (
+    "wiki_index",
+    "files_read",
+    "files_neighbors",
+    "wiki_read_all",
+    "wiki_search",
+    "wiki_vector_search",
+    "wiki_hybrid_search",
+)
 """The built-in wiki's tools (backends/wiki.py serves them)."""
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -141,6 +149,21 @@ class CircuitBreaker(_Model):
     max_cooldown_s: float = Field(default=300.0, gt=0)
 
 
+class EdgeSettings(_Model):
+    """What one caller's requests may make the gateway accept and hold (docs/operations.md, "What one caller can and
+    cannot do to another: input and answers")."""
+
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    """The largest POST body ``/mcp`` accepts; a larger one is refused with HTTP 413 before it is read whole."""
+    max_argument_depth: int = Field(default=64, ge=1, le=200)
+    """Nesting levels a request's values may have; deeper is refused as invalid params (pydantic cannot serialise
+    much past 250)."""
+    replay_bytes: int = Field(default=32 * 1024 * 1024, ge=0)
+    """Bytes of recent SSE events kept in memory, across all streams, so a client can resume a broken stream."""
+    replay_stream_bytes: int = Field(default=4 * 1024 * 1024, ge=0)
+    """Bytes of recent events kept for any one stream; an event larger than this is sent but not kept."""
+
+
 class Naming(_Model):
     mode: Literal["never", "conditional", "always"] = "conditional"
     separator: str = Field(default="__", min_length=1, max_length=4)
@@ -156,7 +179,7 @@ class Naming(_Model):
 class Limits(_Model):
     """What one caller can hold at the HTTP edge, so that it cannot starve the others: connections (enforced by
     ``gateway/connections.py``, the uvicorn protocol) and MCP sessions (``gateway/http.py``). docs/operations.md,
-    "What one caller can and cannot do to another: connections and sessions", explains each limit."""
+    "What one caller can and cannot do to another" (connections and sessions), explains each limit."""
 
     max_connections: int = Field(default=512, ge=1)
     """Open HTTP connections at once. At the cap a new connection evicts the oldest one still waiting for a request
@@ -208,6 +231,7 @@ class GatewaySettings(_Model):
     audit: AuditSettings = AuditSettings()
     naming: Naming = Naming()
     circuit_breaker: CircuitBreaker = CircuitBreaker()
+    edge: EdgeSettings = EdgeSettings()
     drain_s: float = Field(default=5.0, gt=0)
     """How long calls in progress may take to finish when the gateway stops (SIGTERM), or, on reload, when their
     backend is removed or changed; then they are cancelled. Well under the usual 10 s before SIGKILL."""
@@ -320,6 +344,8 @@ class ThinWhen(_Model):
     """The parsed output is empty (``[]``, ``{}``, blank text)."""
     stderr_contains: str | None = None
     """... and stderr contains this text (when set)."""
+    stdout_contains: str | None = None
+    """... and stdout contains this text (when set), e.g. graphify's "No path found between"."""
 
 
 class VariantProbe(_Model):
@@ -358,6 +384,9 @@ class ExitCodes(_Model):
     ok: tuple[int, ...] = (0,)
     no_result: tuple[int, ...] = ()
     """Codes that mean "nothing found": an ordinary answer (not an error) carrying the program's output."""
+    thin: tuple[int, ...] = ()
+    """Codes that mean "nothing found" as a thin answer: the step fails as ``thin`` with the program's words as the
+    reason, so the route degrades to its next provider, or answers ``isError`` when none is left."""
 
 
 class AdapterTool(_Model):
@@ -366,6 +395,8 @@ class AdapterTool(_Model):
     input_schema: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
     argv: tuple[str, ...] | None = None
     timeout_s: float = Field(default=30.0, gt=0)
+    thin_when: ThinWhen | None = None
+    """For a tool without variants: when its answer counts as thin (a variant has its own ``thin_when``)."""
     switch: str | None = None
     """The argument whose value picks a variant."""
     variants: dict[str, Variant] = {}
@@ -386,6 +417,8 @@ class AdapterTool(_Model):
             return self
         if not self.variants:
             raise ValueError("`switch` needs `variants`")
+        if self.thin_when is not None:
+            raise ValueError("a tool with `switch` takes `thin_when` on each variant, not on the tool")
         for src, dst in self.ladder.items():
             for name in (src, dst):
                 if name not in self.variants:

@@ -16,10 +16,32 @@
     ├── CatalogConflict        two tools would be published under one name, or a name is invalid
     └── AuditError             the audit ledger cannot be opened or written
 
-Foreign errors (httpx2, anyio, OSError, mcp) are translated into these at the seam, in ``backends/``.
+Foreign errors (httpx2, anyio, OSError, mcp) are translated into these at the seam, in ``backends/``. Client input
+echoed into a message goes through ``quote`` (cut to ``ECHO_CHARS``).
 """
 
 from __future__ import annotations
+
+ECHO_CHARS = 120
+"""Characters of client input quoted in an error message (a name, a URI, an argument path); the rest is counted."""
+
+
+URI_CHARS = 2048
+"""Characters of a client's URI echoed in an error's data (a real URI fits; a megabyte of one does not)."""
+
+
+def clip(text: str, limit: int = ECHO_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, with "…" when it was cut (for echoing client input as data)."""
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def quote(text: str, limit: int = ECHO_CHARS) -> str:
+    """``text`` quoted for an error message: the one way client input is echoed into an error, so an answer can never
+    be made as large as the request that caused it. ``repr`` (control characters and lone surrogates come out
+    escaped), cut to ``limit`` characters with the full length said."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}… ({len(text):,} characters)"
 
 
 class GatewayError(Exception):
@@ -129,7 +151,7 @@ class BackendAnswerTooLarge(BackendProtocolError):
 class ToolNotFound(GatewayError):
     def __init__(self, name: str) -> None:
         self.name = name
-        super().__init__(f"Unknown tool: {name!r}.")
+        super().__init__(f"Unknown tool: {quote(name)}.")
 
 
 class InvalidArguments(GatewayError):
@@ -139,8 +161,8 @@ class InvalidArguments(GatewayError):
         self.tool = tool
         self.argument = argument
         self.message = message
-        target = f"argument {argument!r}" if argument else "arguments"
-        super().__init__(f"Invalid {target} for tool {tool!r}: {message}")
+        target = f"argument {quote(argument)}" if argument else "arguments"
+        super().__init__(f"Invalid {target} for tool {quote(tool)}: {message}")
 
 
 class CatalogConflict(GatewayError):

@@ -6,18 +6,26 @@ with ``Last-Event-ID`` by replaying what the stream sent after that event. A cli
 whose stream the gateway closed because the downstream closed its own mid-call (see ``backends/mcp.py``), resumes
 without losing a message.
 
-``RecentEvents`` keeps the events of the last ``max_age_s`` seconds in memory, at most ``capacity`` of them, across
-all streams: resumption is for a stream that broke moments ago, not a log. It holds references to the messages the
-transport already built (no copy), so its cost is a counter and a dictionary entry per event. Both bounds matter: a
-``tools/list`` answer of a large catalog weighs megabytes, and a client polling it must not grow the gateway. (It has no
-``__len__``: the SDK tests the store for truth, and an empty store must still count as one.)
+``RecentEvents`` keeps, in memory, the events of the last ``max_age_s`` seconds, at most ``capacity`` of them and at
+most ``max_bytes`` across all streams, and at most ``max_stream_bytes`` for any one stream: resumption is for a
+stream that broke moments ago, not a log, and what one caller's answers weigh must not decide how much memory the
+gateway holds (a caller asking 200 times for a 4 MB answer would otherwise park 800 MB here for half a minute). So
+each event is kept as its JSON text (what the transport sends; its size is what is counted, and the transport's
+messages are not kept alive) and parsed back only when replayed. The oldest events go first, and an event too large
+for its stream's budget is sent but not kept, together with its stream's earlier events: a resume never replays a
+stream with a hole in it — it finds its event gone and the client starts over. A ``tools/list`` answer carries the same
+pre-serialised listing for every caller, so its JSON is made once and shared. (The store has no ``__len__``: the SDK
+tests it for truth, and an empty store must still count as one.)
 """
 
 from __future__ import annotations
 
 import itertools
+import json
+import sys
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from typing import Any
 
 import mcp_types as types
 from mcp.server.streamable_http import EventCallback, EventId, EventMessage, EventStore, StreamId
@@ -30,27 +38,64 @@ CAPACITY = 512
 """Events kept across all streams; older ones cannot be replayed (the client then has to start over)."""
 MAX_AGE_S = 30.0
 """Events older than this are dropped: a client resumes within a few ``retry`` intervals or not at all."""
+MAX_BYTES = 32 * 1024 * 1024
+"""Bytes of events kept across all streams (``gateway.edge.replay_bytes``)."""
+MAX_STREAM_BYTES = 4 * 1024 * 1024
+"""Bytes of events kept for one stream (``gateway.edge.replay_stream_bytes``)."""
+SHARED_MIN_BYTES = 65536
+"""A response result at least this large has its JSON kept for the next response carrying the very same values."""
+_OVERHEAD = 200
+"""Bytes an event costs besides its text (its entry, its number, its place in its stream's queue)."""
 
 
 class RecentEvents(EventStore):
-    """The last ``capacity`` events of every stream, in order, replayable after any of them."""
+    """The recent events of every stream, in order, within a count, an age and two byte budgets; replayable after
+    any of them."""
 
-    def __init__(self, capacity: int = CAPACITY, max_age_s: float = MAX_AGE_S) -> None:
+    def __init__(
+        self,
+        capacity: int = CAPACITY,
+        max_age_s: float = MAX_AGE_S,
+        *,
+        max_bytes: int = MAX_BYTES,
+        max_stream_bytes: int = MAX_STREAM_BYTES,
+    ) -> None:
         self._capacity = capacity
         self._max_age_s = max_age_s
+        self._max_bytes = max_bytes
+        self._max_stream_bytes = max_stream_bytes
         self._counter = itertools.count(1)
-        self._events: OrderedDict[int, tuple[StreamId, types.JSONRPCMessage | None, float]] = OrderedDict()
+        # number -> (stream, the message's JSON text or None for a priming event, when, bytes counted)
+        self._events: OrderedDict[int, tuple[StreamId, str | None, float, int]] = OrderedDict()
+        self._streams: dict[StreamId, deque[int]] = {}
+        self._stream_bytes: dict[StreamId, int] = {}
+        self._bytes = 0
+        self._shared: tuple[tuple[str, ...], tuple[Any, ...], str] | None = None  # a large result's keys, values, JSON
+
+    def statistics(self) -> tuple[int, int]:
+        """(events kept, bytes counted)."""
+        return len(self._events), self._bytes
 
     async def store_event(self, stream_id: StreamId, message: types.JSONRPCMessage | None) -> EventId:
         number = next(self._counter)
-        events = self._events
+        data = None if message is None else self._json(message)
+        size = _OVERHEAD + (sys.getsizeof(data) if data is not None else 0)
         now = time.monotonic()
-        events[number] = (stream_id, message, now)
-        if len(events) > self._capacity:
-            events.popitem(last=False)
+        if size > min(self._max_stream_bytes, self._max_bytes):
+            self._forget_stream(stream_id)  # sent, not kept: a resume from before it must not skip it
+        else:
+            self._events[number] = (stream_id, data, now, size)
+            self._streams.setdefault(stream_id, deque()).append(number)
+            self._stream_bytes[stream_id] = self._stream_bytes.get(stream_id, 0) + size
+            self._bytes += size
+            while self._stream_bytes[stream_id] > self._max_stream_bytes:
+                self._drop(self._streams[stream_id][0])
         oldest = now - self._max_age_s
+        events = self._events
+        while events and (len(events) > self._capacity or self._bytes > self._max_bytes):
+            self._drop(next(iter(events)))
         while events and next(iter(events.values()))[2] < oldest:
-            events.popitem(last=False)
+            self._drop(next(iter(events)))
         return str(number)
 
     async def replay_events_after(self, last_event_id: EventId, send_callback: EventCallback) -> StreamId | None:
@@ -62,7 +107,45 @@ class RecentEvents(EventStore):
         if entry is None:
             return None  # unknown, or evicted: nothing to resume
         stream_id = entry[0]
-        for number, (stream, message, _) in list(self._events.items()):
-            if number > last and stream == stream_id and message is not None:
+        later = [n for n in self._streams.get(stream_id, ()) if n > last]
+        for number in later:
+            kept = self._events.get(number)
+            if kept is not None and kept[1] is not None:
+                message = types.jsonrpc_message_adapter.validate_json(kept[1], by_name=False)
                 await send_callback(EventMessage(message, str(number)))
         return stream_id
+
+    def _json(self, message: types.JSONRPCMessage) -> str:
+        if not isinstance(message, types.JSONRPCResponse) or not isinstance(message.result, dict):
+            return message.model_dump_json(by_alias=True, exclude_unset=True)
+        result, head = message.result, f'{{"jsonrpc":"2.0","id":{_id_json(message.id)},"result":'
+        # The transport's result is a fresh dict each time, but its values are the very objects the handler
+        # returned: the same catalog listing for every tools/list. Those identical values reuse the last JSON.
+        keys, values = tuple(result), tuple(result.values())
+        shared = self._shared
+        if shared is not None and shared[0] == keys and all(a is b for a, b in zip(shared[1], values, strict=True)):
+            return f"{head}{shared[2]}}}"
+        data = message.model_dump_json(by_alias=True, exclude_unset=True)
+        if len(data) > SHARED_MIN_BYTES and data.startswith(head) and data.endswith("}"):
+            self._shared = (keys, values, data[len(head) : -1])
+        return data
+
+    def _drop(self, number: int) -> None:
+        stream_id, _, _, size = self._events.pop(number)
+        queue = self._streams[stream_id]
+        if queue[0] == number:
+            queue.popleft()  # always so: a stream's events leave oldest first
+        else:
+            queue.remove(number)
+        self._bytes -= size
+        self._stream_bytes[stream_id] -= size
+        if not queue:
+            del self._streams[stream_id], self._stream_bytes[stream_id]
+
+    def _forget_stream(self, stream_id: StreamId) -> None:
+        for number in list(self._streams.get(stream_id, ())):
+            self._drop(number)
+
+
+def _id_json(request_id: int | str) -> str:
+    return str(request_id) if isinstance(request_id, int) else json.dumps(request_id, ensure_ascii=False)

@@ -47,6 +47,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway._logging import redactor
 from gateway.backends.cli import CliBackend
 from gateway.config import Limits
+from gateway.edge import Edge
 from gateway.events import RETRY_MS, RecentEvents
 from gateway.metrics import CONTENT_TYPE, AdapterSnapshot, BackendSnapshot, StateSnapshot
 from gateway.runtime import VERSION, Gateway
@@ -428,7 +429,11 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
         server,
         limits=gateway.config.gateway.limits,
         json_response=json_response,
-        event_store=RecentEvents(),  # resumable streams (SEP-1699), see events.py
+        # resumable streams (SEP-1699), bounded in events, age and bytes: see events.py
+        event_store=RecentEvents(
+            max_bytes=gateway.config.gateway.edge.replay_bytes,
+            max_stream_bytes=gateway.config.gateway.edge.replay_stream_bytes,
+        ),
         retry_interval=RETRY_MS,
         # The Guard does Host/Origin checks for every path, so the SDK's own check is off (one policy, one place).
         security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
@@ -471,7 +476,8 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
             Route("/healthz", healthz, methods=["GET"]),
             Route("/status", status, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
-            Route("/mcp", endpoint=mcp_app),
+            # Every POST body is checked before the SDK parses it (edge.py): one rule for both protocol eras.
+            Route("/mcp", endpoint=Edge(mcp_app, lambda: gateway.config.gateway.edge)),
             Mount("/ui", app=build_ui(gateway, tokens, is_loopback(host))),  # the status page; signs people in itself
         ],
         lifespan=lifespan,

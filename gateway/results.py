@@ -165,6 +165,11 @@ def _rescore(hits: list[dict[str, Any]], raw: list[dict[str, Any]], declared: st
     if declared == "bm25_raw":
         scores = [abs(s) / (1 + abs(s)) for s in scores]
         declared = "bm25"
+    elif declared == "rrf" and max(scores) > 0:  # fused ranks: only the order means something, the best is 1
+        top = max(scores)
+        scores = [max(0.0, s) / top for s in scores]
+    elif declared == "cosine":  # similarity below 0 is as good as none
+        scores = [min(1.0, max(0.0, s)) for s in scores]
     for hit, score in zip(hits, scores, strict=True):
         hit["score"] = round(score, 4)
     return declared

@@ -2,6 +2,11 @@
 
 The policy, in one place:
   * an unknown tool raises ``ToolNotFound`` (the server turns it into a JSON-RPC error, not a tool result);
+  * arguments the gateway will not pass on (a lone surrogate, nesting beyond ``gateway.edge.max_argument_depth``;
+    see inputs.py, and edge.py, which finds them before the SDK parses a body) raise ``InvalidArguments``: a
+    JSON-RPC invalid-params error naming the argument; no backend is asked;
+  * an exception nobody expected, raised while serving the call, ends that call alone: an ``isError`` answer
+    (status ``internal_error``), logged once with its traceback; the backend and every other call carry on;
   * a provider's answer, including ``isError``, passes through untouched (the gateway only adds its ``_meta`` entry);
   * bad arguments (``InvalidArguments``) are the caller's to fix: an ``isError`` answer naming the argument, no
     fallback;
@@ -18,6 +23,8 @@ The policy, in one place:
     whichever provider gave it (gateway/results.py), before the ``_meta`` entry is added;
   * every call leaves one audit row, written before the answer is returned, and one canonical log line; both carry
     the correlation id and the chain of steps, which the answer's ``_meta`` carries too. Degradation is never hidden.
+    Unknown tools (``unknown_tool``) and refused arguments (``invalid_params``) leave theirs too; a cancelled call's
+    chain ends with the step that was under way (outcome ``cancelled``).
 
 Observability, all of it keyed by the correlation id made here: ``correlation_id`` and ``tool`` are bound in
 structlog's contextvars for the whole call and ``provider`` for each step, so every log line written while the call
@@ -28,6 +35,7 @@ and with ``tracer`` it gets a span, as does each step. Without them the router m
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -45,15 +53,18 @@ from gateway.backends.base import Backend, BackendState, ProgressFn
 from gateway.budget import CallDeadline
 from gateway.catalog import Catalog, CatalogEntry, Provider
 from gateway.clients import ClientPolicy, Declared
-from gateway.config import CallBudget
+from gateway.config import CallBudget, EdgeSettings
 from gateway.errors import (
+    ECHO_CHARS,
     BackendError,
     BackendRpcError,
     BackendUnavailable,
     InvalidArguments,
     ToolNotFound,
+    quote,
 )
 from gateway.health import Breakers
+from gateway.inputs import MAX_DEPTH, argument_problem
 from gateway.metrics import GatewayMetrics
 from gateway.results import shape_result
 from gateway.tracing import CallTracer
@@ -82,6 +93,8 @@ class CallContext:
     """The request's ``_meta`` (W3C ``traceparent``/``tracestate``): the parent of the call's span when tracing."""
     declared: Declared = Declared(None, "unknown")
     """The client's declared context window (clients.py); large-context-only tools are refused below the gate."""
+    withheld: tuple[str, str] | None = None
+    """(argument path, reason): what the transport's edge found in the arguments and did not pass on (edge.py)."""
 
 
 class _Exhausted(Exception):
@@ -103,6 +116,7 @@ class Router:
         tracer: CallTracer | None = None,
         breakers: Breakers | None = None,
         budget: Callable[[], CallBudget] | None = None,
+        edge: Callable[[], EdgeSettings] | None = None,
     ) -> None:
         self._catalog = catalog
         self._budget = budget or CallBudget
@@ -112,6 +126,7 @@ class Router:
         self._metrics = metrics
         self._tracer = tracer
         self.breakers = breakers if breakers is not None else Breakers()
+        self._edge = edge
         self._inflight: dict[int, int] = {}  # id(backend) -> calls in progress on it (a reload drains by this)
         self._idle: dict[int, anyio.Event] = {}
         self._calls: set[anyio.CancelScope] = set()  # every call being served: the shutdown cancels them
@@ -121,6 +136,9 @@ class Router:
     def use_clients(self, clients: ClientPolicy | None) -> None:
         """Swap the context gate's rules (on reload)."""
         self._clients = clients
+
+    def _max_depth(self) -> int:
+        return self._edge().max_argument_depth if self._edge is not None else MAX_DEPTH
 
     def inflight(self, backend: Backend) -> int:
         return self._inflight.get(id(backend), 0)
@@ -155,47 +173,79 @@ class Router:
         ctx: CallContext = CallContext(),
         progress: ProgressFn | None = None,
     ) -> types.CallToolResult:
-        """Serve one tools/call.
+        """Serve one tools/call. Whatever happens, the call leaves exactly one audit row and one log line.
 
         Raises:
-            ToolNotFound: no published tool has this name.
+            ToolNotFound: no published tool has this name (row status ``unknown_tool``).
+            InvalidArguments: the arguments hold what the gateway will not pass on, a lone surrogate or nesting
+                beyond ``gateway.edge.max_argument_depth`` (row status ``invalid_params``); no backend is asked.
             BackendRpcError: the lone provider answered with a JSON-RPC error (passed through by the server).
         """
+        correlation_id = uuid.uuid4().hex[:16]
+        started = time.perf_counter()
         entry = self._catalog().get(name)
         if entry is None:
             if self._metrics is not None:
                 self._metrics.observe_unknown_tool()
+            with structlog.contextvars.bound_contextvars(correlation_id=correlation_id, tool=quote(name)):
+                await self._finish(_ledger_name(name), {}, {}, ctx, correlation_id, started, [], "unknown_tool", None)
             raise ToolNotFound(name)
         arguments = dict(arguments or {})
-        correlation_id = uuid.uuid4().hex[:16]
-        started = time.perf_counter()
         steps: list[AuditStep] = []
+        underway: list[tuple[str, str | None, float]] = []  # the attempt in progress (named if cancelled)
         status = "error"
         result: types.CallToolResult | None = None
         with (
             structlog.contextvars.bound_contextvars(correlation_id=correlation_id, tool=name),
             self._call_span(name, correlation_id, ctx),
         ):
+            invalid = ctx.withheld or argument_problem(arguments, self._max_depth())
+            if invalid is not None:
+                refusal = InvalidArguments(name, *invalid)
+                step = AuditStep("gateway", None, "invalid_params", refusal.message, 0.0)
+                await self._finish(
+                    entry.name, entry.audit, {}, ctx, correlation_id, started, [step], "invalid_params", None
+                )
+                raise refusal
             try:
-                refusal = self._gate(name, ctx)
-                if refusal is not None:
-                    result, status = refusal, "refused"
+                refusal_result = self._gate(name, ctx)
+                if refusal_result is not None:
+                    result, status = refusal_result, "refused"
                 else:
-                    served = await self._abortable(entry, arguments, steps, progress)
+                    served = await self._abortable(entry, arguments, steps, progress, underway)
+                    if served is None:  # cut short by the shutdown: the step under way is named in the chain
+                        for label, variant, t0 in underway:
+                            steps.append(AuditStep(label, variant, "cancelled", self._closing or "", _ms(t0)))
                     result, status = served or (_closing_result(name, self._closing or ""), "cancelled")
                     result = shape_result(entry.result, result, steps)  # the route's declared shape, if any
             except _Exhausted as exc:
                 status = "timeout" if exc.last is not None and exc.last.outcome == "timeout" else "error"
                 if exc.last is not None and len(steps) == 1 and isinstance(exc.last, BackendRpcError):
-                    await self._finish(entry, arguments, ctx, correlation_id, started, steps, status, None)
+                    await self._finish(
+                        entry.name, entry.audit, arguments, ctx, correlation_id, started, steps, status, None
+                    )
                     raise exc.last from None
                 result = _failure_result(name, steps)
             except anyio.get_cancelled_exc_class():
+                for label, variant, t0 in underway:
+                    steps.append(AuditStep(label, variant, "cancelled", "cancelled while under way", _ms(t0)))
                 with anyio.CancelScope(shield=True):
-                    await self._finish(entry, arguments, ctx, correlation_id, started, steps, "cancelled", None)
+                    await self._finish(
+                        entry.name, entry.audit, arguments, ctx, correlation_id, started, steps, "cancelled", None
+                    )
                 raise
+            except Exception as exc:  # the per-call boundary: a fault of the gateway's ends this call alone
+                log.exception("tool.internal_error", error=type(exc).__name__)
+                for label, variant, t0 in underway:
+                    steps.append(AuditStep(label, variant, "internal_error", type(exc).__name__, _ms(t0)))
+                status = "internal_error"
+                text = (
+                    f"Tool {quote(name)} failed: the gateway hit an unexpected error ({type(exc).__name__}) while "
+                    "serving this call; other calls are not affected."
+                )
+                result = types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
             result = _with_meta(result, correlation_id, steps, status)
-            await self._finish(entry, arguments, ctx, correlation_id, started, steps, status, result)
+            await self._finish(entry.name, entry.audit, arguments, ctx, correlation_id, started, steps, status, result)
             return result
 
     def _call_span(self, name: str, correlation_id: str, ctx: CallContext) -> AbstractContextManager[object]:
@@ -225,6 +275,7 @@ class Router:
         arguments: dict[str, Any],
         steps: list[AuditStep],
         progress: ProgressFn | None,
+        underway: list[tuple[str, str | None, float]],
     ) -> tuple[types.CallToolResult, str] | None:
         """``_serve`` in a scope ``abort()`` can cancel; None when it did (the backend's call was cancelled, so a
         command-line program's processes are killed before this returns)."""
@@ -233,7 +284,7 @@ class Router:
         with anyio.CancelScope() as scope:
             self._calls.add(scope)
             try:
-                return await self._serve(entry, arguments, steps, progress)
+                return await self._serve(entry, arguments, steps, progress, underway)
             finally:
                 self._calls.discard(scope)
                 if not self._calls and self._no_calls is not None:
@@ -247,6 +298,7 @@ class Router:
         arguments: dict[str, Any],
         steps: list[AuditStep],
         progress: ProgressFn | None,
+        underway: list[tuple[str, str | None, float]],
     ) -> tuple[types.CallToolResult, str]:
         backends = self._backends()
         last: BackendError | None = None
@@ -274,10 +326,12 @@ class Router:
             ladder = backend.ladder(provider.tool, provider_args)
             for variant in ladder:
                 final = variant == ladder[-1] and provider is applicable[-1]  # nothing left to try after it
+                underway.append((provider.label, variant, time.perf_counter()))
                 with admission:  # a trial call cut short (cancelled) hands the trial back
                     step, result, failure = await self._attempt(
-                        backend, provider, provider_args, variant, progress, deadline, final
+                        entry.name, backend, provider, provider_args, variant, progress, deadline, final
                     )
+                underway.pop()
                 steps.append(step)
                 if failure is None or failure.answered:
                     breaker.success()  # the backend answered (even if the answer is an error, thin or too large)
@@ -305,6 +359,7 @@ class Router:
 
     async def _attempt(
         self,
+        published: str,
         backend: Backend,
         provider: Provider,
         arguments: dict[str, Any],
@@ -328,7 +383,7 @@ class Router:
                 )
             except InvalidArguments as exc:
                 step = AuditStep(provider.label, variant, "refused", redactor.scrub(exc.message), _ms(t0))
-                outcome = (step, _invalid_result(exc), None)
+                outcome = (step, _invalid_result(_as_published(exc, published, provider)), None)
             except BackendError as exc:
                 step = AuditStep(provider.label, variant, exc.outcome, redactor.scrub(exc.reason), _ms(t0))
                 outcome = (step, None, exc)
@@ -348,7 +403,8 @@ class Router:
 
     async def _finish(
         self,
-        entry: CatalogEntry,
+        tool: str,
+        audit: Mapping[str, int],
         arguments: Mapping[str, Any],
         ctx: CallContext,
         correlation_id: str,
@@ -374,7 +430,8 @@ class Router:
             session_id=ctx.session_id,
             result_bytes=size,
         )
-        if self._tracer is not None:
+        known = status != "unknown_tool"  # no span was opened, and a client's made-up name is no metrics label
+        if self._tracer is not None and known:
             self._tracer.end_call(status, steps)
         if self._recorder is not None:
             await self._recorder.record(
@@ -385,17 +442,22 @@ class Router:
                     client_name=ctx.client_name,
                     client_version=ctx.client_version,
                     caller=ctx.caller,
-                    tool=entry.name,
+                    tool=tool,
                     chain=tuple(steps),
                     status=status,
                     duration_ms=duration_ms,
                     result_bytes=size,
-                    arg_preview=arg_previews(arguments, entry.audit),
+                    arg_preview=arg_previews(arguments, audit),
                     args_hash=args_hash(arguments),
                 )
             )
-        if self._metrics is not None:  # after the commit: the latency observed includes the ledger's
-            self._metrics.observe_call(entry.name, status, _ms(started) / 1000.0, steps)
+        if self._metrics is not None and known:  # after the commit: the latency observed includes the ledger's
+            self._metrics.observe_call(tool, status, _ms(started) / 1000.0, steps)
+
+
+def _ledger_name(name: str) -> str:
+    """An unknown tool's name as the ledger keeps it: cut to ``ECHO_CHARS``, a lone surrogate escaped."""
+    return name[:ECHO_CHARS].encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _served_step(steps: list[AuditStep]) -> AuditStep | None:
@@ -455,6 +517,22 @@ def _failure_result(name: str, steps: list[AuditStep]) -> types.CallToolResult:
         parts = [f"{s.provider}{f' [{s.variant}]' if s.variant else ''}: {s.outcome} ({s.reason})" for s in steps]
         text = f"Tool {name!r} failed: every provider failed. " + "; ".join(parts)
     return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
+
+
+def _as_published(exc: InvalidArguments, published: str, provider: Provider) -> InvalidArguments:
+    """A backend's refusal of its own tool's arguments, told in the client's terms: the published tool (renamed,
+    prefixed or a route), and the published argument when a route's template passed it on under another name."""
+    argument = exc.argument
+    head, dot, rest = argument.partition(".")
+    if isinstance(provider.arguments, Mapping):
+        template = provider.arguments.get(head)
+        match = _PLACEHOLDER.fullmatch(template) if isinstance(template, str) else None
+        if match is not None:
+            argument = match.group(1) + dot + rest
+    return InvalidArguments(published, argument, exc.message)
+
+
+_PLACEHOLDER = re.compile(r"\{([^{}]+)\}")
 
 
 def _closing_result(name: str, reason: str) -> types.CallToolResult:

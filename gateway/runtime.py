@@ -159,6 +159,7 @@ class Gateway:
                     tracer=self.tracer,
                     breakers=Breakers(breaker.failure_threshold, breaker.cooldown_s, breaker.max_cooldown_s),
                     budget=lambda: self.config.gateway.call_budget,
+                    edge=lambda: self.config.gateway.edge,
                 )
                 self.started_at = anyio.current_time()
                 self._tg, self._http = tg, http

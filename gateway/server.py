@@ -29,22 +29,26 @@ from mcp.server.runner import serve_dual_era_loop
 from mcp.shared.exceptions import MCPError
 from mcp_types import methods as _methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
 
 from gateway.backends.base import ProgressFn
 from gateway.backends.mcp import McpBackend
 from gateway.backends.relay import connection_of, forwarded_meta
 from gateway.clients import ClientPolicy
-from gateway.errors import BackendError, BackendRpcError, ToolNotFound
+from gateway.errors import URI_CHARS, BackendError, BackendRpcError, InvalidArguments, ToolNotFound, clip, quote
 from gateway.listings import Origin
 from gateway.router import CallContext
 from gateway.runtime import VERSION, Gateway
 from gateway.upstreams import Upstreams
 
-__all__ = ["build_server", "session_digest"]
+__all__ = ["WITHHELD", "build_server", "session_digest"]
 
 log = structlog.get_logger("gateway.server")
 
 INVALID_PARAMS = -32602
+WITHHELD = "gateway.withheld"
+"""The key, in an HTTP request's scope state, of what edge.py found in a tools/call's arguments and did not pass on:
+(argument path, reason). The router refuses the call with it, as invalid params, with its ledger row."""
 STARTUP_LIST_WAIT_S = 10.0
 """During startup, ``tools/list`` (and a call naming a tool not known yet) waits at most this long for backends still
 connecting, so a client that connects at once sees the whole catalog instead of a partial one."""
@@ -131,10 +135,13 @@ def _call_context(ctx: ServerRequestContext[Any], clients: ClientPolicy) -> Call
     session_id = None
     caller = None
     headers = None
+    withheld = None
     if request is not None and hasattr(request, "headers"):  # a Starlette request on HTTP, None on stdio
         headers = request.headers
         session_id = session_digest(headers.get("mcp-session-id"))
-        caller = request.scope.get("state", {}).get("caller")
+        state = request.scope.get("state", {})
+        caller = state.get("caller")
+        withheld = state.get(WITHHELD)
     name = info.name if info is not None else None
     version = info.version if info is not None else None
     return CallContext(
@@ -144,6 +151,7 @@ def _call_context(ctx: ServerRequestContext[Any], clients: ClientPolicy) -> Call
         caller=caller,
         declared=clients.declared(name, version, headers),
         trace_carrier=ctx.meta,  # a client's traceparent continues into our spans (when tracing is on)
+        withheld=withheld,
     )
 
 
@@ -160,6 +168,19 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
     validated = _ValidatedLists()
 
     async def middleware(ctx: ServerRequestContext[Any], call_next: CallNext) -> HandlerResult:
+        try:
+            return await serve(ctx, call_next)
+        except (MCPError, ValidationError, anyio.get_cancelled_exc_class()):
+            raise  # the SDK's own answers (a ValidationError of the params is its invalid params), and cancellation
+        except Exception as exc:  # the per-request boundary: a fault while serving one request ends it alone
+            log.exception("request.internal_error", method=ctx.method, error=type(exc).__name__)
+            raise MCPError(
+                types.INTERNAL_ERROR,
+                f"The gateway failed while serving this {ctx.method} request ({type(exc).__name__}); "
+                "the session and other requests are not affected.",
+            ) from None
+
+    async def serve(ctx: ServerRequestContext[Any], call_next: CallNext) -> HandlerResult:
         # A client that connects while the backends are still connecting would be offered too little (no
         # resources, no prompts): the first handshake waits, bounded, for every backend's first outcome.
         if ctx.method == "initialize" and not startup_waited.is_set():
@@ -205,7 +226,7 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
             return await gateway.router.call(
                 params.name, params.arguments, ctx=_call_context(ctx, gateway.clients), progress=progress
             )
-        except ToolNotFound as exc:
+        except (ToolNotFound, InvalidArguments) as exc:
             raise MCPError(INVALID_PARAMS, str(exc)) from exc
         except BackendRpcError as exc:
             raise MCPError(exc.code, exc.message, exc.data) from exc
@@ -257,14 +278,14 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
         await settled()
         origins = gateway.catalog.lists.resolve(params.uri)
         if not origins:
-            raise MCPError(types.INVALID_PARAMS, "Resource not found", {"uri": params.uri})
+            raise MCPError(types.INVALID_PARAMS, "Resource not found", {"uri": clip(params.uri, URI_CHARS)})
         meta = forwarded_meta(params.meta)
 
         def build(origin: Origin) -> types.ReadResourceRequest:
             return types.ReadResourceRequest(params=params.model_copy(update={"uri": origin.local, "meta": meta}))
 
         # An unlisted URI may be asked of several backends; when none has it, the answer is SEP-2164's.
-        not_found = MCPError(types.INVALID_PARAMS, "Resource not found", {"uri": params.uri})
+        not_found = MCPError(types.INVALID_PARAMS, "Resource not found", {"uri": clip(params.uri, URI_CHARS)})
         origin, result = await forward(origins, build, types.ReadResourceResult, _progress(ctx), not_found)
         if origin.local != params.uri:  # published under a prefix: the contents name the URI the client asked for
             for contents in result.contents:
@@ -285,7 +306,7 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
                     failure = exc
         if isinstance(failure, BackendRpcError):
             raise MCPError(failure.code, failure.message, failure.data) from failure
-        raise MCPError(types.INVALID_PARAMS, "Resource not found", {"uri": params.uri})
+        raise MCPError(types.INVALID_PARAMS, "Resource not found", {"uri": clip(params.uri, URI_CHARS)})
 
     async def unsubscribe(ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams) -> types.EmptyResult:
         await upstreams.unsubscribe(ctx, params.uri)
@@ -299,7 +320,7 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
         await settled()
         origin = gateway.catalog.lists.prompt(params.name)
         if origin is None:
-            raise MCPError(types.INVALID_PARAMS, f"Unknown prompt: {params.name}")
+            raise MCPError(types.INVALID_PARAMS, f"Unknown prompt: {quote(params.name)}")
         meta = forwarded_meta(params.meta)
 
         def build(origin: Origin) -> types.GetPromptRequest:

@@ -358,8 +358,9 @@ code, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monosp
          background: #eaeef2; color: #424a53; white-space: nowrap; }
 .badge.ready, .badge.ok { background: #dafbe1; color: #116329; }
 .badge.degraded, .badge.starting { background: #fff8c5; color: #7d4e00; }
-.badge.failed, .badge.error, .badge.timeout { background: #ffebe9; color: #a40e26; }
-.badge.disabled, .badge.refused, .badge.cancelled { background: #eaeef2; color: #59636e; }
+.badge.failed, .badge.error, .badge.timeout, .badge.internal_error { background: #ffebe9; color: #a40e26; }
+.badge.disabled, .badge.refused, .badge.cancelled, .badge.unknown_tool, .badge.invalid_params {
+  background: #eaeef2; color: #59636e; }
 .note { padding: 10px 12px; background: var(--bg); border: 1px solid var(--line); border-radius: 6px; }
 ul.problems { margin: 8px 0; color: #7d4e00; }
 button { font: inherit; padding: 4px 12px; border: 1px solid var(--line); border-radius: 6px; background: #fff;

@@ -19,14 +19,13 @@ from anyio.abc import TaskStatus
 
 from gateway.audit import AuditRecord
 from gateway.backends.base import Backend, BackendBase, BackendState, BackendStatus, ProgressFn
-from gateway.errors import GatewayError
 
 __all__ = ["BLOCK", "FakeBackend", "FakeRecorder", "make_tool", "text_result"]
 
 BLOCK: Final = "block"
 """A scripted answer that never comes: the call sets ``entered`` and waits until it is cancelled."""
 
-Answer = types.CallToolResult | GatewayError | str
+Answer = types.CallToolResult | Exception | str
 
 
 def make_tool(
@@ -109,7 +108,7 @@ class FakeBackend(BackendBase):
         self.calls.append(Call(tool, dict(arguments), variant))
         queue = self._script.get((tool, variant))
         answer: Answer = queue.popleft() if queue else text_result(f"{self._name}/{tool} answered")
-        if isinstance(answer, GatewayError):
+        if isinstance(answer, Exception):  # a GatewayError, or a fault the gateway did not expect
             raise answer
         if isinstance(answer, str):  # BLOCK
             self.entered.set()

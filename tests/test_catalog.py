@@ -326,6 +326,32 @@ def test_a_backend_that_is_not_ready_has_no_tools_in_the_catalog(state: BackendS
     assert catalog.by_backend() == {"up": 1}
 
 
+def test_a_backend_lost_after_being_ready_keeps_its_last_known_tools_and_the_very_same_listing() -> None:
+    fed = config(servers("up", "flaky"))
+    flaky = FakeBackend("flaky", ["search", "other"])
+    flaky.set_state(BackendState.READY)
+    backends = {"up": FakeBackend("up", ["search"]), "flaky": flaky}
+    ready = Catalog.build(fed, backends)
+    flaky.set_state(BackendState.FAILED, "the connection closed; reconnecting")
+    assert flaky.tools() == ()  # the backend itself offers nothing now
+    lost = Catalog.build(fed, backends)
+    assert lost.list_result == ready.list_result and not lost.changes(ready)  # no list_changed for a reconnect
+    assert provider_labels(lost, "flaky__search") == ["flaky/search"]
+    flaky.set_state(BackendState.STARTING, "connecting")
+    assert names(Catalog.build(fed, backends)) == names(ready)
+
+
+def test_a_lost_backends_tools_leave_once_it_is_disabled_or_removed() -> None:
+    fed = config(servers("up", "flaky"))
+    flaky = FakeBackend("flaky", ["search", "other"])
+    flaky.set_state(BackendState.READY)
+    flaky.set_state(BackendState.FAILED, "gone")
+    up = FakeBackend("up", ["search"])
+    assert names(Catalog.build(fed, {"up": up})) == ["search"]  # removed by a reload
+    flaky.set_state(BackendState.DISABLED, "disabled in federation.yaml", declared=True)
+    assert names(Catalog.build(fed, {"up": up, "flaky": flaky})) == ["search"]
+
+
 def test_a_disabled_adapter_or_wiki_has_no_tools_in_the_catalog() -> None:
     fed = config("adapters:\n  qmd:\n    command: qmd\n    tools:\n      s: {argv: [s]}\nwiki:\n  root: docs\n")
     catalog = build(

@@ -269,9 +269,9 @@ def test_a_top_level_that_is_not_a_mapping_is_refused() -> None:
         ),
         (
             "adapters:\n  q:\n    command: q\n    tools:\n      t:\n        switch: m\n        variants:\n"
-            "          v: {argv: [x], thin_when: {empty: true, stdout_contains: x}}\n",
-            "adapters.q.tools.t.variants.v.thin_when.stdout_contains",
-            "stdout_contains",
+            "          v: {argv: [x], thin_when: {empty: true, exit_contains: x}}\n",
+            "adapters.q.tools.t.variants.v.thin_when.exit_contains",
+            "exit_contains",
         ),
         ("wiki:\n  root: docs\n  tool: [a]\n", "wiki.tool", "tool:"),
         (STDIO + "routes:\n  r:\n    providers: [mem/a]\n    shema_from: mem/a\n", "routes.r.shema_from", "shema_from"),
@@ -479,6 +479,24 @@ def test_a_ladder_that_ends_on_a_floor_is_accepted() -> None:
     text = yaml_text(LADDER + "        ladder: {deep: vector, vector: keyword}\n")
     tool = parse_config(text, file=FILE, env={}).adapters["qmd"].tools["search"]
     assert tool.ladder == {"deep": "vector", "vector": "keyword"}
+
+
+def test_thin_when_on_a_tool_with_variants_is_refused_not_ignored() -> None:
+    text = yaml_text(LADDER + "        thin_when: {empty: true}\n")
+    err = config_error(text)
+    assert_names(err, "adapters.qmd.tools.search", line_of(text, "search:"))
+    assert "`thin_when` on each variant" in err.message
+
+
+def test_thin_when_and_thin_exit_codes_on_a_tool_without_variants_are_read() -> None:
+    text = yaml_text(
+        'adapters:\n  g:\n    command: g\n    tools:\n      path:\n        argv: [path, "{a}"]\n'
+        "        exit_codes: {ok: [0], thin: [3, 4]}\n"
+        "        thin_when: {empty: false, stdout_contains: No path found}\n"
+    )
+    tool = parse_config(text, file=FILE, env={}).adapters["g"].tools["path"]
+    assert tool.exit_codes.thin == (3, 4)
+    assert tool.thin_when is not None and tool.thin_when.stdout_contains == "No path found"
 
 
 def test_an_adapter_tool_needs_argv_or_a_switch() -> None:

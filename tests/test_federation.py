@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -320,9 +321,14 @@ async def test_cancellation_reaches_the_downstream(gateway: RunningServer, echo_
 # ------------------------------------------------------------------------------------------------ list_changed
 
 
-async def test_clients_hear_list_changed_when_a_backend_leaves_and_returns(tmp_path: Path) -> None:
+async def test_a_lost_backend_keeps_its_tools_listed_and_its_calls_say_why_until_it_returns(tmp_path: Path) -> None:
+    """Clients cache tool lists: a backend that was ready and is lost keeps its last known tools in the catalog (no
+    list change for a reconnect), and a call to one is answered at once with an isError naming the backend and why,
+    with a ledger row; when the backend is back the same name is served again."""
     port = free_port()
     config = f"""
+gateway:
+  audit: {{path: {tmp_path / "audit.db"}}}
 servers:
   a:
     transport: stdio
@@ -334,36 +340,43 @@ servers:
     connect_timeout_s: 2
     ping_interval_s: 0.5
 """
-    changed = anyio.Event()
+    changes: list[Any] = []
 
     async def on_message(message: Any) -> None:
         if isinstance(message, types.ToolListChangedNotification):
-            changed.set()
-
-    async def names_after_changes(session: ClientSession, done: Callable[[set[str]], bool]) -> set[str]:
-        nonlocal changed
-        while True:
-            await changed.wait()
-            changed = anyio.Event()
-            names = {t.name for t in (await session.list_tools()).tools}
-            if done(names):
-                return names
+            changes.append(message)
 
     backend_argv = echo_argv("--http", str(port), "--name", "b", "--prefix", "b_")
     with start_http_server(backend_argv, port) as backend:
         with run_gateway(config, tmp_path, tokens=TOKEN) as gateway:
             async with mcp_session(gateway.url(), token=TOKEN, message_handler=on_message) as session:
-                names = {t.name for t in (await session.list_tools()).tools}
-                assert "b_echo" in names and "echo" in names  # no collision: no prefixes
-                changed = anyio.Event()
+                listed = {t.name for t in (await session.list_tools()).tools}
+                assert {"b_echo", "echo"} <= listed  # no collision: no prefixes
                 os.killpg(backend.process.pid, signal.SIGKILL)
-                with anyio.fail_after(30):
-                    names = await names_after_changes(session, lambda names: "b_echo" not in names)
-                assert "echo" in names
+
+                async def b_failed() -> bool:
+                    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+                        status = (await http.get(gateway.url("/status"))).json()
+                    return any(b["name"] == "b" and b["state"] == "failed" for b in status["backends"])
+
+                await eventually(b_failed, within=30)
+                assert {t.name for t in (await session.list_tools()).tools} == listed  # still listed, unchanged
+                with anyio.fail_after(5):  # at once: no wait for a connection that is not there
+                    down = await session.call_tool("b_echo", {"text": "anyone?"})
+                assert down.is_error
+                text = down.content[0].text
+                assert text.startswith("Tool 'b_echo' failed: every provider failed. b/b_echo: unavailable (")
                 with start_http_server(backend_argv, port):  # the backend comes back on its own address
-                    with anyio.fail_after(40):
-                        await names_after_changes(session, lambda names: "b_echo" in names)
+
+                    async def served() -> bool:
+                        return not (await session.call_tool("b_echo", {"text": "rejoined"})).is_error
+
+                    await eventually(served, within=40)  # the backend reconnects with backoff
                     assert (await session.call_tool("b_echo", {"text": "rejoined"})).content[0].text == "rejoined"
+                assert changes == []  # the list never changed, so no client was told to re-list
+    with sqlite3.connect(tmp_path / "audit.db") as db:
+        statuses = [row[0] for row in db.execute("SELECT status FROM calls WHERE tool = 'b_echo' ORDER BY id")]
+    assert statuses[0] == "error" and statuses[-2:] == ["ok", "ok"]  # the refused call left its row too
 
 
 # ------------------------------------------------------------------------------------------------ auth

@@ -18,12 +18,13 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
-    ("config",),
+    ("config", "inputs"),  # inputs: what a request's values must be before the gateway acts on them
     ("_logging", "audit", "audit_report", "metrics", "tracing"),  # metrics/tracing: instruments, fed by the router
     ("clients", "costs", "importer"),  # policies and conversions over config (costs reads audit's statistics)
     # "backends" is backends/__init__.py; answers: the answer limit; processes: no process escapes
     ("backends", "backends.base", "backends.answers", "backends.processes"),
     ("backends.stdio", "backends.relay", "backends.wiki_index"),  # relay: back-channel context; wiki_index: pure index
+    ("backends.wiki_semantic",),  # sections, vectors and hybrid ranking over wiki_index's snapshot; pure, blocking
     ("backends.mcp", "backends.cli", "backends.wiki"),
     ("listings",),  # resources, templates, prompts: merged and named like the tools, built into the catalog
     ("catalog", "health", "reload", "budget", "results"),  # budget: one deadline per call; results: route shapes
@@ -31,8 +32,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("runtime",),
     ("upstreams",),  # the clients and what they are owed: list changes, log messages, resource updates
     ("server", "events"),  # the MCP face (low-level Server), transport-free; events: resumable SSE streams
-    ("http", "ui", "connections"),  # the Starlette app around it: /mcp, /healthz, /status, /metrics, the guard; /ui,
-    # the status page; connections: the uvicorn protocol under it (deadlines, the connection cap)
+    # the Starlette app around it: /mcp, /healthz, /status, /metrics, the guard; /ui, the status page; edge: a
+    # request's body checked before the SDK parses it; connections: the uvicorn protocol under it (deadlines, the cap)
+    ("http", "ui", "edge", "connections"),
     ("cli", "__main__", "__init__"),  # "__init__" is gateway/__init__.py: the public surface re-exports from any layer
 )
 LAYER = {module: level for level, modules in enumerate(LAYERS) for module in modules}

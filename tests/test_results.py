@@ -25,6 +25,8 @@ SPEC = SearchHitsResult(
         "qmd/files_search[keyword]": "bm25",
         "qmd/files_search[vector]": "cosine",
         "wiki/wiki_search": "bm25_raw",
+        "wiki/wiki_hybrid_search": "rrf",
+        "wiki/wiki_vector_search": "cosine",
     },
 )
 
@@ -93,6 +95,25 @@ def test_raw_bm25_is_mapped_onto_the_keyword_scale_and_path_becomes_file() -> No
         ("notes/memory.md", 0.5, 0),
     ]
     assert shaped.meta is not None and shaped.meta[RESULT_META_KEY]["score_scale"] == "bm25"
+
+
+def test_raw_fused_ranks_are_scaled_so_the_best_is_one_and_negative_similarity_is_none() -> None:
+    # The wiki's hybrid rung gives raw reciprocal-rank-fusion sums (1/61 + 1/62 at best), its vector rung cosines.
+    fused = [
+        {"file": "ladder.md", "title": "Ladder", "score": 0.0325, "line": 3, "snippet": "a"},
+        {"file": "memory.md", "title": "Memory", "score": 0.01625, "line": 1, "snippet": "b"},
+    ]
+    answer = types.CallToolResult(content=[types.TextContent(text=json.dumps(fused))])
+    shaped = shape_result(SPEC, answer, _served("wiki/wiki_hybrid_search"))
+    assert [(h["file"], h["score"]) for h in _hits(shaped)] == [("ladder.md", 1.0), ("memory.md", 0.5)]
+    assert shaped.meta is not None and shaped.meta[RESULT_META_KEY]["score_scale"] == "rrf"
+    similar = [
+        {"file": "ladder.md", "title": "Ladder", "score": 0.62, "line": 3, "snippet": "a"},
+        {"file": "memory.md", "title": "Memory", "score": -0.05, "line": 1, "snippet": "b"},
+    ]
+    answer = types.CallToolResult(content=[types.TextContent(text=json.dumps(similar))])
+    shaped = shape_result(SPEC, answer, _served("wiki/wiki_vector_search"))
+    assert [(h["file"], h["score"]) for h in _hits(shaped)] == [("ladder.md", 0.62), ("memory.md", 0.0)]
 
 
 def test_a_variant_scale_wins_over_the_providers_and_an_undeclared_one_is_unspecified() -> None:

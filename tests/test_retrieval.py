@@ -1,9 +1,11 @@
 """The retrieval system of the reference, hosted by the real gateway over real qmd and graphify command lines.
 
 A wiki of markdown pages is generated per module; qmd indexes it (its state kept in the test's folder) and graphify
-builds its graph. files_search is routed qmd-mcp (keyword) -> qmd CLI (deep -> vector -> keyword) -> the built-in
-BM25 floor; graph_query and graph_path are graphify adapters. Skipped when scripts/install has not put qmd and
-graphify on PATH.
+builds its graph. The federation is the shipped federation.yaml's qmd, graphify, wiki and files_search entries,
+pointed at that wiki: files_search is routed qmd-mcp (keyword) -> qmd CLI (deep -> vector) -> the wiki's hybrid
+(deep) and vector (vector, deep) rungs, on the real wordllama model -> the built-in BM25 floor; graph_query and
+graph_path are graphify adapters whose misses are thin. Skipped when scripts/install has not put qmd and graphify
+on PATH.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 import anyio
 import pytest
+import yaml
 
 from tests.fixtures.gateway_proc import mcp_session, run_gateway
 from tests.fixtures.procs import RunningServer
@@ -35,12 +38,15 @@ TOKEN = "retrieval-token"
 DEEP_TIMEOUT_S = 3  # offline, `qmd query` hangs for minutes: the ladder must cut it here and degrade
 
 PAGES = {
-    "transport.md": "---\ntitle: Transport decisions\n---\n# Transport\nThe HTTP handshake answered an HTML error "
-    "page, so the search server was disabled. See [[Fallback ladder]].\n",
+    "transport.md": "---\ntitle: Transport decisions\n---\n# Transport handshake\nThe HTTP handshake answered an HTML "
+    "error page, so the search server was disabled. See [[Fallback ladder]] and [the ladder](ladder.md).\n",
     "ladder.md": "# Fallback ladder\nDeep degrades to vector, vector to keyword; keyword is the floor.\n"
-    "Related: [transport](transport.md).\n",
-    "notes/memory.md": "# Memory\nWe decided on SQLite for the audit ledger in November.\n",
+    "Related: [memory](notes/memory.md).\n## Keyword floor\nBM25 answers last.\n",
+    "notes/memory.md": "# Audit ledger memory\nWe decided on SQLite for the audit ledger in November.\n",
+    "island.md": "# Island\nA page nothing links to and that links nowhere.\n",
 }
+SHIPPED = yaml.safe_load((Path(__file__).resolve().parent.parent / "federation.yaml").read_text())
+SHIPPED_GRAPH = ".cache/graphify/docs/graph.json"
 
 
 def _qmd_env(state: Path) -> dict[str, str]:
@@ -68,78 +74,30 @@ def wiki(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _federation(root: Path, *, qmd_mcp_enabled: bool = True) -> str:
+    """The shipped federation.yaml's qmd, graphify and files_search entries, pointed at the test's wiki and state."""
     state = {"XDG_CACHE_HOME": str(root / "cache"), "XDG_CONFIG_HOME": str(root / "config")}
-    enabled = "" if qmd_mcp_enabled else "\n    enabled: false\n    disabled_reason: switched off by the test"
-    return f"""
-gateway:
-  audit: {{path: {root}/audit.db}}
-servers:
-  qmd-mcp:
-    transport: stdio
-    command: {QMD}
-    args: [mcp]
-    env: {json.dumps(state)}
-    timeout_s: 15
-    tools: {{include: []}}{enabled}
-adapters:
-  qmd:
-    command: {QMD}
-    env: {json.dumps(state)}
-    tools:
-      files_search:
-        router: true
-        description: Find the best snippets.
-        input_schema:
-          type: object
-          required: [query]
-          additionalProperties: false
-          properties:
-            query: {{type: string, minLength: 1}}
-            limit: {{type: integer, minimum: 1, maximum: 50, default: 10}}
-            mode: {{enum: [keyword, vector, deep], default: vector}}
-        switch: mode
-        variants:
-          keyword: {{argv: [search, -n, "{{limit}}", --json, --, "{{query}}"], timeout_s: 15}}
-          vector:
-            argv: [vsearch, -n, "{{limit}}", --json, --, "{{query}}"]
-            timeout_s: 30
-            thin_when: {{empty: true, stderr_contains: "need embeddings"}}
-          deep: {{argv: [query, -n, "{{limit}}", --json, --, "{{query}}"], timeout_s: {DEEP_TIMEOUT_S}}}
-        ladder: {{deep: vector, vector: keyword}}
-        output: json_array
-  graphify:
-    command: {GRAPHIFY}
-    tools:
-      graph_query:
-        input_schema:
-          type: object
-          required: [question]
-          properties:
-            question: {{type: string, minLength: 1}}
-            budget: {{type: integer, default: 2000}}
-        argv: [query, --, "{{question}}", --graph, {root}/graph/graph.json, --budget, "{{budget}}"]
-        exit_codes: {{ok: [0], no_result: [4]}}
-      graph_path:
-        input_schema:
-          type: object
-          required: [source, target]
-          properties:
-            source: {{type: string}}
-            target: {{type: string}}
-        argv: [path, --, "{{source}}", "{{target}}", --graph, {root}/graph/graph.json]
-        exit_codes: {{ok: [0], no_result: [3, 4]}}
-wiki:
-  root: {root}/docs
-routes:
-  files_search:
-    providers:
-      - provider: qmd-mcp/query
-        when: {{mode: [keyword]}}
-        arguments: {{searches: [{{type: lex, query: "{{query}}"}}], limit: "{{limit}}", rerank: false}}
-      - qmd/files_search
-      - provider: wiki/wiki_search
-        arguments: {{query: "{{query}}", limit: "{{limit}}"}}
-"""
+    qmd_mcp: dict[str, Any] = {**SHIPPED["servers"]["qmd-mcp"], "command": QMD, "env": state, "cwd": str(root)}
+    if not qmd_mcp_enabled:
+        qmd_mcp.update(enabled=False, disabled_reason="switched off by the test")
+    qmd = {**SHIPPED["adapters"]["qmd"], "command": QMD, "env": state, "cwd": str(root)}
+    files_search = json.loads(json.dumps(qmd["tools"]["files_search"]))
+    files_search["variants"]["deep"]["timeout_s"] = DEEP_TIMEOUT_S
+    # Without its readiness probe, deep runs (and hangs without its models) until its timeout cuts it: the cut and the
+    # degradation after it are what the deep test checks. vector keeps its probe, so it is skipped as not ready.
+    files_search["variants"]["deep"].pop("probe", None)
+    qmd["tools"] = {"files_search": files_search}
+    graph_tools = json.loads(
+        json.dumps(SHIPPED["adapters"]["graphify"]["tools"]).replace(SHIPPED_GRAPH, f"{root}/graph/graph.json")
+    )
+    graphify = {**SHIPPED["adapters"]["graphify"], "command": GRAPHIFY, "cwd": str(root), "tools": graph_tools}
+    config = {
+        "gateway": {"audit": {"path": f"{root}/audit.db"}},
+        "servers": {"qmd-mcp": qmd_mcp},
+        "adapters": {"qmd": qmd, "graphify": graphify},
+        "wiki": {**SHIPPED["wiki"], "root": f"{root}/docs"},
+        "routes": {"files_search": SHIPPED["routes"]["files_search"]},
+    }
+    return yaml.safe_dump(config, sort_keys=False)
 
 
 @pytest.fixture(scope="module")
@@ -162,29 +120,54 @@ async def test_keyword_mode_is_served_by_qmds_mcp_server(gateway: RunningServer)
     assert "transport.md" in json.dumps(result.structured_content)
 
 
-async def test_vector_mode_without_embeddings_degrades_to_keyword_visibly(gateway: RunningServer) -> None:
+async def _semantic_ready(session: Any, *, qmd: bool = True) -> None:
+    """Bounded: until the qmd adapter is ready (its variant probes, `qmd doctor`, have answered) and the wiki's
+    semantic rung answers (the model loads and the sections are embedded after the wiki is READY, off the startup
+    path; until then the route serves the BM25 floor)."""
+    with anyio.fail_after(60):
+        while qmd:
+            probe = await session.call_tool("files_search", {"query": "ledger", "mode": "vector", "limit": 1})
+            if _meta(probe)["steps"][0]["outcome"] == "not_ready":  # qmd's vector variant, found out by its probe
+                break
+        while True:
+            probe = await session.call_tool("files_search", {"query": "ledger", "mode": "vector", "limit": 1})
+            if _meta(probe)["served_by"] == "wiki/wiki_vector_search":
+                return
+
+
+def _files(result: Any) -> list[str]:
+    return [r["file"] for r in json.loads(result.content[0].text)]
+
+
+async def test_vector_mode_without_embeddings_degrades_to_the_wikis_semantic_rung(gateway: RunningServer) -> None:
     async with mcp_session(gateway.url(), token=TOKEN) as session:
-        result = await session.call_tool("files_search", {"query": "handshake"})
+        await _semantic_ready(session)
+        result = await session.call_tool("files_search", {"query": "which database keeps the record of decisions"})
     meta = _meta(result)
     assert not result.is_error
     assert meta["status"] == "degraded"
-    assert (meta["served_by"], meta["variant"]) == ("qmd/files_search", "keyword")
+    assert meta["served_by"] == "wiki/wiki_vector_search"
     assert meta["requested"] == {"provider": "qmd/files_search", "variant": "vector"}
-    assert meta["steps"][0]["outcome"] == "thin" and "need embeddings" in meta["steps"][0]["reason"]
-    assert "transport.md" in result.content[0].text
+    # qmd's vector search cannot run offline: its probe (qmd doctor) found that out, so it is skipped at once.
+    assert meta["steps"][0]["outcome"] == "not_ready" and "qmd doctor" in meta["steps"][0]["reason"]
+    assert [s["provider"] for s in meta["steps"]] == ["qmd/files_search", "wiki/wiki_vector_search"]
+    assert _files(result)[0] == "notes/memory.md"
+    assert json.loads(result.content[0].text)[0]["line"] == 2
 
 
 async def test_deep_mode_is_cut_at_its_timeout_and_degrades_with_every_step_recorded(gateway: RunningServer) -> None:
     async with mcp_session(gateway.url(), token=TOKEN) as session:
+        await _semantic_ready(session)
         with anyio.fail_after(DEEP_TIMEOUT_S + 20):
             result = await session.call_tool("files_search", {"query": "ladder floor", "mode": "deep"})
     meta = _meta(result)
     assert not result.is_error
-    outcomes = [(s["variant"], s["outcome"]) for s in meta["steps"]]
-    assert outcomes[0][0] == "deep" and outcomes[0][1] in ("timeout", "error")
-    assert outcomes[-1] == ("keyword", "ok")
-    assert meta["steps"][0]["ms"] >= 0 and (outcomes[0][1] != "timeout" or "timed out" in meta["steps"][0]["reason"])
-    assert "ladder.md" in result.content[0].text
+    outcomes = [(s["provider"], s["variant"], s["outcome"]) for s in meta["steps"]]
+    assert outcomes[0][1] == "deep" and outcomes[0][2] in ("timeout", "error")
+    assert outcomes[1] == ("qmd/files_search", "vector", "not_ready")
+    assert outcomes[-1] == ("wiki/wiki_hybrid_search", None, "ok")
+    assert meta["steps"][0]["ms"] >= 0 and (outcomes[0][2] != "timeout" or "timed out" in meta["steps"][0]["reason"])
+    assert json.loads(result.content[0].text)[0]["file"] == "ladder.md"
 
 
 async def test_no_qmd_process_outlives_its_call(gateway: RunningServer) -> None:
@@ -212,15 +195,47 @@ async def test_a_bad_argument_is_refused_naming_it_before_any_spawn(gateway: Run
     assert _meta(result)["status"] == "refused"
 
 
-async def test_graph_query_and_graph_path_answer_through_the_gateway(gateway: RunningServer) -> None:
+async def test_graph_path_names_the_path_between_two_named_pages(gateway: RunningServer) -> None:
     async with mcp_session(gateway.url(), token=TOKEN) as session:
-        query = await session.call_tool("graph_query", {"question": "ladder"})
-        path = await session.call_tool("graph_path", {"source": "no-such-node-a", "target": "no-such-node-b"})
+        result = await session.call_tool("graph_path", {"source": "transport.md", "target": "memory.md"})
+    assert not result.is_error, result.content
+    assert result.content[0].text.strip() == (
+        "Shortest path (2 hops):\n"
+        "  transport.md --references [EXTRACTED]--> ladder.md --references [EXTRACTED]--> memory.md"
+    )
+    assert _meta(result)["status"] == "ok"
+
+
+async def test_graph_query_finds_the_nodes_that_mention_a_term(gateway: RunningServer) -> None:
+    async with mcp_session(gateway.url(), token=TOKEN) as session:
+        result = await session.call_tool("graph_query", {"question": "keyword floor"})
+    assert not result.is_error, result.content
+    text = result.content[0].text
+    assert "Start: ['Keyword floor']" in text
+    nodes = [line.split(" [src=")[0] for line in text.splitlines() if line.startswith("NODE ")]
+    assert nodes == ["NODE Keyword floor", "NODE Fallback ladder", "NODE ladder.md"]
+    assert _meta(result)["status"] == "ok"
+
+
+async def test_no_graph_match_is_an_honest_error_never_an_empty_ok(gateway: RunningServer) -> None:
+    async with mcp_session(gateway.url(), token=TOKEN) as session:
         missing = await session.call_tool("graph_query", {"question": "zzzz-nothing-matches"})
-    assert not query.is_error and query.content[0].text.strip()
-    assert not path.is_error  # unknown node: graphify exits 4, declared "no result", an answer
-    assert not missing.is_error and "No matching nodes" in missing.content[0].text
-    assert missing.meta is not None
+        unknown = await session.call_tool("graph_path", {"source": "qqqq-xyzzy", "target": "memory.md"})
+        apart = await session.call_tool("graph_path", {"source": "transport.md", "target": "island.md"})
+    assert missing.is_error and _meta(missing)["status"] == "error"
+    assert "graphify/graph_query: thin (nothing found (exit 4): No matching nodes found.)" in missing.content[0].text
+    assert unknown.is_error and _meta(unknown)["status"] == "error"
+    assert "thin (nothing found (exit 4): No node matching 'qqqq-xyzzy' found." in unknown.content[0].text
+    assert apart.is_error and _meta(apart)["status"] == "error"
+    assert "thin (thin result: No path found between 'transport.md' and 'island.md'.)" in apart.content[0].text
+
+
+async def test_a_graph_value_that_looks_like_an_option_is_refused_naming_it(gateway: RunningServer) -> None:
+    async with mcp_session(gateway.url(), token=TOKEN) as session:
+        result = await session.call_tool("graph_query", {"question": "--help"})
+    assert result.is_error
+    assert "question" in result.content[0].text and "starts with '-'" in result.content[0].text
+    assert _meta(result)["status"] == "refused"
 
 
 async def test_files_search_falls_back_to_the_cli_when_qmds_mcp_server_dies(wiki: Path, tmp_path: Path) -> None:
@@ -252,16 +267,20 @@ async def test_files_search_skips_a_declared_disabled_server_and_says_why(wiki: 
     }  # fmt: skip
 
 
-async def test_the_built_in_floor_answers_when_qmd_is_missing(wiki: Path, tmp_path: Path) -> None:
+async def test_the_built_in_rungs_answer_when_qmd_is_missing(wiki: Path, tmp_path: Path) -> None:
     config = _federation(wiki).replace(f"command: {QMD}", "command: qmd-is-not-installed")
     with run_gateway(config, tmp_path, tokens=TOKEN) as gateway:
         async with mcp_session(gateway.url(), token=TOKEN) as session:
-            result = await session.call_tool("files_search", {"query": "handshake"})
-    meta = _meta(result)
-    assert not result.is_error
+            keyword = await session.call_tool("files_search", {"query": "handshake", "mode": "keyword"})
+            await _semantic_ready(session, qmd=False)
+            vector = await session.call_tool("files_search", {"query": "an island page without links"})
+    meta = _meta(keyword)
+    assert not keyword.is_error
     assert meta["served_by"] == "wiki/wiki_search"
     assert [s["outcome"] for s in meta["steps"]][-1] == "ok"
-    assert "transport.md" in result.content[0].text
+    assert "transport.md" in keyword.content[0].text
+    assert _meta(vector)["served_by"] == "wiki/wiki_vector_search"
+    assert _files(vector)[0] == "island.md"
 
 
 def _qmd_mcp_pid(gateway: RunningServer) -> int:

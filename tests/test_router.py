@@ -212,7 +212,7 @@ async def test_when_every_provider_fails_the_answer_is_an_error_naming_each_back
 ) -> None:
     a, b, solo, qmd = fakes()
     a.script("search", BackendUnavailable("a", "process exited with code 1: boom"))
-    b.script("search", second)  # type: ignore[arg-type]
+    b.script("search", second)
     setup = Setup(a, b, solo, qmd)
 
     result = await setup.call("search", {"q": "x"})
@@ -398,3 +398,108 @@ async def test_each_call_writes_one_canonical_log_line_with_the_same_chain() -> 
     assert (line["status"], line["served_by"]) == ("degraded", "b/search")
     assert line["chain"] == ["a/search:timeout", "b/search:ok"]
     assert len(line["chain"]) == len(meta(result)["steps"]) == len(setup.recorder.records[0].chain)
+
+
+# ----------------------------------------------------------------------------------------------- the per-call boundary
+
+
+async def test_an_unknown_tool_leaves_one_row_of_status_unknown_tool_with_its_name_cut() -> None:
+    setup = Setup(*fakes())
+    with pytest.raises(ToolNotFound) as info:
+        await setup.call("x" * 4_000_000, {"q": "y"})
+    assert str(info.value) == f"Unknown tool: {'x' * 120!r}… (4,000,000 characters)."
+    [record] = setup.recorder.records
+    assert (record.tool, record.status, record.chain, record.arg_preview) == ("x" * 120, "unknown_tool", (), {})
+
+
+@pytest.mark.parametrize(
+    ("arguments", "argument", "reason"),
+    [
+        ({"q": "\ud800"}, "q", "it holds a lone surrogate (U+D800 at character 0)"),
+        ({"q": {"\udc00": 1}}, "q", "at 'q.\\udc00', its key: it holds a lone surrogate (U+DC00 at character 0)"),
+        ({"q": [[[[1]]]]}, "q", "at 'q.0.0', the value is nested more than 3 levels deep (the limit)"),
+    ],
+)
+async def test_unsendable_arguments_are_invalid_params_with_a_row_and_no_backend_call(
+    arguments: dict[str, Any], argument: str, reason: str
+) -> None:
+    a, b, solo, qmd = fakes()
+    setup = Setup(a, b, solo, qmd)
+    setup.router = Router(
+        lambda: setup.catalog,
+        lambda: setup.backends,
+        setup.recorder,
+        edge=lambda: parse_config("gateway: {edge: {max_argument_depth: 3}}", file="f", env={}).gateway.edge,
+    )
+    with pytest.raises(InvalidArguments) as info:
+        await setup.call("lookup", arguments)
+    assert info.value.argument == argument and info.value.message.startswith(reason)
+    assert solo.calls == []
+    [record] = setup.recorder.records
+    assert (record.tool, record.status, chain(record.chain)) == (
+        "lookup",
+        "invalid_params",
+        [("gateway", None, "invalid_params")],
+    )
+
+
+async def test_an_unexpected_exception_ends_only_its_own_call_with_a_row_and_one_log_line() -> None:
+    a, b, solo, qmd = fakes()
+    solo.script("lookup", RuntimeError("bug in a backend"))
+    setup = Setup(a, b, solo, qmd)
+    with capture_logs() as logs:
+        failed = await setup.call("lookup", {"q": "first"})
+    assert failed.is_error
+    assert text(failed) == (
+        "Tool 'lookup' failed: the gateway hit an unexpected error (RuntimeError) while serving this call; "
+        "other calls are not affected."
+    )
+    assert meta(failed)["status"] == "internal_error"
+    assert [entry["event"] for entry in logs if entry["log_level"] == "error"] == ["tool.internal_error"]
+    bystander = await setup.call("lookup", {"q": "second"})  # the same backend, the next call
+    assert text(bystander) == "solo/lookup answered" and not bystander.is_error
+    statuses = [(r.status, chain(r.chain)) for r in setup.recorder.records]
+    assert statuses == [
+        ("internal_error", [("solo/lookup", None, "internal_error")]),
+        ("ok", [("solo/lookup", None, "ok")]),
+    ]
+
+
+async def test_a_cancelled_calls_row_names_the_step_that_was_under_way() -> None:
+    a, b, solo, qmd = fakes()
+    a.script("search", BackendTimeout("a", "timed out after 1 s"))
+    b.script("search", BLOCK)
+    setup = Setup(a, b, solo, qmd)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(setup.router.call, "search", {"q": "x"})
+            await b.entered.wait()
+            tg.cancel_scope.cancel()
+    [record] = setup.recorder.records
+    assert record.status == "cancelled"
+    assert chain(record.chain) == [("a/search", None, "timeout"), ("b/search", None, "cancelled")]
+    assert record.chain[1].reason == "cancelled while under way"
+
+
+async def test_a_backends_refusal_of_its_arguments_names_the_published_tool_and_argument() -> None:
+    a, b, solo, qmd = fakes()
+    b.script("search", InvalidArguments("search", "q", "unknown argument (expected: none)"))
+    setup = Setup(a, b, solo, qmd)
+    result = await setup.call("ask", {"question": "x"})  # route `ask` sends b/search its `question` as `q`
+    assert result.is_error
+    assert text(result) == "Invalid argument 'question' for tool 'ask': unknown argument (expected: none)"
+
+
+async def test_a_call_to_a_lost_backends_last_known_tool_is_answered_at_once_naming_it_and_why() -> None:
+    a, b, solo, qmd = fakes()
+    solo.set_state(BackendState.READY)
+    solo.set_state(BackendState.FAILED, "the connection closed; process exited with code 3")
+    setup = Setup(a, b, solo, qmd)  # the catalog built while solo is down still lists its `lookup`
+    result = await setup.call("lookup", {"q": "x"})
+    assert result.is_error and solo.calls == []
+    assert text(result) == (
+        "Tool 'lookup' failed: every provider failed. "
+        "solo/lookup: unavailable (the connection closed; process exited with code 3)"
+    )
+    [record] = setup.recorder.records
+    assert (record.status, chain(record.chain)) == ("error", [("solo/lookup", None, "unavailable")])

@@ -87,6 +87,11 @@ class Backend(Protocol):
         """The tools this backend offers now, under their own (downstream) names; empty unless ready."""
         ...
 
+    def last_known_tools(self) -> Sequence[types.Tool]:
+        """The tools it offered when it was last ready (its current ones while ready); empty if it never was. The
+        catalog keeps these listed while the backend reconnects, so clients' cached lists stay true."""
+        ...
+
     def ladder(self, tool: str, arguments: Mapping[str, Any]) -> Sequence[str | None]:
         """The variants to try for this call, in order (requested first, then each cheaper rung).
 
@@ -123,6 +128,7 @@ class BackendBase:
         self._kind = kind
         self._status = status
         self._listeners: list[ChangeListener] = []
+        self._last_known: tuple[types.Tool, ...] = ()
 
     @property
     def name(self) -> str:
@@ -139,6 +145,14 @@ class BackendBase:
     def ladder(self, tool: str, arguments: Mapping[str, Any]) -> Sequence[str | None]:
         return (None,)
 
+    def tools(self) -> Sequence[types.Tool]:
+        return ()
+
+    def last_known_tools(self) -> Sequence[types.Tool]:
+        if self._status.state in (BackendState.READY, BackendState.DEGRADED):
+            return self.tools()
+        return self._last_known
+
     def subscribe(self, listener: ChangeListener) -> None:
         self._listeners.append(listener)
 
@@ -150,6 +164,8 @@ class BackendBase:
         """
         previous = self._status
         self._status = status
+        if status.state in (BackendState.READY, BackendState.DEGRADED):
+            self._last_known = tuple(self.tools())  # what the catalog keeps listed if the backend is lost
         if status.state is not previous.state or status.reason != previous.reason:
             event = "backend.ready" if status.state is BackendState.READY else "backend.state"
             log_fn = log.info if status.state in (BackendState.READY, BackendState.DISABLED) else log.warning

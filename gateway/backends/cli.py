@@ -64,6 +64,7 @@ from gateway.errors import (
     InvalidArguments,
     ToolNotFound,
     VariantNotReady,
+    quote,
 )
 
 log = structlog.get_logger("gateway.backend")
@@ -191,7 +192,7 @@ def _check_leading_dash(tool: str, name: str, text: str, after_double_dash: bool
 
 
 def _preview(text: str, limit: int = 60) -> str:
-    return repr(text if len(text) <= limit else text[:limit] + "...")
+    return quote(text, limit)
 
 
 # --------------------------------------------------------------------------------------------------- spawn seam
@@ -566,14 +567,16 @@ class CliBackend(BackendBase):
         if spec.switch is None:
             if variant is not None:
                 raise InvalidArguments(tool, "", f"the tool has no variants (asked for variant {variant!r})")
-            template, timeout, thin = spec.argv or (), spec.timeout_s, None
+            template, timeout, thin = spec.argv or (), spec.timeout_s, spec.thin_when
         else:
             chosen = variant if variant is not None else self.ladder(tool, args)[0]
             assert chosen is not None
             selected = spec.variants.get(chosen)
             if selected is None:
                 expected = ", ".join(repr(v) for v in spec.variants)
-                raise InvalidArguments(tool, spec.switch, f"unknown variant {chosen!r}; expected one of {expected}")
+                raise InvalidArguments(
+                    tool, spec.switch, f"unknown variant {quote(str(chosen))}; expected one of {expected}"
+                )
             if selected.probe is not None:
                 await self._check_variant(tool, chosen, selected.probe)
             args[spec.switch] = chosen
@@ -752,21 +755,24 @@ class CliBackend(BackendBase):
 
     def _answer(self, spec: AdapterTool, thin: ThinWhen | None, outcome: _Outcome) -> types.CallToolResult:
         codes = spec.exit_codes
-        if outcome.code not in codes.ok and outcome.code not in codes.no_result:
-            raise BackendError(self._name, _exit_description(outcome))
         text = outcome.stdout.decode("utf-8", errors="replace")
         stderr = outcome.stderr.decode("utf-8", errors="replace")
+        if outcome.code in codes.thin and outcome.code not in codes.ok:  # "nothing found", in the program's words
+            words = _tail(text) or _tail(stderr) or "no output"
+            raise BackendThinResult(self._name, f"nothing found (exit {outcome.code}): {words}")
+        if outcome.code not in codes.ok and outcome.code not in codes.no_result:
+            raise BackendError(self._name, _exit_description(outcome))
         if outcome.code not in codes.ok:  # a no_result code: the program's own words, not an error
-            self._raise_if_thin(thin, not text.strip(), stderr)
+            self._raise_if_thin(thin, not text.strip(), stderr, text)
             return types.CallToolResult(content=[types.TextContent(type="text", text=text)], _meta={"no_result": True})
         if spec.output == "text":
-            self._raise_if_thin(thin, not text.strip(), stderr)
+            self._raise_if_thin(thin, not text.strip(), stderr, text)
             return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
         if not text.strip():
-            self._raise_if_thin(thin, True, stderr)
+            self._raise_if_thin(thin, True, stderr, text)
             raise BackendProtocolError(self._name, f"expected {_mode_noun(spec.output)} on stdout, got no output")
         value = self._parse(spec.output, text)
-        self._raise_if_thin(thin, value in ([], {}, None, ""), stderr)
+        self._raise_if_thin(thin, value in ([], {}, None, ""), stderr, text)
         structured: dict[str, Any] | None = None
         if isinstance(value, list):
             structured = {"results": value}
@@ -790,8 +796,9 @@ class CliBackend(BackendBase):
                 self._name, f"expected {_mode_noun(mode)} on stdout: {exc.msg} at char {exc.pos}: {_head(text)}"
             ) from exc
 
-    def _raise_if_thin(self, thin: ThinWhen | None, empty: bool, stderr: str) -> None:
-        """``thin_when`` conditions are ANDed: ``empty`` (unless switched off) and ``stderr_contains`` (when set).
+    def _raise_if_thin(self, thin: ThinWhen | None, empty: bool, stderr: str, stdout: str = "") -> None:
+        """``thin_when`` conditions are ANDed: ``empty`` (unless switched off), ``stderr_contains`` and
+        ``stdout_contains`` (when set).
 
         A ``thin_when`` with no condition left never matches.
         """
@@ -802,9 +809,13 @@ class CliBackend(BackendBase):
             conditions.append(empty)
         if thin.stderr_contains is not None:
             conditions.append(thin.stderr_contains in stderr)
+        if thin.stdout_contains is not None:
+            conditions.append(thin.stdout_contains in stdout)
         if not conditions or not all(conditions):
             return
         what = "empty result" if thin.empty else "thin result"
+        if thin.stdout_contains is not None:
+            what = f"{what}: {_tail(stdout)}"
         warning = _tail(stderr)
         raise BackendThinResult(self._name, f"{what}; stderr: {warning}" if warning else what)
 

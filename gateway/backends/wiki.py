@@ -1,10 +1,18 @@
-"""The built-in wiki provider: five read-only tools over a folder of markdown pages, served in process.
+"""The built-in wiki provider: seven read-only tools over a folder of markdown pages, served in process.
 
 ``WikiBackend`` owns an in-memory index of the pages under its root (paths, titles, sizes, outgoing and inbound
 links, BM25 postings). ``run`` installs a file watcher on the root *first* and builds the index *second*, so no change
 can slip between the two; every later change marks the index dirty and rebuilds it in the background. A call that
 finds the index dirty waits for (or runs) the rebuild, so it never sees a stale index it was told about, and an index
 is swapped in whole, so a call never sees a half-built one. When nothing changed, no call walks the tree.
+
+Semantic search (``wiki_vector_search``, ``wiki_hybrid_search``; ``wiki_semantic``) is served from a second snapshot
+that follows the first: once the wiki is READY, a task loads the embedding model and embeds the sections in worker
+threads (never on the event loop, never before READY), then rebuilds after each index build, re-embedding only the
+pages that changed. A semantic call first brings the snapshot up to the index it sees, so it is as fresh as the other
+tools. While the model loads, or for good when it cannot, a semantic call raises ``BackendThinResult`` naming the
+reason (thin, not unavailable, so the wiki's breaker stays closed and its other tools keep serving); a disabled
+semantic search is logged once and kept as the wiki's ``last_error``.
 
 Pages are ``*.md`` and ``*.markdown`` files under the root, skipping hidden names, ``node_modules`` and
 ``graphify-out``; symbolic links to directories are not followed and linked files resolving outside the root are not
@@ -19,6 +27,7 @@ crashes a tool. File-level problems
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import math
@@ -61,8 +70,15 @@ from gateway.backends.wiki_index import (
     _strip_suffix,
     _tokens,
 )
+from gateway.backends.wiki_semantic import (
+    Embedder,
+    SemanticIndex,
+    SemanticUnavailable,
+    build_semantic,
+    load_embedder,
+)
 from gateway.config import WIKI_TOOLS
-from gateway.errors import BackendUnavailable, InvalidArguments, ToolNotFound
+from gateway.errors import BackendThinResult, BackendUnavailable, InvalidArguments, ToolNotFound
 
 __all__ = ["INDEX_FULL_LISTING_MAX_PAGES", "TOOL_NAMES", "WikiBackend", "WikiStatistics", "map_wiki_errors"]
 
@@ -108,6 +124,13 @@ class WikiStatistics:
     dirty: bool
     watching: bool
     last_build_s: float
+    semantic: str = "off"
+    """``off`` (no semantic tool configured), ``loading``, ``ready`` or ``disabled: <reason>``."""
+    semantic_sections: int = 0
+    semantic_generation: int = 0
+    """The keyword index generation the semantic index was last built from (it follows ``generation``)."""
+    semantic_build_s: float = 0.0
+    model_load_s: float = 0.0
 
 
 # --------------------------------------------------------------------------------------------------- output helpers
@@ -275,6 +298,7 @@ class _Tool:
     tool: types.Tool
     handler: Callable[[_Index, dict[str, Any]], types.CallToolResult]
     blocking: bool  # reads files: runs in a worker thread
+    semantic: bool = False  # needs the semantic index (the handler reads it from the backend)
 
 
 _READ_ONLY = types.ToolAnnotations(
@@ -350,6 +374,30 @@ _SEARCH_OUTPUT = {
     },
     "required": ["results"],
 }
+
+
+_SECTION_OUTPUT = {
+    "type": "object",
+    "properties": {
+        "results": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "file": {"type": "string"},
+                    "title": {"type": "string"},
+                    "line": {"type": "integer"},
+                    "score": {"type": "number"},
+                    "snippet": {"type": "string"},
+                },
+                "required": ["file", "title", "line", "score", "snippet"],
+            },
+        }
+    },
+    "required": ["results"],
+}
+SEMANTIC_TOOLS = frozenset({"wiki_vector_search", "wiki_hybrid_search"})
+"""The tools served from the semantic index (backends/wiki_semantic.py)."""
 
 
 def _json_type(value: object) -> str:
@@ -510,6 +558,8 @@ class WikiBackend(BackendBase):
         tools: which of ``TOOL_NAMES`` to expose (None = all).
         read_all_max_bytes: default cap of ``wiki_read_all``.
         default_max_bytes: default cap of ``files_read`` and ``files_neighbors``.
+        load_model: loads the embedding model of the semantic tools (blocking; run in a worker thread after the
+            wiki is READY); raises ``SemanticUnavailable`` with the reason it cannot.
 
     Raises:
         ValueError: an unknown tool name, or a cap below 1.
@@ -523,6 +573,7 @@ class WikiBackend(BackendBase):
         *,
         read_all_max_bytes: int = 1_000_000,
         default_max_bytes: int = 50_000,
+        load_model: Callable[[], Embedder] = load_embedder,
     ) -> None:
         unknown = sorted(set(tools or ()) - set(TOOL_NAMES))
         if unknown:
@@ -547,6 +598,15 @@ class WikiBackend(BackendBase):
         self._generation = 0
         self._generation_changed = anyio.Event()
         self._last_build_s = 0.0
+        self._semantic_wanted = any(spec.semantic for spec in self._tools.values())
+        self._semantic_state = "loading" if self._semantic_wanted else "off"
+        self._semantic_reason = ""
+        self._embedder: Embedder | None = None
+        self._semantic: SemanticIndex | None = None
+        self._semantic_generation = 0
+        self._semantic_lock = anyio.Lock()
+        self._semantic_changed = anyio.Event()
+        self._load_model = load_model
 
     # ------------------------------------------------------------------ Backend protocol (the rest: BackendBase)
 
@@ -569,6 +629,8 @@ class WikiBackend(BackendBase):
             ToolNotFound: ``tool`` is not one this backend exposes.
             InvalidArguments: an argument is missing, unknown, of the wrong type or out of bounds.
             BackendUnavailable: the backend is not ready (root missing, not started) or the disk failed.
+            BackendThinResult: a semantic tool while its model is loading or could not load (the reason says which),
+                so a route moves on to its next rung; thin, not unavailable, so the wiki's breaker stays closed.
         """
         spec = self._tools.get(tool)
         if spec is None:
@@ -579,6 +641,8 @@ class WikiBackend(BackendBase):
         if self._status.state not in (BackendState.READY, BackendState.DEGRADED):
             raise BackendUnavailable(self._name, self._status.reason or f"the wiki is {self._status.state}")
         index = await self._fresh_index()
+        if spec.semantic:
+            await self._fresh_semantic(index)
         with map_wiki_errors(self._name):
             if spec.blocking:
                 return await anyio.to_thread.run_sync(spec.handler, index, valid)
@@ -594,6 +658,13 @@ class WikiBackend(BackendBase):
         if self._ran:
             raise RuntimeError("WikiBackend.run() can only be called once per instance.")
         self._ran = True
+        async with anyio.create_task_group() as tg:
+            await tg.start(self._serve_index)
+            if self._semantic_wanted:  # after READY: the model and the vectors are off startup's critical path
+                tg.start_soon(self._serve_semantic)
+            task_status.started()
+
+    async def _serve_index(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         started = False
         while True:
             try:
@@ -630,6 +701,68 @@ class WikiBackend(BackendBase):
                 started = True
             await anyio.sleep(_ROOT_RETRY_S)
 
+    # ------------------------------------------------------------------ the semantic index
+
+    async def _serve_semantic(self) -> None:
+        """Load the model (worker thread), build the semantic index, then follow every keyword index build."""
+        try:
+            # abandon_on_cancel: loading and embedding touch nothing shared, so shutdown need not wait for them.
+            self._embedder = await anyio.to_thread.run_sync(self._load_model, abandon_on_cancel=True)
+        except SemanticUnavailable as exc:
+            self._semantic_state, self._semantic_reason = "disabled", exc.reason
+            self._semantic_changed.set()
+            log.warning("wiki.semantic_disabled", backend=self._name, reason=exc.reason)
+            # The wiki stays READY (its other tools work); the reason is its last error, and every semantic call's
+            # step says it too.
+            self._set_status(dataclasses.replace(self._status, last_error=f"semantic search disabled: {exc.reason}"))
+            return
+        log.info("wiki.semantic_model", backend=self._name, model=self._embedder.source, seconds=self._embedder.load_s)
+        while True:
+            seen = self._generation
+            index = self._index
+            if index is not None:
+                with map_wiki_errors(self._name):
+                    await self._build_semantic(index)
+            await self.wait_index_generation(seen + 1)
+
+    async def _fresh_semantic(self, index: _Index) -> None:
+        """Make the semantic snapshot follow ``index`` (embedding only the pages that changed).
+
+        Raises:
+            BackendThinResult: the model is loading or could not load, or the first build is not finished.
+        """
+        if self._semantic_state == "disabled":
+            raise BackendThinResult(self._name, f"semantic search is disabled: {self._semantic_reason}")
+        if self._embedder is None or self._semantic is None:
+            what = "the embedding model is loading" if self._embedder is None else "the sections are being embedded"
+            raise BackendThinResult(self._name, f"semantic search is not ready yet: {what}")
+        if self._semantic.source is not index:
+            await self._build_semantic(index)
+
+    async def _build_semantic(self, index: _Index) -> None:
+        async with self._semantic_lock:
+            newest = self._index if self._index is not None else index  # an index is only ever replaced by a newer one
+            previous = self._semantic
+            if previous is not None and previous.source is newest:
+                return
+            embedder = self._embedder
+            assert embedder is not None
+            generation = self._generation
+            semantic = await anyio.to_thread.run_sync(
+                build_semantic, embedder, newest, previous, abandon_on_cancel=True
+            )
+            self._semantic, self._semantic_generation = semantic, generation
+            self._semantic_state = "ready"
+            self._semantic_changed.set()
+            self._semantic_changed = anyio.Event()
+            log.debug(
+                "wiki.semantic_indexed",
+                backend=self._name,
+                sections=len(semantic.sections),
+                embedded=semantic.embedded,
+                seconds=semantic.build_s,
+            )
+
     # ------------------------------------------------------------------ extras
 
     def statistics(self) -> WikiStatistics:
@@ -641,12 +774,25 @@ class WikiBackend(BackendBase):
             dirty=self._indexed_changes != self._changes,
             watching=self._watching,
             last_build_s=self._last_build_s,
+            semantic=f"disabled: {self._semantic_reason}"
+            if self._semantic_state == "disabled"
+            else self._semantic_state,
+            semantic_sections=len(self._semantic.sections) if self._semantic is not None else 0,
+            semantic_generation=self._semantic_generation,
+            semantic_build_s=self._semantic.build_s if self._semantic is not None else 0.0,
+            model_load_s=self._embedder.load_s if self._embedder is not None else 0.0,
         )
 
     async def wait_index_generation(self, generation: int) -> None:
         """Wait until the index has been built at least ``generation`` times (see ``statistics().generation``)."""
         while self._generation < generation:
             await self._generation_changed.wait()
+
+    async def wait_semantic(self, generation: int) -> None:
+        """Wait until the semantic index follows index generation ``generation`` or more, or semantic search is off
+        or disabled (see ``statistics().semantic``)."""
+        while self._semantic_state in ("loading", "ready") and self._semantic_generation < generation:
+            await self._semantic_changed.wait()
 
     def measure(self) -> dict[str, int]:
         """Estimate the output size, in tokens, of ``wiki_index`` and ``wiki_read_all`` (default arguments).
@@ -768,6 +914,19 @@ class WikiBackend(BackendBase):
     def _specs(self) -> dict[str, _Tool]:
         default, read_all = self._default_max_bytes, self._read_all_max_bytes
         path_arg = {"type": "string", "minLength": 1, "maxLength": 4096}
+        search_schema = _schema(
+            {
+                "query": {"type": "string", "minLength": 1, "maxLength": 1000, "description": "What to look for."},
+                "limit": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": 50,
+                    "default": 10,
+                    "description": "Most results to return.",
+                },
+            },
+            required=["query"],
+        )
         return {
             "wiki_index": _Tool(
                 types.Tool(
@@ -886,6 +1045,40 @@ class WikiBackend(BackendBase):
                 self._wiki_search,
                 blocking=True,
             ),
+            "wiki_vector_search": _Tool(
+                types.Tool(
+                    name="wiki_vector_search",
+                    title="Semantic search",
+                    description=(
+                        "Semantic search over the wiki's sections (a static embedding model, offline): finds "
+                        "passages by meaning, not exact words. Returns a JSON array of {file, title, line, score, "
+                        "snippet}, best first; file is a path files_read and files_neighbors take."
+                    ),
+                    input_schema=search_schema,
+                    output_schema=_SECTION_OUTPUT,
+                    annotations=_READ_ONLY,
+                ),
+                self._wiki_vector_search,
+                blocking=True,
+                semantic=True,
+            ),
+            "wiki_hybrid_search": _Tool(
+                types.Tool(
+                    name="wiki_hybrid_search",
+                    title="Hybrid search",
+                    description=(
+                        "Hybrid search over the wiki's sections: keyword (BM25) and semantic rankings fused by "
+                        "reciprocal rank fusion, so both exact words and meaning count. Returns a JSON array of "
+                        "{file, title, line, score, snippet}, best first."
+                    ),
+                    input_schema=search_schema,
+                    output_schema=_SECTION_OUTPUT,
+                    annotations=_READ_ONLY,
+                ),
+                self._wiki_hybrid_search,
+                blocking=True,
+                semantic=True,
+            ),
         }
 
     def _wiki_index(self, index: _Index, args: dict[str, Any]) -> types.CallToolResult:
@@ -998,6 +1191,26 @@ class WikiBackend(BackendBase):
             results.append({"path": path, "title": title, "score": round(score, 4), "line": line, "snippet": snippet})
         text = "[\n" + ",\n".join(json.dumps(r, ensure_ascii=False) for r in results) + "\n]" if results else "[]"
         return _text_result(text, {"results": results})
+
+    def _semantic_answer(self, args: dict[str, Any], hybrid: bool) -> types.CallToolResult:
+        semantic, embedder = self._semantic, self._embedder
+        assert semantic is not None and embedder is not None  # call_tool checked
+        query: str = args["query"]
+        if hybrid:
+            ranked = semantic.hybrid(embedder, query, args["limit"])
+        else:
+            ranked = semantic.vector(embedder, query, args["limit"])
+        results = [semantic.result(i, score, query) for i, score in ranked]
+        text = "[\n" + ",\n".join(json.dumps(r, ensure_ascii=False) for r in results) + "\n]" if results else "[]"
+        return _text_result(text, {"results": results})
+
+    def _wiki_vector_search(self, index: _Index, args: dict[str, Any]) -> types.CallToolResult:
+        del index  # served from the semantic snapshot call_tool made current
+        return self._semantic_answer(args, hybrid=False)
+
+    def _wiki_hybrid_search(self, index: _Index, args: dict[str, Any]) -> types.CallToolResult:
+        del index
+        return self._semantic_answer(args, hybrid=True)
 
 
 class _CannotWatch(Exception):

@@ -4,7 +4,9 @@ This module owns what ``WikiBackend`` (``gateway.backends.wiki``) serves from: w
 ``*.md`` and ``*.markdown`` files, skipping hidden names, ``node_modules`` and ``graphify-out``, following no directory
 symlinks and admitting no file that resolves outside the root), reading pages safely, front matter and titles, link
 extraction and resolution (wikilinks and markdown links, with broken links recorded), BM25 postings, and the
-``_Index`` snapshot that ``_build_index`` assembles, reusing unchanged pages of the previous build.
+``_Index`` snapshot that ``_build_index`` assembles, reusing unchanged pages of the previous build. Each page's parse
+keeps its decoded text, from which ``wiki_semantic`` cuts its sections (a reused parse means an unchanged page). BM25
+stays hand-written rather than SQLite FTS5: docs/benchmarks.md ("SQLite FTS5 instead of ...") has the numbers.
 
 Confinement: nothing under the root is opened by path. ``_open_in_root`` walks a path one component at a time, each
 opened relative to its parent's descriptor with ``O_NOFOLLOW``; a symbolic link met on the way is read
@@ -70,6 +72,7 @@ class _Parsed:
     stamp: _Stamp
     links: tuple[_Link, ...]
     counts: Counter[str]
+    text: str  # the decoded page (up to _INDEX_MAX_BYTES_PER_PAGE), for the semantic index's sections
 
 
 class _Bm25:
@@ -402,7 +405,7 @@ def _parse(root: Path, path: str, stamp: _Stamp) -> _Parsed | None:
     title = _title(text, _strip_suffix(posixpath.basename(path)))
     counts = Counter(_tokens(text))
     counts.update(_tokens(title))  # the title counts once more than its occurrences in the body
-    return _Parsed(_Page(path, title, size), stamp, _raw_links(text), counts)
+    return _Parsed(_Page(path, title, size), stamp, _raw_links(text), counts, text)
 
 
 def _build_index(root: Path, previous: Mapping[str, _Parsed] | None = None, changed: Set[str] = frozenset()) -> _Index:

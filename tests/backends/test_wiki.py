@@ -19,9 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.backends import wiki as wiki_module
+from gateway.backends import wiki_semantic
 from gateway.backends.base import BackendState
 from gateway.backends.wiki import INDEX_FULL_LISTING_MAX_PAGES, TOOL_NAMES, WikiBackend
-from gateway.errors import BackendUnavailable, InvalidArguments, ToolNotFound
+from gateway.errors import BackendThinResult, BackendUnavailable, InvalidArguments, ToolNotFound
 
 pytestmark = pytest.mark.anyio
 
@@ -538,6 +539,185 @@ async def test_search_ranks_by_bm25(tmp_path: Path) -> None:
     assert rare[0]["path"] == "rare.md" and len(rare) == 3  # the rare term outweighs the common one
     assert json.loads(text(none)) == [] and none.structured_content == {"results": []}
     assert json.loads(text(symbols)) == []
+
+
+# --------------------------------------------------------------------------------------------------- semantic search
+
+TOPICS = {
+    "cooking.md": "# Baking bread\nKnead the dough, let it rise overnight, then bake it in a hot oven until the crust "
+    "is brown.\n",
+    "astronomy.md": "# Telescopes\nA reflector telescope gathers starlight with a curved mirror, so faint planets and "
+    "galaxies come into view.\n",
+    "money/finance.md": "---\ntitle: Personal finance\n---\n# Saving money\nPut part of your salary into a bank "
+    "account every month and let the interest grow.\n",
+    "garden.md": "# Growing tomatoes\nPlant the seedlings in spring, water the soil each morning and tie the stems to "
+    "a stake.\n\n## Pests\nAphids and whiteflies eat the leaves; spray them with soapy water.\n",
+}
+
+
+@pytest.fixture
+def topics(tmp_path: Path) -> Path:
+    for rel, body in TOPICS.items():
+        write(tmp_path / "topics", rel, body)
+    return tmp_path / "topics"
+
+
+async def semantic_ready(backend: WikiBackend) -> WikiBackend:
+    """Wait (bounded) until the semantic index follows the current keyword index."""
+    with anyio.fail_after(WAIT_S):
+        await backend.wait_semantic(backend.statistics().generation)
+    assert backend.statistics().semantic == "ready", backend.statistics().semantic
+    return backend
+
+
+def top(result: types.CallToolResult) -> list[tuple[str, int]]:
+    return [(r["file"], r["line"]) for r in json.loads(text(result))]
+
+
+@pytest.mark.parametrize(
+    ("question", "expected"),
+    [
+        ("how to make a loaf in the kitchen", ("cooking.md", 2)),
+        ("looking at the night sky", ("astronomy.md", 2)),
+        ("keeping a budget and a nest egg", ("money/finance.md", 5)),
+        ("insects damaging my plants", ("garden.md", 5)),
+    ],
+)
+@pytest.mark.parametrize("tool", ["wiki_vector_search", "wiki_hybrid_search"])
+async def test_semantic_search_finds_the_section_by_meaning(
+    topics: Path, tool: str, question: str, expected: tuple[str, int]
+) -> None:
+    async with wiki_at(topics) as backend:
+        await semantic_ready(backend)
+        result = await call(backend, tool, query=question, limit=3)
+        spec = next(t for t in backend.tools() if t.name == tool)
+    assert top(result)[0] == expected  # the right page, at the line of the passage under its heading
+    assert result.structured_content == {"results": json.loads(text(result))}
+    assert spec.output_schema is not None
+    jsonschema.validate(result.structured_content, spec.output_schema)
+    assert len(top(result)) == 3
+
+
+async def test_semantic_results_have_the_documented_shape_and_files_read_takes_their_file(topics: Path) -> None:
+    async with wiki_at(topics) as backend:
+        await semantic_ready(backend)
+        [first] = json.loads(text(await call(backend, "wiki_vector_search", query="aphids on the leaves", limit=1)))
+        page = await call(backend, "files_read", path=first["file"])
+        neighbors = await call(backend, "files_neighbors", path=first["file"])
+    assert set(first) == {"file", "title", "line", "score", "snippet"}
+    assert (first["file"], first["title"], first["line"]) == ("garden.md", "Growing tomatoes › Pests", 5)
+    assert first["snippet"] == "Aphids and whiteflies eat the leaves; spray them with soapy water."
+    assert 0 < first["score"] <= 1
+    assert text(page) == TOPICS["garden.md"] and not neighbors.is_error
+
+
+async def test_hybrid_search_lets_an_exact_rare_word_win(topics: Path) -> None:
+    write(topics, "codes.md", "# Error codes\nThe code XK-7731 means the oven thermostat failed.\n")
+    async with wiki_at(topics) as backend:
+        await semantic_ready(backend)
+        hybrid = top(await call(backend, "wiki_hybrid_search", query="what does xk 7731 mean"))
+    assert hybrid[0] == ("codes.md", 2)
+
+
+async def test_the_semantic_index_follows_added_changed_and_deleted_pages(topics: Path) -> None:
+    question = "sailing a boat across the ocean"
+    async with wiki_at(topics) as backend:
+        await semantic_ready(backend)
+        assert "sea.md" not in {f for f, _ in top(await call(backend, "wiki_vector_search", query=question))}
+        write(topics, "sea.md", "# Sailing\nHoist the sails, steer the yacht by the wind and cross the open sea.\n")
+        await wait_until(backend, lambda: _has_page(backend, "sea.md"))
+        await semantic_ready(backend)
+        assert top(await call(backend, "wiki_vector_search", query=question))[0] == ("sea.md", 2)
+        embedded_once = backend.statistics().semantic_sections
+        write(topics, "cooking.md", "# Baking bread\nSourdough needs a starter fed with flour and water.\n")
+        await wait_until(backend, lambda: _mentions(backend, "starter"))
+        found = top(await call(backend, "wiki_hybrid_search", query="feeding a sourdough starter"))
+        assert found[0] == ("cooking.md", 2)  # the call saw the edit: it never answers from an older snapshot
+        (topics / "sea.md").unlink()
+        await wait_until(backend, lambda: _gone(backend, "sea.md"))
+        assert "sea.md" not in {f for f, _ in top(await call(backend, "wiki_vector_search", query=question))}
+        assert backend.statistics().semantic_sections == embedded_once - 1
+
+
+async def _has_page(backend: WikiBackend, path: str) -> bool:
+    return path in text(await call(backend, "wiki_index"))
+
+
+async def _gone(backend: WikiBackend, path: str) -> bool:
+    return not await _has_page(backend, path)
+
+
+async def _mentions(backend: WikiBackend, word: str) -> bool:
+    return json.loads(text(await call(backend, "wiki_search", query=word))) != []
+
+
+async def test_without_its_model_semantic_search_is_thin_with_the_reason_and_the_rest_works(
+    topics: Path, tmp_path: Path
+) -> None:
+    empty = tmp_path / "not-wordllama"
+    empty.mkdir()
+    backend = WikiBackend("wiki", topics, load_model=lambda: wiki_semantic.load_from(empty))
+    async with running(backend):
+        await backend.wait_semantic(1)
+        with pytest.raises(BackendThinResult) as caught:
+            await call(backend, "wiki_vector_search", query="bread")
+        keyword = json.loads(text(await call(backend, "wiki_search", query="bread")))
+        status = backend.status
+    why = "the embedding model file l2_supercat_256.safetensors is missing from the wordllama package"
+    assert caught.value.reason == f"semantic search is disabled: {why}"
+    assert backend.statistics().semantic == f"disabled: {why}"
+    assert status.state is BackendState.READY and status.last_error == f"semantic search disabled: {why}"
+    assert [r["path"] for r in keyword] == ["cooking.md"]
+
+
+async def test_semantic_search_is_thin_while_the_model_loads_and_never_blocks_startup(topics: Path) -> None:
+    release = threading.Event()
+
+    def slow_model() -> wiki_semantic.Embedder:
+        release.wait(WAIT_S)
+        return wiki_semantic.load_embedder()
+
+    backend = WikiBackend("wiki", topics, load_model=slow_model)
+    try:
+        async with running(backend):  # READY while the model is still loading
+            assert backend.status.state is BackendState.READY
+            with pytest.raises(BackendThinResult) as caught:
+                await call(backend, "wiki_hybrid_search", query="bread")
+            assert caught.value.reason == "semantic search is not ready yet: the embedding model is loading"
+            assert backend.statistics().semantic == "loading"
+            release.set()
+            await semantic_ready(backend)
+            assert top(await call(backend, "wiki_hybrid_search", query="bake a loaf"))[0] == ("cooking.md", 2)
+    finally:
+        release.set()
+
+
+def test_the_model_loads_from_the_installed_package_without_opening_a_socket(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+    import socket
+
+    def no_network(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the embedding model tried to open a network connection")
+
+    monkeypatch.setattr(socket, "socket", no_network)
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    spec = importlib.util.find_spec("wordllama")
+    assert spec is not None and spec.origin is not None
+    embedder = wiki_semantic.load_from(Path(spec.origin).parent)
+    vectors = embedder.embed(["bake a loaf of bread", "knead the dough and bake it", "galaxies and planets"])
+    assert vectors.shape == (3, 256)
+    assert float(vectors[0] @ vectors[1]) > float(vectors[0] @ vectors[2])
+
+
+def test_sections_are_cut_at_headings_outside_code_and_long_ones_at_paragraphs() -> None:
+    paragraph = " ".join(["word"] * 120)
+    page = (
+        "---\ntitle: T\n---\n# Top\nintro\n```\n# not a heading\n```\n## Long\n"
+        + f"{paragraph}\n\n{paragraph}\n\n{paragraph}\n"
+    )
+    found = wiki_semantic.sections_of("p.md", "T", page)
+    assert [(s.title, s.line) for s in found] == [("T › Top", 4), ("T › Long", 9), ("T › Long", 14)]
+    assert found[0].lines == ("# Top", "intro", "```", "# not a heading", "```")
 
 
 # --------------------------------------------------------------------------------------------------- arguments
