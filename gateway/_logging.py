@@ -17,6 +17,11 @@ Which configured values are secrets (documented in docs/operations.md, "Logs"):
     ``OPENAI_API_KEY``, ``DB_PASSWORD``, ...) or is listed in its ``secret_env``; an adapter's ``pass_env`` variables
     by the same rule (their values come from the gateway's own environment);
   * every ``gateway.tracing.headers`` value.
+
+``relay_program_output`` turns the lines a program printed (scripts/serve pipes scripts/prepare's qmd and graphify
+output through ``python -m gateway._logging prepare``) into structured events, so no raw text lands in the JSON log:
+``program.output`` with the program and the line, at debug for chatter (tips, hints about API keys or ``qmd embed``),
+warning for a line that reports an error, else info.
 """
 
 from __future__ import annotations
@@ -160,3 +165,33 @@ def configure_logging(level: str = "info", *, json: bool | None = None) -> None:
     logging.basicConfig(
         level=max(numeric, logging.WARNING), stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
     )
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_CHATTER = re.compile(
+    r"^(tip:|hint:|note:)|qmd embed|api[_ ]key|in your ai assistant|need embeddings|for better results", re.I
+)
+_TROUBLE = re.compile(r"\b(error|failed|fatal|traceback)\b", re.I)
+
+
+def relay_program_output(program: str, lines: Iterable[str]) -> int:
+    """Log each non-blank line of ``program``'s output as one ``program.output`` event; the number logged."""
+    log = structlog.get_logger(f"gateway.{program}")
+    count = 0
+    for raw in lines:
+        line = _ANSI.sub("", raw).rstrip()
+        if not line.strip():
+            continue
+        if _TROUBLE.search(line):
+            log.warning("program.output", program=program, line=line)
+        elif _CHATTER.search(line):
+            log.debug("program.output", program=program, line=line)
+        else:
+            log.info("program.output", program=program, line=line)
+        count += 1
+    return count
+
+
+if __name__ == "__main__":  # python -m gateway._logging PROGRAM [LEVEL] < lines  (scripts/serve)
+    configure_logging(sys.argv[2] if len(sys.argv) > 2 else "info")
+    relay_program_output(sys.argv[1] if len(sys.argv) > 1 else "program", sys.stdin)

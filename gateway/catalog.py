@@ -3,9 +3,11 @@
 ``Catalog.build(config, backends)`` takes the tools of every ready backend, applies the per-backend filters
 (``include`` / ``exclude`` / ``rename`` / ``describe``), the routes (a published tool served by an ordered list of
 providers), the naming policy (``never`` | ``conditional``: prefix only names that collide | ``always``) and the
-router note, and pre-serialises the ``tools/list`` answer once. A catalog is never mutated: when a backend joins,
-leaves or changes its tools, the runtime builds a new one and swaps it whole, so ``tools/list`` costs a dictionary
-lookup and a request never sees a half-built catalog.
+router note, and pre-serialises the ``tools/list`` answer once (and, when some tools are for large-context clients
+only, the smaller list the others get, whose router note names none of them: ``clients.note_without``). A route's
+declared result shape rides on its entry (``CatalogEntry.result``) for the router. A catalog is never mutated: when
+a backend joins, leaves or changes its tools, the runtime builds a new one and swaps it whole, so ``tools/list`` costs
+a dictionary lookup and a request never sees a half-built catalog.
 
 A backend that was ready and is now lost (reconnecting, or failing to) keeps its last known tools listed: clients
 cache lists, and a tool that vanishes for the seconds of a reconnect would leave them calling names they were told
@@ -27,7 +29,8 @@ from typing import Any
 import mcp_types as types
 
 from gateway.backends.base import Backend, BackendState
-from gateway.config import TOOL_NAME_RE, Federation, RouteStep
+from gateway.clients import note_without
+from gateway.config import TOOL_NAME_RE, Federation, RouteStep, SearchHitsResult
 from gateway.costs import Cost, fill_placeholders
 from gateway.listings import Listings
 
@@ -100,6 +103,8 @@ class CatalogEntry:
     route: bool = False
     defaults: Mapping[str, Any] = field(default_factory=dict)
     """The schema's argument defaults (what an absent argument means to a route's ``when`` conditions)."""
+    result: SearchHitsResult | None = None
+    """The route's declared result shape (gateway/results.py), applied to whichever provider answers."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +205,9 @@ class Catalog:
             )
             providers = tuple(_provider(step) for step in route.providers)
             audit = dict(route.audit) or _adapter_audit(config, source)
-            entries[route_name] = CatalogEntry(route_name, tool, providers, audit, route=True, defaults=_defaults(tool))
+            entries[route_name] = CatalogEntry(
+                route_name, tool, providers, audit, route=True, defaults=_defaults(tool), result=route.result
+            )
 
         mode, sep = config.gateway.naming.mode, config.gateway.naming.separator
         counts: dict[str, int] = {}
@@ -230,7 +237,10 @@ class Catalog:
 
         dumped = {name: e.tool.model_dump(by_alias=True, mode="json", exclude_none=True) for name, e in entries.items()}
         gated = set(config.clients.large_context_tools) & dumped.keys()
-        small = {"tools": [t for name, t in dumped.items() if name not in gated]} if gated else None
+        small_note = note_without(note, gated)  # a small client is not told about the tools it cannot see
+        small = (
+            {"tools": [_with_note(t, note, small_note) for n, t in dumped.items() if n not in gated]} if gated else None
+        )
         lists = Listings.build(config, backends)
         return cls(entries, {"tools": list(dumped.values())}, tuple(problems) + lists.problems, small, lists)
 
@@ -308,6 +318,14 @@ def _adapter_audit(config: Federation, source: str) -> dict[str, int]:
     if adapter is not None and local in adapter.tools:
         return dict(adapter.tools[local].audit)
     return {}
+
+
+def _with_note(tool: dict[str, Any], note: str, replacement: str) -> dict[str, Any]:
+    """A dumped tool whose description ends with ``note``, with ``replacement`` in its place."""
+    description = tool.get("description")
+    if not note or note == replacement or not isinstance(description, str) or not description.endswith(note):
+        return tool
+    return {**tool, "description": description[: len(description) - len(note)] + replacement}
 
 
 def _publish(tool: types.Tool, name: str, description: str, note: str) -> types.Tool:

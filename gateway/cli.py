@@ -34,7 +34,7 @@ import structlog
 from gateway._logging import config_secrets, configure_logging, redactor
 from gateway.audit_report import add_audit_subcommands, run_audit
 from gateway.backends.processes import become_subreaper, supervise
-from gateway.config import Federation, environ, load_config
+from gateway.config import Federation, add_project_tools, environ, load_config
 from gateway.connections import edge_protocol, effective_max_connections, quiet_edge_logs, raise_open_files_limit
 from gateway.errors import ConfigError, GatewayError
 from gateway.http import Tokens, build_app, is_loopback, status_document
@@ -105,6 +105,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in ("serve", "check", "tools"):
         # Orphans of the programs the gateway spawns re-parent to it, so none escapes (backends/processes.py).
         become_subreaper()
+        tools = add_project_tools(config.source, sys.prefix)  # scripts/install's .tools/bin, when not on PATH
+        if tools is not None:
+            log.info("gateway.tools_path", folder=tools, message="the project's tools are first on PATH")
     try:
         if args.command == "serve":
             return anyio.run(_serve, config, args)
@@ -308,6 +311,8 @@ async def _check(config: Federation, as_json: bool) -> int:
         if b["declared"]:
             reason = f"(declared) {reason}"
         rows.append((b["name"], b["kind"], b["state"], str(b["tools"]), reason))
+        for variant in b["variants_not_ready"]:  # a ready backend whose variant cannot run here (its probe said)
+            rows.append(("", "", "", "", f"(detected) variant {variant['variant']} not ready: {variant['reason']}"))
     print(f"config: {config.source}  (valid)")
     print(_table(rows))
     print(f"catalog: {doc['catalog']['tools']} tools; status: {doc['status']}")

@@ -11,17 +11,54 @@ How a client declares its context, in order:
   2. otherwise its ``clientInfo`` from ``initialize`` matched against ``clients.known`` (``name`` or
      ``name@version`` glob patterns, case-insensitive) — every MCP client sends it, no setup needed;
   3. otherwise the client is unknown, and an unknown client counts as small.
+
+A small client is not told about the tools it cannot see either: ``note_without`` takes the router note's items
+that name a gated tool out of the descriptions in its listing.
 """
 
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Mapping
+import re
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from gateway.config import Clients
 
-__all__ = ["ClientPolicy", "Declared"]
+__all__ = ["ClientPolicy", "Declared", "note_without"]
+
+_ITEM = re.compile(r"^(\s*)([-*•]|\d+[.)])\s")
+
+
+def note_without(note: str, names: Collection[str]) -> str:
+    """``note`` without the list items that name one of ``names`` (as a whole word); an item is a line starting
+    with ``-``, ``*``, ``•`` or ``1.`` plus the lines after it indented deeper. Other lines are kept as written."""
+    if not names:
+        return note
+    named = re.compile(r"(?<![\w.-])(" + "|".join(re.escape(n) for n in sorted(names)) + r")(?![\w-])")
+    out: list[str] = []
+    item: list[str] = []
+    depth = -1
+
+    def flush() -> None:
+        if item and not named.search("\n".join(item)):
+            out.extend(item)
+        item.clear()
+
+    for line in note.split("\n"):
+        start = _ITEM.match(line)
+        indent = len(line) - len(line.lstrip())
+        if start is not None:
+            flush()
+            item.append(line)
+            depth = len(start.group(1))
+        elif item and line.strip() and indent > depth:
+            item.append(line)
+        else:
+            flush()
+            out.append(line)
+    flush()
+    return "\n".join(out)
 
 
 @dataclass(frozen=True, slots=True)

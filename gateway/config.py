@@ -34,14 +34,19 @@ __all__ = [
     "Adapter",
     "Clients",
     "AdapterTool",
+    "CallBudget",
     "Federation",
     "HttpServer",
     "RouteStep",
+    "ScoreScale",
+    "SearchHitsResult",
     "ServerConfig",
     "SseServer",
     "StdioServer",
     "TOOL_NAME_RE",
     "TracingSettings",
+    "add_project_tools",
+    "VariantProbe",
     "load_config",
 ]
 
@@ -203,6 +208,22 @@ class Limits(_Model):
         return self
 
 
+class CallBudget(_Model):
+    """One deadline per call, shared by every rung it tries (gateway/budget.py; docs/configuration.md)."""
+
+    total_s: float = Field(default=50.0, gt=0)
+    """The longest a call may take, all its steps together; below the 60 s many clients give up after."""
+    floor_s: float = Field(default=5.0, ge=0)
+    """Time kept for the rungs after the current one: a step that is not the last one left to try runs for at most
+    what remains of ``total_s`` minus this, so a slow rung never eats the time the floor needs to answer."""
+
+    @model_validator(mode="after")
+    def _floor_fits(self) -> CallBudget:
+        if self.floor_s >= self.total_s:
+            raise ValueError(f"floor_s ({self.floor_s:g}) must be smaller than total_s ({self.total_s:g})")
+        return self
+
+
 class GatewaySettings(_Model):
     name: str = "mcp-gateway"
     listen: Listen = Listen()
@@ -230,6 +251,8 @@ class GatewaySettings(_Model):
     """Connection and session limits at the HTTP edge."""
     costs_refresh_s: float = Field(default=60.0, gt=0)
     """How often the measured figures behind ``{cost:TOOL}`` placeholders are refreshed from the ledger and wiki."""
+    call_budget: CallBudget = CallBudget()
+    """Every call's total deadline, shared by its rungs (see ``CallBudget``)."""
 
 
 # --------------------------------------------------------------------------------------------------- servers
@@ -325,10 +348,36 @@ class ThinWhen(_Model):
     """... and stdout contains this text (when set), e.g. graphify's "No path found between"."""
 
 
+class VariantProbe(_Model):
+    """How the adapter finds out, at start and on each re-check, whether a variant can run (backends/cli.py)."""
+
+    argv: tuple[str, ...] = Field(min_length=1)
+    """Run as ``[command, *argv]`` with the adapter's environment and folder (variants with the same argv share one
+    run per check)."""
+    timeout_s: float = Field(default=5.0, gt=0)
+    """A probe that takes longer makes the variant not ready ("probe timed out")."""
+    unready_when: tuple[str, ...] = Field(min_length=1)
+    """Regular expressions: a line of the probe's output (stdout, then stderr) matching one of them makes the variant
+    not ready, with that line as the detected reason. A probe that exits non-zero makes it not ready too."""
+
+    @field_validator("unready_when")
+    @classmethod
+    def _patterns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for pattern in value:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"unready_when: {pattern!r} is not a regular expression: {exc}") from None
+        return value
+
+
 class Variant(_Model):
     argv: tuple[str, ...]
     timeout_s: float = Field(default=30.0, gt=0)
     thin_when: ThinWhen | None = None
+    probe: VariantProbe | None = None
+    """Whether this variant can run here (e.g. its models are installed); a variant found not ready is skipped at
+    once by the ladder, the reason in the answer's ``_meta``. Absent: the variant is always tried."""
 
 
 class ExitCodes(_Model):
@@ -466,6 +515,32 @@ class RouteStep(_Model):
         return {"provider": value} if isinstance(value, str) else value
 
 
+ScoreScale = Literal["bm25", "bm25_raw", "cosine", "rerank", "rrf", "unspecified"]
+"""What a provider's ``score`` means (gateway/results.py says how each is brought onto a 0..1 scale)."""
+
+
+class SearchHitsResult(_Model):
+    """A route's declared result shape (gateway/results.py): every provider's answer becomes the same JSON array of
+    ``{file, title, line, score, snippet}``, its files relative to the wiki root."""
+
+    shape: Literal["search_hits"]
+    paths: dict[str, str] = {}
+    """A provider's path form -> the wiki root's: a hit's path starting with a key has that prefix replaced by the
+    value (the longest key wins), e.g. ``{"qmd://docs/": "", "docs/": ""}`` for a qmd collection named ``docs`` over
+    the wiki root. A path matching no key is kept as given."""
+    scores: dict[str, ScoreScale] = {}
+    """What each provider's score means, by ``backend/tool`` or ``backend/tool[variant]`` (the latter wins);
+    an undeclared provider's scores are ``unspecified``."""
+
+    @field_validator("scores")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not re.fullmatch(r"[^/\[\]]+/[^/\[\]]+(\[[^\[\]]+\])?", key):
+                raise ValueError(f"scores: {key!r} is not `backend/tool` or `backend/tool[variant]`")
+        return value
+
+
 class Route(_Model):
     providers: tuple[RouteStep, ...] = Field(min_length=1)
     description: str | None = None
@@ -476,6 +551,8 @@ class Route(_Model):
     router: bool = False
     audit: dict[str, Annotated[int, Field(ge=0)]] = {}
     """Argument previews kept in the audit ledger (name -> characters, 0 = whole value)."""
+    result: SearchHitsResult | None = None
+    """The shape every provider's answer is brought to (``shape: search_hits``); absent: answers pass as given."""
 
     @model_validator(mode="before")
     @classmethod
@@ -789,3 +866,22 @@ def load_config(path: str | os.PathLike[str]) -> Federation:
 def environ(name: str) -> str | None:
     """Read one environment variable (the rest of the gateway does not touch ``os.environ``)."""
     return os.environ.get(name)
+
+
+def add_project_tools(config_file: str, prefix: str) -> str | None:
+    """Put the project's ``.tools/bin`` first on ``PATH`` when it is not there yet; the folder added, or None.
+
+    scripts/install puts the programs the default federation names (qmd, graphify, the memory server) in
+    ``.tools/bin``, not on the system's PATH, so ``.venv/bin/gateway check`` run by hand would report them "command not
+    found". The folder looked for is next to the configuration file, else next to the gateway's own virtualenv
+    (``prefix`` is ``sys.prefix``). Spawned programs inherit the changed ``PATH`` (it is passed as ``pass_env``).
+    """
+    parts = [p for p in os.environ.get("PATH", os.defpath).split(os.pathsep) if p]
+    for candidate in (Path(config_file).resolve().parent / ".tools" / "bin", Path(prefix).parent / ".tools" / "bin"):
+        if candidate.is_dir():
+            folder = str(candidate)
+            if folder in parts or str(candidate.resolve()) in parts:
+                return None
+            os.environ["PATH"] = os.pathsep.join([folder, *parts])
+            return folder
+    return None

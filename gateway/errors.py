@@ -5,10 +5,12 @@
     ├── BackendError           a provider failed to answer (never a downstream ``isError``, which is an answer)
     │   ├── BackendUnavailable     not connected, disabled, crashed, refused, process could not start
     │   ├── BackendTimeout         no answer within the step's timeout
+    │   │   └── OutOfTime              ... the call's budget left no time to try the step (skipped)
     │   ├── BackendProtocolError   the backend answered with something that is not a valid answer
     │   │   ├── BackendRpcError        ... a JSON-RPC error answer (a lone provider's passes through as is)
     │   │   └── BackendAnswerTooLarge  ... an answer over the server's ``max_answer_bytes`` (that call fails alone)
-    │   └── BackendThinResult      an answer a variant declares not worth keeping (degrade to the next rung)
+    │   ├── BackendThinResult      an answer a variant declares not worth keeping (degrade to the next rung)
+    │   └── VariantNotReady        the variant's probe found it cannot run here (skipped at once, with why)
     ├── ToolNotFound           no tool of that name in the catalog (a JSON-RPC error, not a tool result)
     ├── InvalidArguments       a tool argument failed validation (an ``isError`` answer naming the argument)
     ├── CatalogConflict        two tools would be published under one name, or a name is invalid
@@ -169,3 +171,16 @@ class CatalogConflict(GatewayError):
 
 class AuditError(GatewayError):
     pass
+
+
+class VariantNotReady(BackendError):
+    """The variant asked for was found unable to run here (its probe said why): skipped at once, not a failure."""
+
+    outcome = "not_ready"
+    answered = True
+
+
+class OutOfTime(BackendTimeout):
+    """The call's budget left no time for this step: skipped without being tried, not a failure of the backend."""
+
+    answered = True

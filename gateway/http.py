@@ -375,6 +375,10 @@ def status_document(
                 "last_error": redactor.scrub(status.last_error),
                 "tools": per_backend.get(name, 0),
                 "downstream_tools": status.tool_count,
+                "variants_not_ready": [
+                    {"variant": label, "reason": redactor.scrub(reason), "detected": True}
+                    for label, reason in status.unready
+                ],
             }
         )
     doc: dict[str, Any] = {
@@ -436,6 +440,19 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
     )
     mcp_app = StreamableHTTPASGIApp(manager)
 
+    async def index(request: Request) -> Response:
+        # GET / is where a person lands first: say where things are instead of a bare 404 (no state, no reasons).
+        return JSONResponse(
+            {
+                "gateway": gateway.config.gateway.name,
+                "mcp": "/mcp (MCP over streamable HTTP: point your client here)",
+                "ui": "/ui (the status page, in a browser)",
+                "status": "/status (every backend's state and reason, JSON; needs the bearer token when one is set)",
+                "healthz": "/healthz",
+                "metrics": "/metrics",
+            }
+        )
+
     async def healthz(request: Request) -> Response:
         states = {name: str(status.state) for name, _, status in gateway.statuses()}
         return JSONResponse({"status": "ok" if gateway.healthy() else "degraded", "backends": states})
@@ -455,6 +472,7 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
 
     app = Starlette(
         routes=[
+            Route("/", index, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/status", status, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
@@ -471,6 +489,8 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
         loopback=is_loopback(host),
         allowed_hosts=gateway_settings.allowed_hosts,
         allowed_origins=gateway_settings.allowed_origins,
-        public_paths=(("/healthz",) if metrics_need_token(gateway, host) else ("/healthz", "/metrics")) + UI_PATHS,
+        public_paths=("/",)
+        + (("/healthz",) if metrics_need_token(gateway, host) else ("/healthz", "/metrics"))
+        + UI_PATHS,
     )
     return guarded

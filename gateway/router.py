@@ -17,6 +17,10 @@ The policy, in one place:
   * when the gateway stops (``abort``, after its drain deadline), a call still in progress is cancelled (its
     backend's work with it) and answered ``isError`` with the reason; so is a call that arrives later. Its status
     is ``cancelled``;
+  * every call has one deadline, ``gateway.call_budget``, shared by its steps (gateway/budget.py): a step that is not
+    the last one left to try is cut in time for the floor to answer; a step left no time is skipped (``timeout``);
+  * a route that declares a result shape (``result: {shape: search_hits}``) gets its answer brought to that shape,
+    whichever provider gave it (gateway/results.py), before the ``_meta`` entry is added;
   * every call leaves one audit row, written before the answer is returned, and one canonical log line; both carry
     the correlation id and the chain of steps, which the answer's ``_meta`` carries too. Degradation is never hidden.
     Unknown tools (``unknown_tool``) and refused arguments (``invalid_params``) leave theirs too; a cancelled call's
@@ -46,9 +50,10 @@ import structlog
 from gateway._logging import redactor
 from gateway.audit import AuditRecord, AuditStep, arg_previews, args_hash
 from gateway.backends.base import Backend, BackendState, ProgressFn
+from gateway.budget import CallDeadline
 from gateway.catalog import Catalog, CatalogEntry, Provider
 from gateway.clients import ClientPolicy, Declared
-from gateway.config import EdgeSettings
+from gateway.config import CallBudget, EdgeSettings
 from gateway.errors import (
     ECHO_CHARS,
     BackendError,
@@ -61,6 +66,7 @@ from gateway.errors import (
 from gateway.health import Breakers
 from gateway.inputs import MAX_DEPTH, argument_problem
 from gateway.metrics import GatewayMetrics
+from gateway.results import shape_result
 from gateway.tracing import CallTracer
 
 __all__ = ["META_KEY", "CallContext", "Router"]
@@ -109,9 +115,11 @@ class Router:
         metrics: GatewayMetrics | None = None,
         tracer: CallTracer | None = None,
         breakers: Breakers | None = None,
+        budget: Callable[[], CallBudget] | None = None,
         edge: Callable[[], EdgeSettings] | None = None,
     ) -> None:
         self._catalog = catalog
+        self._budget = budget or CallBudget
         self._backends = backends
         self._recorder = recorder
         self._clients = clients
@@ -209,6 +217,7 @@ class Router:
                         for label, variant, t0 in underway:
                             steps.append(AuditStep(label, variant, "cancelled", self._closing or "", _ms(t0)))
                     result, status = served or (_closing_result(name, self._closing or ""), "cancelled")
+                    result = shape_result(entry.result, result, steps)  # the route's declared shape, if any
             except _Exhausted as exc:
                 status = "timeout" if exc.last is not None and exc.last.outcome == "timeout" else "error"
                 if exc.last is not None and len(steps) == 1 and isinstance(exc.last, BackendRpcError):
@@ -293,6 +302,8 @@ class Router:
     ) -> tuple[types.CallToolResult, str]:
         backends = self._backends()
         last: BackendError | None = None
+        deadline = CallDeadline(self._budget())  # one budget for every step (gateway/budget.py)
+        applicable = [p for p in entry.providers if p.backend in backends and p.applies(arguments, entry.defaults)]
         for provider in entry.providers:
             backend = backends.get(provider.backend)
             if backend is None or not provider.applies(arguments, entry.defaults):
@@ -312,11 +323,13 @@ class Router:
                 steps.append(AuditStep(provider.label, None, "circuit_open", breaker.reason(), 0.0))
                 continue
             provider_args = provider.map_arguments(arguments)
-            for variant in backend.ladder(provider.tool, provider_args):
+            ladder = backend.ladder(provider.tool, provider_args)
+            for variant in ladder:
+                final = variant == ladder[-1] and provider is applicable[-1]  # nothing left to try after it
                 underway.append((provider.label, variant, time.perf_counter()))
                 with admission:  # a trial call cut short (cancelled) hands the trial back
                     step, result, failure = await self._attempt(
-                        entry.name, backend, provider, provider_args, variant, progress
+                        entry.name, backend, provider, provider_args, variant, progress, deadline, final
                     )
                 underway.pop()
                 steps.append(step)
@@ -352,6 +365,8 @@ class Router:
         arguments: dict[str, Any],
         variant: str | None,
         progress: ProgressFn | None,
+        deadline: CallDeadline,
+        final: bool,
     ) -> tuple[AuditStep, types.CallToolResult | None, BackendError | None]:
         """One rung of one provider: its step (reason scrubbed of secrets), and its answer or its failure."""
         span = self._tracer.step(provider.label, variant) if self._tracer is not None else nullcontext(None)
@@ -361,7 +376,11 @@ class Router:
             key = id(backend)
             self._inflight[key] = self._inflight.get(key, 0) + 1
             try:
-                result = await backend.call_tool(provider.tool, arguments, variant=variant, progress=progress)
+                result = await deadline.run(
+                    lambda: backend.call_tool(provider.tool, arguments, variant=variant, progress=progress),
+                    backend=backend.name,
+                    last=final,
+                )
             except InvalidArguments as exc:
                 step = AuditStep(provider.label, variant, "refused", redactor.scrub(exc.message), _ms(t0))
                 outcome = (step, _invalid_result(_as_published(exc, published, provider)), None)

@@ -158,6 +158,7 @@ class Gateway:
                     metrics=self.metrics,
                     tracer=self.tracer,
                     breakers=Breakers(breaker.failure_threshold, breaker.cooldown_s, breaker.max_cooldown_s),
+                    budget=lambda: self.config.gateway.call_budget,
                     edge=lambda: self.config.gateway.edge,
                 )
                 self.started_at = anyio.current_time()
@@ -266,7 +267,7 @@ class Gateway:
                 for name in plan.added + plan.changed:
                     await self._settled[name].wait()
             self._backends = backends
-            self._rebuild()
+            self._rebuild(cause="reload")
             log.info("reload.applied", **plan.summary())
             async with anyio.create_task_group() as stopping:
                 for name in plan.removed + plan.changed:
@@ -274,7 +275,7 @@ class Gateway:
                     self.router.breakers.forget(name)
             for name in plan.removed:
                 self._settled.pop(name, None)
-            self._rebuild()
+            self._rebuild(cause="reload")
             return plan
 
     async def _measure_costs(self) -> None:
@@ -303,7 +304,7 @@ class Gateway:
         costs = costs_from(stats, estimates)
         if costs != self._costs:
             self._costs = costs
-            self._rebuild()
+            self._rebuild(cause="costs")
 
     async def _sweep_orphans(self) -> None:
         """Reap adopted orphans and end the escaped ones (processes.py), also between adapter calls."""
@@ -377,13 +378,22 @@ class Gateway:
             if self._stale:
                 self._rebuild()  # announces the change to clients (list_changed) even if nobody reads the catalog
 
-    def _rebuild(self) -> None:
+    def _rebuild(self, *, cause: str = "backends") -> None:
+        """Build the catalog now; a change is logged (``catalog.changed``, saying what changed and why: at debug
+        level when only the measured cost figures in the descriptions moved, as they do every refresh)."""
         self._stale = False
         catalog = Catalog.build(self.config, self._backends, self._costs)
         previous = self._catalog
         self._catalog = catalog
-        if catalog.changes(previous):  # tools, resources, templates, prompts or what the backends offer
-            log.info("catalog.changed", tools=len(catalog), problems=list(catalog.problems) or None)
+        changes = catalog.changes(previous)
+        if changes:  # tools, resources, templates, prompts or what the backends offer
+            (log.debug if cause == "costs" else log.info)(
+                "catalog.changed",
+                tools=len(catalog),
+                changed=sorted(changes),
+                cause=cause,
+                problems=list(catalog.problems) or None,
+            )
             if self._changes is not None:
                 try:
                     self._changes.send_nowait(catalog)

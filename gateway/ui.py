@@ -427,6 +427,9 @@ def _backends_section(gateway: Gateway, now: float) -> str:
         reason = _e(_clip(status.reason, TEXT_LIMIT)) if status.reason else none
         if status.declared and status.reason:
             reason += ' <span class="muted">(declared)</span>'
+        for label, why in status.unready:  # a variant its probe found unable to run: skipped by the ladder
+            detail = f"variant <code>{_e(label)}</code> not ready: {_e(_clip(why, TEXT_LIMIT))}"
+            reason = ("" if reason == none else reason + "<br>") + f'{detail} <span class="muted">(detected)</span>'
         if not status.last_error:
             last_error = none
         elif status.last_error == status.reason:

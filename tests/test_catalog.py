@@ -576,3 +576,27 @@ def test_a_placeholder_for_each_argument_maps_exactly_the_present_ones(
     for name in wanted:
         if name in arguments:
             assert mapped[f"to_{name}"] is arguments[name]  # the value itself, not a copy or its text
+
+
+GATED_NOTE = """Router:
+  - Know the path? -> files_read
+  - Large context, audit-style "everything about X"? -> wiki_read_all (only offered to
+    clients that declare a large context)
+  - "What connects A to B?" -> graph_query"""
+
+
+def test_a_small_clients_listing_has_no_router_note_item_naming_a_tool_it_cannot_see() -> None:
+    fed = parse_config(
+        "gateway:\n  router_note: |\n"
+        + "".join(f"    {line}\n" for line in GATED_NOTE.split("\n"))
+        + "servers:\n  a: {transport: stdio, command: x, router: true}\n"
+    )
+    catalog = build(fed, FakeBackend("a", ["files_read", "wiki_read_all"]))
+    small = {t["name"]: t["description"] for t in catalog.listing(large_context=False)["tools"]}
+    large = {t["name"]: t["description"] for t in catalog.listing(large_context=True)["tools"]}
+    assert small.keys() == {"files_read"} and large.keys() == {"files_read", "wiki_read_all"}
+    assert large["files_read"].endswith(GATED_NOTE)
+    assert small["files_read"].endswith(
+        'Router:\n  - Know the path? -> files_read\n  - "What connects A to B?" -> graph_query'
+    )
+    assert "wiki_read_all" not in small["files_read"]

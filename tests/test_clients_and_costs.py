@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -142,3 +143,18 @@ async def test_the_router_note_carries_costs_measured_on_the_live_wiki(
     assert int(figure.group(1).replace(",", "")) > 50  # 20 pages listed: a real size, not a claim
     assert int(figure.group(3)) >= 1  # read from the ledger (a refresh may land after the first call)
     assert re.search(r"read-all costs ~[\d,]+ tokens", description) is not None
+
+
+@pytest.mark.anyio
+async def test_a_refresh_of_the_cost_figures_is_logged_at_debug_saying_so(
+    wiki_gateway: tuple[RunningServer, Path],
+) -> None:
+    gateway, _ = wiki_gateway
+
+    def changes() -> list[dict[str, object]]:
+        lines = [json.loads(line) for line in gateway.output().splitlines() if line.startswith("{")]
+        return [line for line in lines if line.get("event") == "catalog.changed"]
+
+    await eventually(lambda: any(c["cause"] == "costs" for c in changes()), within=15)
+    assert {(c["cause"], c["level"]) for c in changes()} <= {("backends", "info"), ("costs", "debug")}
+    assert all(c["changed"] for c in changes())  # each line says what changed: tools, lists

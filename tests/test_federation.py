@@ -217,6 +217,33 @@ async def test_healthz_is_public_and_names_states_but_no_reasons(gateway: Runnin
     assert "reason" not in response.text
 
 
+async def test_the_root_path_points_to_mcp_ui_and_status_without_a_token(gateway: RunningServer) -> None:
+    async with httpx2.AsyncClient() as http:
+        with anyio.fail_after(10):
+            response = await http.get(gateway.url("/"))
+    assert response.status_code == 200
+    doc = response.json()
+    assert [doc[k].split(" ")[0] for k in ("mcp", "ui", "status")] == ["/mcp", "/ui", "/status"]
+    assert TOKEN not in response.text and "ready" not in response.text  # pointers only: no state
+
+
+def test_check_finds_the_projects_tools_next_to_the_file_without_them_on_path(tmp_path: Path) -> None:
+    tools = tmp_path / ".tools" / "bin"
+    tools.mkdir(parents=True)
+    (tools / "project-only-tool").write_text("#!/bin/sh\necho ok\n")
+    (tools / "project-only-tool").chmod(0o755)
+    path = tmp_path / "federation.yaml"
+    path.write_text("adapters:\n  t:\n    command: project-only-tool\n    tools: {x: {argv: []}}\n")
+    env = {k: v for k, v in os.environ.items() if k != "PATH"} | {"PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        [PYTHON, "-m", "gateway", "check", "-c", str(path), "--json"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    [backend] = json.loads(done.stdout)["backends"]
+    assert (backend["name"], backend["state"], backend["reason"]) == ("t", "ready", None)
+
+
 def test_check_prints_states_and_reasons_and_exits_0(federation: str, tmp_path: Path) -> None:
     path = tmp_path / "federation.yaml"
     path.write_text(federation)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -113,3 +115,30 @@ def test_configure_logging_can_be_forced_to_the_console_renderer(capsys: pytest.
     assert "console.event" in err and "key" in err
     with pytest.raises(json.JSONDecodeError):
         json.loads(err.splitlines()[0])
+
+
+def test_a_programs_output_becomes_structured_events_with_tips_at_debug() -> None:
+    printed = (
+        "Creating collection 'docs'...\n\n"
+        "\x1b[33mRun 'qmd embed' to update embeddings (5 unique hashes need vectors)\x1b[0m\n"
+        "Tip: set GEMINI_API_KEY or GOOGLE_API_KEY to use Gemini for semantic extraction.\n"
+        "error: graph file not found\n"
+    )
+
+    def relayed(level: str) -> list[tuple[str, str]]:
+        done = subprocess.run(
+            [sys.executable, "-m", "gateway._logging", "prepare", level],
+            input=printed, capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert done.returncode == 0 and done.stdout == "", done.stderr
+        events = [json.loads(line) for line in done.stderr.splitlines()]
+        assert {(e["event"], e["program"]) for e in events} == {("program.output", "prepare")}
+        return [(e["level"], e["line"]) for e in events]
+
+    assert relayed("debug") == [
+        ("info", "Creating collection 'docs'..."),
+        ("debug", "Run 'qmd embed' to update embeddings (5 unique hashes need vectors)"),
+        ("debug", "Tip: set GEMINI_API_KEY or GOOGLE_API_KEY to use Gemini for semantic extraction."),
+        ("warning", "error: graph file not found"),
+    ]
+    assert relayed("info") == [("info", "Creating collection 'docs'..."), ("warning", "error: graph file not found")]

@@ -13,6 +13,7 @@ import ast
 import base64
 import json
 import shutil
+import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -268,6 +269,30 @@ servers:
     assert "command not found: &lt;script&gt;alert(1)&lt;/script&gt;" in response.text
     assert "<script" not in response.text
     assert '<span class="badge failed">failed</span>' in response.text
+
+
+async def test_a_variant_its_probe_found_unable_to_run_is_shown_on_its_backend_escaped(tmp_path: Path) -> None:
+    config = f"""
+gateway: {{name: ui-test, audit: {{enabled: false}}}}
+adapters:
+  cli:
+    command: {sys.executable}
+    tools:
+      search:
+        input_schema: {{type: object, properties: {{mode: {{enum: [deep, fast]}}}}}}
+        switch: mode
+        variants:
+          fast: {{argv: [-c, "print(1)"]}}
+          deep:
+            argv: [-c, "print(1)"]
+            probe: {{argv: [-c, "print('model cache: missing {MALICIOUS}')"], unready_when: [missing]}}
+"""
+    async with served(tmp_path, config) as client:
+        response = await client.get("/ui/")
+    row = response.text[response.text.index('id="backend-cli"') :].split("</tr>")[0]
+    assert '<span class="badge ready">ready</span>' in row
+    assert "variant <code>search[deep]</code> not ready: model cache: missing &lt;script&gt;" in row
+    assert '<span class="muted">(detected)</span>' in row and "<script" not in row
 
 
 async def test_the_page_says_when_the_ledger_is_off(tmp_path: Path) -> None:

@@ -48,7 +48,9 @@ class BackendStatus:
     """A snapshot of one backend's health, as shown by ``gateway check``, ``/status`` and the log.
 
     ``reason`` says why the backend is not ready (declared by the operator or detected); ``since`` is the unix time
-    the state was entered; ``last_error`` is the most recent failure, kept after the backend heals.
+    the state was entered; ``last_error`` is the most recent failure, kept after the backend heals; ``unready`` names
+    the variants of a ready backend found unable to run (``("files_search[deep]", "the detected reason")``), which
+    the ladder skips at once.
     """
 
     state: BackendState
@@ -57,6 +59,7 @@ class BackendStatus:
     last_error: str | None = None
     tool_count: int = 0
     declared: bool = False  # True when the reason is the operator's (enabled: false), not detected
+    unready: tuple[tuple[str, str], ...] = ()
 
 
 ProgressFn = ProgressFnT

@@ -20,6 +20,10 @@ Guarantees:
     the wait for a concurrency slot *and* the run. A caller never waits longer than the timeout it was promised, and
     when every slot is held by hung programs a cheap rung fails fast ("waiting for a free slot") instead of queueing
     behind them; the message says which phase ran out;
+  * a variant with a ``probe`` is checked with the adapter (at start, then at every re-check): a line of the probe's
+    output matching ``unready_when`` (or a probe that fails) marks it not ready, shown in ``BackendStatus.unready``;
+    a call for it raises ``VariantNotReady`` before anything is spawned, so the ladder moves on at once. A call that
+    comes before the first check has probed waits for it, at most the probe's timeout;
   * foreign errors (``OSError``, anyio stream errors, JSON errors) leave as ``gateway.errors`` classes.
 """
 
@@ -34,6 +38,7 @@ import random
 import re
 import shutil
 import signal
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,12 +48,13 @@ from typing import Any, Protocol
 import anyio
 import anyio.abc
 import mcp_types as types
+import structlog
 from jsonschema import exceptions as jsonschema_exceptions  # type: ignore[import-untyped]
 from jsonschema import validators as jsonschema_validators
 
 from gateway.backends import processes
 from gateway.backends.base import BackendBase, BackendState, BackendStatus, ProgressFn
-from gateway.config import Adapter, AdapterTool, ThinWhen, environ
+from gateway.config import Adapter, AdapterTool, ThinWhen, VariantProbe, environ
 from gateway.errors import (
     BackendError,
     BackendProtocolError,
@@ -57,8 +63,11 @@ from gateway.errors import (
     BackendUnavailable,
     InvalidArguments,
     ToolNotFound,
+    VariantNotReady,
     quote,
 )
+
+log = structlog.get_logger("gateway.backend")
 
 __all__ = ["ChildProcess", "CliBackend", "CliStatistics", "Spawner", "build_argv", "spawn_process"]
 
@@ -75,6 +84,7 @@ RECHECK_READY_S = 60.0
 _ERROR_TAIL_LINES = 5
 _ERROR_TAIL_CHARS = 500
 
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_-]*)\}")
 _COMPOSED = ("$ref", "allOf", "anyOf", "oneOf", "if", "dependentSchemas")
 
@@ -321,6 +331,8 @@ class CliBackend(BackendBase):
             types.Tool(name=tool, description=spec.description or None, input_schema=spec.input_schema)
             for tool, spec in config.tools.items()
         )
+        self._unready: dict[tuple[str, str], str] = {}  # (tool, variant) -> why its probe found it cannot run
+        self._probed = anyio.Event()  # set once the first check has probed the variants
         self._validators: dict[str, Any] = {}
         self._config_problem: str | None = None
         for tool, spec in config.tools.items():
@@ -397,11 +409,76 @@ class CliBackend(BackendBase):
         problem = self._config_problem or await anyio.to_thread.run_sync(self._locate_problem)
         if problem is None and self._config.probe is not None:
             problem = await self._probe(self._config.probe)
-        if problem is None:
-            self._set_state(BackendState.READY, tool_count=len(self._tools))
-        else:
-            self._set_state(BackendState.FAILED, problem)
+        try:
+            if problem is None:
+                unready = await self._probe_variants()
+                previous = self._status
+                if (previous.state, previous.reason, previous.unready) == (BackendState.READY, None, unready):
+                    return self._status
+                self._log_variants(previous.unready, unready)
+                self._set_status(
+                    BackendStatus(
+                        BackendState.READY,
+                        None,
+                        since=previous.since if previous.state is BackendState.READY else time.time(),
+                        last_error=previous.last_error,
+                        tool_count=len(self._tools),
+                        unready=unready,
+                    )
+                )
+            else:
+                self._set_state(BackendState.FAILED, problem)
+        finally:
+            self._probed.set()
         return self._status
+
+    async def _probe_variants(self) -> tuple[tuple[str, str], ...]:
+        """Run each distinct variant probe once; the variants found not ready, as ``("tool[variant]", reason)``.
+
+        A variant is not ready when a line of its probe's output matches one of its ``unready_when`` patterns (that
+        line is the reason), or when the probe fails or times out.
+        """
+        outputs: dict[tuple[tuple[str, ...], float], tuple[list[str], str | None]] = {}
+        unready: dict[tuple[str, str], str] = {}
+        for tool, spec in self._config.tools.items():
+            for variant, selected in spec.variants.items():
+                probe = selected.probe
+                if probe is None:
+                    continue
+                key = (probe.argv, probe.timeout_s)
+                if key not in outputs:
+                    outputs[key] = await self._run_variant_probe(probe)
+                lines, failure = outputs[key]
+                reason = failure or _unready_line(probe, lines, self._config.command)
+                if reason is not None:
+                    unready[(tool, variant)] = reason
+        self._unready = unready
+        return tuple((f"{tool}[{variant}]", reason) for (tool, variant), reason in unready.items())
+
+    async def _run_variant_probe(self, probe: VariantProbe) -> tuple[list[str], str | None]:
+        """The probe's output lines (stdout then stderr, colour codes removed), and why it failed, if it did."""
+        shown = " ".join([self._config.command, *probe.argv])
+        outcome: _Outcome | None = None
+        try:
+            with anyio.move_on_after(probe.timeout_s):
+                outcome = await self._run_process(list(probe.argv), max_output=self._config.max_output_bytes)
+        except BackendError as exc:
+            return [], f"its probe `{shown}` failed: {exc.reason}"
+        if outcome is None:
+            return [], f"its probe `{shown}` timed out after {probe.timeout_s:g} s"
+        text = outcome.stdout.decode("utf-8", errors="replace") + "\n" + outcome.stderr.decode("utf-8", "replace")
+        lines = [line.strip() for line in _ANSI.sub("", text).splitlines() if line.strip()]
+        if outcome.code != 0:
+            return lines, f"its probe `{shown}` {_exit_description(outcome)}"
+        return lines, None
+
+    def _log_variants(self, before: tuple[tuple[str, str], ...], after: tuple[tuple[str, str], ...]) -> None:
+        was, now = dict(before), dict(after)
+        for label, reason in now.items():
+            if was.get(label) != reason:
+                log.warning("backend.variant_not_ready", backend=self._name, variant=label, reason=reason)
+        for label in was.keys() - now.keys():
+            log.info("backend.variant_ready", backend=self._name, variant=label)
 
     def _locate_problem(self) -> str | None:
         cwd = self._config.cwd
@@ -500,6 +577,8 @@ class CliBackend(BackendBase):
                 raise InvalidArguments(
                     tool, spec.switch, f"unknown variant {quote(str(chosen))}; expected one of {expected}"
                 )
+            if selected.probe is not None:
+                await self._check_variant(tool, chosen, selected.probe)
             args[spec.switch] = chosen
             template, thin = selected.argv, selected.thin_when
             timeout = selected.timeout_s if "timeout_s" in selected.model_fields_set else spec.timeout_s
@@ -521,6 +600,17 @@ class CliBackend(BackendBase):
             suffix = f" ({where})" if where else ""
             raise BackendTimeout(self._name, f"timed out after {timeout:g} s{suffix}; process group killed")
         return self._answer(spec, thin, outcome)
+
+    async def _check_variant(self, tool: str, variant: str, probe: VariantProbe) -> None:
+        """Raise ``VariantNotReady`` (at once, nothing spawned) when the last check found the variant cannot run.
+
+        Before the first check has probed, wait for it (at most the probe's timeout)."""
+        if not self._probed.is_set():
+            with anyio.move_on_after(probe.timeout_s):
+                await self._probed.wait()
+        reason = self._unready.get((tool, variant))
+        if reason is not None:
+            raise VariantNotReady(self._name, f"variant {variant} is not ready: {reason}")
 
     def _spec(self, tool: str) -> AdapterTool:
         spec = self._config.tools.get(tool)
@@ -796,6 +886,15 @@ def _exit_description(outcome: _Outcome) -> str:
         return f"{head}: {stderr}"
     stdout = _tail(outcome.stdout.decode("utf-8", errors="replace"))
     return f"{head} (no stderr); stdout: {stdout}" if stdout else f"{head} (no output)"
+
+
+def _unready_line(probe: VariantProbe, lines: Sequence[str], command: str) -> str | None:
+    """The first output line matching one of the probe's ``unready_when`` patterns (clipped), else None."""
+    for line in lines:
+        if any(re.search(pattern, line) for pattern in probe.unready_when):
+            clipped = line if len(line) <= _ERROR_TAIL_CHARS else line[:_ERROR_TAIL_CHARS] + "..."
+            return f"{clipped} (detected by `{' '.join([os.path.basename(command), *probe.argv])}`)"
+    return None
 
 
 def _tail(text: str) -> str:
