@@ -269,6 +269,12 @@ class Gateway:
         assert self.proc is not None
         return self.proc.pid
 
+    @property
+    def serving_pid(self) -> int:
+        """The gateway proper (``gateway serve`` forks it under a small supervisor, whose memory never moves)."""
+        assert self.proc is not None
+        return self.proc.serving_pid
+
     async def start(self, http: httpx2.AsyncClient, backends: int) -> None:
         port = free_port()
         argv = [PY, "-m", "gateway", "--log-level", "info", "serve", "-c", str(self.config), "--port", str(port)]
@@ -890,7 +896,7 @@ async def watcher(gw: Gateway, http: httpx2.AsyncClient, needle: str, stop: anyi
         if stop.is_set() or gw.proc is None or gw.proc.popen.poll() is not None:
             return
         now = time.monotonic()
-        rss = vm_kb(gw.pid).get("VmRSS")
+        rss = vm_kb(gw.serving_pid).get("VmRSS")
         if rss is not None:
             watch.rss_kb.append((now, rss))
         if needle:
@@ -1019,7 +1025,7 @@ async def fault_soak(procs: Procs, workdir: Path, plan: Plan, downstream: str) -
         async with sdk_session(gw.url, tokens["c0"], warm_wire, "warm") as s:
             for i in range(20):
                 await do_call(s, Call("warm", i, tool, {"text": f"warm-{i}"}, time.monotonic()), f"warm-{i}")
-        start_kb = vm_kb(gw.pid).get("VmRSS", 0)
+        start_kb = vm_kb(gw.serving_pid).get("VmRSS", 0)
         first_downstream = gw.downstream_pids(needle) if needle else []
 
         calls: list[Call] = []
@@ -1109,7 +1115,7 @@ async def fault_soak(procs: Procs, workdir: Path, plan: Plan, downstream: str) -
                         load.start_soon(bystander, client)
                 stop_side.set()
                 await anyio.sleep(1.0)  # a last sample after the load
-                end_vm = vm_kb(gw.pid)
+                end_vm = vm_kb(gw.serving_pid)
                 stop_watch.set()
         run_s = time.monotonic() - t_run
         say(f"{name}: load done in {run_s:.1f} s; stopping the gateway")
