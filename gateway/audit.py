@@ -65,6 +65,7 @@ STATUSES: Final = (
     "unknown_tool",
     "invalid_params",
     "internal_error",
+    "input_required",  # a multi-round-trip round that ended asking the client for input (SEP-2322)
 )
 ERROR_STATUSES: Final = frozenset({"error", "timeout", "internal_error"})
 """The statuses ``stats`` counts as errors: the tool did not answer. ``refused`` is policy, ``cancelled`` the client."""

@@ -224,6 +224,19 @@ class CallBudget(_Model):
         return self
 
 
+class ContinuationSettings(_Model):
+    """The signed ``requestState`` of multi-round-trip requests (MCP 2026-07-28, SEP-2322; gateway/continuation.py).
+
+    The key seals what the client carries between rounds (which backend asked, for whom, until when), so it must be
+    the same in every replica and survive a restart: set ``key_env``. Without it the gateway keeps a random key in a
+    file beside the audit ledger (``<audit.path>.state-key``, mode 0600), or, with the ledger off, one per process."""
+
+    key_env: str = "GATEWAY_STATE_KEY"
+    """The environment variable holding the key (at least 32 characters of secret randomness)."""
+    ttl_s: float = Field(default=600.0, gt=0)
+    """How long a client may take to answer one round's input requests before its retry is refused."""
+
+
 class GatewaySettings(_Model):
     name: str = "mcp-gateway"
     listen: Listen = Listen()
@@ -253,6 +266,8 @@ class GatewaySettings(_Model):
     """How often the measured figures behind ``{cost:TOOL}`` placeholders are refreshed from the ledger and wiki."""
     call_budget: CallBudget = CallBudget()
     """Every call's total deadline, shared by its rungs (see ``CallBudget``)."""
+    continuation: ContinuationSettings = ContinuationSettings()
+    """The key and lifetime of the ``requestState`` the gateway hands a client between rounds (SEP-2322)."""
 
 
 # --------------------------------------------------------------------------------------------------- servers
@@ -298,6 +313,10 @@ class _Backend(_Model):
     """``shared``: one session serves every client. ``per_client``: a client that can answer the server's own
     requests (sampling, elicitation, roots) gets its own session (for stdio, its own process), opened at its first
     call, so those requests reach exactly that client even when several call at once (see backends/relay.py)."""
+    protocol: Literal["handshake", "2026-07-28"] = "handshake"
+    """The era the gateway speaks to this server: ``handshake`` (``initialize``, 2025-11-25 and older) or
+    ``2026-07-28`` (stateless, ``server/discover``): a server that answers with input-required results (SEP-2322)
+    needs the latter; its input requests are relayed to the calling client as such."""
 
 
 class StdioServer(_Backend):

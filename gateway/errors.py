@@ -13,6 +13,7 @@
     │   └── VariantNotReady        the variant's probe found it cannot run here (skipped at once, with why)
     ├── ToolNotFound           no tool of that name in the catalog (a JSON-RPC error, not a tool result)
     ├── InvalidArguments       a tool argument failed validation (an ``isError`` answer naming the argument)
+    ├── InputRequired          not a failure: the backend answered a round with an input-required result (SEP-2322)
     ├── CatalogConflict        two tools would be published under one name, or a name is invalid
     └── AuditError             the audit ledger cannot be opened or written
 
@@ -184,3 +185,15 @@ class OutOfTime(BackendTimeout):
     """The call's budget left no time for this step: skipped without being tried, not a failure of the backend."""
 
     answered = True
+
+
+class InputRequired(GatewayError):
+    """A backend answered with an input-required result (MCP 2026-07-28): the client must answer ``result``'s input
+    requests and retry. ``backend`` and ``tool`` (its own name for the tool, prompt or resource) say who asked, so
+    the retry can be routed back there (gateway/continuation.py). Not a failure: nothing falls back past it."""
+
+    def __init__(self, result: object, *, backend: str, tool: str) -> None:
+        self.result = result
+        self.backend = backend
+        self.tool = tool
+        super().__init__(f"backend {backend!r} asks the client for input before it can answer {quote(tool)}")

@@ -55,7 +55,7 @@ DURATION_BUCKETS_S: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
 BACKEND_STATES: Final = ("starting", "ready", "degraded", "failed", "disabled")
 SERVED_OUTCOMES: Final = frozenset({"ok", "is_error"})
 """Step outcomes that answered the call: a result, or the downstream's own ``isError`` answer."""
-_NOT_A_FALLBACK: Final = SERVED_OUTCOMES | {"refused"}
+_NOT_A_FALLBACK: Final = SERVED_OUTCOMES | {"refused", "input_required"}  # input_required: a round, not a failure
 
 
 @dataclass(frozen=True, slots=True)

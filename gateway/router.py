@@ -26,6 +26,12 @@ The policy, in one place:
     Unknown tools (``unknown_tool``) and refused arguments (``invalid_params``) leave theirs too; a cancelled call's
     chain ends with the step that was under way (outcome ``cancelled``).
 
+Multi-round-trip calls (MCP 2026-07-28, SEP-2322): a provider that answers with an input-required result ends the
+round: its step's outcome and the row's status are ``input_required``, no later rung or provider is tried, and
+``InputRequired`` goes up to the server, which seals where the retry must go into the ``requestState``
+(gateway/continuation.py). The retry comes back through ``resume``: one step on the backend that asked, whatever the
+catalog says now, with its own row (one row per round).
+
 Observability, all of it keyed by the correlation id made here: ``correlation_id`` and ``tool`` are bound in
 structlog's contextvars for the whole call and ``provider`` for each step, so every log line written while the call
 runs (the router's, a backend's) carries them; the step reasons that go into the log, the ledger and ``_meta`` are
@@ -59,6 +65,7 @@ from gateway.errors import (
     BackendError,
     BackendRpcError,
     BackendUnavailable,
+    InputRequired,
     InvalidArguments,
     ToolNotFound,
     quote,
@@ -226,6 +233,13 @@ class Router:
                     )
                     raise exc.last from None
                 result = _failure_result(name, steps)
+            except InputRequired:  # the round ends asking the client for input: not a failure, no fallback
+                for label, variant, t0 in underway:
+                    steps.append(AuditStep(label, variant, "input_required", None, _ms(t0)))
+                await self._finish(
+                    entry.name, entry.audit, arguments, ctx, correlation_id, started, steps, "input_required", None
+                )
+                raise
             except anyio.get_cancelled_exc_class():
                 for label, variant, t0 in underway:
                     steps.append(AuditStep(label, variant, "cancelled", "cancelled while under way", _ms(t0)))
@@ -246,6 +260,72 @@ class Router:
                 result = types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
             result = _with_meta(result, correlation_id, steps, status)
             await self._finish(entry.name, entry.audit, arguments, ctx, correlation_id, started, steps, status, result)
+            return result
+
+    async def resume(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | None,
+        *,
+        backend_name: str,
+        tool: str,
+        ctx: CallContext = CallContext(),
+        progress: ProgressFn | None = None,
+    ) -> types.CallToolResult:
+        """Serve a later round of a multi-round-trip ``tools/call``: straight to ``backend_name``'s ``tool`` (the
+        backend that asked, as the sealed state says), one step, one row. The caller sets the round's input
+        responses and state (backends/mcp.py ``ROUND``). The published ``name`` need not be in the catalog any more.
+
+        Raises:
+            InputRequired: the backend asks for more input (row status ``input_required``).
+            BackendRpcError: the backend answered with a JSON-RPC error (passed through by the server).
+            ToolNotFound: the backend is gone.
+        """
+        correlation_id = uuid.uuid4().hex[:16]
+        started = time.perf_counter()
+        entry = self._catalog().get(name)
+        audit = entry.audit if entry is not None else {}
+        backend = self._backends().get(backend_name)
+        if backend is None:
+            raise ToolNotFound(name)
+        provider = next(
+            (p for p in (entry.providers if entry is not None else ()) if (p.backend, p.tool) == (backend_name, tool)),
+            None,
+        )
+        arguments = dict(arguments or {})
+        provider_args = provider.map_arguments(arguments) if provider is not None else arguments
+        label = provider.label if provider is not None else f"{backend_name}/{tool}"
+        steps: list[AuditStep] = []
+        status = "error"
+        result: types.CallToolResult | None = None
+        with (
+            structlog.contextvars.bound_contextvars(correlation_id=correlation_id, tool=name),
+            self._call_span(name, correlation_id, ctx),
+        ):
+            t0 = time.perf_counter()
+            try:
+                with anyio.fail_after(self._budget().total_s):
+                    result = await backend.call_tool(tool, provider_args, progress=progress)
+            except InputRequired:
+                steps.append(AuditStep(label, None, "input_required", None, _ms(t0)))
+                await self._finish(name, audit, arguments, ctx, correlation_id, started, steps, "input_required", None)
+                raise
+            except BackendError as exc:
+                steps.append(AuditStep(label, None, exc.outcome, redactor.scrub(exc.reason), _ms(t0)))
+                status = "timeout" if exc.outcome == "timeout" else "error"
+                if isinstance(exc, BackendRpcError):
+                    await self._finish(name, audit, arguments, ctx, correlation_id, started, steps, status, None)
+                    raise
+                result = _failure_result(name, steps)
+            except TimeoutError:
+                steps.append(AuditStep(label, None, "timeout", "the call's budget ran out", _ms(t0)))
+                status = "timeout"
+                result = _failure_result(name, steps)
+            else:
+                steps.append(AuditStep(label, None, "is_error" if result.is_error else "ok", None, _ms(t0)))
+                status = "error" if result.is_error else "ok"
+            result = _with_meta(result, correlation_id, steps, status)
+            await self._finish(name, audit, arguments, ctx, correlation_id, started, steps, status, result)
             return result
 
     def _call_span(self, name: str, correlation_id: str, ctx: CallContext) -> AbstractContextManager[object]:

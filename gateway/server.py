@@ -10,6 +10,17 @@ so a downstream's sampling, elicitation and roots requests reach the client whos
 backends/relay.py). The capabilities a client is offered at ``initialize`` are what the ready backends offer. It is
 transport-agnostic: ``http.py`` mounts it on streamable HTTP, the CLI runs it over stdio. A call's context names its
 session by ``session_digest`` only: session ids never reach the log, the ledger or a span.
+
+Multi-round-trip requests (MCP 2026-07-28, SEP-2322): when the backend serving a ``tools/call``, ``prompts/get`` or
+``resources/read`` answers with an input-required result, the client gets its input requests as they are, with the
+gateway's own ``requestState`` in place of the downstream's: a token sealed by gateway/continuation.py that says
+which backend asked, its own name for the thing, for which caller, until when, and carries the downstream's state.
+The client's retry is opened here and sent to that backend (``Router.resume`` for tools), with the client's input
+responses and the downstream's state, whatever the catalog says now and whichever gateway process gets it; a token
+that does not open (tampered, expired, another caller's, another request's, a backend the gateway no longer has) is
+refused with the SDK's -32602 "Invalid or expired requestState". An input request for a capability the client did
+not declare (elicitation, sampling, sampling with tools, roots) is answered with -32021
+(``MISSING_REQUIRED_CLIENT_CAPABILITY``) and its ``requiredCapabilities``, as the SDK's own servers answer.
 """
 
 from __future__ import annotations
@@ -32,10 +43,21 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from gateway.backends.base import ProgressFn
-from gateway.backends.mcp import McpBackend
+from gateway.backends.mcp import ROUND, McpBackend, Round
 from gateway.backends.relay import connection_of, forwarded_meta
 from gateway.clients import ClientPolicy
-from gateway.errors import URI_CHARS, BackendError, BackendRpcError, InvalidArguments, ToolNotFound, clip, quote
+from gateway.config import environ
+from gateway.continuation import Continuation, Continuations, invalid_state, load_key
+from gateway.errors import (
+    URI_CHARS,
+    BackendError,
+    BackendRpcError,
+    InputRequired,
+    InvalidArguments,
+    ToolNotFound,
+    clip,
+    quote,
+)
 from gateway.listings import Origin
 from gateway.router import CallContext
 from gateway.runtime import VERSION, Gateway
@@ -166,6 +188,40 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
             startup_waited.set()
 
     validated = _ValidatedLists()
+    continuations = _continuations(gateway)
+
+    def asked(
+        ctx: ServerRequestContext[Any],
+        method: str,
+        name: str,
+        arguments: Mapping[str, Any] | None,
+        caller: str | None,
+        exc: InputRequired,
+    ) -> types.InputRequiredResult:
+        """The client's view of a backend's input-required answer: its requests as they are, our sealed state."""
+        downstream = exc.result
+        assert isinstance(downstream, types.InputRequiredResult)
+        _require_capabilities(ctx.session.client_capabilities, downstream.input_requests or {})
+        state = continuations.seal(
+            method=method,
+            name=name,
+            arguments=arguments,
+            backend=exc.backend,
+            local=exc.tool,
+            caller=caller,
+            state=downstream.request_state,
+        )
+        return downstream.model_copy(update={"request_state": state})
+
+    def reopen(
+        method: str, name: str, arguments: Mapping[str, Any] | None, caller: str | None, token: object
+    ) -> tuple[Continuation, McpBackend]:
+        """A retry's state, verified, and the backend that asked (refused as the spec says when it is gone)."""
+        found = continuations.open(token, method=method, name=name, arguments=arguments, caller=caller)
+        backend = gateway.backends.get(found.backend)
+        if not isinstance(backend, McpBackend):
+            invalid_state(method, "the backend that asked is no longer configured")
+        return found, backend
 
     async def middleware(ctx: ServerRequestContext[Any], call_next: CallNext) -> HandlerResult:
         try:
@@ -212,7 +268,9 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
             ctx, gateway.catalog.listing(gateway.clients.is_large(_call_context(ctx, gateway.clients).declared))
         )
 
-    async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def call_tool(
+        ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult | types.InputRequiredResult:
         progress = None
         if ctx.meta and ctx.meta.get("progress_token") is not None:
             progress = ctx.session.report_progress  # relays on this request's own stream, against its own token
@@ -222,10 +280,25 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
             # degrades past a provider about to be ready): wait for every backend's first outcome, once.
             await gateway.wait_settled(STARTUP_LIST_WAIT_S)
             startup_waited.set()
+        call_ctx = _call_context(ctx, gateway.clients)
         try:
-            return await gateway.router.call(
-                params.name, params.arguments, ctx=_call_context(ctx, gateway.clients), progress=progress
-            )
+            if params.request_state is None:
+                return await gateway.router.call(params.name, params.arguments, ctx=call_ctx, progress=progress)
+            found, _ = reopen("tools/call", params.name, params.arguments, call_ctx.caller, params.request_state)
+            token = ROUND.set(Round(params.input_responses, found.state))
+            try:
+                return await gateway.router.resume(
+                    params.name,
+                    params.arguments,
+                    backend_name=found.backend,
+                    tool=found.local,
+                    ctx=call_ctx,
+                    progress=progress,
+                )
+            finally:
+                ROUND.reset(token)
+        except InputRequired as exc:
+            return asked(ctx, "tools/call", params.name, params.arguments, call_ctx.caller, exc)
         except (ToolNotFound, InvalidArguments) as exc:
             raise MCPError(INVALID_PARAMS, str(exc)) from exc
         except BackendRpcError as exc:
@@ -276,13 +349,42 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
 
     async def read_resource(ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams) -> Any:
         await settled()
-        origins = gateway.catalog.lists.resolve(params.uri)
+        caller = _call_context(ctx, gateway.clients).caller
+        try:
+            return await read_round(ctx, params, caller)
+        except InputRequired as exc:
+            return asked(ctx, "resources/read", params.uri, None, caller, exc)
+
+    async def read_round(
+        ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams, caller: str | None
+    ) -> Any:
+        meta = forwarded_meta(params.meta)
+        origins: tuple[Origin, ...]
+        if params.request_state is not None:  # a later round: to the backend that asked, whatever the lists say
+            found, _ = reopen("resources/read", params.uri, None, caller, params.request_state)
+            origins = (Origin(found.backend, found.local),)
+            token = ROUND.set(Round(params.input_responses, found.state))
+        else:
+            origins = gateway.catalog.lists.resolve(params.uri)
+            token = None
         if not origins:
             raise MCPError(types.INVALID_PARAMS, "Resource not found", {"uri": clip(params.uri, URI_CHARS)})
-        meta = forwarded_meta(params.meta)
+        try:
+            return await read_from(ctx, params, origins, meta)
+        finally:
+            if token is not None:
+                ROUND.reset(token)
+
+    async def read_from(
+        ctx: ServerRequestContext[Any],
+        params: types.ReadResourceRequestParams,
+        origins: tuple[Origin, ...],
+        meta: Any,
+    ) -> Any:
 
         def build(origin: Origin) -> types.ReadResourceRequest:
-            return types.ReadResourceRequest(params=params.model_copy(update={"uri": origin.local, "meta": meta}))
+            update = {"uri": origin.local, "meta": meta, "input_responses": None, "request_state": None}
+            return types.ReadResourceRequest(params=params.model_copy(update=update))
 
         # An unlisted URI may be asked of several backends; when none has it, the answer is SEP-2164's.
         not_found = MCPError(types.INVALID_PARAMS, "Resource not found", {"uri": clip(params.uri, URI_CHARS)})
@@ -318,15 +420,30 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
 
     async def get_prompt(ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams) -> Any:
         await settled()
-        origin = gateway.catalog.lists.prompt(params.name)
+        caller = _call_context(ctx, gateway.clients).caller
+        token = None
+        origin: Origin | None
+        if params.request_state is not None:  # a later round: to the backend that asked, whatever the lists say
+            found, _ = reopen("prompts/get", params.name, params.arguments, caller, params.request_state)
+            origin = Origin(found.backend, found.local)
+            token = ROUND.set(Round(params.input_responses, found.state))
+        else:
+            origin = gateway.catalog.lists.prompt(params.name)
         if origin is None:
             raise MCPError(types.INVALID_PARAMS, f"Unknown prompt: {quote(params.name)}")
         meta = forwarded_meta(params.meta)
 
         def build(origin: Origin) -> types.GetPromptRequest:
-            return types.GetPromptRequest(params=params.model_copy(update={"name": origin.local, "meta": meta}))
+            update = {"name": origin.local, "meta": meta, "input_responses": None, "request_state": None}
+            return types.GetPromptRequest(params=params.model_copy(update=update))
 
-        return (await forward((origin,), build, types.GetPromptResult, _progress(ctx)))[1]
+        try:
+            return (await forward((origin,), build, types.GetPromptResult, _progress(ctx)))[1]
+        except InputRequired as exc:
+            return asked(ctx, "prompts/get", params.name, params.arguments, caller, exc)
+        finally:
+            if token is not None:
+                ROUND.reset(token)
 
     async def complete(ctx: ServerRequestContext[Any], params: types.CompleteRequestParams) -> Any:
         await settled()
@@ -387,6 +504,54 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
     gateway.on_catalog_change(upstreams.announce)
     gateway.on_backend_notification(upstreams.on_backend_notification)
     return server, upstreams
+
+
+def _continuations(gateway: Gateway) -> Continuations:
+    """The sealer of this gateway's ``requestState``, under a key replicas and restarts share (continuation.py)."""
+    settings = gateway.config.gateway.continuation
+    audit = gateway.config.gateway.audit
+    ledger = audit.path if audit.enabled else None
+    key, source = load_key(settings.key_env, environ(settings.key_env), ledger, file=str(gateway.config.source or ""))
+    if source == "this process only":
+        log.warning(
+            "request_state.ephemeral_key",
+            note=f"{settings.key_env} is not set and the audit ledger is off: a multi-round-trip request whose client "
+            "retries after a restart of this gateway, or at another replica, is refused",
+        )
+    else:
+        log.info("request_state.key", source=source)
+    return Continuations(key, settings.ttl_s)
+
+
+_CAPABILITY_NAMES = {"elicitation/create": "elicitation", "sampling/createMessage": "sampling", "roots/list": "roots"}
+
+
+def _require_capabilities(declared: types.ClientCapabilities | None, requests: Mapping[str, Any]) -> None:
+    """Refuse (-32021, with ``requiredCapabilities``) input requests the client did not declare it can answer."""
+    required: dict[str, Any] = {}
+    for request in requests.values():
+        if isinstance(request, types.ElicitRequest):
+            elicitation = declared.elicitation if declared is not None else None
+            if isinstance(request.params, types.ElicitRequestURLParams):
+                if elicitation is None or elicitation.url is None:
+                    required.setdefault("elicitation", {})["url"] = {}
+            elif elicitation is None or (elicitation.form is None and elicitation.url is not None):
+                required.setdefault("elicitation", {})["form"] = {}
+        elif isinstance(request, types.CreateMessageRequest):
+            sampling = declared.sampling if declared is not None else None
+            wants_tools = bool(request.params.tools)
+            if sampling is None or (wants_tools and sampling.tools is None):
+                required["sampling"] = {"tools": {}} if wants_tools else {}
+        elif isinstance(request, types.ListRootsRequest):
+            if declared is None or declared.roots is None:
+                required["roots"] = {}
+    if required:
+        names = ", ".join(sorted(required))
+        raise MCPError(
+            types.MISSING_REQUIRED_CLIENT_CAPABILITY,
+            f"The server behind this request needs input the client did not declare it can give: {names}",
+            {"requiredCapabilities": required},
+        )
 
 
 class _ValidatedLists:

@@ -27,7 +27,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("backends.wiki_semantic",),  # sections, vectors and hybrid ranking over wiki_index's snapshot; pure, blocking
     ("backends.mcp", "backends.cli", "backends.wiki"),
     ("listings",),  # resources, templates, prompts: merged and named like the tools, built into the catalog
-    ("catalog", "health", "reload", "budget", "results"),  # budget: one deadline per call; results: route shapes
+    ("catalog", "health", "reload", "budget", "results", "continuation"),  # budget: one deadline per call; results:
+    # route shapes; continuation: the sealed requestState of multi-round-trip requests
     ("router",),
     ("runtime",),
     ("upstreams",),  # the clients and what they are owed: list changes, log messages, resource updates

@@ -24,6 +24,14 @@ a task of its own and closed with the client's connection.
 Foreign errors (``OSError``, ``httpx2``, ``anyio``, ``MCPError``) are translated here into the gateway's
 ``BackendError`` tree (``classify_failure`` for connection failures, ``map_call_errors`` for calls); nothing above
 ``backends/`` sees them.
+
+The era (``protocol``): by default the session is a handshake-era one (``initialize``). With ``protocol:
+2026-07-28`` it is a stateless one (``server/discover``; its answer stands in for the handshake's, and a periodic
+``server/discover`` for the ping, which that era has not), and a ``tools/call``, ``prompts/get`` or
+``resources/read`` may be answered with an input-required result (SEP-2322): it is raised as ``InputRequired``
+(naming this backend and its own name for the tool, prompt or resource), for the server to hand the client with a
+sealed ``requestState`` (gateway/continuation.py). A client's retry reaches ``call_tool`` / ``request`` again with
+the client's input responses and the downstream's own state (``ROUND``, set by whoever routes the retry).
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ from mcp.client.stdio import get_default_environment
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
+from pydantic import TypeAdapter
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
 from gateway.backends.answers import ANSWER_TOO_LARGE, LimitedTransport, answer_too_large
@@ -74,9 +83,26 @@ from gateway.errors import (
     BackendRpcError,
     BackendTimeout,
     BackendUnavailable,
+    InputRequired,
 )
 
-__all__ = ["HttpPool", "McpBackend", "classify_failure"]
+__all__ = ["MODERN", "ROUND", "HttpPool", "McpBackend", "Round", "classify_failure"]
+
+MODERN = "2026-07-28"
+"""The stateless era's protocol version (``protocol:`` of a server)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """A client's retry of a multi-round-trip request: its answers to the input requests, and the downstream's own
+    ``requestState`` from the round before (as the downstream minted it; the gateway's token is already opened)."""
+
+    input_responses: Mapping[str, Any] | None
+    request_state: str | None
+
+
+ROUND: contextvars.ContextVar[Round | None] = contextvars.ContextVar("gateway_round", default=None)
+"""Set around a retry's downstream call: ``call_tool`` and ``request`` send its fields with the request."""
 
 log = structlog.get_logger("gateway.backend")
 
@@ -482,10 +508,15 @@ class McpBackend(BackendBase):
         upstream = UPSTREAM.get()
         if meta is None and upstream is not None and upstream.meta:
             meta = forwarded_meta(upstream.meta)
-        request = types.CallToolRequest(
-            params=types.CallToolRequestParams(name=tool, arguments=arguments, _meta=meta or None)  # type: ignore[arg-type]
-        )
-        return await self._send(request, types.CallToolResult, progress, upstream, per_client=self._per_client)  # type: ignore[no-any-return]
+        params = types.CallToolRequestParams(name=tool, arguments=arguments, _meta=meta or None)  # type: ignore[arg-type]
+        if self._config.protocol != MODERN:
+            request = types.CallToolRequest(params=params)
+            return await self._send(request, types.CallToolResult, progress, upstream, per_client=self._per_client)  # type: ignore[no-any-return]
+        request = types.CallToolRequest(params=_with_round(params))
+        result = await self._send(request, _CALL_OR_INPUT, progress, upstream, per_client=False)
+        if isinstance(result, types.InputRequiredResult):
+            raise InputRequired(result, backend=self._name, tool=tool)
+        return result  # type: ignore[no-any-return]
 
     async def request(self, request: Any, result_type: Any, *, progress: ProgressFn | None = None) -> Any:
         """Forward any client request (resources, prompts, completion, ...) to this backend.
@@ -493,7 +524,15 @@ class McpBackend(BackendBase):
         Raises:
             BackendError: the backend is not ready, or failed to answer (a JSON-RPC error is ``BackendRpcError``).
         """
-        return await self._send(request, result_type, progress, UPSTREAM.get(), per_client=False)
+        if self._config.protocol != MODERN or request.method not in ("prompts/get", "resources/read"):
+            return await self._send(request, result_type, progress, UPSTREAM.get(), per_client=False)
+        request = request.model_copy(update={"params": _with_round(request.params)})
+        either = _PROMPT_OR_INPUT if request.method == "prompts/get" else _READ_OR_INPUT
+        result = await self._send(request, either, progress, UPSTREAM.get(), per_client=False)
+        if isinstance(result, types.InputRequiredResult):
+            local = request.params.name if request.method == "prompts/get" else request.params.uri
+            raise InputRequired(result, backend=self._name, tool=local)
+        return result
 
     async def _send(
         self,
@@ -782,7 +821,7 @@ class McpBackend(BackendBase):
                         **self._back_channel(self._inflight, None),
                     ) as session:
                         with anyio.fail_after(self._config.connect_timeout_s):
-                            self._init = await session.initialize()
+                            self._init = await self._open(session)
                             lists = {kind: await self._list(session, kind) for kind in LIST_KINDS}
                         connected, ready_at = True, anyio.current_time()
                         self._session = session
@@ -790,7 +829,8 @@ class McpBackend(BackendBase):
                         self._resources = lists["resources"]
                         self._templates = lists["resource_templates"]
                         self._prompts = lists["prompts"]
-                        await self._restore(session)
+                        if self._config.protocol != MODERN:  # that era has no log level or subscriptions to restore
+                            await self._restore(session)
                         self._set_status(
                             BackendStatus(
                                 BackendState.READY,
@@ -891,6 +931,19 @@ class McpBackend(BackendBase):
         ) as streams:
             yield streams
 
+    async def _open(self, session: ClientSession) -> types.InitializeResult:
+        """The handshake, or in the stateless era ``server/discover``, whose answer is told as a handshake's."""
+        if self._config.protocol != MODERN:
+            return await session.initialize()
+        found = await session.discover()
+        info = session.server_info or types.Implementation(name=self._name, version="")
+        return types.InitializeResult(
+            protocol_version=session.protocol_version or MODERN,
+            capabilities=found.capabilities,
+            server_info=info,
+            instructions=found.instructions,
+        )
+
     async def _list(self, session: ClientSession, kind: str) -> tuple[Any, ...]:
         """Every page of one of the downstream's lists (empty when it does not offer that capability)."""
         caps = self._init.capabilities if self._init is not None else None
@@ -940,7 +993,10 @@ class McpBackend(BackendBase):
             self._probe_now = anyio.Event()
             try:
                 with anyio.fail_after(self._config.connect_timeout_s):
-                    await session.send_ping()
+                    if self._config.protocol == MODERN:
+                        await session.send_discover(session.protocol_version or MODERN)
+                    else:
+                        await session.send_ping()
             except (MCPError, TimeoutError, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
                 self._mark_lost(f"ping failed: {exc or type(exc).__name__}")
                 return
@@ -1010,3 +1066,31 @@ class McpBackend(BackendBase):
 
 def _takes_back_channel(caps: types.ClientCapabilities | None) -> bool:
     return caps is not None and (caps.sampling is not None or caps.elicitation is not None or caps.roots is not None)
+
+
+_CALL_OR_INPUT: TypeAdapter[types.CallToolResult | types.InputRequiredResult] = TypeAdapter(
+    types.CallToolResult | types.InputRequiredResult
+)
+_PROMPT_OR_INPUT: TypeAdapter[types.GetPromptResult | types.InputRequiredResult] = TypeAdapter(
+    types.GetPromptResult | types.InputRequiredResult
+)
+_READ_OR_INPUT: TypeAdapter[types.ReadResourceResult | types.InputRequiredResult] = TypeAdapter(
+    types.ReadResourceResult | types.InputRequiredResult
+)
+
+
+def _with_round(params: Any) -> Any:
+    """``params`` carrying the retry's input responses and the downstream's own state, when this is a retry."""
+    retry = ROUND.get()
+    if retry is None:
+        return params
+    responses = retry.input_responses
+    return params.model_copy(
+        update={
+            "input_responses": _INPUT_RESPONSES.validate_python(responses) if responses is not None else None,
+            "request_state": retry.request_state,
+        }
+    )
+
+
+_INPUT_RESPONSES: TypeAdapter[types.InputResponses] = TypeAdapter(types.InputResponses)

@@ -1,0 +1,227 @@
+"""Input-required results (MCP 2026-07-28, SEP-2322) through a real ``gateway serve``, over real processes.
+
+The downstream is tests/fixtures/mrtr_server.py (a 2026-era SDK server over streamable HTTP, its own state sealed by
+the SDK's ``RequestStateBoundary``); the client is the SDK's ``Client`` in the stateless 2026-07-28 era, which answers
+the input requests and retries by itself (or, where a test needs the raw rounds, its session with
+``allow_input_required=True``).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import mcp_types as types
+import pytest
+from mcp.client import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+from tests.fixtures.gateway_proc import FIXTURES, run_gateway
+from tests.fixtures.procs import RunningServer, free_port, start_http_server
+
+pytestmark = pytest.mark.anyio
+
+MODERN = "2026-07-28"
+KEY = "k" * 16 + "0123456789abcdef0123456789abcdef"
+TOKENS = "alice=tok-alice,bob=tok-bob"
+
+
+@pytest.fixture(scope="module")
+def downstream() -> Iterator[RunningServer]:
+    port = free_port()
+    argv = [sys.executable, str(FIXTURES / "mrtr_server.py"), "--port", str(port)]
+    with start_http_server(argv, port) as server:
+        yield server
+
+
+def _config(downstream: RunningServer, *, audit: bool = True) -> str:
+    return f"""
+gateway:
+  audit: {{enabled: {"true" if audit else "false"}, path: audit.db}}
+servers:
+  asker:
+    transport: streamable_http
+    url: {downstream.url()}
+    protocol: "{MODERN}"
+    timeout_s: 10
+"""
+
+
+class Answers:
+    """The client's side of the input requests: what it was asked, in order, and fixed answers."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    async def elicit(self, context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        message = params.message
+        self.asked.append(f"elicit:{message}")
+        if message == "Your name?" or message == "Whom to greet?":
+            return types.ElicitResult(action="accept", content={"name": "Ada"})
+        if message == "Access code?":
+            return types.ElicitResult(action="accept", content={"code": "42"})
+        return types.ElicitResult(action="accept", content={"ok": True})
+
+    async def sample(self, context: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+        self.asked.append("sample")
+        return types.CreateMessageResult(role="assistant", content=types.TextContent(text="onward"), model="m")
+
+    async def roots(self, context: Any) -> types.ListRootsResult:
+        self.asked.append("roots")
+        return types.ListRootsResult(roots=[types.Root(uri="file:///tmp/r1")])
+
+
+@asynccontextmanager
+async def client(
+    url: str, token: str | None = "tok-alice", answers: Answers | None = None, *, sampling: bool = True
+) -> AsyncIterator[Client]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    answers = answers or Answers()
+    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(20)) as http:
+        async with Client(
+            streamable_http_client(url, http_client=http),
+            mode=MODERN,
+            elicitation_callback=answers.elicit,
+            sampling_callback=answers.sample if sampling else None,
+            cache=None,
+        ) as c:
+            yield c
+
+
+def _text(result: Any) -> str:
+    return "".join(getattr(block, "text", "") for block in result.content)
+
+
+def _rows(folder: Path) -> list[tuple[str, str, str, list[str]]]:
+    with sqlite3.connect(folder / "audit.db") as conn:
+        rows = conn.execute("SELECT tool, status, caller, chain FROM calls ORDER BY id").fetchall()
+    return [(t, s, c, [f"{step['provider']}:{step['outcome']}" for step in json.loads(ch)]) for t, s, c, ch in rows]
+
+
+def _rounds(downstream: RunningServer) -> dict[str, int]:
+    return dict(httpx2.get(downstream.url("/rounds")).json())
+
+
+async def test_a_tool_asks_over_three_rounds_with_two_requests_in_one(
+    downstream: RunningServer, tmp_path: Path
+) -> None:
+    before = _rounds(downstream).get("tools/call", 0)
+    with run_gateway(_config(downstream), tmp_path, tokens=TOKENS, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
+        answers = Answers()
+        with anyio.fail_after(30):
+            async with client(gateway.url(), answers=answers) as c:
+                result = await c.call_tool("interview", {"rounds": 3})
+    assert _text(result) == "interview: name=Ada motto=onward confirmed=True rounds=3"
+    assert sorted(answers.asked[:2]) == ["elicit:Your name?", "sample"]  # round 1 asked both at once
+    assert answers.asked[2:] == ["elicit:Confirm Ada?"]
+    assert _rounds(downstream)["tools/call"] - before == 3  # every round reached the backend that asked
+    assert _rows(tmp_path) == [
+        ("interview", "input_required", "alice", ["asker/interview:input_required"]),
+        ("interview", "input_required", "alice", ["asker/interview:input_required"]),
+        ("interview", "ok", "alice", ["asker/interview:ok"]),
+    ]
+
+
+async def test_a_prompt_and_a_resource_that_need_input(downstream: RunningServer, tmp_path: Path) -> None:
+    with run_gateway(_config(downstream, audit=False), tmp_path, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
+        answers = Answers()
+        with anyio.fail_after(30):
+            async with client(gateway.url(), token=None, answers=answers) as c:
+                prompt = await c.get_prompt("greeting")
+                read = await c.read_resource("test://mrtr/secret")
+    assert [m.content.text for m in prompt.messages] == ["Hello Ada"]  # type: ignore[union-attr]
+    assert [(str(x.uri), x.text) for x in read.contents] == [("test://mrtr/secret", "secret for 42")]  # type: ignore[union-attr]
+    assert answers.asked == ["elicit:Whom to greet?", "elicit:Access code?"]
+
+
+async def _first_round(c: Client) -> types.InputRequiredResult:
+    first = await c.session.call_tool("interview", {"rounds": 1}, allow_input_required=True)
+    assert isinstance(first, types.InputRequiredResult)
+    assert first.input_requests is not None and list(first.input_requests) == ["name"]
+    assert first.request_state is not None
+    return first
+
+
+_NAME = {"name": types.ElicitResult(action="accept", content={"name": "Ada"})}
+
+
+def _assert_refused(exc: pytest.ExceptionInfo[MCPError]) -> None:
+    assert exc.value.error.code == -32602
+    assert exc.value.error.message == "Invalid or expired requestState"
+    assert exc.value.error.data == {"reason": "invalid_request_state"}
+
+
+async def test_a_tampered_state_is_refused(downstream: RunningServer, tmp_path: Path) -> None:
+    with run_gateway(_config(downstream), tmp_path, tokens=TOKENS, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
+        with anyio.fail_after(30):
+            async with client(gateway.url()) as c:
+                first = await _first_round(c)
+                state = first.request_state
+                assert state is not None
+                flipped = state[:-5] + ("A" if state[-5] != "A" else "B") + state[-4:]
+                with pytest.raises(MCPError) as refused:
+                    await c.session.call_tool("interview", {"rounds": 1}, input_responses=_NAME, request_state=flipped)
+                _assert_refused(refused)
+                with pytest.raises(MCPError) as other_args:  # the state was minted for other arguments
+                    await c.session.call_tool("interview", {"rounds": 2}, input_responses=_NAME, request_state=state)
+                _assert_refused(other_args)
+                done = await c.session.call_tool("interview", {"rounds": 1}, input_responses=_NAME, request_state=state)
+    assert _text(done) == "interview: name=Ada rounds=1"
+    assert [row[1] for row in _rows(tmp_path)] == ["input_required", "ok"]  # refusals reach no backend
+
+
+async def test_another_caller_cannot_replay_the_state(downstream: RunningServer, tmp_path: Path) -> None:
+    with run_gateway(_config(downstream), tmp_path, tokens=TOKENS, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
+        with anyio.fail_after(30):
+            async with client(gateway.url(), token="tok-alice") as alice:
+                first = await _first_round(alice)
+            async with client(gateway.url(), token="tok-bob") as bob:
+                with pytest.raises(MCPError) as refused:
+                    await bob.session.call_tool(
+                        "interview", {"rounds": 1}, input_responses=_NAME, request_state=first.request_state
+                    )
+    _assert_refused(refused)
+
+
+@pytest.mark.parametrize("key", ["env", "file"])
+async def test_a_restart_between_rounds_still_completes(downstream: RunningServer, tmp_path: Path, key: str) -> None:
+    env = {"GATEWAY_STATE_KEY": KEY} if key == "env" else {"GATEWAY_STATE_KEY": ""}
+    with run_gateway(_config(downstream), tmp_path, tokens=TOKENS, env=env) as gateway:
+        with anyio.fail_after(30):
+            async with client(gateway.url()) as c:
+                first = await _first_round(c)
+    if key == "file":
+        state_key = tmp_path / "audit.db.state-key"
+        assert state_key.stat().st_mode & 0o777 == 0o600
+    with run_gateway(_config(downstream), tmp_path, tokens=TOKENS, env=env) as gateway:  # a new process
+        with anyio.fail_after(30):
+            async with client(gateway.url()) as c:
+                done = await c.session.call_tool(
+                    "interview", {"rounds": 1}, input_responses=_NAME, request_state=first.request_state
+                )
+    assert _text(done) == "interview: name=Ada rounds=1"
+    assert [row[1] for row in _rows(tmp_path)] == ["input_required", "ok"]
+
+
+async def test_a_capability_the_client_did_not_declare(downstream: RunningServer, tmp_path: Path) -> None:
+    with run_gateway(_config(downstream, audit=False), tmp_path, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
+        with anyio.fail_after(30):
+            async with client(gateway.url(), token=None, sampling=False) as c:
+                with pytest.raises(MCPError) as sampling:
+                    await c.call_tool("interview", {"rounds": 3})
+                with pytest.raises(MCPError) as roots:
+                    await c.call_tool("needs_roots", {})
+                plain = await c.call_tool("plain", {})
+    assert sampling.value.error.code == -32021
+    assert sampling.value.error.data == {"requiredCapabilities": {"sampling": {}}}
+    assert roots.value.error.code == -32021
+    assert roots.value.error.data == {"requiredCapabilities": {"roots": {}}}
+    assert _text(plain) == "plain: ok"
