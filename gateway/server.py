@@ -20,13 +20,15 @@ responses and the downstream's state, whatever the catalog says now and whicheve
 that does not open (tampered, expired, another caller's, another request's, a backend the gateway no longer has) is
 refused with the SDK's -32602 "Invalid or expired requestState". An input request for a capability the client did
 not declare (elicitation, sampling, sampling with tools, roots) is answered with -32021
-(``MISSING_REQUIRED_CLIENT_CAPABILITY``) and its ``requiredCapabilities``, as the SDK's own servers answer.
+(``MISSING_REQUIRED_CLIENT_CAPABILITY``) and its ``requiredCapabilities``, as the SDK's own servers answer. A
+handshake-era client cannot take an input-required result: the gateway asks it each input request on the call's own
+stream and retries for it within that call (``_answer_here``), each round still a row of its own.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
@@ -37,7 +39,8 @@ from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.models import InitializationOptions
 from mcp.server.runner import serve_dual_era_loop
-from mcp.shared.exceptions import MCPError
+from mcp.shared.exceptions import MCPError, NoBackChannelError
+from mcp.shared.message import ServerMessageMetadata
 from mcp_types import methods as _methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
@@ -190,18 +193,25 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
     validated = _ValidatedLists()
     continuations = _continuations(gateway)
 
-    def asked(
+    async def asked(
         ctx: ServerRequestContext[Any],
         method: str,
         name: str,
         arguments: Mapping[str, Any] | None,
         caller: str | None,
         exc: InputRequired,
-    ) -> types.InputRequiredResult:
-        """The client's view of a backend's input-required answer: its requests as they are, our sealed state."""
+        again: Callable[[Origin, Round], Awaitable[Any]],
+    ) -> Any:
+        """The client's view of a backend's input-required answer: its requests as they are, our sealed state.
+
+        A handshake-era client cannot take an input-required result: the gateway asks it each input request on the
+        call's own stream instead (as the downstream's own requests are relayed) and retries with the answers
+        (``again``), round after round, within this one request."""
         downstream = exc.result
         assert isinstance(downstream, types.InputRequiredResult)
         _require_capabilities(ctx.session.client_capabilities, downstream.input_requests or {})
+        if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            return await _answer_here(ctx, exc, lambda r: again(Origin(exc.backend, exc.tool), r))
         state = continuations.seal(
             method=method,
             name=name,
@@ -281,24 +291,32 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
             await gateway.wait_settled(STARTUP_LIST_WAIT_S)
             startup_waited.set()
         call_ctx = _call_context(ctx, gateway.clients)
-        try:
-            if params.request_state is None:
-                return await gateway.router.call(params.name, params.arguments, ctx=call_ctx, progress=progress)
-            found, _ = reopen("tools/call", params.name, params.arguments, call_ctx.caller, params.request_state)
-            token = ROUND.set(Round(params.input_responses, found.state))
+
+        async def resume(origin: Origin, retry: Round) -> types.CallToolResult:
+            token = ROUND.set(retry)
             try:
                 return await gateway.router.resume(
                     params.name,
                     params.arguments,
-                    backend_name=found.backend,
-                    tool=found.local,
+                    backend_name=origin.backend,
+                    tool=origin.local,
                     ctx=call_ctx,
                     progress=progress,
                 )
             finally:
                 ROUND.reset(token)
-        except InputRequired as exc:
-            return asked(ctx, "tools/call", params.name, params.arguments, call_ctx.caller, exc)
+
+        try:
+            try:
+                if params.request_state is None:
+                    return await gateway.router.call(params.name, params.arguments, ctx=call_ctx, progress=progress)
+                found, _ = reopen("tools/call", params.name, params.arguments, call_ctx.caller, params.request_state)
+                return await resume(Origin(found.backend, found.local), Round(params.input_responses, found.state))
+            except InputRequired as exc:
+                answer: types.CallToolResult | types.InputRequiredResult = await asked(
+                    ctx, "tools/call", params.name, params.arguments, call_ctx.caller, exc, resume
+                )
+                return answer
         except (ToolNotFound, InvalidArguments) as exc:
             raise MCPError(INVALID_PARAMS, str(exc)) from exc
         except BackendRpcError as exc:
@@ -350,10 +368,19 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
     async def read_resource(ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams) -> Any:
         await settled()
         caller = _call_context(ctx, gateway.clients).caller
+        meta = forwarded_meta(params.meta)
+
+        async def resume(origin: Origin, retry: Round) -> Any:
+            token = ROUND.set(retry)
+            try:
+                return await read_from(ctx, params, (origin,), meta)
+            finally:
+                ROUND.reset(token)
+
         try:
             return await read_round(ctx, params, caller)
         except InputRequired as exc:
-            return asked(ctx, "resources/read", params.uri, None, caller, exc)
+            return await asked(ctx, "resources/read", params.uri, None, caller, exc, resume)
 
     async def read_round(
         ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams, caller: str | None
@@ -437,13 +464,21 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
             update = {"name": origin.local, "meta": meta, "input_responses": None, "request_state": None}
             return types.GetPromptRequest(params=params.model_copy(update=update))
 
+        async def resume(origin: Origin, retry: Round) -> Any:
+            again = ROUND.set(retry)
+            try:
+                return (await forward((origin,), build, types.GetPromptResult, _progress(ctx)))[1]
+            finally:
+                ROUND.reset(again)
+
         try:
-            return (await forward((origin,), build, types.GetPromptResult, _progress(ctx)))[1]
+            try:
+                return (await forward((origin,), build, types.GetPromptResult, _progress(ctx)))[1]
+            finally:
+                if token is not None:
+                    ROUND.reset(token)
         except InputRequired as exc:
-            return asked(ctx, "prompts/get", params.name, params.arguments, caller, exc)
-        finally:
-            if token is not None:
-                ROUND.reset(token)
+            return await asked(ctx, "prompts/get", params.name, params.arguments, caller, exc, resume)
 
     async def complete(ctx: ServerRequestContext[Any], params: types.CompleteRequestParams) -> Any:
         await settled()
@@ -523,7 +558,51 @@ def _continuations(gateway: Gateway) -> Continuations:
     return Continuations(key, settings.ttl_s)
 
 
-_CAPABILITY_NAMES = {"elicitation/create": "elicitation", "sampling/createMessage": "sampling", "roots/list": "roots"}
+MAX_ROUNDS = 10
+"""The most rounds the gateway answers for a handshake-era client (the SDK client's own default cap)."""
+
+
+async def _answer_here(
+    ctx: ServerRequestContext[Any], exc: InputRequired, again: Callable[[Round], Awaitable[Any]]
+) -> Any:
+    """Drive a multi-round-trip request for a handshake-era client: each input request goes to it as a request of
+    its own on this call's stream, one after the other; the answers go back to the backend with its state."""
+    for _ in range(MAX_ROUNDS):
+        downstream = exc.result
+        assert isinstance(downstream, types.InputRequiredResult)
+        requests = downstream.input_requests or {}
+        _require_capabilities(ctx.session.client_capabilities, requests)
+        responses: dict[str, Any] = {}
+        for key, request in requests.items():
+            try:
+                responses[key] = await ctx.session.send_request(
+                    request,
+                    _input_result_type(request),
+                    metadata=ServerMessageMetadata(related_request_id=ctx.request_id),
+                )
+            except NoBackChannelError:
+                raise MCPError(
+                    types.INVALID_REQUEST,
+                    f"The server behind this request needs input ({request.method}) and this call has no channel "
+                    "back to the client to ask for it.",
+                ) from None
+        try:
+            return await again(Round(responses, downstream.request_state))
+        except InputRequired as more:
+            exc = more
+    raise MCPError(
+        types.INTERNAL_ERROR, f"The server behind this request still asked for input after {MAX_ROUNDS} rounds."
+    )
+
+
+def _input_result_type(request: Any) -> Any:
+    if isinstance(request, types.ElicitRequest):
+        return types.ElicitResult
+    if isinstance(request, types.ListRootsRequest):
+        return types.ListRootsResult
+    if isinstance(request, types.CreateMessageRequest) and request.params.tools:
+        return types.CreateMessageResultWithTools
+    return types.CreateMessageResult
 
 
 def _require_capabilities(declared: types.ClientCapabilities | None, requests: Mapping[str, Any]) -> None:

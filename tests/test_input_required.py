@@ -24,7 +24,7 @@ from mcp.client import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from tests.fixtures.gateway_proc import FIXTURES, run_gateway
+from tests.fixtures.gateway_proc import FIXTURES, mcp_session, run_gateway
 from tests.fixtures.procs import RunningServer, free_port, start_http_server
 
 pytestmark = pytest.mark.anyio
@@ -225,3 +225,29 @@ async def test_a_capability_the_client_did_not_declare(downstream: RunningServer
     assert roots.value.error.code == -32021
     assert roots.value.error.data == {"requiredCapabilities": {"roots": {}}}
     assert _text(plain) == "plain: ok"
+
+
+async def test_a_handshake_era_client_is_asked_on_its_call_stream(downstream: RunningServer, tmp_path: Path) -> None:
+    """A 2025-11-25 session cannot take an input-required result: the gateway asks it over the back-channel and
+    retries for it, one ledger row per round all the same."""
+    answers = Answers()
+    with run_gateway(_config(downstream), tmp_path, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
+        with anyio.fail_after(30):
+            async with mcp_session(
+                gateway.url(), elicitation_callback=answers.elicit, sampling_callback=answers.sample
+            ) as session:
+                assert session.protocol_version == "2025-11-25"
+                result = await session.call_tool("interview", {"rounds": 3})
+                prompt = await session.get_prompt("greeting")
+                read = await session.read_resource("test://mrtr/secret")
+    assert _text(result) == "interview: name=Ada motto=onward confirmed=True rounds=3"
+    assert [m.content.text for m in prompt.messages] == ["Hello Ada"]  # type: ignore[union-attr]
+    assert [x.text for x in read.contents] == ["secret for 42"]  # type: ignore[union-attr]
+    assert answers.asked == [
+        "elicit:Your name?",
+        "sample",
+        "elicit:Confirm Ada?",
+        "elicit:Whom to greet?",
+        "elicit:Access code?",
+    ]
+    assert [row[1] for row in _rows(tmp_path)] == ["input_required", "input_required", "ok"]
