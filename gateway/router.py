@@ -273,8 +273,10 @@ class Router:
         progress: ProgressFn | None = None,
     ) -> types.CallToolResult:
         """Serve a later round of a multi-round-trip ``tools/call``: straight to ``backend_name``'s ``tool`` (the
-        backend that asked, as the sealed state says), one step, one row. The caller sets the round's input
-        responses and state (backends/mcp.py ``ROUND``). The published ``name`` need not be in the catalog any more.
+        backend that asked, as the sealed state says), one step under the call budget, one row. The caller sets the
+        round's input responses and state (backends/mcp.py ``ROUND``). The published ``name`` need not be in the
+        catalog any more; when it still is, with this provider, the provider's argument template applies. Counted
+        as in flight on the backend (a reload drains it) and cut by the shutdown like any call.
 
         Raises:
             InputRequired: the backend asks for more input (row status ``input_required``).
@@ -288,13 +290,12 @@ class Router:
         backend = self._backends().get(backend_name)
         if backend is None:
             raise ToolNotFound(name)
+        listed = entry.providers if entry is not None else ()
         provider = next(
-            (p for p in (entry.providers if entry is not None else ()) if (p.backend, p.tool) == (backend_name, tool)),
-            None,
+            (p for p in listed if (p.backend, p.tool) == (backend_name, tool)), Provider(backend_name, tool)
         )
         arguments = dict(arguments or {})
-        provider_args = provider.map_arguments(arguments) if provider is not None else arguments
-        label = provider.label if provider is not None else f"{backend_name}/{tool}"
+        provider_args = provider.map_arguments(arguments)
         steps: list[AuditStep] = []
         status = "error"
         result: types.CallToolResult | None = None
@@ -304,29 +305,59 @@ class Router:
         ):
             t0 = time.perf_counter()
             try:
-                with anyio.fail_after(self._budget().total_s):
-                    result = await backend.call_tool(tool, provider_args, progress=progress)
+                outcome = await self._resumable(name, backend, provider, provider_args, progress)
             except InputRequired:
-                steps.append(AuditStep(label, None, "input_required", None, _ms(t0)))
+                steps.append(AuditStep(provider.label, None, "input_required", None, _ms(t0)))
                 await self._finish(name, audit, arguments, ctx, correlation_id, started, steps, "input_required", None)
                 raise
-            except BackendError as exc:
-                steps.append(AuditStep(label, None, exc.outcome, redactor.scrub(exc.reason), _ms(t0)))
-                status = "timeout" if exc.outcome == "timeout" else "error"
-                if isinstance(exc, BackendRpcError):
-                    await self._finish(name, audit, arguments, ctx, correlation_id, started, steps, status, None)
-                    raise
-                result = _failure_result(name, steps)
-            except TimeoutError:
-                steps.append(AuditStep(label, None, "timeout", "the call's budget ran out", _ms(t0)))
-                status = "timeout"
-                result = _failure_result(name, steps)
+            except anyio.get_cancelled_exc_class():
+                steps.append(AuditStep(provider.label, None, "cancelled", "cancelled while under way", _ms(t0)))
+                with anyio.CancelScope(shield=True):
+                    await self._finish(name, audit, arguments, ctx, correlation_id, started, steps, "cancelled", None)
+                raise
+            if outcome is None:  # cut short by the shutdown
+                steps.append(AuditStep(provider.label, None, "cancelled", self._closing or "", _ms(t0)))
+                result, status = _closing_result(name, self._closing or ""), "cancelled"
             else:
-                steps.append(AuditStep(label, None, "is_error" if result.is_error else "ok", None, _ms(t0)))
-                status = "error" if result.is_error else "ok"
+                step, answer, failure = outcome
+                steps.append(step)
+                if failure is None and answer is not None:
+                    result, status = (
+                        answer,
+                        "refused" if step.outcome == "refused" else ("error" if answer.is_error else "ok"),
+                    )
+                else:
+                    status = "timeout" if failure is not None and failure.outcome == "timeout" else "error"
+                    if isinstance(failure, BackendRpcError):
+                        await self._finish(name, audit, arguments, ctx, correlation_id, started, steps, status, None)
+                        raise failure
+                    result = _failure_result(name, steps)
             result = _with_meta(result, correlation_id, steps, status)
             await self._finish(name, audit, arguments, ctx, correlation_id, started, steps, status, result)
             return result
+
+    async def _resumable(
+        self,
+        name: str,
+        backend: Backend,
+        provider: Provider,
+        arguments: dict[str, Any],
+        progress: ProgressFn | None,
+    ) -> tuple[AuditStep, types.CallToolResult | None, BackendError | None] | None:
+        """One ``_attempt`` in a scope ``abort()`` can cancel; None when it did."""
+        if self._closing is not None:
+            return None
+        with anyio.CancelScope() as scope:
+            self._calls.add(scope)
+            try:
+                deadline = CallDeadline(self._budget())
+                return await self._attempt(name, backend, provider, arguments, None, progress, deadline, True)
+            finally:
+                self._calls.discard(scope)
+                if not self._calls and self._no_calls is not None:
+                    self._no_calls.set()
+                    self._no_calls = None
+        return None
 
     def _call_span(self, name: str, correlation_id: str, ctx: CallContext) -> AbstractContextManager[object]:
         if self._tracer is None:

@@ -251,3 +251,59 @@ async def test_a_handshake_era_client_is_asked_on_its_call_stream(downstream: Ru
         "elicit:Access code?",
     ]
     assert [row[1] for row in _rows(tmp_path)] == ["input_required", "input_required", "ok"]
+
+
+def _renamed(downstream: RunningServer, *, backend: str = "asker", rename: str = "") -> str:
+    config = _config(downstream).replace("  asker:\n", f"  {backend}:\n")
+    return config + (f"    tools: {{rename: {{interview: {rename}}}}}\n" if rename else "")
+
+
+async def test_the_retry_reaches_the_backend_that_asked_after_the_catalog_changed(
+    downstream: RunningServer, tmp_path: Path
+) -> None:
+    env = {"GATEWAY_STATE_KEY": KEY}
+    with run_gateway(_config(downstream), tmp_path, tokens=TOKENS, env=env) as gateway:
+        with anyio.fail_after(30):
+            async with client(gateway.url()) as c:
+                first = await _first_round(c)
+    # The next process publishes the tool under another name: "interview" is no longer in its catalog.
+    with run_gateway(_renamed(downstream, rename="quiz"), tmp_path, tokens=TOKENS, env=env) as gateway:
+        with anyio.fail_after(30):
+            async with client(gateway.url()) as c:
+                assert [t.name for t in (await c.list_tools()).tools] == ["quiz", "needs_roots", "plain"]
+                done = await c.session.call_tool(
+                    "interview", {"rounds": 1}, input_responses=_NAME, request_state=first.request_state
+                )
+    assert _text(done) == "interview: name=Ada rounds=1"
+    assert _rows(tmp_path)[-1] == ("interview", "ok", "alice", ["asker/interview:ok"])
+
+
+async def test_a_state_naming_a_backend_that_is_gone_is_refused(downstream: RunningServer, tmp_path: Path) -> None:
+    env = {"GATEWAY_STATE_KEY": KEY}
+    with run_gateway(_config(downstream), tmp_path, tokens=TOKENS, env=env) as gateway:
+        with anyio.fail_after(30):
+            async with client(gateway.url()) as c:
+                first = await _first_round(c)
+    with run_gateway(_renamed(downstream, backend="other"), tmp_path, tokens=TOKENS, env=env) as gateway:
+        with anyio.fail_after(30):
+            async with client(gateway.url()) as c:
+                with pytest.raises(MCPError) as refused:
+                    await c.session.call_tool(
+                        "interview", {"rounds": 1}, input_responses=_NAME, request_state=first.request_state
+                    )
+        assert "the backend that asked is no longer configured" in gateway.output()  # the reason: in the log only
+    _assert_refused(refused)
+    assert [row[1] for row in _rows(tmp_path)] == ["input_required"]
+
+
+async def test_a_prompt_state_is_not_a_tool_state(downstream: RunningServer, tmp_path: Path) -> None:
+    with run_gateway(_config(downstream, audit=False), tmp_path, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
+        with anyio.fail_after(30):
+            async with client(gateway.url(), token=None) as c:
+                first = await c.session.get_prompt("greeting", allow_input_required=True)
+                assert isinstance(first, types.InputRequiredResult)
+                with pytest.raises(MCPError) as refused:
+                    await c.session.read_resource(
+                        "test://mrtr/secret", input_responses=_NAME, request_state=first.request_state
+                    )
+    _assert_refused(refused)

@@ -1,0 +1,93 @@
+"""The sealed requestState of multi-round-trip requests (gateway/continuation.py), without processes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from mcp.shared.exceptions import MCPError
+
+from gateway.continuation import Continuation, Continuations, load_key
+from gateway.errors import ConfigError
+
+KEY = b"0123456789abcdef0123456789abcdef"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _seal(c: Continuations, **over: object) -> str:
+    fields: dict[str, object] = {
+        "method": "tools/call",
+        "name": "interview",
+        "arguments": {"rounds": 1},
+        "backend": "asker",
+        "local": "interview",
+        "caller": "alice",
+        "state": "down",
+    }
+    fields.update(over)
+    return c.seal(**fields)  # type: ignore[arg-type]
+
+
+def _open(c: Continuations, token: object, **over: object) -> Continuation:
+    fields: dict[str, object] = {
+        "method": "tools/call",
+        "name": "interview",
+        "arguments": {"rounds": 1},
+        "caller": "alice",
+    }
+    fields.update(over)
+    return c.open(token, **fields)  # type: ignore[arg-type]
+
+
+def _refused(c: Continuations, token: object, **over: object) -> None:
+    with pytest.raises(MCPError) as exc:
+        _open(c, token, **over)
+    assert (exc.value.error.code, exc.value.error.message) == (-32602, "Invalid or expired requestState")
+    assert exc.value.error.data == {"reason": "invalid_request_state"}
+
+
+def test_a_token_opens_for_its_request_and_caller_only() -> None:
+    clock = Clock()
+    c = Continuations(KEY, 60, clock=clock)
+    token = _seal(c)
+    assert _open(c, token) == Continuation("asker", "interview", "down")
+    assert "asker" not in token and "down" not in token  # encrypted, not only signed
+    _refused(c, token, caller="bob")
+    _refused(c, token, caller=None)
+    _refused(c, token, name="other")
+    _refused(c, token, method="prompts/get")
+    _refused(c, token, arguments={"rounds": 2})
+    _refused(c, token + "A")
+    _refused(c, 42)
+    _refused(Continuations(b"another key, also 32 bytes long!", 60, clock=clock), token)
+    clock.now += 60
+    _refused(c, token)  # expired
+
+
+def test_no_caller_binds_to_no_caller() -> None:
+    c = Continuations(KEY, 60)
+    token = _seal(c, caller=None, state=None)
+    assert _open(c, token, caller=None) == Continuation("asker", "interview", None)
+    _refused(c, token, caller="alice")
+
+
+def test_the_key_comes_from_the_environment_then_a_file_beside_the_ledger(tmp_path: Path) -> None:
+    assert load_key("K", "x" * 32, str(tmp_path / "audit.db")) == (b"x" * 32, "environment variable K")
+    with pytest.raises(ConfigError, match="K holds 5 characters"):
+        load_key("K", "short", None)
+    key, source = load_key("K", None, str(tmp_path / "audit.db"))
+    path = tmp_path / "audit.db.state-key"
+    assert source == "file audit.db.state-key beside the audit ledger"
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    assert len(key) == 64
+    assert load_key("K", None, str(tmp_path / "audit.db"))[0] == key  # kept: a restart opens old tokens
+    ephemeral, source = load_key("K", None, None)
+    assert source == "this process only" and len(ephemeral) == 32 and ephemeral != load_key("K", None, None)[0]
