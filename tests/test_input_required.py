@@ -52,6 +52,7 @@ servers:
     url: {downstream.url()}
     protocol: "{MODERN}"
     timeout_s: 10
+    ping_interval_s: 0.3
 """
 
 
@@ -119,6 +120,7 @@ async def test_a_tool_asks_over_three_rounds_with_two_requests_in_one(
         with anyio.fail_after(30):
             async with client(gateway.url(), answers=answers) as c:
                 result = await c.call_tool("interview", {"rounds": 3})
+        assert "ping failed" not in gateway.output()  # the stateless era's health check is server/discover
     assert _text(result) == "interview: name=Ada motto=onward confirmed=True rounds=3"
     assert sorted(answers.asked[:2]) == ["elicit:Your name?", "sample"]  # round 1 asked both at once
     assert answers.asked[2:] == ["elicit:Confirm Ada?"]
@@ -307,3 +309,18 @@ async def test_a_prompt_state_is_not_a_tool_state(downstream: RunningServer, tmp
                         "test://mrtr/secret", input_responses=_NAME, request_state=first.request_state
                     )
     _assert_refused(refused)
+
+
+async def test_a_server_with_resources_but_no_templates_handler_connects(tmp_path: Path) -> None:
+    """The SDK answers ``resources/templates/list`` "Method not found" (HTTP 404 when stateless) for a server that
+    declares resources but has no templates handler; that is no templates, not a failed connection."""
+    port = free_port()
+    argv = [sys.executable, str(FIXTURES / "mrtr_server.py"), "--port", str(port), "--no-templates"]
+    with start_http_server(argv, port) as bare:
+        with run_gateway(_config(bare, audit=False), tmp_path, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
+            with anyio.fail_after(30):
+                async with client(gateway.url(), token=None) as c:
+                    plain = await c.call_tool("plain", {})
+                    read = await c.read_resource("test://mrtr/secret")
+    assert _text(plain) == "plain: ok"
+    assert [x.text for x in read.contents] == ["secret for 42"]  # type: ignore[union-attr]

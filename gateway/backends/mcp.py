@@ -971,9 +971,16 @@ class McpBackend(BackendBase):
                 items.extend(resources.resources)
                 cursor = resources.next_cursor
             elif kind == "resource_templates":
-                templates = await session.send_request(
-                    types.ListResourceTemplatesRequest(params=params), types.ListResourceTemplatesResult
-                )
+                try:
+                    templates = await session.send_request(
+                        types.ListResourceTemplatesRequest(params=params), types.ListResourceTemplatesResult
+                    )
+                except MCPError as exc:
+                    if exc.error.code != types.METHOD_NOT_FOUND:
+                        raise
+                    # Resources without templates: an SDK server lacking the handler answers "Method not found"
+                    # (over stateless HTTP, with a 404) though it declared ``resources``; it has no templates.
+                    return tuple(items)
                 items.extend(templates.resource_templates)
                 cursor = templates.next_cursor
             else:
