@@ -28,7 +28,8 @@ stream and retries for it within that call (``_answer_here``), each round still 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import anyio
@@ -293,8 +294,7 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
         call_ctx = _call_context(ctx, gateway.clients)
 
         async def resume(origin: Origin, retry: Round) -> types.CallToolResult:
-            token = ROUND.set(retry)
-            try:
+            with _round(retry):
                 return await gateway.router.resume(
                     params.name,
                     params.arguments,
@@ -303,13 +303,12 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
                     ctx=call_ctx,
                     progress=progress,
                 )
-            finally:
-                ROUND.reset(token)
 
         try:
             try:
                 if params.request_state is None:
-                    return await gateway.router.call(params.name, params.arguments, ctx=call_ctx, progress=progress)
+                    with _round(_ahead(params.input_responses)):
+                        return await gateway.router.call(params.name, params.arguments, ctx=call_ctx, progress=progress)
                 found, _ = reopen("tools/call", params.name, params.arguments, call_ctx.caller, params.request_state)
                 return await resume(Origin(found.backend, found.local), Round(params.input_responses, found.state))
             except InputRequired as exc:
@@ -371,11 +370,8 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
         meta = forwarded_meta(params.meta)
 
         async def resume(origin: Origin, retry: Round) -> Any:
-            token = ROUND.set(retry)
-            try:
+            with _round(retry):
                 return await read_from(ctx, params, (origin,), meta)
-            finally:
-                ROUND.reset(token)
 
         try:
             return await read_round(ctx, params, caller)
@@ -387,20 +383,18 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
     ) -> Any:
         meta = forwarded_meta(params.meta)
         origins: tuple[Origin, ...]
+        retry: Round | None
         if params.request_state is not None:  # a later round: to the backend that asked, whatever the lists say
             found, _ = reopen("resources/read", params.uri, None, caller, params.request_state)
             origins = (Origin(found.backend, found.local),)
-            token = ROUND.set(Round(params.input_responses, found.state))
+            retry = Round(params.input_responses, found.state)
         else:
             origins = gateway.catalog.lists.resolve(params.uri)
-            token = None
+            retry = _ahead(params.input_responses)
         if not origins:
             raise MCPError(types.INVALID_PARAMS, "Resource not found", {"uri": clip(params.uri, URI_CHARS)})
-        try:
+        with _round(retry):
             return await read_from(ctx, params, origins, meta)
-        finally:
-            if token is not None:
-                ROUND.reset(token)
 
     async def read_from(
         ctx: ServerRequestContext[Any],
@@ -448,14 +442,15 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
     async def get_prompt(ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams) -> Any:
         await settled()
         caller = _call_context(ctx, gateway.clients).caller
-        token = None
         origin: Origin | None
+        retry: Round | None
         if params.request_state is not None:  # a later round: to the backend that asked, whatever the lists say
             found, _ = reopen("prompts/get", params.name, params.arguments, caller, params.request_state)
             origin = Origin(found.backend, found.local)
-            token = ROUND.set(Round(params.input_responses, found.state))
+            retry = Round(params.input_responses, found.state)
         else:
             origin = gateway.catalog.lists.prompt(params.name)
+            retry = _ahead(params.input_responses)
         if origin is None:
             raise MCPError(types.INVALID_PARAMS, f"Unknown prompt: {quote(params.name)}")
         meta = forwarded_meta(params.meta)
@@ -464,19 +459,13 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
             update = {"name": origin.local, "meta": meta, "input_responses": None, "request_state": None}
             return types.GetPromptRequest(params=params.model_copy(update=update))
 
-        async def resume(origin: Origin, retry: Round) -> Any:
-            again = ROUND.set(retry)
-            try:
+        async def resume(origin: Origin, again: Round) -> Any:
+            with _round(again):
                 return (await forward((origin,), build, types.GetPromptResult, _progress(ctx)))[1]
-            finally:
-                ROUND.reset(again)
 
         try:
-            try:
+            with _round(retry):
                 return (await forward((origin,), build, types.GetPromptResult, _progress(ctx)))[1]
-            finally:
-                if token is not None:
-                    ROUND.reset(token)
         except InputRequired as exc:
             return await asked(ctx, "prompts/get", params.name, params.arguments, caller, exc, resume)
 
@@ -556,6 +545,25 @@ def _continuations(gateway: Gateway) -> Continuations:
     else:
         log.info("request_state.key", source=source)
     return Continuations(key, settings.ttl_s)
+
+
+def _ahead(responses: Mapping[str, Any] | None) -> Round | None:
+    """Input responses sent without a state (a client answering ahead, or a stateless server's own flow) go to the
+    backend as they are: the server decides what they are worth (SEP-2322: re-ask, or ignore what it does not know)."""
+    return Round(responses, None) if responses is not None else None
+
+
+@contextmanager
+def _round(retry: Round | None) -> Iterator[None]:
+    """``retry`` in effect for the downstream requests made inside (backends/mcp.py ``ROUND``)."""
+    if retry is None:
+        yield
+        return
+    token = ROUND.set(retry)
+    try:
+        yield
+    finally:
+        ROUND.reset(token)
 
 
 MAX_ROUNDS = 10

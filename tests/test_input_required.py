@@ -272,7 +272,7 @@ async def test_the_retry_reaches_the_backend_that_asked_after_the_catalog_change
     with run_gateway(_renamed(downstream, rename="quiz"), tmp_path, tokens=TOKENS, env=env) as gateway:
         with anyio.fail_after(30):
             async with client(gateway.url()) as c:
-                assert [t.name for t in (await c.list_tools()).tools] == ["quiz", "needs_roots", "plain"]
+                assert [t.name for t in (await c.list_tools()).tools] == ["quiz", "needs_roots", "plain", "polite"]
                 done = await c.session.call_tool(
                     "interview", {"rounds": 1}, input_responses=_NAME, request_state=first.request_state
                 )
@@ -324,3 +324,19 @@ async def test_a_server_with_resources_but_no_templates_handler_connects(tmp_pat
                     read = await c.read_resource("test://mrtr/secret")
     assert _text(plain) == "plain: ok"
     assert [x.text for x in read.contents] == ["secret for 42"]  # type: ignore[union-attr]
+
+
+async def test_the_backend_sees_the_calling_clients_capabilities(downstream: RunningServer, tmp_path: Path) -> None:
+    """The downstream decides what to ask from the capabilities of the client behind the gateway, not the gateway's
+    own (which relays all three): the conformance suite's input-required-result-capability-check."""
+    with run_gateway(_config(downstream, audit=False), tmp_path, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
+        with anyio.fail_after(30):
+            async with client(gateway.url(), token=None, sampling=False) as c:
+                first = await c.session.call_tool("polite", {}, allow_input_required=True)
+                assert isinstance(first, types.InputRequiredResult) and first.input_requests is not None
+                assert list(first.input_requests) == ["name"]  # elicitation only: no sampling was declared
+                assert first.request_state is not None  # the gateway's, though the server sent none
+                done = await c.call_tool("polite", {})
+                ahead = await c.session.call_tool("polite", {}, input_responses=_NAME)  # answered ahead, no state
+    assert _text(done) == "polite: name"
+    assert _text(ahead) == "polite: name"

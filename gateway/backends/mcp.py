@@ -31,7 +31,9 @@ The era (``protocol``): by default the session is a handshake-era one (``initial
 ``resources/read`` may be answered with an input-required result (SEP-2322): it is raised as ``InputRequired``
 (naming this backend and its own name for the tool, prompt or resource), for the server to hand the client with a
 sealed ``requestState`` (gateway/continuation.py). A client's retry reaches ``call_tool`` / ``request`` again with
-the client's input responses and the downstream's own state (``ROUND``, set by whoever routes the retry).
+the client's input responses and the downstream's own state (``ROUND``, set by whoever routes the retry). Each
+request declares, in its ``_meta`` envelope, the capabilities of the client whose request it serves (not the
+gateway's own), so the server asks only for what that client can answer (SEP-2322).
 """
 
 from __future__ import annotations
@@ -936,6 +938,7 @@ class McpBackend(BackendBase):
         if self._config.protocol != MODERN:
             return await session.initialize()
         found = await session.discover()
+        _forward_capabilities(session)
         info = session.server_info or types.Implementation(name=self._name, version="")
         return types.InitializeResult(
             protocol_version=session.protocol_version or MODERN,
@@ -1101,3 +1104,27 @@ def _with_round(params: Any) -> Any:
 
 
 _INPUT_RESPONSES: TypeAdapter[types.InputResponses] = TypeAdapter(types.InputResponses)
+
+
+def _forward_capabilities(session: ClientSession) -> None:
+    """Make each request of this stateless-era session declare the calling client's capabilities.
+
+    The SDK stamps every request's ``_meta`` envelope with the capabilities of *this* session (all three, since
+    the gateway relays sampling, elicitation and roots), and a server uses them to decide which input requests it
+    may send. The client behind the gateway is the one that must answer, so its own declaration (none: ``{}``)
+    replaces ours, after the SDK's stamp (``ClientSession._stamp``, set by ``discover``).
+    """
+    stamp = session._stamp
+
+    def forwarding(data: dict[str, Any], opts: Any) -> None:
+        stamp(data, opts)
+        upstream = UPSTREAM.get()
+        if upstream is None or data.get("method") == "server/discover":
+            return
+        declared = upstream.session.client_capabilities
+        meta = data.setdefault("params", {}).setdefault("_meta", {})
+        meta[types.CLIENT_CAPABILITIES_META_KEY] = (
+            declared.model_dump(by_alias=True, mode="json", exclude_none=True) if declared is not None else {}
+        )
+
+    session._stamp = forwarding
