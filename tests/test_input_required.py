@@ -9,7 +9,9 @@ the input requests and retries by itself (or, where a test needs the raw rounds,
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -340,3 +342,63 @@ async def test_the_backend_sees_the_calling_clients_capabilities(downstream: Run
                 ahead = await c.session.call_tool("polite", {}, input_responses=_NAME)  # answered ahead, no state
     assert _text(done) == "polite: name"
     assert _text(ahead) == "polite: name"
+
+
+SCENARIOS = (
+    "basic-elicitation",
+    "basic-sampling",
+    "basic-list-roots",
+    "request-state",
+    "multiple-input-requests",
+    "multi-round",
+    "missing-input-response",
+    "non-tool-request",
+    "result-type",
+    "unsupported-methods",
+    "tampered-state",
+    "capability-check",
+    "ignore-extra-params",
+    "validate-input",
+)
+"""The conformance suite's SEP-2322 server scenarios (0.2.0-alpha.12: 37 checks)."""
+
+
+def _scenario_checks(launcher: str, url: str, folder: Path) -> dict[str, list[tuple[str, str]]]:
+    found: dict[str, list[tuple[str, str]]] = {}
+    for scenario in SCENARIOS:
+        name = f"input-required-result-{scenario}"
+        argv = [launcher, "server", "--url", url, "--scenario", name, "--spec-version", MODERN, "-o", str(folder)]
+        subprocess.run(argv, capture_output=True, timeout=90, check=False)
+        found[scenario] = [
+            (check["id"], check["status"])
+            for path in sorted(folder.glob(f"server-{name}-*/checks.json"))
+            for check in json.loads(path.read_text())
+        ]
+    return found
+
+
+@pytest.mark.node
+def test_the_conformance_suites_input_required_scenarios_pass_through_the_gateway(tmp_path: Path) -> None:
+    """tests/fixtures/mrtr_conformance_server.py implements the suite's input-required-result scenarios; every
+    check that passes against it directly passes through the gateway, with nothing else different."""
+    launcher = os.environ.get("GATEWAY_CONFORMANCE_NEXT")
+    if not launcher:
+        pytest.skip("set GATEWAY_CONFORMANCE_NEXT to a 0.2.x `conformance` launcher")
+    port = free_port()
+    argv = [sys.executable, str(FIXTURES / "mrtr_conformance_server.py"), "--port", str(port)]
+    with start_http_server(argv, port) as target:
+        direct = _scenario_checks(launcher, target.url(), tmp_path / "direct")
+        config = f"""
+gateway:
+  audit: {{enabled: false}}
+servers:
+  target:
+    transport: streamable_http
+    url: {target.url()}
+    protocol: "{MODERN}"
+"""
+        with run_gateway(config, tmp_path, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
+            through = _scenario_checks(launcher, gateway.url(), tmp_path / "gateway")
+    assert sum(len(checks) for checks in direct.values()) == 37
+    assert {status for checks in direct.values() for _, status in checks} == {"SUCCESS"}
+    assert through == direct
