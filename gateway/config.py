@@ -232,7 +232,8 @@ class ContinuationSettings(_Model):
     file beside the audit ledger (``<audit.path>.state-key``, mode 0600), or, with the ledger off, one per process."""
 
     key_env: str = "GATEWAY_STATE_KEY"
-    """The environment variable holding the key (at least 32 characters of secret randomness)."""
+    """The environment variable holding the key (at least 32 characters of secret randomness); several keys,
+    comma-separated, for a rotation: the first seals, every one opens."""
     ttl_s: float = Field(default=600.0, gt=0)
     """How long a client may take to answer one round's input requests before its retry is refused."""
 

@@ -15,7 +15,8 @@ was minted for another request, another caller or a backend the gateway no longe
 SDK's ``RequestStateBoundary`` refuses one: JSON-RPC ``-32602`` "Invalid or expired requestState" with
 ``data.reason = "invalid_request_state"``; the real reason goes to the log only.
 
-The key (``load_key``): the environment variable named by ``gateway.continuation.key_env``; else a random key kept
+The key (``load_key``): the environment variable named by ``gateway.continuation.key_env`` (several, comma-separated,
+for a rotation: the first seals, all open); else a random key kept
 in a file beside the audit ledger (``<audit.path>.state-key``, created 0600 on first use, so a restart keeps it); else
 (ledger off) a key of this process alone, said in one warning line at startup.
 """
@@ -28,7 +29,7 @@ import json
 import os
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -82,8 +83,8 @@ def _principal(caller: str | None) -> str | None:
 class Continuations:
     """Seals and opens the gateway's ``requestState`` tokens under one key."""
 
-    def __init__(self, key: bytes, ttl_s: float, *, clock: Callable[[], float] = time.time) -> None:
-        self._codec = AESGCMRequestStateCodec([key])
+    def __init__(self, keys: Sequence[bytes], ttl_s: float, *, clock: Callable[[], float] = time.time) -> None:
+        self._codec = AESGCMRequestStateCodec(keys)  # keys[0] seals; every key opens (a rotation)
         self._ttl = ttl_s
         self._clock = clock
 
@@ -144,25 +145,32 @@ class Continuations:
         return Continuation(backend, local, state)
 
 
-def load_key(env_name: str, env_value: str | None, ledger: str | None, *, file: str = "") -> tuple[bytes, str]:
-    """The sealing key and where it came from (for the startup log line; never the key itself).
+def load_key(env_name: str, env_value: str | None, ledger: str | None, *, file: str = "") -> tuple[list[bytes], str]:
+    """The sealing keys (the first seals, every one opens) and where they came from (for the startup log line;
+    never a key itself). The environment variable may hold several keys separated by commas, for a rotation: put
+    the new key first and keep the old one after it for one ``ttl_s``.
 
     Raises:
-        ConfigError: the environment variable is set but too short, or the key file cannot be read or made.
+        ConfigError: a key in the environment variable is too short, or the key file cannot be read or made.
     """
-    if env_value:
-        if len(env_value) < _MIN_KEY_CHARS:
-            raise ConfigError(
-                file,
-                "gateway.continuation.key_env",
-                None,
-                f"the environment variable {env_name} holds {len(env_value)} "
-                f"characters; a requestState key needs at least {_MIN_KEY_CHARS} of secret randomness "
-                '(python -c "import secrets; print(secrets.token_hex(32))")',
-            )
-        return env_value.encode(), f"environment variable {env_name}"
+    if env_value and env_value.strip(", "):
+        keys = [key.strip() for key in env_value.split(",") if key.strip()]
+        for index, key in enumerate(keys):
+            if len(key) < _MIN_KEY_CHARS:
+                which = f"key {index + 1} of {len(keys)} in" if len(keys) > 1 else "the key in"
+                raise ConfigError(
+                    file,
+                    "gateway.continuation.key_env",
+                    None,
+                    f"{which} the environment variable {env_name} has {len(key)} characters; a requestState key "
+                    f"needs at least {_MIN_KEY_CHARS} of secret randomness "
+                    '(python -c "import secrets; print(secrets.token_hex(32))")',
+                )
+        return [key.encode() for key in keys], f"environment variable {env_name}" + (
+            f" ({len(keys)} keys, the first seals)" if len(keys) > 1 else ""
+        )
     if ledger is None:
-        return os.urandom(32), "this process only"
+        return [os.urandom(32)], "this process only"
     path = Path(ledger).with_name(Path(ledger).name + ".state-key")
     try:
         try:
@@ -179,4 +187,4 @@ def load_key(env_name: str, env_value: str | None, ledger: str | None, *, file: 
     if len(key) < _MIN_KEY_CHARS:
         problem = f"the requestState key file {path} holds {len(key)} characters, fewer than {_MIN_KEY_CHARS}"
         raise ConfigError(file, "gateway.audit.path", None, problem)
-    return key.encode(), f"file {path.name} beside the audit ledger"
+    return [key.encode()], f"file {path.name} beside the audit ledger"

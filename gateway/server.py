@@ -535,7 +535,7 @@ def _continuations(gateway: Gateway) -> Continuations:
     settings = gateway.config.gateway.continuation
     audit = gateway.config.gateway.audit
     ledger = audit.path if audit.enabled else None
-    key, source = load_key(settings.key_env, environ(settings.key_env), ledger, file=str(gateway.config.source or ""))
+    keys, source = load_key(settings.key_env, environ(settings.key_env), ledger, file=str(gateway.config.source or ""))
     if source == "this process only":
         log.warning(
             "request_state.ephemeral_key",
@@ -544,7 +544,7 @@ def _continuations(gateway: Gateway) -> Continuations:
         )
     else:
         log.info("request_state.key", source=source)
-    return Continuations(key, settings.ttl_s)
+    return Continuations(keys, settings.ttl_s)
 
 
 def _ahead(responses: Mapping[str, Any] | None) -> Round | None:
