@@ -5,8 +5,8 @@ runs against one target, tests/fixtures/conformance_server.py over streamable HT
 fronting it alone (setup a), and through the gateway fronting it beside two third-party servers over stdio,
 `mcp-server-time` and `server-everything`, with conditional naming (setup b). The gateway gets its own loopback
 configuration without tokens (the suite sends no auth header) and no audit ledger, so nothing is written outside the
-test's tmp folder. With `GATEWAY_CONFORMANCE_NEXT` naming a 0.2.x launcher (a pre-release covering the stateless
-2026-07-28 era), the same comparison also runs held to each era.
+test's tmp folder. The same comparison also runs with the pinned 0.2 pre-release (`conformance-next`, which covers
+the stateless 2026-07-28 era; `GATEWAY_CONFORMANCE_NEXT` may name another 0.2.x launcher), held to each era.
 
 The suite's client mode (`conformance client`) then checks the gateway's downstream side: for each scenario that
 applies to it, tests/fixtures/gateway_as_client.py serves a gateway whose only backend is the scenario's test server
@@ -60,7 +60,8 @@ class SuiteRun:
 
 
 NEXT_LAUNCHER_ENV = "GATEWAY_CONFORMANCE_NEXT"
-"""Names a pre-release launcher (0.2.x, which adds the 2026-07-28 era); its rows run only when it is set."""
+"""Names another pre-release launcher (0.2.x, which adds the 2026-07-28 era) for the `next-*` rows; by default they
+run with `conformance-next`, the pre-release scripts/install pins beside the stable release."""
 
 # The suite's runs: `stable` is the pinned release (--suite all); the `next-*` rows, a 0.2 pre-release held to one era.
 SUITES = {
@@ -78,9 +79,12 @@ def _launcher(suite: str = "stable") -> str:
                 "the `conformance` launcher (npm @modelcontextprotocol/conformance) is not on PATH; scripts/install"
             )
         return launcher
-    launcher = os.environ.get(NEXT_LAUNCHER_ENV)
+    launcher = os.environ.get(NEXT_LAUNCHER_ENV) or shutil.which("conformance-next")
     if not launcher:
-        pytest.skip(f"set {NEXT_LAUNCHER_ENV} to a 0.2.x `conformance` launcher to run the pre-release rows")
+        pytest.skip(
+            f"the `conformance-next` launcher (the 0.2 pre-release) is not on PATH; run scripts/install, or set "
+            f"{NEXT_LAUNCHER_ENV} to a 0.2.x `conformance` launcher"
+        )
     return launcher
 
 
@@ -188,7 +192,7 @@ CLIENT_SCENARIOS = {
 
 
 NEXT_CLIENT_SCENARIOS = {"json-schema-2020-12-preservation": 9}
-"""Client scenarios only the 0.2.x pre-release has (run when GATEWAY_CONFORMANCE_NEXT is set)."""
+"""Client scenarios only the 0.2.x pre-release has."""
 
 
 @pytest.mark.parametrize(
