@@ -9,7 +9,7 @@ cancellation through the SDK on every forwarded request. Each request becomes th
 so a downstream's sampling, elicitation and roots requests reach the client whose call caused them (see
 backends/relay.py). The capabilities a client is offered at ``initialize`` (and a stateless client at
 ``server/discover``) are what the ready backends offer; a stateless (2026-07-28) client hears of list changes on
-``subscriptions/listen`` streams fed by ``Upstreams.bus``, which is also why ``server/discover`` offers
+``subscriptions/listen`` streams (``Upstreams.listen``), which is also why ``server/discover`` offers
 ``listChanged`` for every list. It is
 transport-agnostic: ``http.py`` mounts it on streamable HTTP, the CLI runs it over stdio. A call's context names its
 session by ``session_digest`` only: session ids never reach the log, the ledger or a span.
@@ -29,7 +29,6 @@ from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.models import InitializationOptions
 from mcp.server.runner import serve_dual_era_loop
-from mcp.server.subscriptions import ListenHandler
 from mcp.shared.exceptions import MCPError
 from mcp_types import methods as _methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
@@ -374,7 +373,7 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
         on_get_prompt=get_prompt,
         on_completion=complete,
         get_tool_input_schema=input_schema,
-        on_subscriptions_listen=ListenHandler(upstreams.bus),
+        on_subscriptions_listen=upstreams.listen,
     )
     # Registered directly: the constructor's `on_set_logging_level` warns (logging is deprecated as of 2026-07-28),
     # but every handshake-era client uses it.

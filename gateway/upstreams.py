@@ -4,7 +4,9 @@
   * announces a new catalog as ``notifications/{tools,resources,prompts}/list_changed``, one per list that changed:
     to every handshake-era (2025-xx) connection, and as an event on ``bus``, which serves the stateless era's
     ``subscriptions/listen`` streams (the SDK's ``ListenHandler`` acknowledges, tags each frame with the stream's
-    subscription id and delivers only the kinds that stream asked for);
+    subscription id and delivers only the kinds that stream asked for). A listen stream's ``resourceSubscriptions``
+    are not honoured (the ack leaves them out, as the spec lets a server do): resource updates reach the handshake
+    era's subscribers, whose ``resources/subscribe`` subscribes the downstream;
   * keeps each client's ``logging/setLevel`` choice on its own connection, so a client's level changes what *that*
     client is sent and nothing else: a downstream's log message that belongs to a call goes to that call's client
     (on the call's own stream) when its level admits it; one that belongs to no call goes to the clients that asked
@@ -25,7 +27,7 @@ import mcp_types as types
 import structlog
 from mcp.server.connection import allowed_log_levels
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
-from mcp.server.subscriptions import InMemorySubscriptionBus
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
 from mcp.shared.exceptions import MCPError
 from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged, ServerEvent, ToolsListChanged
 
@@ -62,6 +64,14 @@ class Upstreams:
         self._downstream_level: types.LoggingLevel | None = None
         self.bus = InMemorySubscriptionBus()
         """List changes for the 2026-07-28 era's ``subscriptions/listen`` streams."""
+        self._listen = ListenHandler(self.bus)
+
+    async def listen(
+        self, ctx: ServerRequestContext[Any], params: types.SubscriptionsListenRequestParams
+    ) -> types.SubscriptionsListenResult:
+        """Serves one ``subscriptions/listen`` stream: list changes only (see the module docstring)."""
+        lists_only = params.notifications.model_copy(update={"resource_subscriptions": None})
+        return await self._listen(ctx, params.model_copy(update={"notifications": lists_only}))
 
     def __len__(self) -> int:
         return len(self._live)
