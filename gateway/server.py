@@ -7,7 +7,10 @@ router; it federates the rest of the protocol the same way: ``resources/list``, 
 ``resources/subscribe`` / ``unsubscribe`` and ``logging/setLevel`` through ``Upstreams`` (per client), progress and
 cancellation through the SDK on every forwarded request. Each request becomes the ``UPSTREAM`` of the work it causes,
 so a downstream's sampling, elicitation and roots requests reach the client whose call caused them (see
-backends/relay.py). The capabilities a client is offered at ``initialize`` are what the ready backends offer. It is
+backends/relay.py). The capabilities a client is offered at ``initialize`` (and a stateless client at
+``server/discover``) are what the ready backends offer; a stateless (2026-07-28) client hears of list changes on
+``subscriptions/listen`` streams (``Upstreams.listen``), which is also why ``server/discover`` offers
+``listChanged`` for every list. It is
 transport-agnostic: ``http.py`` mounts it on streamable HTTP, the CLI runs it over stdio. A call's context names its
 session by ``session_digest`` only: session ids never reach the log, the ledger or a span.
 
@@ -249,8 +252,9 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
 
     async def serve(ctx: ServerRequestContext[Any], call_next: CallNext) -> HandlerResult:
         # A client that connects while the backends are still connecting would be offered too little (no
-        # resources, no prompts): the first handshake waits, bounded, for every backend's first outcome.
-        if ctx.method == "initialize" and not startup_waited.is_set():
+        # resources, no prompts): the first handshake (or, stateless, the first `server/discover`) waits, bounded,
+        # for every backend's first outcome.
+        if ctx.method in ("initialize", "server/discover") and not startup_waited.is_set():
             await settled()
         if (
             ctx.method == "tools/list"
@@ -510,6 +514,7 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
         on_get_prompt=get_prompt,
         on_completion=complete,
         get_tool_input_schema=input_schema,
+        on_subscriptions_listen=upstreams.listen,
     )
     # Registered directly: the constructor's `on_set_logging_level` warns (logging is deprecated as of 2026-07-28),
     # but every handshake-era client uses it.

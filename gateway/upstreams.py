@@ -1,7 +1,12 @@
 """The gateway's clients, and what it owes each of them besides answers: list changes, log messages, resource updates.
 
 ``Upstreams`` holds every live client connection (weakly: a connection that goes away is forgotten) and:
-  * announces a new catalog as ``notifications/{tools,resources,prompts}/list_changed``, one per list that changed;
+  * announces a new catalog as ``notifications/{tools,resources,prompts}/list_changed``, one per list that changed:
+    to every handshake-era (2025-xx) connection, and as an event on ``bus``, which serves the stateless era's
+    ``subscriptions/listen`` streams (the SDK's ``ListenHandler`` acknowledges, tags each frame with the stream's
+    subscription id and delivers only the kinds that stream asked for). A listen stream's ``resourceSubscriptions``
+    are not honoured (the ack leaves them out, as the spec lets a server do): resource updates reach the handshake
+    era's subscribers, whose ``resources/subscribe`` subscribes the downstream;
   * keeps each client's ``logging/setLevel`` choice on its own connection, so a client's level changes what *that*
     client is sent and nothing else: a downstream's log message that belongs to a call goes to that call's client
     (on the call's own stream) when its level admits it; one that belongs to no call goes to the clients that asked
@@ -22,7 +27,9 @@ import mcp_types as types
 import structlog
 from mcp.server.connection import allowed_log_levels
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
 from mcp.shared.exceptions import MCPError
+from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged, ServerEvent, ToolsListChanged
 
 from gateway.backends.mcp import McpBackend
 from gateway.backends.relay import (
@@ -55,6 +62,16 @@ class Upstreams:
         self._announced = catalog
         self._backends = backends  # () -> Mapping[str, Backend]
         self._downstream_level: types.LoggingLevel | None = None
+        self.bus = InMemorySubscriptionBus()
+        """List changes for the 2026-07-28 era's ``subscriptions/listen`` streams."""
+        self._listen = ListenHandler(self.bus)
+
+    async def listen(
+        self, ctx: ServerRequestContext[Any], params: types.SubscriptionsListenRequestParams
+    ) -> types.SubscriptionsListenResult:
+        """Serves one ``subscriptions/listen`` stream: list changes only (see the module docstring)."""
+        lists_only = params.notifications.model_copy(update={"resource_subscriptions": None})
+        return await self._listen(ctx, params.model_copy(update={"notifications": lists_only}))
 
     def __len__(self) -> int:
         return len(self._live)
@@ -76,12 +93,18 @@ class Upstreams:
         previous, self._announced = self._announced, catalog
         lists, before = catalog.lists, previous.lists
         sends: list[str] = []
+        events: list[ServerEvent] = []
         if catalog.list_result != previous.list_result or catalog.list_result_small != previous.list_result_small:
             sends.append("notifications/tools/list_changed")
+            events.append(ToolsListChanged())
         if lists.resources_result != before.resources_result or lists.templates_result != before.templates_result:
             sends.append("notifications/resources/list_changed")
+            events.append(ResourcesListChanged())
         if lists.prompts_result != before.prompts_result:
             sends.append("notifications/prompts/list_changed")
+            events.append(PromptsListChanged())
+        for event in events:
+            await self.bus.publish(event)  # in-process fan-out: never blocks on a slow stream
         for connection in list(self._live):
             if not connection.initialized.is_set():
                 continue

@@ -1,13 +1,15 @@
 """The official MCP conformance suite passes against our fixture server directly, over streamable HTTP.
 
 This pins the fixture itself: when the suite later runs through the gateway fronting this server, any failure is
-the gateway's, not the fixture's. The suite is the npm package `@modelcontextprotocol/conformance`, whose launcher
-scripts/install puts in `.tools/bin` (tests/conftest.py adds that to PATH).
+the gateway's, not the fixture's. The suite is the npm package `@modelcontextprotocol/conformance`, whose launchers
+scripts/install puts in `.tools/bin` (tests/conftest.py adds that to PATH): `conformance`, the stable release, and
+`conformance-next`, the 0.2 pre-release that adds the stateless 2026-07-28 era, run held to each era.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -42,13 +44,65 @@ MUST_SUCCEED = (
 )
 
 
-def _conformance_launcher() -> str:
-    launcher = shutil.which("conformance")
-    if launcher is None:
+# The 2026-07-28 scenarios whose every check must show SUCCESS (their SHOULDs are WARNINGs otherwise).
+MUST_SUCCEED_2026 = (
+    "server-stateless",
+    "sep-2164-resource-not-found",
+    "json-schema-2020-12",
+    "http-header-validation",
+    "http-custom-header-server-validation",
+    *(
+        f"input-required-result-{name}"
+        for name in (
+            "basic-elicitation",
+            "basic-sampling",
+            "basic-list-roots",
+            "request-state",
+            "multiple-input-requests",
+            "multi-round",
+            "missing-input-response",
+            "non-tool-request",
+            "result-type",
+            "unsupported-methods",
+            "tampered-state",
+            "capability-check",
+            "ignore-extra-params",
+            "validate-input",
+        )
+    ),
+)
+
+NEXT_LAUNCHER_ENV = "GATEWAY_CONFORMANCE_NEXT"
+"""Names another 0.2.x launcher for the `next-*` rows (default: `conformance-next`, pinned by scripts/install)."""
+
+# The suite's runs: `stable` is the pinned release (--suite all); `next-*`, the 0.2 pre-release held to one era.
+SUITES: dict[str, tuple[str, ...]] = {
+    "stable": (),
+    "next-2025-11-25": ("--spec-version", "2025-11-25"),
+    "next-2026-07-28": ("--spec-version", "2026-07-28"),
+}
+
+
+def _conformance_launcher(suite: str = "stable") -> str:
+    if suite == "stable":
+        launcher = shutil.which("conformance")
+        if launcher is None:
+            pytest.skip(
+                "the `conformance` launcher (npm @modelcontextprotocol/conformance) is not on PATH; run scripts/install"
+            )
+        return launcher
+    launcher = os.environ.get(NEXT_LAUNCHER_ENV) or shutil.which("conformance-next")
+    if not launcher:
         pytest.skip(
-            "the `conformance` launcher (npm @modelcontextprotocol/conformance) is not on PATH; run scripts/install"
+            f"the `conformance-next` launcher (the 0.2 pre-release) is not on PATH; run scripts/install, or set "
+            f"{NEXT_LAUNCHER_ENV} to a 0.2.x `conformance` launcher"
         )
     return launcher
+
+
+def suite_args(suite: str, launcher: str) -> list[str]:
+    """The suite's arguments for one row: `stable` as `_suite_args` holds it, `next-*` held to that row's era."""
+    return _suite_args(launcher) if suite == "stable" else ["--suite", "all", *SUITES[suite]]
 
 
 def _suite_args(launcher: str) -> list[str]:
@@ -74,13 +128,14 @@ def _load_checks(output_dir: Path) -> dict[str, list[dict[str, Any]]]:
     return by_scenario
 
 
-def test_conformance_suite_passes_against_the_fixture_server(tmp_path: Path) -> None:
-    launcher = _conformance_launcher()
+@pytest.mark.parametrize("suite", list(SUITES))
+def test_conformance_suite_passes_against_the_fixture_server(suite: str, tmp_path: Path) -> None:
+    launcher = _conformance_launcher(suite)
     output_dir = tmp_path / "results"
     port = free_port()
     with start_http_server(conformance_server_argv(port), port) as server:
         completed = subprocess.run(
-            [launcher, "server", "--url", server.url("/mcp"), *_suite_args(launcher), "-o", str(output_dir)],
+            [launcher, "server", "--url", server.url("/mcp"), *suite_args(suite, launcher), "-o", str(output_dir)],
             capture_output=True,
             text=True,
             timeout=SUITE_TIMEOUT,
@@ -97,6 +152,16 @@ def test_conformance_suite_passes_against_the_fixture_server(tmp_path: Path) -> 
     assert passed > 0, report
     totals = re.search(r"^Total: (\d+) passed, (\d+) failed", completed.stdout, re.MULTILINE)
     assert totals is not None and (int(totals[1]), int(totals[2])) == (passed, 0), report
+    if suite == "next-2026-07-28":
+        for scenario in MUST_SUCCEED_2026:
+            statuses = [check["status"] for check in by_scenario.get(scenario, [])]
+            assert statuses and set(statuses) == {"SUCCESS"}, f"{scenario}: {statuses}\n{report}"
+        # The multi-round tool really carried its progress through the sealed requestState to the last round.
+        assert any(
+            "favorite color" in json.dumps(check.get("details"))
+            for check in by_scenario["input-required-result-multi-round"]
+        ), report
+        return
     for scenario in MUST_SUCCEED:
         statuses = [check["status"] for check in by_scenario.get(scenario, [])]
         assert "SUCCESS" in statuses and set(statuses) <= {"SUCCESS", "INFO", "SKIPPED"}, (

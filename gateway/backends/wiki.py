@@ -354,48 +354,23 @@ _INDEX_OUTPUT = {
     },
     "required": ["total_pages", "total_bytes", "folder", "summarised", "pages", "folders"],
 }
-_SEARCH_OUTPUT = {
-    "type": "object",
-    "properties": {
-        "results": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "path": {"type": "string"},
-                    "title": {"type": "string"},
-                    "score": {"type": "number"},
-                    "line": {"type": "integer"},
-                    "snippet": {"type": "string"},
-                },
-                "required": ["path", "title", "score", "line", "snippet"],
-            },
-        }
-    },
-    "required": ["results"],
-}
 
 
-_SECTION_OUTPUT = {
-    "type": "object",
-    "properties": {
-        "results": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "file": {"type": "string"},
-                    "title": {"type": "string"},
-                    "line": {"type": "integer"},
-                    "score": {"type": "number"},
-                    "snippet": {"type": "string"},
-                },
-                "required": ["file", "title", "line", "score", "snippet"],
-            },
-        }
-    },
-    "required": ["results"],
-}
+def _hits_output(path_key: str) -> dict[str, Any]:
+    """The output schema of a search tool: ``results``, each hit its page (under ``path_key``), title, line, score
+    and snippet. The keyword search names the page ``path``; the section searches ``file``, as files_search does."""
+    keys = [path_key, "title", "line", "score", "snippet"]
+    types_ = {path_key: "string", "title": "string", "line": "integer", "score": "number", "snippet": "string"}
+    hit = {"type": "object", "properties": {k: {"type": types_[k]} for k in keys}, "required": keys}
+    return {
+        "type": "object",
+        "properties": {"results": {"type": "array", "items": hit}},
+        "required": ["results"],
+    }
+
+
+_SEARCH_OUTPUT = _hits_output("path")
+_SECTION_OUTPUT = _hits_output("file")
 SEMANTIC_TOOLS = frozenset({"wiki_vector_search", "wiki_hybrid_search"})
 """The tools served from the semantic index (backends/wiki_semantic.py)."""
 
