@@ -60,6 +60,7 @@ from mcp.client.session import ClientRequestContext, ClientSession
 from mcp.client.sse import sse_client
 from mcp.client.stdio import get_default_environment
 from mcp.client.streamable_http import streamable_http_client
+from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost, listen
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 from pydantic import TypeAdapter
@@ -844,6 +845,8 @@ class McpBackend(BackendBase):
                         on_first_outcome()
                         async with anyio.create_task_group() as tg:
                             tg.start_soon(self._ping_loop, session)
+                            if self._config.protocol == MODERN:
+                                tg.start_soon(self._listen_loop, session)
                             await life.lost.wait()
                             tg.cancel_scope.cancel()
             except anyio.get_cancelled_exc_class():
@@ -1013,6 +1016,60 @@ class McpBackend(BackendBase):
             except httpx2.HTTPError as exc:
                 self._mark_lost(f"ping failed: {exc or type(exc).__name__}")
                 return
+
+    async def _listen_loop(self, session: ClientSession) -> None:
+        """Hold one ``subscriptions/listen`` stream to a stateless-era downstream, for the list changes its discover
+        answer says it announces (that era has no other way to hear them). Each event the stream carries also reaches
+        ``_on_message`` (the SDK tees listen frames to the message handler), which re-lists as for a handshake-era
+        ``list_changed``. A stream that breaks or is refused is reopened with backoff; the backend's health stays its
+        discover check. The spec replays nothing, so every acknowledged stream re-lists what it watches first."""
+        caps = self._init.capabilities if self._init is not None else None
+        tools = caps is not None and caps.tools is not None and bool(caps.tools.list_changed)
+        prompts = caps is not None and caps.prompts is not None and bool(caps.prompts.list_changed)
+        resources = caps is not None and caps.resources is not None and bool(caps.resources.list_changed)
+        kinds = [*(("tools",) if tools else ()), *(("prompts",) if prompts else ())]
+        kinds += ["resources", "resource_templates"] if resources else []
+        if not kinds:
+            return
+        failures = 0
+        while True:
+            opened_at = anyio.current_time()
+            error = "the server closed it"
+            with anyio.CancelScope() as ack_scope:
+                ack_scope.deadline = opened_at + self._config.connect_timeout_s  # bounds the wait for the ack only
+                try:
+                    async with listen(
+                        session,
+                        tools_list_changed=tools,
+                        prompts_list_changed=prompts,
+                        resources_list_changed=resources,
+                    ) as subscription:
+                        ack_scope.deadline = float("inf")
+                        log.debug("backend.listen_open", backend=self._name, lists=kinds)
+                        await self._refresh(kinds)
+                        async for _event in subscription:  # drains the backlog; _on_message has re-listed
+                            pass
+                except ListenNotSupportedError as exc:
+                    log.warning("backend.listen_unavailable", backend=self._name, error=str(exc))
+                    return
+                except (
+                    SubscriptionLost,
+                    MCPError,
+                    TimeoutError,
+                    httpx2.HTTPError,
+                    anyio.BrokenResourceError,
+                    anyio.ClosedResourceError,
+                    OSError,
+                ) as exc:
+                    error = str(exc) or type(exc).__name__
+            if ack_scope.cancelled_caught:
+                error = f"no acknowledgment within connect_timeout_s of {self._config.connect_timeout_s:g} s"
+            if anyio.current_time() - opened_at >= self._config.min_uptime_s:
+                failures = 0
+            delay = min(30.0, 0.5 * 2**failures) * random.uniform(0.8, 1.2)
+            failures = min(failures + 1, 10)
+            log.info("backend.listen_lost", backend=self._name, error=error, retry_in_s=round(delay, 1))
+            await anyio.sleep(delay)
 
     async def _on_message(self, message: Any) -> None:
         if isinstance(message, Exception):
