@@ -66,18 +66,10 @@ class SuiteRun:
         return (int(found[1]), int(found[2])) if found else None
 
 
-_DOWNSTREAM_LISTEN = (
-    "list changes of a 2026-07-28 downstream: the gateway does not yet hold a subscriptions/listen stream to a "
-    "2026-era backend, so a change the target announces there does not reach the gateway's own listeners (a "
-    "handshake-era backend's notifications/*/list_changed does)"
-)
-THROUGH_GATEWAY_GAPS: dict[str, str] = {
-    "server-stateless/sep-2575-server-sends-tools-list-changed-on-subscription": _DOWNSTREAM_LISTEN,
-    "server-stateless/sep-2575-server-sends-prompts-list-changed-on-subscription": _DOWNSTREAM_LISTEN,
-}
+THROUGH_GATEWAY_GAPS: dict[str, str] = {}
 """The 2026-07-28 row's checks that pass directly but not yet through the gateway, each with what it waits for
-(docs/conformance.md). Only these may differ from the direct run, and only in that row; once one passes through the
-gateway it simply matches again (so the relay landing first, or this list being trimmed later, both stay green)."""
+(docs/conformance.md). Only these may differ from the direct run, and only in that row. None is left: the two listen
+checks pass through the gateway since it holds a subscriptions/listen stream to a 2026-era downstream."""
 
 
 def _launcher(suite: str = "stable") -> str:

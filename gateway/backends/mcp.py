@@ -27,7 +27,10 @@ Foreign errors (``OSError``, ``httpx2``, ``anyio``, ``MCPError``) are translated
 
 The era (``protocol``): by default the session is a handshake-era one (``initialize``). With ``protocol:
 2026-07-28`` it is a stateless one (``server/discover``; its answer stands in for the handshake's, and a periodic
-``server/discover`` for the ping, which that era has not), and a ``tools/call``, ``prompts/get`` or
+``server/discover`` for the ping, which that era has not; that era announces list changes only on a
+``subscriptions/listen`` stream, so when the discover answer offers ``listChanged`` the session holds one open, fed
+into the same re-listing as a handshake-era ``list_changed``, and reopens it with backoff when it breaks, without
+failing the backend), and a ``tools/call``, ``prompts/get`` or
 ``resources/read`` may be answered with an input-required result (SEP-2322): it is raised as ``InputRequired``
 (naming this backend and its own name for the tool, prompt or resource), for the server to hand the client with a
 sealed ``requestState`` (gateway/continuation.py). A client's retry reaches ``call_tool`` / ``request`` again with
