@@ -5,6 +5,9 @@ client holds open. The downstream here is tests/fixtures/conformance_server.py o
 `test_trigger_tool_change` / `test_trigger_prompt_change` tools change a description and publish the change on its
 listen streams only, in that era). The gateway's client is a handshake-era one: it hears the change as
 `notifications/*/list_changed` and lists the new description.
+
+A listen stream that ends is reopened (backoff, the backend stays ready): tests/fixtures/listen_server.py closes its
+streams on command, and a change made after that still reaches the client.
 """
 
 from __future__ import annotations
@@ -14,11 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 import mcp_types as types
 import pytest
 
-from tests.fixtures.gateway_proc import mcp_session, run_gateway
+from tests.fixtures.gateway_proc import FIXTURES, PYTHON, mcp_session, run_gateway
 from tests.fixtures.procs import RunningServer, conformance_server_argv, free_port, start_http_server
+from tests.fixtures.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -76,3 +81,39 @@ async def test_a_modern_downstreams_list_changes_reach_the_catalog_and_the_clien
                 prompts = {prompt.name: prompt for prompt in (await session.list_prompts()).prompts}
                 assert "(version 1)" in (prompts["test_dynamic_prompt"].description or ""), prompts
     assert heard == ["notifications/tools/list_changed", "notifications/prompts/list_changed"]
+
+
+async def test_a_listen_stream_that_ends_is_reopened_and_still_carries_changes(tmp_path: Path) -> None:
+    port = free_port()
+    changed = anyio.Event()
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            changed.set()
+
+    with start_http_server([PYTHON, str(FIXTURES / "listen_server.py"), "--port", str(port)], port) as downstream:
+        async with httpx2.AsyncClient(timeout=httpx2.Timeout(10)) as http:
+
+            async def listens() -> dict[str, int]:
+                answer: dict[str, int] = (await http.get(downstream.url("/listens"))).json()
+                return answer
+
+            async def open_streams(opened: int) -> bool:
+                return await listens() == {"opened": opened, "open": 1}
+
+            with run_gateway(_config(downstream), tmp_path) as gateway:
+                async with mcp_session(gateway.url(), message_handler=on_message) as session:
+                    with anyio.fail_after(30):
+                        await eventually(lambda: open_streams(1), within=20)
+                        (probe,) = (await session.list_tools()).tools
+                        assert probe.description == "probe version 0"
+
+                        assert (await http.post(downstream.url("/close-listens"))).status_code == 200
+                        await eventually(lambda: open_streams(2), within=20)  # reopened: one stream again
+
+                        assert (await http.post(downstream.url("/change"))).json() == {"version": 1}
+                        await changed.wait()
+                        (probe,) = (await session.list_tools()).tools
+                        assert probe.description == "probe version 1"
+                        backends = (await http.get(gateway.url("/status"))).json()["backends"]
+                        assert [(b["name"], b["state"]) for b in backends] == [("modern", "ready")]
