@@ -1,0 +1,92 @@
+"""A handshake-era downstream's request for input, during a stateless (2026-07-28) client's call, bridged.
+
+Real processes: tests/fixtures/fidelity_server.py over stdio (a handshake-era server whose `elicit` and `sample`
+tools send `elicitation/create` / `sampling/createMessage` mid-call) behind a real `gateway serve`; the client is the
+SDK's `Client` in the 2026-07-28 era, which answers an input-required result and retries by itself, or its session
+with `allow_input_required=True` where a test needs the raw rounds. The downstream's request waits in the gateway
+process (gateway/server.py `bridged`) until the client's retry brings the answer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anyio
+import mcp_types as types
+import pytest
+from mcp.shared.exceptions import MCPError
+
+from tests.fixtures.gateway_proc import FIXTURES, PYTHON, run_gateway
+from tests.test_input_required import KEY, TOKENS, Answers, _assert_refused, _rows, _text, client
+
+pytestmark = pytest.mark.anyio
+
+FIDELITY = str(FIXTURES / "fidelity_server.py")
+
+
+def _config(*, bridge_ttl_s: float = 30.0) -> str:
+    return f"""
+gateway:
+  audit: {{enabled: true, path: audit.db}}
+  continuation: {{bridge_ttl_s: {bridge_ttl_s}}}
+servers:
+  fid:
+    transport: stdio
+    command: {PYTHON}
+    args: {json.dumps([FIDELITY, "--stdio", "--name", "s"])}
+    timeout_s: 20
+"""
+
+
+class Said(Answers):
+    async def elicit(self, context: object, params: types.ElicitRequestParams) -> types.ElicitResult:
+        self.asked.append(f"elicit:{params.message}")
+        return types.ElicitResult(action="accept", content={"answer": "forty-two"})
+
+
+async def test_elicitation_and_sampling_of_a_handshake_era_downstream_reach_a_stateless_client(
+    tmp_path: Path,
+) -> None:
+    with run_gateway(_config(), tmp_path, tokens=TOKENS, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
+        answers = Said()
+        with anyio.fail_after(40):
+            async with client(gateway.url(), answers=answers) as c:
+                elicited = await c.call_tool("elicit", {"message": "The answer?"})
+                sampled = await c.call_tool("sample", {"prompt": "hello"})
+    assert _text(elicited) == 'elicited: accept {"answer": "forty-two"}'
+    assert _text(sampled) == "sampled: onward (m)"
+    assert answers.asked == ["elicit:The answer?", "sample"]
+    rows = [(tool, status, caller) for tool, status, caller, _ in _rows(tmp_path)]
+    assert rows == [("elicit", "ok", "alice"), ("sample", "ok", "alice")]
+
+
+async def test_another_caller_cannot_answer_and_an_expired_wait_is_refused(tmp_path: Path) -> None:
+    answer = {"input": types.ElicitResult(action="accept", content={"answer": "mine"})}
+    with run_gateway(_config(bridge_ttl_s=1.0), tmp_path, tokens=TOKENS, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
+        with anyio.fail_after(40):
+            async with client(gateway.url(), token="tok-alice") as alice:
+                first = await alice.session.call_tool("elicit", {"message": "Q?"}, allow_input_required=True)
+                assert isinstance(first, types.InputRequiredResult)
+                assert first.input_requests is not None and list(first.input_requests) == ["input"]
+                assert first.input_requests["input"].method == "elicitation/create"
+                async with client(gateway.url(), token="tok-bob") as bob:
+                    with pytest.raises(MCPError) as refused:
+                        await bob.session.call_tool(
+                            "elicit", {"message": "Q?"}, input_responses=answer, request_state=first.request_state
+                        )
+                _assert_refused(refused)
+                await anyio.sleep(1.5)  # past bridge_ttl_s: the downstream stopped waiting
+                with pytest.raises(MCPError) as expired:
+                    await alice.session.call_tool(
+                        "elicit", {"message": "Q?"}, input_responses=answer, request_state=first.request_state
+                    )
+                _assert_refused(expired)
+                second = await alice.session.call_tool("elicit", {"message": "Q?"}, allow_input_required=True)
+                assert isinstance(second, types.InputRequiredResult)
+                done = await alice.session.call_tool(
+                    "elicit", {"message": "Q?"}, input_responses=answer, request_state=second.request_state
+                )
+    assert _text(done) == 'elicited: accept {"answer": "mine"}'
+    statuses = [status for _, status, _, _ in _rows(tmp_path)]
+    assert statuses == ["error", "ok"]  # the expired call's downstream heard the timeout and answered isError
