@@ -336,6 +336,32 @@ class Router:
             await self._finish(name, audit, arguments, ctx, correlation_id, started, steps, status, result)
             return result
 
+    async def note_round(
+        self, name: str, arguments: Mapping[str, Any] | None, *, backend: str, method: str, ctx: CallContext
+    ) -> None:
+        """One row for a round of a bridged call (gateway/server.py ``bridged``): ``backend``, a handshake-era
+        downstream, asked for input (``method``) mid-call and the stateless client was handed an input-required
+        result. The call's own row follows when it ends, as for every call."""
+        correlation_id = uuid.uuid4().hex[:16]
+        entry = self._catalog().get(name)
+        audit = entry.audit if entry is not None else {}
+        step = AuditStep(backend, None, "input_required", method, 0.0)
+        with (
+            structlog.contextvars.bound_contextvars(correlation_id=correlation_id, tool=name),
+            self._call_span(name, correlation_id, ctx),
+        ):
+            await self._finish(
+                name,
+                audit,
+                dict(arguments or {}),
+                ctx,
+                correlation_id,
+                time.perf_counter(),
+                [step],
+                "input_required",
+                None,
+            )
+
     async def _resumable(
         self,
         name: str,

@@ -261,6 +261,9 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
         request for input as an input-required result, the call kept waiting under a key sealed into the state."""
         try:
             event, payload = await bridge.next_event()
+        except anyio.get_cancelled_exc_class():
+            bridge.scope.cancel()  # the client gave up on the call (or the gateway stops): so does its downstream
+            raise
         except anyio.EndOfStream:
             raise MCPError(
                 types.INTERNAL_ERROR, "The call ended without an answer (the gateway is stopping)."
@@ -269,7 +272,7 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
             if isinstance(payload, BaseException):
                 raise payload
             return payload
-        request = payload
+        request, backend = payload
         settings = gateway.config.gateway.continuation
         try:
             _require_capabilities(ctx.session.client_capabilities, {"input": request})
@@ -296,6 +299,9 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
             local=name,
             caller=caller,
             state=_BRIDGE_STATE + key,
+        )
+        await gateway.router.note_round(
+            name, arguments, backend=backend, method=request.method, ctx=_call_context(ctx, gateway.clients)
         )
         return types.InputRequiredResult(input_requests={"input": request}, request_state=state)
 
@@ -441,7 +447,7 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
             BRIDGES[id(ctx)] = bridge
             outcome: Any = None
             try:
-                with _round(_ahead(params.input_responses)):
+                with bridge.scope, _round(_ahead(params.input_responses)):
                     outcome = await gateway.router.call(
                         params.name, params.arguments, ctx=call_ctx, progress=quiet if progress else None
                     )

@@ -57,8 +57,13 @@ async def test_elicitation_and_sampling_of_a_handshake_era_downstream_reach_a_st
     assert _text(elicited) == 'elicited: accept {"answer": "forty-two"}'
     assert _text(sampled) == "sampled: onward (m)"
     assert answers.asked == ["elicit:The answer?", "sample"]
-    rows = [(tool, status, caller) for tool, status, caller, _ in _rows(tmp_path)]
-    assert rows == [("elicit", "ok", "alice"), ("sample", "ok", "alice")]
+    assert [row[:3] for row in _rows(tmp_path)] == [  # a row per round: the one that asked, then the call's own
+        ("elicit", "input_required", "alice"),
+        ("elicit", "ok", "alice"),
+        ("sample", "input_required", "alice"),
+        ("sample", "ok", "alice"),
+    ]
+    assert [row[3] for row in _rows(tmp_path)][::2] == [["fid:input_required"], ["fid:input_required"]]
 
 
 async def test_another_caller_cannot_answer_and_an_expired_wait_is_refused(tmp_path: Path) -> None:
@@ -88,5 +93,6 @@ async def test_another_caller_cannot_answer_and_an_expired_wait_is_refused(tmp_p
                     "elicit", {"message": "Q?"}, input_responses=answer, request_state=second.request_state
                 )
     assert _text(done) == 'elicited: accept {"answer": "mine"}'
-    statuses = [status for _, status, _, _ in _rows(tmp_path)]
-    assert statuses == ["error", "ok"]  # the expired call's downstream heard the timeout and answered isError
+    statuses = sorted(status for _, status, _, _ in _rows(tmp_path))
+    # two rounds that asked; the expired call's downstream heard the timeout and answered isError; then the second
+    assert statuses == ["error", "input_required", "input_required", "ok"]

@@ -232,13 +232,15 @@ class Bridge:
     end comes through ``events`` too (``done``). Registered in ``BRIDGES`` under its upstream request while it runs.
     """
 
-    __slots__ = ("_answer", "_receive", "_send", "caller", "ttl_s", "waiting")
+    __slots__ = ("_answer", "_receive", "_send", "caller", "scope", "ttl_s", "waiting")
 
     def __init__(self, caller: str | None, ttl_s: float) -> None:
         self.caller = caller
         self.ttl_s = ttl_s
         self._send, self._receive = anyio.create_memory_object_stream[tuple[str, Any]](2)
         self._answer: anyio.Event | None = None
+        self.scope = anyio.CancelScope()
+        """The call's task runs in it: the client's cancellation of the request waiting for it reaches it."""
         self.waiting: Any = None
         """The downstream request now waiting for the client's input (None between rounds)."""
 
@@ -247,7 +249,7 @@ class Bridge:
         box: list[Any] = []
         self.waiting, self._answer = (request, box), answered
         try:
-            await self._send.send(("ask", request))
+            await self._send.send(("ask", (request, backend)))
             with anyio.fail_after(self.ttl_s):
                 await answered.wait()
         except TimeoutError:
