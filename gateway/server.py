@@ -26,6 +26,15 @@ not declare (elicitation, sampling, sampling with tools, roots) is answered with
 (``MISSING_REQUIRED_CLIENT_CAPABILITY``) and its ``requiredCapabilities``, as the SDK's own servers answer. A
 handshake-era client cannot take an input-required result: the gateway asks it each input request on the call's own
 stream and retries for it within that call (``_answer_here``), each round still a row of its own.
+
+The other direction, bridged: a stateless client's ``tools/call`` runs in a task of the gateway's own
+(``spawn_bridged``, a ``Bridge``), so that a handshake-era downstream that sends ``elicitation/create``,
+``sampling/createMessage`` or ``roots/list`` mid-call can wait there: the client is answered an input-required
+result carrying that request (key ``input``) and a sealed state naming a key of the ``pending`` table; its retry hands
+``inputResponses.input`` to the waiting request and answers with what the call says next (``bridged``). That waiting
+call lives in this process only, bounded by ``gateway.continuation.bridge_ttl_s`` and ``bridge_max_pending``; a retry
+that finds no such call here (expired, another replica, a restart) or comes from another caller is refused with the
+same -32602. Each round that asked leaves a row (``Router.note_round``), the call its own when it ends.
 """
 
 from __future__ import annotations

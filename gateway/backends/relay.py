@@ -19,8 +19,11 @@ Attribution, in order of precedence:
     are its own).
 
 The relay goes on the upstream request's own stream (``related_request_id``): a streamable HTTP client is sure to be
-listening there, not necessarily on its standalone stream. A client that did not declare the capability, or that
-speaks the stateless 2026-07-28 era (no server-to-client requests), is not asked: the downstream gets an error.
+listening there, not necessarily on its standalone stream. A client that did not declare the capability is not
+asked: the downstream gets an error. A client of the stateless 2026-07-28 era has no channel for server-to-client
+requests: when its ``tools/call`` runs as a ``Bridge`` (the server registers it in ``BRIDGES``), the request is
+handed to the server instead, which answers the client an input-required result, and the downstream waits, bounded,
+for the client's retry to bring the answer (gateway/server.py ``bridged``); otherwise the downstream gets an error.
 Cancellation flows through: when the downstream gives up on its request, the relay's task is cancelled and the SDK
 sends ``notifications/cancelled`` to the upstream client.
 """
