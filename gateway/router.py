@@ -30,7 +30,9 @@ Multi-round-trip calls (MCP 2026-07-28, SEP-2322): a provider that answers with 
 round: its step's outcome and the row's status are ``input_required``, no later rung or provider is tried, and
 ``InputRequired`` goes up to the server, which seals where the retry must go into the ``requestState``
 (gateway/continuation.py). The retry comes back through ``resume``: one step on the backend that asked, whatever the
-catalog says now, with its own row (one row per round).
+catalog says now, with its own row (one row per round). A handshake-era downstream that asks a stateless client
+for input mid-call (bridged by the server, gateway/server.py) leaves one ``input_required`` row per question
+(``note_round``), and the call its own row when it ends.
 
 Observability, all of it keyed by the correlation id made here: ``correlation_id`` and ``tool`` are bound in
 structlog's contextvars for the whole call and ``provider`` for each step, so every log line written while the call
