@@ -18,6 +18,7 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from tests.fixtures.gateway_proc import FIXTURES, PYTHON, run_gateway
+from tests.fixtures.waiting import eventually
 from tests.test_input_required import KEY, TOKENS, Answers, _assert_refused, _rows, _text, client
 
 pytestmark = pytest.mark.anyio
@@ -144,3 +145,15 @@ async def test_the_table_is_bounded_and_a_restart_forgets_the_waiting_call(tmp_p
         said = gateway.output()
     _assert_refused(forgotten)
     assert "the waiting downstream call is not held by this process" in said
+
+
+async def test_a_stateless_client_cancelling_its_call_cancels_it_downstream(tmp_path: Path) -> None:
+    # The call runs in a task of the gateway's own (so that a downstream could wait in it): the client's
+    # cancellation must still reach that task and the downstream's work.
+    with run_gateway(_config(), tmp_path, tokens=TOKENS, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
+        with anyio.fail_after(40):
+            async with client(gateway.url()) as c:
+                with pytest.raises(MCPError):
+                    await c.session.call_tool("sleep", {"seconds": 60}, read_timeout_seconds=0.5)
+            await eventually(lambda: [row[1] for row in _rows(tmp_path)] == ["cancelled"], within=10)
+    assert _rows(tmp_path) == [("sleep", "cancelled", "alice", ["fid/sleep:cancelled"])]
