@@ -236,6 +236,13 @@ class ContinuationSettings(_Model):
     comma-separated, for a rotation: the first seals, every one opens."""
     ttl_s: float = Field(default=600.0, gt=0)
     """How long a client may take to answer one round's input requests before its retry is refused."""
+    bridge_ttl_s: float = Field(default=60.0, gt=0)
+    """How long a handshake-era downstream's ``elicitation/create`` / ``sampling/createMessage`` / ``roots/list``,
+    turned into an input-required result for a stateless (2026-07-28) client, waits in this process for the
+    client's retry; then the downstream gets an error and the retry is refused as an expired ``requestState``."""
+    bridge_max_pending: int = Field(default=256, gt=0)
+    """The most such waiting downstream requests this process holds at once; beyond it the downstream's request
+    is refused at once (as when no client can be asked)."""
 
 
 class GatewaySettings(_Model):

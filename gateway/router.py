@@ -30,7 +30,9 @@ Multi-round-trip calls (MCP 2026-07-28, SEP-2322): a provider that answers with 
 round: its step's outcome and the row's status are ``input_required``, no later rung or provider is tried, and
 ``InputRequired`` goes up to the server, which seals where the retry must go into the ``requestState``
 (gateway/continuation.py). The retry comes back through ``resume``: one step on the backend that asked, whatever the
-catalog says now, with its own row (one row per round).
+catalog says now, with its own row (one row per round). A handshake-era downstream that asks a stateless client
+for input mid-call (bridged by the server, gateway/server.py) leaves one ``input_required`` row per question
+(``note_round``), and the call its own row when it ends.
 
 Observability, all of it keyed by the correlation id made here: ``correlation_id`` and ``tool`` are bound in
 structlog's contextvars for the whole call and ``provider`` for each step, so every log line written while the call
@@ -335,6 +337,32 @@ class Router:
             result = _with_meta(result, correlation_id, steps, status)
             await self._finish(name, audit, arguments, ctx, correlation_id, started, steps, status, result)
             return result
+
+    async def note_round(
+        self, name: str, arguments: Mapping[str, Any] | None, *, backend: str, method: str, ctx: CallContext
+    ) -> None:
+        """One row for a round of a bridged call (gateway/server.py ``bridged``): ``backend``, a handshake-era
+        downstream, asked for input (``method``) mid-call and the stateless client was handed an input-required
+        result. The call's own row follows when it ends, as for every call."""
+        correlation_id = uuid.uuid4().hex[:16]
+        entry = self._catalog().get(name)
+        audit = entry.audit if entry is not None else {}
+        step = AuditStep(backend, None, "input_required", method, 0.0)
+        with (
+            structlog.contextvars.bound_contextvars(correlation_id=correlation_id, tool=name),
+            self._call_span(name, correlation_id, ctx),
+        ):
+            await self._finish(
+                name,
+                audit,
+                dict(arguments or {}),
+                ctx,
+                correlation_id,
+                time.perf_counter(),
+                [step],
+                "input_required",
+                None,
+            )
 
     async def _resumable(
         self,

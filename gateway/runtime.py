@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -352,6 +352,13 @@ class Gateway:
     async def _on_notification(self, backend: McpBackend, notification: types.ServerNotification, *extra: Any) -> None:
         for listener in list(self._notification_listeners):
             await listener(backend, notification, *extra)
+
+    def start_soon(self, fn: Callable[[], Coroutine[Any, Any, None]], name: str) -> None:
+        """Run ``fn`` in the gateway's own task group (it outlives the request that starts it; the gateway's stop
+        cancels it). Used by the server for a bridged call whose downstream waits for a stateless client's input."""
+        if self._tg is None:
+            raise RuntimeError("the gateway is not running")
+        self._tg.start_soon(fn, name=name)
 
     async def wait_settled(self, limit_s: float) -> bool:
         """Wait until every backend had its first outcome, at most ``limit_s`` seconds. True if all settled."""

@@ -26,11 +26,21 @@ not declare (elicitation, sampling, sampling with tools, roots) is answered with
 (``MISSING_REQUIRED_CLIENT_CAPABILITY``) and its ``requiredCapabilities``, as the SDK's own servers answer. A
 handshake-era client cannot take an input-required result: the gateway asks it each input request on the call's own
 stream and retries for it within that call (``_answer_here``), each round still a row of its own.
+
+The other direction, bridged: a stateless client's ``tools/call`` runs in a task of the gateway's own
+(``spawn_bridged``, a ``Bridge``), so that a handshake-era downstream that sends ``elicitation/create``,
+``sampling/createMessage`` or ``roots/list`` mid-call can wait there: the client is answered an input-required
+result carrying that request (key ``input``) and a sealed state naming a key of the ``pending`` table; its retry hands
+``inputResponses.input`` to the waiting request and answers with what the call says next (``bridged``). That waiting
+call lives in this process only, bounded by ``gateway.continuation.bridge_ttl_s`` and ``bridge_max_pending``; a retry
+that finds no such call here (expired, another replica, a restart) or comes from another caller is refused with the
+same -32602. Each round that asked leaves a row (``Router.note_round``), the call its own when it ends.
 """
 
 from __future__ import annotations
 
 import hashlib
+import secrets
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -51,7 +61,7 @@ from pydantic import ValidationError
 
 from gateway.backends.base import ProgressFn
 from gateway.backends.mcp import ROUND, McpBackend, Round
-from gateway.backends.relay import connection_of, forwarded_meta
+from gateway.backends.relay import BRIDGES, Bridge, connection_of, forwarded_meta
 from gateway.clients import ClientPolicy
 from gateway.config import environ
 from gateway.continuation import Continuation, Continuations, invalid_state, load_key
@@ -227,6 +237,83 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
         )
         return downstream.model_copy(update={"request_state": state})
 
+    pending: dict[str, tuple[Bridge, float]] = {}
+    """Bridged calls waiting for a stateless client's retry, by the key sealed into its ``requestState``."""
+
+    def held(key: str, caller: str | None) -> Bridge:
+        """The bridged call a retry's state names, if this process holds it, for this caller, still waiting."""
+        now = anyio.current_time()
+        for stale in [k for k, (_, until) in pending.items() if until <= now]:
+            pending.pop(stale, None)
+        entry = pending.get(key)
+        if entry is None:
+            invalid_state(
+                "tools/call",
+                "the waiting downstream call is not held by this process (expired, or another process or a restart)",
+            )
+        bridge = entry[0]
+        if bridge.caller != caller:  # the sealed principal already says so; never let another caller end it
+            invalid_state("tools/call", "the waiting downstream call is another caller's")
+        pending.pop(key, None)
+        if bridge.waiting is None:
+            invalid_state("tools/call", "the downstream call is no longer waiting")
+        return bridge
+
+    async def bridged(
+        ctx: ServerRequestContext[Any],
+        name: str,
+        arguments: Mapping[str, Any] | None,
+        caller: str | None,
+        bridge: Bridge,
+    ) -> Any:
+        """The next thing a bridged call has to say: its end (result, or the error it raised), or its downstream's
+        request for input as an input-required result, the call kept waiting under a key sealed into the state."""
+        try:
+            event, payload = await bridge.next_event()
+        except anyio.get_cancelled_exc_class():
+            bridge.scope.cancel()  # the client gave up on the call (or the gateway stops): so does its downstream
+            raise
+        except anyio.EndOfStream:
+            raise MCPError(
+                types.INTERNAL_ERROR, "The call ended without an answer (the gateway is stopping)."
+            ) from None
+        if event == "done":
+            if isinstance(payload, BaseException):
+                raise payload
+            return payload
+        request, backend = payload
+        settings = gateway.config.gateway.continuation
+        try:
+            _require_capabilities(ctx.session.client_capabilities, {"input": request})
+        except MCPError:
+            bridge.answer(None)  # the downstream hears at once that nobody can answer
+            raise
+        now = anyio.current_time()
+        for stale in [k for k, (_, until) in pending.items() if until <= now]:
+            pending.pop(stale, None)
+        if len(pending) >= settings.bridge_max_pending:
+            bridge.answer(None)
+            raise MCPError(
+                types.INTERNAL_ERROR,
+                f"The server behind {quote(name)} needs input ({request.method}) and this gateway already holds "
+                f"{len(pending)} waiting calls (gateway.continuation.bridge_max_pending).",
+            )
+        key = secrets.token_urlsafe(16)
+        pending[key] = (bridge, now + settings.bridge_ttl_s)
+        state = continuations.seal(
+            method="tools/call",
+            name=name,
+            arguments=arguments,
+            backend="",
+            local=name,
+            caller=caller,
+            state=_BRIDGE_STATE + key,
+        )
+        await gateway.router.note_round(
+            name, arguments, backend=backend, method=request.method, ctx=_call_context(ctx, gateway.clients)
+        )
+        return types.InputRequiredResult(input_requests={"input": request}, request_state=state)
+
     def reopen(
         method: str, name: str, arguments: Mapping[str, Any] | None, caller: str | None, token: object
     ) -> tuple[Continuation, McpBackend]:
@@ -310,6 +397,27 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
 
         try:
             try:
+                if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+                    bridge: Bridge | None = None
+                    if params.request_state is None:
+                        bridge = Bridge(call_ctx.caller, gateway.config.gateway.continuation.bridge_ttl_s)
+                        spawn_bridged(ctx, bridge, params, call_ctx, progress)
+                    else:
+                        found = continuations.open(
+                            params.request_state,
+                            method="tools/call",
+                            name=params.name,
+                            arguments=params.arguments,
+                            caller=call_ctx.caller,
+                        )
+                        if found.backend == "" and (found.state or "").startswith(_BRIDGE_STATE):
+                            bridge = held(found.state[len(_BRIDGE_STATE) :], call_ctx.caller)  # type: ignore[index]
+                            bridge.answer((params.input_responses or {}).get("input"))
+                    if bridge is not None:
+                        answer_now: types.CallToolResult | types.InputRequiredResult = await bridged(
+                            ctx, params.name, params.arguments, call_ctx.caller, bridge
+                        )
+                        return answer_now
                 if params.request_state is None:
                     with _round(_ahead(params.input_responses)):
                         return await gateway.router.call(params.name, params.arguments, ctx=call_ctx, progress=progress)
@@ -324,6 +432,42 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
             raise MCPError(INVALID_PARAMS, str(exc)) from exc
         except BackendRpcError as exc:
             raise MCPError(exc.code, exc.message, exc.data) from exc
+
+    def spawn_bridged(
+        ctx: ServerRequestContext[Any],
+        bridge: Bridge,
+        params: types.CallToolRequestParams,
+        call_ctx: CallContext,
+        progress: ProgressFn | None,
+    ) -> None:
+        """Run a stateless client's call in the gateway's own task, so that a handshake-era downstream that asks
+        for input mid-call can wait there while the client answers on a later request (``bridged``)."""
+
+        relayed = progress
+
+        async def quiet(progress: float, total: float | None, message: str | None) -> None:
+            if relayed is not None:
+                try:
+                    await relayed(progress, total, message)
+                except Exception:  # the request that asked for progress may have ended (a later round)
+                    pass
+
+        async def run() -> None:
+            BRIDGES[id(ctx)] = bridge
+            outcome: Any = None
+            try:
+                with bridge.scope, _round(_ahead(params.input_responses)):
+                    outcome = await gateway.router.call(
+                        params.name, params.arguments, ctx=call_ctx, progress=quiet if progress else None
+                    )
+            except Exception as exc:
+                outcome = exc
+            finally:
+                BRIDGES.pop(id(ctx), None)
+            with anyio.CancelScope(shield=True):
+                await bridge.finish(("done", outcome))
+
+        gateway.start_soon(run, name="bridged-call")
 
     def input_schema(name: str) -> Mapping[str, Any] | None:
         entry = gateway.catalog.get(name)
@@ -570,6 +714,9 @@ def _round(retry: Round | None) -> Iterator[None]:
     finally:
         ROUND.reset(token)
 
+
+_BRIDGE_STATE = "mcp-gateway/bridge:"
+"""Marks a sealed state whose call waits in this process (a handshake-era downstream's request for input)."""
 
 MAX_ROUNDS = 10
 """The most rounds the gateway answers for a handshake-era client (the SDK client's own default cap)."""

@@ -682,8 +682,13 @@ async def test_a_client_without_the_capability_is_not_asked_and_the_downstream_h
     assert result.is_error and "does not support sampling/createMessage" in _text(result)
 
 
-async def test_a_stateless_2026_client_cannot_be_asked_and_the_downstream_hears_why(gateway: RunningServer) -> None:
-    async with Client(gateway.url(), mode="2026-07-28", sampling_callback=answer_sampling("unused")) as client:
+@pytest.mark.parametrize("backend", ["h", "s"])
+async def test_a_stateless_2026_client_is_asked_through_an_input_required_result(
+    backend: str, gateway: RunningServer
+) -> None:
+    # No back-channel: the downstream's request waits in the gateway while the client answers an input-required
+    # result and retries (tests/test_era_bridge.py has the rounds, the refusals and the ledger rows).
+    async with Client(gateway.url(), mode="2026-07-28", sampling_callback=answer_sampling("bridged")) as client:
         with anyio.fail_after(WAIT):
-            result = await client.call_tool("h__sample", {"prompt": "anyone?"})
-    assert result.is_error and "has no channel back" in _text(result)
+            result = await client.call_tool(f"{backend}__sample", {"prompt": "anyone?"})
+    assert not result.is_error and _text(result) == "sampled: bridged (test-model)"

@@ -19,8 +19,11 @@ Attribution, in order of precedence:
     are its own).
 
 The relay goes on the upstream request's own stream (``related_request_id``): a streamable HTTP client is sure to be
-listening there, not necessarily on its standalone stream. A client that did not declare the capability, or that
-speaks the stateless 2026-07-28 era (no server-to-client requests), is not asked: the downstream gets an error.
+listening there, not necessarily on its standalone stream. A client that did not declare the capability is not
+asked: the downstream gets an error. A client of the stateless 2026-07-28 era has no channel for server-to-client
+requests: when its ``tools/call`` runs as a ``Bridge`` (the server registers it in ``BRIDGES``), the request is
+handed to the server instead, which answers the client an input-required result, and the downstream waits, bounded,
+for the client's retry to bring the answer (gateway/server.py ``bridged``); otherwise the downstream gets an error.
 Cancellation flows through: when the downstream gives up on its request, the relay's task is cancelled and the SDK
 sends ``notifications/cancelled`` to the upstream client.
 """
@@ -39,7 +42,9 @@ from mcp.shared.message import ServerMessageMetadata
 from pydantic import ValidationError
 
 __all__ = [
+    "BRIDGES",
     "UPSTREAM",
+    "Bridge",
     "InFlight",
     "Upstream",
     "admits",
@@ -189,6 +194,9 @@ async def relay_request(request: types.ServerRequest, inflight: InFlight | None,
     if upstream is None and inflight is not None and inflight.owner is not None:
         return await _relay_standalone(request, inflight.owner, backend)
     method = request.method
+    bridge = BRIDGES.get(id(upstream)) if upstream is not None else None
+    if bridge is not None:
+        return await bridge.ask(request, backend)
     if upstream is None:
         return types.ErrorData(
             code=types.INVALID_REQUEST, message=f"The gateway cannot relay {method} from {backend!r}: {why}."
@@ -216,6 +224,76 @@ async def relay_request(request: types.ServerRequest, inflight: InFlight | None,
         return types.ErrorData(code=types.INTERNAL_ERROR, message=f"The client's answer to {method} was malformed.")
     except (anyio.BrokenResourceError, anyio.ClosedResourceError):
         return types.ErrorData(code=types.INVALID_REQUEST, message="The client behind the gateway has gone.")
+
+
+class Bridge:
+    """A stateless (2026-07-28) client's ``tools/call`` whose handshake-era downstream asks for input mid-call.
+
+    The call runs in a task of the gateway's own (the server starts it); a downstream request attributed to it is
+    not sent to the client (it has no back-channel) but handed to the server through ``events`` as an ``ask``, and
+    the downstream waits, at most ``ttl_s``, for ``answer`` (the client's input response on its retry). The call's
+    end comes through ``events`` too (``done``). Registered in ``BRIDGES`` under its upstream request while it runs.
+    """
+
+    __slots__ = ("_answer", "_receive", "_send", "caller", "scope", "ttl_s", "waiting")
+
+    def __init__(self, caller: str | None, ttl_s: float) -> None:
+        self.caller = caller
+        self.ttl_s = ttl_s
+        self._send, self._receive = anyio.create_memory_object_stream[tuple[str, Any]](2)
+        self._answer: anyio.Event | None = None
+        self.scope = anyio.CancelScope()
+        """The call's task runs in it: the client's cancellation of the request waiting for it reaches it."""
+        self.waiting: Any = None
+        """The downstream request now waiting for the client's input (None between rounds)."""
+
+    async def ask(self, request: types.ServerRequest, backend: str) -> Any:
+        answered = anyio.Event()
+        box: list[Any] = []
+        self.waiting, self._answer = (request, box), answered
+        try:
+            await self._send.send(("ask", (request, backend)))
+            with anyio.fail_after(self.ttl_s):
+                await answered.wait()
+        except TimeoutError:
+            return types.ErrorData(
+                code=types.REQUEST_TIMEOUT,
+                message=f"The client behind the gateway did not answer {request.method} from {backend!r} within "
+                f"{self.ttl_s:g} s (gateway.continuation.bridge_ttl_s).",
+            )
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            return types.ErrorData(code=types.INVALID_REQUEST, message="The client behind the gateway has gone.")
+        finally:
+            self.waiting, self._answer = None, None
+        raw = box[0] if box else None
+        if raw is None:
+            return types.ErrorData(
+                code=types.INVALID_REQUEST, message=f"The client's retry carried no answer to {request.method}."
+            )
+        try:
+            return _result_type(request).model_validate(raw, by_name=False) if isinstance(raw, dict) else raw
+        except ValidationError:
+            return types.ErrorData(
+                code=types.INTERNAL_ERROR, message=f"The client's answer to {request.method} was malformed."
+            )
+
+    def answer(self, response: Any) -> bool:
+        """Hand the client's input response to the waiting downstream request; False when none is waiting."""
+        if self._answer is None or self.waiting is None:
+            return False
+        self.waiting[1].append(response)
+        self._answer.set()
+        return True
+
+    async def finish(self, outcome: tuple[str, Any]) -> None:
+        await self._send.send(outcome)
+
+    async def next_event(self) -> tuple[str, Any]:
+        return await self._receive.receive()
+
+
+BRIDGES: dict[int, Bridge] = {}
+"""The bridged calls running now, by ``id`` of their upstream request (attribution finds the request, then this)."""
 
 
 async def _relay_standalone(request: types.ServerRequest, connection: Any, backend: str) -> Any:
