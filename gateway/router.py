@@ -46,8 +46,8 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -375,16 +375,9 @@ class Router:
         """One ``_attempt`` in a scope ``abort()`` can cancel; None when it did."""
         if self._closing is not None:
             return None
-        with anyio.CancelScope() as scope:
-            self._calls.add(scope)
-            try:
-                deadline = CallDeadline(self._budget())
-                return await self._attempt(name, backend, provider, arguments, None, progress, deadline, True)
-            finally:
-                self._calls.discard(scope)
-                if not self._calls and self._no_calls is not None:
-                    self._no_calls.set()
-                    self._no_calls = None
+        with self._abortable_scope():
+            deadline = CallDeadline(self._budget())
+            return await self._attempt(name, backend, provider, arguments, None, progress, deadline, True)
         return None
 
     def _call_span(self, name: str, correlation_id: str, ctx: CallContext) -> AbstractContextManager[object]:
@@ -420,16 +413,23 @@ class Router:
         command-line program's processes are killed before this returns)."""
         if self._closing is not None:
             return None
+        with self._abortable_scope():
+            return await self._serve(entry, arguments, steps, progress, underway)
+        return None
+
+    @contextmanager
+    def _abortable_scope(self) -> Iterator[anyio.CancelScope]:
+        """A scope ``abort()`` cancels (the cancellation ends inside it: the caller's code after it runs); while it
+        is open the call counts as in progress, and the last one to close wakes a drain waiting for none."""
         with anyio.CancelScope() as scope:
             self._calls.add(scope)
             try:
-                return await self._serve(entry, arguments, steps, progress, underway)
+                yield scope
             finally:
                 self._calls.discard(scope)
                 if not self._calls and self._no_calls is not None:
                     self._no_calls.set()
                     self._no_calls = None
-        return None
 
     async def _serve(
         self,

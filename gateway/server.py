@@ -244,7 +244,7 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
         """The bridged call a retry's state names, if this process holds it, for this caller, still waiting."""
         now = anyio.current_time()
         for stale in [k for k, (_, until) in pending.items() if until <= now]:
-            pending.pop(stale, None)
+            pending.pop(stale)[0].close()
         entry = pending.get(key)
         if entry is None:
             invalid_state(
@@ -272,6 +272,7 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
             event, payload = await bridge.next_event()
         except anyio.get_cancelled_exc_class():
             bridge.scope.cancel()  # the client gave up on the call (or the gateway stops): so does its downstream
+            bridge.close()
             raise
         except anyio.EndOfStream:
             raise MCPError(
@@ -290,7 +291,7 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
             raise
         now = anyio.current_time()
         for stale in [k for k, (_, until) in pending.items() if until <= now]:
-            pending.pop(stale, None)
+            pending.pop(stale)[0].close()
         if len(pending) >= settings.bridge_max_pending:
             bridge.answer(None)
             raise MCPError(

@@ -286,10 +286,23 @@ class Bridge:
         return True
 
     async def finish(self, outcome: tuple[str, Any]) -> None:
-        await self._send.send(outcome)
+        """The call's end; dropped when nobody can hear it any more (the bridge was closed)."""
+        try:
+            await self._send.send(outcome)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass
+        self._send.close()
 
     async def next_event(self) -> tuple[str, Any]:
-        return await self._receive.receive()
+        event = await self._receive.receive()
+        if event[0] == "done":
+            self.close()
+        return event
+
+    def close(self) -> None:
+        """Nobody will read this call's events any more (it ended, expired, or its client gave up)."""
+        self._send.close()
+        self._receive.close()
 
 
 BRIDGES: dict[int, Bridge] = {}

@@ -306,6 +306,13 @@ _READ_ONLY = types.ToolAnnotations(
 )
 
 
+def _search_schema(query: str) -> dict[str, Any]:
+    """The input schema every search tool takes: a ``query`` (described as ``query``) and a ``limit``."""
+    limit = {"type": "integer", "minimum": 1, "maximum": 50, "default": 10, "description": "Most results to return."}
+    text = {"type": "string", "minLength": 1, "maxLength": 1000, "description": query}
+    return _schema({"query": text, "limit": limit}, required=["query"])
+
+
 def _schema(properties: dict[str, Any], required: Sequence[str] = ()) -> dict[str, Any]:
     schema: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
     if required:
@@ -889,19 +896,7 @@ class WikiBackend(BackendBase):
     def _specs(self) -> dict[str, _Tool]:
         default, read_all = self._default_max_bytes, self._read_all_max_bytes
         path_arg = {"type": "string", "minLength": 1, "maxLength": 4096}
-        search_schema = _schema(
-            {
-                "query": {"type": "string", "minLength": 1, "maxLength": 1000, "description": "What to look for."},
-                "limit": {
-                    "type": "integer",
-                    "minimum": 1,
-                    "maximum": 50,
-                    "default": 10,
-                    "description": "Most results to return.",
-                },
-            },
-            required=["query"],
-        )
+        search_schema = _search_schema("What to look for.")
         return {
             "wiki_index": _Tool(
                 types.Tool(
@@ -1001,19 +996,7 @@ class WikiBackend(BackendBase):
                         "Keyword search (BM25) over page titles and bodies; exact words, not meaning. Returns a JSON "
                         "array of {path, title, score, line, snippet}, best first."
                     ),
-                    input_schema=_schema(
-                        {
-                            "query": {"type": "string", "minLength": 1, "maxLength": 1000, "description": "Keywords."},
-                            "limit": {
-                                "type": "integer",
-                                "minimum": 1,
-                                "maximum": 50,
-                                "default": 10,
-                                "description": "Most results to return.",
-                            },
-                        },
-                        required=["query"],
-                    ),
+                    input_schema=_search_schema("Keywords."),
                     output_schema=_SEARCH_OUTPUT,
                     annotations=_READ_ONLY,
                 ),
