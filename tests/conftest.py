@@ -1,8 +1,9 @@
-"""Shared test setup: the anyio backend, a clean environment, the project's locally installed tools on PATH, and the
-``pidfile`` of the fixture program that leaves a grandchild behind."""
+"""Shared test setup: the anyio backend, a clean environment, a garbage collection after each test, the project's
+locally installed tools on PATH, and the ``pidfile`` of the fixture program that leaves a grandchild behind."""
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +32,15 @@ def clean_environ() -> Iterator[None]:
     yield
     os.environ.clear()
     os.environ.update(saved)
+
+
+@pytest.fixture(autouse=True)
+def collect_garbage() -> Iterator[None]:
+    """A collection after every test, so a stream or a socket a test (or the code it runs) left unclosed is reported
+    in *that* test: the warnings are errors here, and a collection at a random later moment blamed whichever test was
+    running then (how an unclosed stream of the era bridge once failed a session test)."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture
