@@ -44,6 +44,24 @@ MUST_SUCCEED = (
 )
 
 
+INPUT_REQUIRED_SCENARIOS = (
+    "basic-elicitation",
+    "basic-sampling",
+    "basic-list-roots",
+    "request-state",
+    "multiple-input-requests",
+    "multi-round",
+    "missing-input-response",
+    "non-tool-request",
+    "result-type",
+    "unsupported-methods",
+    "tampered-state",
+    "capability-check",
+    "ignore-extra-params",
+    "validate-input",
+)
+"""The suite's SEP-2322 (input-required result) server scenarios, 0.2.0-alpha.12: 37 checks."""
+
 # The 2026-07-28 scenarios whose every check must show SUCCESS (their SHOULDs are WARNINGs otherwise).
 MUST_SUCCEED_2026 = (
     "server-stateless",
@@ -51,25 +69,7 @@ MUST_SUCCEED_2026 = (
     "json-schema-2020-12",
     "http-header-validation",
     "http-custom-header-server-validation",
-    *(
-        f"input-required-result-{name}"
-        for name in (
-            "basic-elicitation",
-            "basic-sampling",
-            "basic-list-roots",
-            "request-state",
-            "multiple-input-requests",
-            "multi-round",
-            "missing-input-response",
-            "non-tool-request",
-            "result-type",
-            "unsupported-methods",
-            "tampered-state",
-            "capability-check",
-            "ignore-extra-params",
-            "validate-input",
-        )
-    ),
+    *(f"input-required-result-{name}" for name in INPUT_REQUIRED_SCENARIOS),
 )
 
 NEXT_LAUNCHER_ENV = "GATEWAY_CONFORMANCE_NEXT"

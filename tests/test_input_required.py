@@ -9,7 +9,6 @@ the input requests and retries by itself (or, where a test needs the raw rounds,
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from mcp.shared.exceptions import MCPError
 
 from tests.fixtures.gateway_proc import FIXTURES, mcp_session, run_gateway
 from tests.fixtures.procs import RunningServer, free_port, start_http_server
+from tests.test_conformance_direct import INPUT_REQUIRED_SCENARIOS, _conformance_launcher
 
 pytestmark = pytest.mark.anyio
 
@@ -344,28 +344,9 @@ async def test_the_backend_sees_the_calling_clients_capabilities(downstream: Run
     assert _text(ahead) == "polite: name"
 
 
-SCENARIOS = (
-    "basic-elicitation",
-    "basic-sampling",
-    "basic-list-roots",
-    "request-state",
-    "multiple-input-requests",
-    "multi-round",
-    "missing-input-response",
-    "non-tool-request",
-    "result-type",
-    "unsupported-methods",
-    "tampered-state",
-    "capability-check",
-    "ignore-extra-params",
-    "validate-input",
-)
-"""The conformance suite's SEP-2322 server scenarios (0.2.0-alpha.12: 37 checks)."""
-
-
 def _scenario_checks(launcher: str, url: str, folder: Path) -> dict[str, list[tuple[str, str]]]:
     found: dict[str, list[tuple[str, str]]] = {}
-    for scenario in SCENARIOS:
+    for scenario in INPUT_REQUIRED_SCENARIOS:
         name = f"input-required-result-{scenario}"
         argv = [launcher, "server", "--url", url, "--scenario", name, "--spec-version", MODERN, "-o", str(folder)]
         subprocess.run(argv, capture_output=True, timeout=90, check=False)
@@ -381,9 +362,7 @@ def _scenario_checks(launcher: str, url: str, folder: Path) -> dict[str, list[tu
 def test_the_conformance_suites_input_required_scenarios_pass_through_the_gateway(tmp_path: Path) -> None:
     """tests/fixtures/mrtr_conformance_server.py implements the suite's input-required-result scenarios; every
     check that passes against it directly passes through the gateway, with nothing else different."""
-    launcher = os.environ.get("GATEWAY_CONFORMANCE_NEXT")
-    if not launcher:
-        pytest.skip("set GATEWAY_CONFORMANCE_NEXT to a 0.2.x `conformance` launcher")
+    launcher = _conformance_launcher("next-2026-07-28")  # the pinned 0.2 pre-release (or GATEWAY_CONFORMANCE_NEXT)
     port = free_port()
     argv = [sys.executable, str(FIXTURES / "mrtr_conformance_server.py"), "--port", str(port)]
     with start_http_server(argv, port) as target:
