@@ -18,9 +18,11 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
+    ("ranking",),  # the one search engine's pure parts: BM25, the static embedding model, rank fusion
     ("config", "inputs"),  # inputs: what a request's values must be before the gateway acts on them
     ("_logging", "audit", "audit_report", "metrics", "tracing"),  # metrics/tracing: instruments, fed by the router
     ("clients", "costs", "importer"),  # policies and conversions over config (costs reads audit's statistics)
+    ("toolsearch",),  # the tool search index over tool definitions (ranking's BM25 + embeddings); pure, blocking
     # "backends" is backends/__init__.py; answers: the answer limit; processes: no process escapes
     ("backends", "backends.base", "backends.answers", "backends.processes"),
     ("backends.stdio", "backends.relay", "backends.wiki_index"),  # relay: back-channel context; wiki_index: pure index
@@ -29,6 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("listings",),  # resources, templates, prompts: merged and named like the tools, built into the catalog
     ("catalog", "health", "reload", "budget", "results", "continuation"),  # budget: one deadline per call; results:
     # route shapes; continuation: the sealed requestState of multi-round-trip requests
+    ("disclosure",),  # search exposure: the search and call tools, who sees them, the index per catalog
     ("router",),
     ("runtime",),
     ("upstreams",),  # the clients and what they are owed: list changes, log messages, resource updates
