@@ -127,6 +127,8 @@ class Catalog:
     """The same list without the large-context tools (``clients.large_context_tools``); None when none is gated."""
     lists: Listings = field(default_factory=Listings)
     """Resources, resource templates and prompts, built and swapped with the tools (see listings.py)."""
+    costs: Mapping[str, Cost] = field(default_factory=dict)
+    """The measured costs the catalog was built with (the tool search shows them as cost bands)."""
 
     @classmethod
     def empty(cls) -> Catalog:
@@ -242,7 +244,7 @@ class Catalog:
             {"tools": [_with_note(t, note, small_note) for n, t in dumped.items() if n not in gated]} if gated else None
         )
         lists = Listings.build(config, backends)
-        return cls(entries, {"tools": list(dumped.values())}, tuple(problems) + lists.problems, small, lists)
+        return cls(entries, {"tools": list(dumped.values())}, tuple(problems) + lists.problems, small, lists, costs)
 
 
 def _provider(step: RouteStep) -> Provider:

@@ -65,6 +65,7 @@ from gateway.backends.relay import BRIDGES, Bridge, connection_of, forwarded_met
 from gateway.clients import ClientPolicy
 from gateway.config import environ
 from gateway.continuation import Continuation, Continuations, invalid_state, load_key
+from gateway.disclosure import Disclosure
 from gateway.errors import (
     URI_CHARS,
     BackendError,
@@ -196,7 +197,8 @@ def _call_context(ctx: ServerRequestContext[Any], clients: ClientPolicy) -> Call
 
 def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
     """The MCP server that fronts ``gateway``; pair it with a transport (HTTP app or stdio)."""
-    upstreams = Upstreams(gateway.catalog, lambda: gateway.backends)
+    disclosure = Disclosure(lambda: gateway.config, lambda: gateway.catalog, lambda: gateway.backends)
+    upstreams = Upstreams(gateway.catalog, lambda: gateway.backends, disclosure.quiet)
     startup_waited = anyio.Event()
 
     async def settled() -> None:
@@ -353,8 +355,7 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
             if connection is not None and connection.initialize_accepted:
                 # The SDK would validate and re-dump the whole list on every request (87% of a 2,500-tool
                 # tools/list); an answer validated once per catalog and protocol version is returned as is.
-                large = gateway.clients.is_large(_call_context(ctx, gateway.clients).declared)
-                answer = validated.answer(gateway.catalog.listing(large), ctx.protocol_version)
+                answer = validated.answer(tools_listing(ctx), ctx.protocol_version)
 
                 async def cached(_: ServerRequestContext[Any]) -> HandlerResult:
                     return answer
@@ -367,9 +368,14 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
             await gateway.wait_settled(STARTUP_LIST_WAIT_S)
             startup_waited.set()
         # Pre-serialised once per catalog (no per-request model work); large-context tools only for large clients.
-        return _enveloped(
-            ctx, gateway.catalog.listing(gateway.clients.is_large(_call_context(ctx, gateway.clients).declared))
-        )
+        return _enveloped(ctx, tools_listing(ctx))
+
+    def tools_listing(ctx: ServerRequestContext[Any]) -> Mapping[str, Any]:
+        call_ctx = _call_context(ctx, gateway.clients)
+        large = gateway.clients.is_large(call_ctx.declared)
+        if disclosure.searching(call_ctx.client_name, call_ctx.client_version, large, connection_of(ctx)):
+            return disclosure.listing(gateway.catalog, large)  # search exposure: the search and call tools, the pins
+        return gateway.catalog.listing(large)
 
     async def call_tool(
         ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
@@ -397,6 +403,14 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
                 )
 
         try:
+            large = gateway.clients.is_large(call_ctx.declared)
+            if disclosure.searching(call_ctx.client_name, call_ctx.client_version, large, connection_of(ctx)):
+                if params.name == disclosure.exposure.search_tool:
+                    visible = None if large else set(gateway.catalog.entries) - gateway.clients.gated  # the policy seam
+                    return await disclosure.search(params.arguments, visible)
+                if params.name == disclosure.exposure.call_tool:  # routed and audited as the real tool's own call
+                    name, arguments = disclosure.unwrap(params.arguments)
+                    params = params.model_copy(update={"name": name, "arguments": arguments})
             try:
                 if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
                     bridge: Bridge | None = None
@@ -472,7 +486,7 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
 
     def input_schema(name: str) -> Mapping[str, Any] | None:
         entry = gateway.catalog.get(name)
-        return entry.tool.input_schema if entry is not None else None
+        return entry.tool.input_schema if entry is not None else disclosure.input_schema(name)
 
     # -- resources, prompts, completion: forwarded to the backend that owns the name ---------------------------------
 
@@ -647,7 +661,7 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
         gateway,
         gateway.config.gateway.name,
         version=VERSION,
-        instructions=gateway.config.gateway.instructions,
+        instructions=disclosure.instructions(gateway.config.gateway.instructions),
         on_list_tools=list_tools,
         on_call_tool=call_tool,
         on_list_resources=list_resources,

@@ -57,8 +57,9 @@ _SUBSCRIPTIONS_KEY = "mcp-gateway/subscriptions"
 class Upstreams:
     """Every live client connection and the notifications it is owed (see the module docstring)."""
 
-    def __init__(self, catalog: Catalog, backends: Any) -> None:
+    def __init__(self, catalog: Catalog, backends: Any, quiet: Any = None) -> None:
         self._live: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._quiet = quiet  # (connection, previous, catalog) -> True when its tools/list did not change (search mode)
         self._announced = catalog
         self._backends = backends  # () -> Mapping[str, Backend]
         self._downstream_level: types.LoggingLevel | None = None
@@ -109,6 +110,12 @@ class Upstreams:
             if not connection.initialized.is_set():
                 continue
             for method in sends:
+                if (
+                    method == "notifications/tools/list_changed"
+                    and self._quiet
+                    and self._quiet(connection, previous, catalog)
+                ):
+                    continue
                 with anyio.move_on_after(NOTIFY_TIMEOUT_S):
                     try:
                         await connection.notify(method, None)
