@@ -30,7 +30,7 @@ import mcp_types as types
 
 from gateway.backends.base import Backend, BackendState
 from gateway.clients import note_without
-from gateway.config import TOOL_NAME_RE, Federation, RouteStep, SearchHitsResult
+from gateway.config import TOOL_NAME_RE, Exposure, Federation, RouteStep, SearchHitsResult
 from gateway.costs import Cost, fill_placeholders
 from gateway.listings import Listings
 
@@ -129,6 +129,10 @@ class Catalog:
     """Resources, resource templates and prompts, built and swapped with the tools (see listings.py)."""
     costs: Mapping[str, Cost] = field(default_factory=dict)
     """The measured costs the catalog was built with (the tool search shows them as cost bands)."""
+    exposure: Exposure = field(default_factory=Exposure)
+    """How clients in search exposure see it (disclosure.py): a change of pins is a change of their list."""
+    router_note: str = ""
+    """The router note as built (the search tool's description carries it in search exposure)."""
 
     @classmethod
     def empty(cls) -> Catalog:
@@ -149,6 +153,8 @@ class Catalog:
         changed = set()
         if self.list_result != previous.list_result or self.list_result_small != previous.list_result_small:
             changed.add("tools")
+        if self.exposure != previous.exposure or self.router_note != previous.router_note:
+            changed.add("search")  # what search-exposure clients list (disclosure.py)
         if not self.lists.same_lists(previous.lists):
             changed.add("lists")
         return frozenset(changed)
@@ -244,7 +250,16 @@ class Catalog:
             {"tools": [_with_note(t, note, small_note) for n, t in dumped.items() if n not in gated]} if gated else None
         )
         lists = Listings.build(config, backends)
-        return cls(entries, {"tools": list(dumped.values())}, tuple(problems) + lists.problems, small, lists, costs)
+        return cls(
+            entries,
+            {"tools": list(dumped.values())},
+            tuple(problems) + lists.problems,
+            small,
+            lists,
+            costs,
+            config.exposure,
+            note,
+        )
 
 
 def _provider(step: RouteStep) -> Provider:

@@ -176,10 +176,12 @@ class Disclosure:
             size = self._sizes[id(catalog)]
         return size[1] / BYTES_PER_TOKEN > exposure.auto_tokens
 
-    def quiet(self, connection: Any, previous: Catalog, catalog: Catalog) -> bool:
-        """Whether a catalog change leaves ``connection``'s tools/list as it was (it is in search exposure and
-        neither the pins nor the search tool's description changed): then it is sent no ``list_changed``."""
-        return connection in self._searching and not self.tools_changed(previous, catalog)
+    def tools_changed_for(self, connection: Any, previous: Catalog, catalog: Catalog) -> bool | None:
+        """For a search-exposure ``connection``: whether its tools/list changed between the catalogs (only when the
+        pins or the router note did); None for any other connection (it lists the catalog itself)."""
+        if connection not in self._searching:
+            return None
+        return self.tools_changed(previous, catalog)
 
     def input_schema(self, name: str) -> Mapping[str, Any] | None:
         """The search or call tool's input schema, for a name that is one of them."""
@@ -211,9 +213,9 @@ class Disclosure:
         found = self._lists.get(key)
         if found is not None and found[0] is catalog:
             return found[1]
-        exposure = self.exposure
+        exposure = catalog.exposure  # as built: a reload's new pins are compared with the old ones
         gated = set() if large else set(self._config().clients.large_context_tools)
-        note = (self._config().gateway.router_note or "").strip()
+        note = catalog.router_note
         if gated:
             note = note_without(note, gated)
         tools = meta_tools(exposure, note)

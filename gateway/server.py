@@ -198,7 +198,7 @@ def _call_context(ctx: ServerRequestContext[Any], clients: ClientPolicy) -> Call
 def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
     """The MCP server that fronts ``gateway``; pair it with a transport (HTTP app or stdio)."""
     disclosure = Disclosure(lambda: gateway.config, lambda: gateway.catalog, lambda: gateway.backends)
-    upstreams = Upstreams(gateway.catalog, lambda: gateway.backends, disclosure.quiet)
+    upstreams = Upstreams(gateway.catalog, lambda: gateway.backends, disclosure.tools_changed_for)
     startup_waited = anyio.Event()
 
     async def settled() -> None:

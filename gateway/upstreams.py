@@ -57,9 +57,11 @@ _SUBSCRIPTIONS_KEY = "mcp-gateway/subscriptions"
 class Upstreams:
     """Every live client connection and the notifications it is owed (see the module docstring)."""
 
-    def __init__(self, catalog: Catalog, backends: Any, quiet: Any = None) -> None:
+    def __init__(self, catalog: Catalog, backends: Any, tools_changed: Any = None) -> None:
         self._live: weakref.WeakSet[Any] = weakref.WeakSet()
-        self._quiet = quiet  # (connection, previous, catalog) -> True when its tools/list did not change (search mode)
+        # (connection, previous, catalog) -> whether that connection's tools/list changed, or None when it lists the
+        # catalog's own list (a search-exposure connection lists another: disclosure.py)
+        self._tools_changed = tools_changed
         self._announced = catalog
         self._backends = backends  # () -> Mapping[str, Backend]
         self._downstream_level: types.LoggingLevel | None = None
@@ -95,7 +97,10 @@ class Upstreams:
         lists, before = catalog.lists, previous.lists
         sends: list[str] = []
         events: list[ServerEvent] = []
-        if catalog.list_result != previous.list_result or catalog.list_result_small != previous.list_result_small:
+        tools_differ = (
+            catalog.list_result != previous.list_result or catalog.list_result_small != previous.list_result_small
+        )
+        if tools_differ or catalog.exposure != previous.exposure or catalog.router_note != previous.router_note:
             sends.append("notifications/tools/list_changed")
             events.append(ToolsListChanged())
         if lists.resources_result != before.resources_result or lists.templates_result != before.templates_result:
@@ -110,10 +115,8 @@ class Upstreams:
             if not connection.initialized.is_set():
                 continue
             for method in sends:
-                if (
-                    method == "notifications/tools/list_changed"
-                    and self._quiet
-                    and self._quiet(connection, previous, catalog)
+                if method == "notifications/tools/list_changed" and not self._tools_differ(
+                    connection, previous, catalog, tools_differ
                 ):
                     continue
                 with anyio.move_on_after(NOTIFY_TIMEOUT_S):
@@ -121,6 +124,10 @@ class Upstreams:
                         await connection.notify(method, None)
                     except (anyio.BrokenResourceError, anyio.ClosedResourceError, MCPError, OSError):
                         self._live.discard(connection)
+
+    def _tools_differ(self, connection: Any, previous: Catalog, catalog: Catalog, default: bool) -> bool:
+        found = self._tools_changed(connection, previous, catalog) if self._tools_changed is not None else None
+        return default if found is None else bool(found)
 
     # -- logging --------------------------------------------------------------------------------------------------
 

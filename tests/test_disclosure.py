@@ -196,3 +196,56 @@ def test_the_inspector_finds_and_calls_a_tool_in_search_mode(gateway: RunningSer
     called = inspector("--method", "tools/call", "--tool-name", "call_tool", "--tool-args-json",
                        json.dumps({"name": "get-sum", "arguments": {"a": 20, "b": 22}}))  # fmt: skip
     assert "42" in json.dumps(called)
+
+
+async def test_a_search_mode_client_is_told_of_list_changes_only_when_its_pins_change(tmp_path: Path) -> None:
+    """A backend joining changes the catalog: an all-mode client is told to re-list, a search-mode client (whose
+    list, the search and call tools, did not change) is not; a reload that pins another tool tells the search-mode
+    client only."""
+    port = free_port()
+
+    def config(pinned: str) -> str:
+        return f"""
+exposure:
+  clients: {{searcher: search}}
+  pinned: {pinned}
+servers:
+  time:
+    transport: stdio
+    command: {TIME}
+    args: ["--local-timezone", "UTC"]
+  late:
+    transport: streamable_http
+    url: http://127.0.0.1:{port}/mcp
+    connect_timeout_s: 2
+"""
+
+    heard: dict[str, list[str]] = {"searcher": [], "lister": []}
+
+    def handler(who: str) -> Any:
+        async def on_message(message: Any) -> None:
+            if isinstance(message, types.ToolListChangedNotification):
+                heard[who].append("tools")
+
+        return on_message
+
+    searcher = types.Implementation(name="searcher", version="1")
+    with run_gateway(config("[]"), tmp_path, tokens=TOKEN) as gateway:
+        async with (
+            mcp_session(gateway.url(), token=TOKEN, client_info=searcher, message_handler=handler("searcher")) as a,
+            mcp_session(gateway.url(), token=TOKEN, message_handler=handler("lister")) as b,
+        ):
+            assert [t.name for t in (await a.list_tools()).tools] == ["find_tools", "call_tool"]
+            assert "late_echo" not in {t.name for t in (await b.list_tools()).tools}
+            late = echo_argv("--http", str(port), "--name", "late", "--prefix", "late_")
+            with start_http_server(late, port):
+                await eventually(lambda: heard["lister"] == ["tools"], within=40)  # the backend joined
+                assert "late_echo" in {t.name for t in (await b.list_tools()).tools}
+                (tmp_path / "federation.yaml").write_text(config("[get_current_time]"))
+                await eventually(lambda: len(heard["searcher"]) == 1, within=20)  # the pins changed
+                listed = [t.name for t in (await a.list_tools()).tools]
+                assert listed == ["find_tools", "call_tool", "get_current_time"]
+                # In order on one stream: had the join been announced to the searcher, it would have come first.
+                assert heard["searcher"] == ["tools"]
+                assert "get_current_time" in {t.name for t in (await b.list_tools()).tools}
+                assert heard["lister"] == ["tools"]  # the pins are not part of the all-mode list
