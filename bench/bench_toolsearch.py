@@ -92,18 +92,19 @@ def tune(docs: list[ToolDoc], embedder: Embedder, reqs: list[dict[str, Any]]) ->
     """Grid over the fusion's constants on the tuning half only; prints each setting's hybrid figures."""
     part = [r for r in reqs if r["id"] <= TUNE_LAST_ID]
     rows = []
-    for name_weight in (1, 2, 3, 4):
-        toolsearch.NAME_WEIGHT = name_weight
+    for name_weight, vector_weight in itertools.product((1, 2, 3, 4), (0.0, 0.3, 0.6, 1.0)):
+        toolsearch.NAME_WEIGHT, toolsearch.NAME_VECTOR_WEIGHT = name_weight, vector_weight
         index = ToolIndex.build(docs, embedder)
+        semantic = quality(index, part, "semantic")["recall@5"]
         for weight, k in itertools.product((0.5, 0.75, 1.0, 1.5, 2.0), (10.0, 30.0, 60.0)):
             toolsearch.KEYWORD_WEIGHT, toolsearch.FUSION_K = weight, k
             q = quality(index, part, "hybrid")
-            kw = quality(index, part, "keyword")
-            rows.append((q["recall@5"], q["mrr"], name_weight, weight, k, kw["recall@5"]))
+            rows.append((q["recall@5"], q["mrr"], name_weight, vector_weight, weight, k, semantic))
     rows.sort(reverse=True)
-    print("| recall@5 | MRR | NAME_WEIGHT | KEYWORD_WEIGHT | FUSION_K | keyword recall@5 |\n|---|---|---|---|---|---|")
+    print("| recall@5 | MRR | NAME_WEIGHT | NAME_VECTOR_WEIGHT | KEYWORD_WEIGHT | FUSION_K | semantic recall@5 |")
+    print("|---|---|---|---|---|---|---|")
     for row in rows[:10]:
-        print(f"| {row[0]:.3f} | {row[1]:.3f} | {row[2]} | {row[3]} | {row[4]:g} | {row[5]:.3f} |")
+        print(f"| {row[0]:.3f} | {row[1]:.3f} | {row[2]} | {row[3]:g} | {row[4]:g} | {row[5]:g} | {row[6]:.3f} |")
 
 
 def replicate(docs: list[ToolDoc], times: int) -> list[ToolDoc]:
@@ -144,8 +145,8 @@ def main() -> None:
     index = ToolIndex.build(docs, embedder)
     rss_index = _rss_mb()
     print(f"catalog: {len(docs)} tools from {len({d.backends[0] for d in docs})} servers; {len(reqs)} requests")
-    print(f"constants: NAME_WEIGHT={toolsearch.NAME_WEIGHT} KEYWORD_WEIGHT={toolsearch.KEYWORD_WEIGHT} "
-          f"FUSION_K={toolsearch.FUSION_K:g}\n")  # fmt: skip
+    print(f"constants: NAME_WEIGHT={toolsearch.NAME_WEIGHT} NAME_VECTOR_WEIGHT={toolsearch.NAME_VECTOR_WEIGHT:g} "
+          f"KEYWORD_WEIGHT={toolsearch.KEYWORD_WEIGHT:g} FUSION_K={toolsearch.FUSION_K:g}\n")  # fmt: skip
     parts = {
         "tuning (1-80)": [r for r in reqs if r["id"] <= TUNE_LAST_ID],
         "held out (81-)": [r for r in reqs if r["id"] > TUNE_LAST_ID],

@@ -40,7 +40,7 @@ Vectors = npt.NDArray[np.float32]
 class Bm25:
     """Okapi BM25 over per-document term counts (Lucene's non-negative idf); postings are compact arrays."""
 
-    __slots__ = ("_avg", "_lengths", "_n", "_postings", "b", "k1")
+    __slots__ = ("_avg", "_dense_lengths", "_lengths", "_n", "_postings", "b", "k1")
 
     def __init__(self, docs: Sequence[Counter[str]], k1: float = BM25_K1, b: float = BM25_B) -> None:
         lists: dict[str, tuple[list[int], list[int]]] = {}
@@ -55,8 +55,26 @@ class Bm25:
         self._lengths = array("I", (sum(c.values()) for c in docs))
         self._n = len(docs)
         self._avg = (sum(self._lengths) / self._n) if self._n else 1.0
+        self._dense_lengths = np.frombuffer(self._lengths, dtype=np.uint32).astype(np.float64)
         self.k1 = k1
         self.b = b
+
+    def dense(self, terms: Sequence[str]) -> npt.NDArray[np.float64]:
+        """Every document's score for ``terms`` as one array (0 where none matches): the same sums as ``scores``,
+        by numpy, for a caller that ranks or masks the whole collection."""
+        out = np.zeros(self._n, dtype=np.float64)
+        avg = self._avg or 1.0
+        k1, b = self.k1, self.b
+        for term in dict.fromkeys(terms):
+            entry = self._postings.get(term)
+            if entry is None:
+                continue
+            ids = np.frombuffer(entry[0], dtype=np.uint32)
+            tfs = np.frombuffer(entry[1], dtype=np.uint32).astype(np.float64)
+            idf = math.log(1.0 + (self._n - len(ids) + 0.5) / (len(ids) + 0.5))
+            norm = k1 * (1.0 - b + b * self._dense_lengths[ids] / avg)
+            out[ids] += idf * tfs * (k1 + 1.0) / (tfs + norm)  # a term lists each document once
+        return out
 
     def scores(self, terms: Sequence[str]) -> dict[int, float]:
         """Every matching document's score for ``terms`` (each distinct term counted once)."""

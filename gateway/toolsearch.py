@@ -5,7 +5,8 @@
     camelCase boundaries (``getIssueComments`` -> get, issue, comments), every word lower-cased and lightly stemmed
     (issues -> issue), the name's words counted ``NAME_WEIGHT`` times (a name is the densest summary a tool has);
   * **semantic**: the shared static embedding model (``ranking.Embedder``) over the name's words, the description's
-    head and the parameter names; ranked by cosine similarity;
+    head and the parameter names, stop words left out, plus the name's own vector (``NAME_VECTOR_WEIGHT``); ranked
+    by cosine similarity to the query's vector (its stop words left out too);
   * **hybrid**: both rankings fused by reciprocal rank fusion (``ranking.fuse``), the keyword side weighted
     ``KEYWORD_WEIGHT``. The constants were tuned on the first half of bench/toolsearch_requests.yaml only (see
     docs/benchmarks.md, "Tool search").
@@ -19,7 +20,6 @@ to keyword ranking, and ``ToolIndex.semantic_reason`` says why.
 
 from __future__ import annotations
 
-import heapq
 import re
 import time
 from collections import Counter
@@ -38,15 +38,19 @@ Mode = Literal["keyword", "semantic", "hybrid"]
 
 NAME_WEIGHT = 4
 """How many times a name's words count in a tool's BM25 document."""
-KEYWORD_WEIGHT = 1.5
+KEYWORD_WEIGHT = 0.5
 """The keyword ranking's weight in the fusion (the semantic ranking's is 1)."""
 FUSION_K = 30.0
 """The fusion's rank constant (``ranking.RRF_K``)."""
 FUSION_DEPTH = 50
 """How far down each ranking the fusion looks."""
-_EMBED_DESCRIPTION_CHARS = 300  # a static vector blurs as the text grows: the head says what the tool is for
+NAME_VECTOR_WEIGHT = 1.0
+"""A tool's vector is its text's vector plus this times its name's vector (then normalised): a static embedding
+averages every word, and the name says what the tool does in the fewest."""
+_EMBED_DESCRIPTION_CHARS = 100  # a static vector blurs as the text grows: the head says what the tool is for
 _PARAM_LIMIT = 40  # parameters past this many (a generated schema) add nothing to what a tool is for
 
+_PUNCTUATION = ".,;:!?()[]{}'\"`"
 _SPLIT = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
 _STOPWORDS = frozenset(
     "a an and are as at be but by can do does for from has have how i if in into is it its me my no not of on or "
@@ -121,12 +125,30 @@ def _keyword_counts(doc: ToolDoc) -> Counter[str]:
     return counts
 
 
+def _content(text: str) -> str:
+    """``text`` without its stop words (a static vector is their average too), or as it is if nothing else is left."""
+    kept = [w for w in text.split() if w.lower().strip(_PUNCTUATION) not in _STOPWORDS]
+    return " ".join(kept) if kept else text
+
+
+def _name_text(doc: ToolDoc) -> str:
+    return " ".join(_SPLIT.findall(doc.name)).lower()
+
+
 def _embedding_text(doc: ToolDoc) -> str:
     head = doc.description.strip()
     if len(head) > _EMBED_DESCRIPTION_CHARS:
         head = head[:_EMBED_DESCRIPTION_CHARS]
     params = " ".join(" ".join(_SPLIT.findall(name)).lower() for name, _ in doc.parameters())
-    return f"{' '.join(_SPLIT.findall(doc.name)).lower()}. {head} {params}".strip()
+    return _content(f"{_name_text(doc)}. {head} {params}".strip())
+
+
+def _vectors(embedder: Embedder, docs: Sequence[ToolDoc]) -> Vectors:
+    matrix = embedder.embed([_embedding_text(doc) for doc in docs])
+    matrix += NAME_VECTOR_WEIGHT * embedder.embed([_name_text(doc) for doc in docs])
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    np.divide(matrix, norms, out=matrix, where=norms > 0)
+    return matrix
 
 
 @dataclass(frozen=True)
@@ -148,7 +170,7 @@ class ToolIndex:
         bm25 = Bm25([_keyword_counts(doc) for doc in docs])
         matrix = None
         if embedder is not None:
-            matrix = embedder.embed([_embedding_text(doc) for doc in docs]) if docs else None
+            matrix = _vectors(embedder, docs) if docs else None
         return cls(docs, bm25, matrix, embedder, None if embedder is not None else reason, time.perf_counter() - began)
 
     def __len__(self) -> int:
@@ -177,14 +199,21 @@ class ToolIndex:
         return keep
 
     def keyword(self, query: str, limit: int, keep: npt.NDArray[np.bool_] | None = None) -> list[tuple[int, float]]:
-        scores = self.bm25.scores(words(query))
-        candidates = scores.items() if keep is None else ((i, s) for i, s in scores.items() if keep[i])
-        return heapq.nlargest(limit, candidates, key=lambda item: (item[1], -item[0]))
+        scores = self.bm25.dense(words(query))
+        if keep is not None:
+            scores[~keep] = 0.0
+        matched = int(np.count_nonzero(scores))
+        count = min(limit, matched)
+        if count <= 0:
+            return []
+        top = np.argpartition(-scores, count - 1)[:count]
+        ranked = sorted(top.tolist(), key=lambda i: (-float(scores[i]), i))
+        return [(i, float(scores[i])) for i in ranked]
 
     def semantic(self, query: str, limit: int, keep: npt.NDArray[np.bool_] | None = None) -> list[tuple[int, float]]:
         if self.embedder is None or self.matrix is None:
             return self.keyword(query, limit, keep)
-        return nearest(self.matrix, self.embedder.embed([query])[0], limit, keep)
+        return nearest(self.matrix, self.embedder.embed([_content(query)])[0], limit, keep)
 
     def search(
         self,
