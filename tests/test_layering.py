@@ -28,6 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("backends.failures", "backends.watch"),
     ("backends.pool",),
     ("backends.wiki_semantic",),  # sections, vectors and hybrid ranking over wiki_index's snapshot; pure, blocking
+    ("backends.wiki_tools",),  # the wiki's tools: schemas and handlers over one index snapshot
     ("backends.mcp", "backends.cli", "backends.wiki"),
     ("listings",),  # resources, templates, prompts: merged and named like the tools, built into the catalog
     ("catalog", "health", "reload", "budget", "results", "continuation"),  # budget: one deadline per call; results:
