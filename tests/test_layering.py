@@ -22,7 +22,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("_logging", "audit", "audit_report", "metrics", "tracing"),  # metrics/tracing: instruments, fed by the router
     ("clients", "costs", "importer"),  # policies and conversions over config (costs reads audit's statistics)
     # "backends" is backends/__init__.py; answers: the answer limit; processes: no process escapes
-    ("backends", "backends.base", "backends.answers", "backends.processes"),
+    ("backends", "backends.base", "backends.answers", "backends.processes", "backends.backoff"),
     ("backends.stdio", "backends.relay", "backends.wiki_index"),  # relay: back-channel context; wiki_index: pure index
     # failures: the foreign-error table and why a session failed; watch: a receive stream's end; pool: shared HTTP
     ("backends.failures", "backends.watch"),
