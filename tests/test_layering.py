@@ -244,3 +244,43 @@ def test_the_environment_checker_finds_every_spelling(source: str) -> None:
 )
 def test_the_environment_checker_allows_the_config_accessor_and_other_os_uses(source: str) -> None:
     assert environment_uses(source) == []
+
+
+PRIVATE_IMPORTS = {
+    # anyio.open_process takes no preexec_fn: processes.py hands it to the event-loop backend, which passes it on
+    ("backends.processes", "anyio._core._eventloop"),
+}
+"""Another package's private modules that a module imports anyway, each with why: none may be added silently."""
+
+
+def private_imports(source: str) -> list[str]:
+    """The modules of other packages named with a leading underscore that ``source`` imports."""
+    names = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.append(node.module)
+    return [
+        name
+        for name in names
+        if name.split(".")[0] != PACKAGE and any(part.startswith("_") for part in name.split(".")[1:])
+    ]
+
+
+def test_no_module_imports_another_packages_private_module() -> None:
+    found = {(module, name) for module, path in modules().items() for name in private_imports(path.read_text())}
+    assert found == PRIVATE_IMPORTS
+
+
+@pytest.mark.parametrize(
+    ("source", "found"),
+    [
+        ("from watchfiles._rust_notify import RustNotify\n", ["watchfiles._rust_notify"]),
+        ("import anyio._core._eventloop\n", ["anyio._core._eventloop"]),
+        ("import watchfiles\nfrom mcp.shared.message import SessionMessage\n", []),
+        ("from gateway.backends.wiki_index import _Index\nfrom . import _logging\n", []),
+    ],
+)
+def test_the_private_import_checker_finds_a_private_module_of_another_package(source: str, found: list[str]) -> None:
+    assert private_imports(source) == found
