@@ -119,8 +119,13 @@ class AuditSettings(_Model):
     enabled: bool = True
     path: str = "audit.db"
     retention_days: float | None = Field(default=None, gt=0)
+    url: str | None = Field(default=None, pattern=r"^postgres(ql)?://")
+    """A PostgreSQL ledger (a libpq URL, ``postgresql://user@host:port/db``) instead of the SQLite file at ``path``;
+    its password is never shown (better: leave it to ``PGPASSWORD``/``~/.pgpass``, or write ``${VAR}``)."""
+    spool_path: str | None = None
+    """With ``url``: the local SQLite file rows wait in while PostgreSQL is unreachable; default ``<path>.spool``."""
 
-    _resolve_path = field_validator("path")(_resolve)
+    _resolve_path = field_validator("path", "spool_path")(_resolve)
 
 
 class TracingSettings(_Model):
