@@ -475,7 +475,7 @@ class PgLedger(anyio.AsyncContextManagerMixin):
                     with anyio.fail_after(REPLAY_TIMEOUT_S):
                         await self._replay_once()
                     delay = PROBE_MIN_S
-                except _FAILURES as exc:
+                except (*_FAILURES, AuditError) as exc:  # AuditError: a newer gateway migrated the database meanwhile
                     self._problem = _why(exc, self._url)
                     await anyio.sleep(delay)
                     delay = min(delay * 2, PROBE_MAX_S)

@@ -23,7 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway import audit
 from gateway.audit import MIGRATIONS, Ledger
 from gateway.audit_report import add_audit_subcommands, run_audit
-from gateway.errors import AuditError
+from gateway.config import parse_config
+from gateway.errors import AuditError, ConfigError
 from gateway.ledger_pg import PgLedger, _pg_ddl, copy_ledger, row_key
 from gateway.ledgers import query, redact_url, stats, tail, url_secrets
 from gateway.router import META_KEY
@@ -446,3 +447,15 @@ async def test_with_postgresql_stopped_under_steady_calls_no_row_is_lost(
     assert "audit.spooling" in output and "audit.spool_replayed" in output
     assert own_postgres.password not in output
     assert sqlite3.connect(tmp_path / "audit.db.spool").execute("SELECT count(*) FROM calls").fetchone() == (0,)
+
+
+def test_the_config_takes_a_url_and_a_spool_path_beside_the_file_and_refuses_another_scheme(tmp_path: Path) -> None:
+    file = str(tmp_path / "federation.yaml")
+    text = 'gateway:\n  audit: {url: "postgresql://gw:${PW}@db/audit", spool_path: spool/a.db}\n'
+    settings = parse_config(text, file=file, env={"PW": "s3cret-value"}).gateway.audit
+    assert settings.url == "postgresql://gw:s3cret-value@db/audit"
+    assert settings.spool_path == str(tmp_path / "spool" / "a.db")
+    with pytest.raises(ConfigError) as caught:
+        parse_config("gateway:\n  audit: {url: mysql://gw:pw-4c1d@db/audit}\n", file=file)
+    assert caught.value.key_path == "gateway.audit.url" and caught.value.line == 2
+    assert "must be a PostgreSQL URL" in str(caught.value) and "pw-4c1d" not in str(caught.value)
