@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import sqlite3
@@ -52,6 +53,9 @@ from gateway.errors import AuditError
 from gateway.ledgers import redact_url, scrub_url
 
 _log = structlog.get_logger(__name__)
+# The pool logs a warning per failed reconnection attempt (several a second while PostgreSQL is down); the ledger's
+# own audit.spooling line, /status and /metrics say it once, with the reason.
+logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
 
 WRITE_TIMEOUT_S: Final = 2.0  # a PostgreSQL commit slower than this is committed to the spool instead
 CONNECT_TIMEOUT_S: Final = 5  # libpq's connect_timeout, unless the URL sets one: bounds a connection to a dead host
