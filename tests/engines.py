@@ -115,8 +115,8 @@ class RunAs:
 
 
 class EngineProcess:
-    """One engine process: started in its own session (so its children can be killed as a group), its stderr read
-    by a thread into ``log`` (and into ``ready`` once a line matches ``ready_pattern``)."""
+    """One engine process: started in its own session (so the children that stay in it can be killed as a group),
+    its stderr read by a thread into ``log`` (and into ``ready`` once a line matches ``ready_pattern``)."""
 
     def __init__(self, argv: Sequence[str], *, run_as: RunAs, cwd: Path, ready_pattern: str, env: dict[str, str]):
         self.argv = list(argv)
@@ -164,6 +164,29 @@ class EngineProcess:
         self._reader.join(timeout=STOP_TIMEOUT_S)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+
+
+def _stat(pid: int | str) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state, parent pid, ...), or None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+
+
+def _start_time(pid: int) -> str | None:
+    fields = _stat(pid)
+    return None if fields is None else fields[19]  # field 22 of stat: the start time, in clock ticks since boot
+
+
+def _children(parent: int) -> list[tuple[int, str]]:
+    """The (pid, start time) of ``parent``'s children."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        fields = _stat(entry.name)
+        if fields is not None and int(fields[1]) == parent:
+            found.append((int(entry.name), fields[19]))
+    return found
 
 
 class PostgresServer:
@@ -255,14 +278,38 @@ class PostgresServer:
         if not self.running:
             return
         assert self._process is not None
+        children = _children(self._process.proc.pid)
         try:
             self._run("pg_ctl", "stop", "-D", str(self.data), "-m", mode, "-w", "-t", str(int(STOP_TIMEOUT_S)))
         finally:
-            self._process.kill()  # the postmaster has exited; this reaps it and kills any straggler
+            self._process.kill()  # the postmaster has exited; this reaps it
             self._process = None
+            for pid, started in children:  # backends run in sessions of their own; they exit with the postmaster
+                if _start_time(pid) == started:  # still that process, not a new one that reused its pid
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+
+    def _processes(self) -> list[int]:
+        """The postmaster and its children (each backend is in a session of its own, so no process group has all)."""
+        assert self._process is not None
+        leader = self._process.proc.pid
+        return [leader, *(pid for pid, _ in _children(leader))]
+
+    def pause(self) -> None:
+        """SIGSTOP the server and all its processes: connections stay open and nothing answers (a hung server)."""
+        for pid in self._processes():
+            os.kill(pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        for pid in self._processes():
+            os.kill(pid, signal.SIGCONT)
 
     def close(self) -> None:
         try:
+            if self._process is not None:
+                self.resume()  # a paused server cannot stop
             self.stop("immediate")  # its data is thrown away: no shutdown checkpoint to wait for
         finally:
             if self._process is not None:

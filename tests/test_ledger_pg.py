@@ -270,6 +270,33 @@ async def test_rows_spool_while_postgresql_is_down_and_arrive_in_order_when_it_r
     assert [r[0] for r in pg_rows(url)] == written
 
 
+async def test_a_hung_postgresql_costs_one_write_timeout_and_a_late_commit_is_not_a_duplicate(
+    own_postgres: PostgresServer, tmp_path: Path
+) -> None:
+    url = own_postgres.create_database("ledger")
+    written: list[str] = []
+    async with PgLedger(url, spool_path=tmp_path / "spool.db", write_timeout_s=0.5) as ledger:
+        for n in range(3):
+            await ledger.record(make(n, correlation_id=f"a{n}"))
+            written.append(f"a{n}")
+        own_postgres.pause()  # connections open, nothing answers
+        try:
+            with anyio.fail_after(5):
+                await ledger.record(make(10, correlation_id="hung"))  # waits out the write timeout, then spools
+                written.append("hung")
+            with anyio.fail_after(2):  # the rest go straight to the spool
+                for n in range(5):
+                    await ledger.record(make(20 + n, correlation_id=f"b{n}"))
+                    written.append(f"b{n}")
+            figures = ledger.statistics()
+            assert figures.spooling and figures.spooled_rows == 6, figures
+            assert figures.problem == "PostgreSQL did not answer in time"
+        finally:
+            own_postgres.resume()  # the abandoned insert of "hung" may now commit, or be cancelled
+        await eventually(lambda: not ledger.statistics().spooling, within=30)
+    assert [r[0] for r in pg_rows(url)] == written
+
+
 async def test_a_spool_left_at_shutdown_is_replayed_by_the_next_start(
     own_postgres: PostgresServer, tmp_path: Path
 ) -> None:
