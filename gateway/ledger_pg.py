@@ -342,7 +342,10 @@ class PgLedger(anyio.AsyncContextManagerMixin):
                             await self._drained.wait()  # rows promised to their callers: never abandoned
                         if spool.count and not self._problem:
                             with anyio.move_on_after(CLOSE_REPLAY_S):
-                                await self._replay_once()
+                                try:
+                                    await self._replay_once()
+                                except (*_FAILURES, AuditError) as exc:  # what is left waits for the next start
+                                    self._problem = _why(exc, self._url)
                     tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):

@@ -486,3 +486,21 @@ def test_the_config_takes_a_url_and_a_spool_path_beside_the_file_and_refuses_ano
         parse_config("gateway:\n  audit: {url: mysql://gw:pw-4c1d@db/audit}\n", file=file)
     assert caught.value.key_path == "gateway.audit.url" and caught.value.line == 2
     assert "must be a PostgreSQL URL" in str(caught.value) and "pw-4c1d" not in str(caught.value)
+
+
+async def test_gateway_audit_copy_takes_its_source_and_target_from_the_config(pg_url: str, tmp_path: Path) -> None:
+    (tmp_path / "federation.yaml").write_text(_config(pg_url))
+    async with Ledger(tmp_path / "audit.db") as ledger:
+        for n in range(3):
+            await ledger.record(make(n, correlation_id=f"f{n}"))
+
+    def copy() -> subprocess.CompletedProcess[str]:
+        argv = [PYTHON, "-m", "gateway", "audit", "-c", str(tmp_path / "federation.yaml"), "copy"]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+    first, again = await anyio.to_thread.run_sync(copy), await anyio.to_thread.run_sync(copy)
+    assert first.returncode == 0 and again.returncode == 0, first.stderr + again.stderr
+    assert "copied 3 row(s)" in first.stdout and "copied 0 row(s)" in again.stdout
+    assert "3 were there already" in again.stdout
+    assert all(secret not in first.stdout + first.stderr for secret in url_secrets(pg_url))
+    assert [r[0] for r in pg_rows(pg_url)] == ["f0", "f1", "f2"]
