@@ -3,8 +3,8 @@
 Guarantee, as the SQLite ledger's: ``await PgLedger.record(row)`` returns only after a transaction holding the row
 has committed: in PostgreSQL, or, while PostgreSQL cannot be reached, in the spool (a local SQLite ledger file with
 the same schema, ``audit.py``'s durability). Rows are group-committed as in ``audit.py``: the caller that opens a
-batch leads it, the callers that arrive while it commits form the next one, one transaction per batch (psycopg 3's
-``executemany`` pipelines the inserts into one round trip).
+batch leads it, the callers that arrive while it commits form the next one, one transaction per batch (one
+multi-row ``INSERT`` on an autocommit connection: one round trip).
 
 Spooling: a batch whose PostgreSQL commit fails, or does not answer within ``write_timeout_s``, is committed to the
 spool instead and the ledger switches to spooling: every later batch goes straight to the spool (the answer waits
@@ -70,10 +70,9 @@ TAIL_WINDOW: Final = 1000  # ids below the highest seen that tail re-reads: rows
 _NAMES: Final = tuple(name.strip() for name in audit._COLUMNS.split(","))
 _KEY_COLUMNS: Final = ("ts", "correlation_id", "session_id", "caller", "tool", "status", "duration_ms", "args_hash")
 _KEY_INDEX: Final = tuple(_NAMES.index(name) for name in _KEY_COLUMNS)
-_INSERT: Final = (
-    f"INSERT INTO calls ({audit._COLUMNS}, row_key) VALUES ({', '.join(['%s'] * (len(_NAMES) + 1))})"
-    " ON CONFLICT (row_key) DO NOTHING"
-)
+_INSERT: Final = f"INSERT INTO calls ({audit._COLUMNS}, row_key) VALUES "
+_ROW: Final = f"({', '.join(['%s'] * (len(_NAMES) + 1))})"
+_ON_CONFLICT: Final = " ON CONFLICT (row_key) DO NOTHING"
 _EXTRAS: Final = (  # PostgreSQL's own, after the shared migrations: the idempotency key
     "ALTER TABLE calls ADD COLUMN IF NOT EXISTS row_key TEXT",
     "CREATE UNIQUE INDEX IF NOT EXISTS calls_row_key ON calls (row_key)",
@@ -168,10 +167,11 @@ async def _migrate(conn: psycopg.AsyncConnection[Any], url: str) -> None:
 
 
 async def _insert(conn: psycopg.AsyncConnection[Any], rows: Sequence[Sequence[Any]]) -> int:
-    """Insert ``rows`` in one transaction, skipping those already there; return how many were new."""
-    async with conn.transaction(), conn.cursor() as cur:
-        await cur.executemany(_INSERT, [_params(row) for row in rows])
-        return max(cur.rowcount, 0)
+    """Insert ``rows`` with one statement on an autocommit connection (one round trip, one transaction), skipping
+    those already there; return how many were new."""
+    params = [value for row in rows for value in _params(row)]
+    cur = await conn.execute(_INSERT + ", ".join([_ROW] * len(rows)) + _ON_CONFLICT, params)
+    return max(cur.rowcount, 0)
 
 
 # --- the spool --------------------------------------------------------------------------------------------------
@@ -312,6 +312,7 @@ class PgLedger(anyio.AsyncContextManagerMixin):
             open=False,
             timeout=self._write_timeout_s,
             reconnect_timeout=PROBE_MAX_S,  # give up soon: the replay task's next request starts a fresh attempt
+            kwargs={"autocommit": True},  # each insert is one statement: its own transaction, one round trip
             name="audit-ledger",
         )
         self._pool = pool
@@ -529,7 +530,6 @@ class PgLedger(anyio.AsyncContextManagerMixin):
                                 " (SELECT id FROM calls WHERE ts < %s ORDER BY ts LIMIT %s)",
                                 (time.time() - self._retention_s, audit.PRUNE_CHUNK),
                             )
-                            await conn.commit()
                             self._rows_pruned += max(cur.rowcount, 0)
                             if cur.rowcount < audit.PRUNE_CHUNK:
                                 break
@@ -679,7 +679,7 @@ async def copy_ledger(path: str | os.PathLike[str], url: str, *, chunk: int = 50
     source = audit._connect_readonly(path)
     copied = skipped = 0
     try:
-        async with await psycopg.AsyncConnection.connect(_conninfo(url)) as conn:
+        async with await psycopg.AsyncConnection.connect(_conninfo(url), autocommit=True) as conn:
             await _migrate(conn, url)
             after = 0
             while True:
