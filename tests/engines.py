@@ -347,6 +347,21 @@ def postgres_server() -> Iterator[PostgresServer]:
 
 
 @pytest.fixture
+def own_postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL server of the test's own, for tests that stop, pause or crash it."""
+    bindir = postgres_bindir()
+    if bindir is None:
+        missing("PostgreSQL (the Debian package postgresql)")
+        raise AssertionError("unreachable")
+    server = PostgresServer(bindir)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
 def pg_url(postgres_server: PostgresServer, request: pytest.FixtureRequest) -> str:
     """A fresh database on the session's server, named after the test; its URL (with the password)."""
     name = "t_" + re.sub(r"[^a-z0-9]+", "_", request.node.name.lower())[:40] + "_" + secrets.token_hex(3)

@@ -10,7 +10,6 @@ import json
 import signal
 import sqlite3
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ from gateway.errors import AuditError, ConfigError
 from gateway.ledger_pg import PgLedger, _pg_ddl, copy_ledger, row_key
 from gateway.ledgers import query, redact_url, stats, tail, url_secrets
 from gateway.router import META_KEY
-from tests.engines import PostgresServer, missing, postgres_bindir
+from tests.engines import PostgresServer
 from tests.fixtures.gateway_proc import PYTHON, echo_argv, mcp_session, run_gateway
 from tests.fixtures.waiting import eventually
 from tests.test_audit import make
@@ -39,21 +38,6 @@ pytestmark = pytest.mark.anyio
 def pg_rows(url: str, columns: str = "correlation_id") -> list[tuple[Any, ...]]:
     with psycopg.connect(url) as conn:
         return conn.execute(f"SELECT {columns} FROM calls ORDER BY id").fetchall()  # type: ignore[arg-type]
-
-
-@pytest.fixture
-def own_postgres() -> Iterator[PostgresServer]:
-    """A PostgreSQL server of the test's own, for tests that stop it."""
-    bindir = postgres_bindir()
-    if bindir is None:
-        missing("PostgreSQL (the Debian package postgresql)")
-        raise AssertionError("unreachable")
-    server = PostgresServer(bindir)
-    try:
-        server.start()
-        yield server
-    finally:
-        server.close()
 
 
 # --- the write side ---------------------------------------------------------------------------------------------
