@@ -116,8 +116,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "tools":
             return anyio.run(_tools, config, args.json, args.full)
         if args.command == "audit":
-            if args.db == AUDIT_DB_FROM_CONFIG:
-                args.db = config.gateway.audit.path
+            audit = config.gateway.audit
+            if args.audit_command == "copy":
+                args.to = args.to or audit.url
+                if args.db == AUDIT_DB_FROM_CONFIG:
+                    args.db = audit.path
+            elif args.db == AUDIT_DB_FROM_CONFIG:
+                args.db = audit.url or audit.path  # the ledger the gateway writes
             return run_audit(args)
     except KeyboardInterrupt:
         return EXIT_OK

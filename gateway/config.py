@@ -119,8 +119,21 @@ class AuditSettings(_Model):
     enabled: bool = True
     path: str = "audit.db"
     retention_days: float | None = Field(default=None, gt=0)
+    url: str | None = None
+    """A PostgreSQL ledger (a libpq URL, ``postgresql://user@host:port/db``) instead of the SQLite file at ``path``;
+    its password is never shown (better: leave it to ``PGPASSWORD``/``~/.pgpass``, or write ``${VAR}``)."""
+    spool_path: str | None = None
+    """With ``url``: the local SQLite file rows wait in while PostgreSQL is unreachable; default ``<path>.spool``."""
 
-    _resolve_path = field_validator("path")(_resolve)
+    _resolve_path = field_validator("path", "spool_path")(_resolve)
+
+    @field_validator("url")
+    @classmethod
+    def _postgresql_url(cls, value: str | None) -> str | None:
+        # A value_error: the message never echoes the value, which may hold a password.
+        if value is not None and not value.startswith(("postgresql://", "postgres://")):
+            raise ValueError("must be a PostgreSQL URL, postgresql://user@host:port/database (the value is not shown)")
+        return value
 
 
 class TracingSettings(_Model):

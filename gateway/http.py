@@ -394,6 +394,16 @@ def status_document(
         doc["connections"] = connections
     if sessions is not None:
         doc["sessions"] = sessions
+    if gateway.ledger is not None and not gateway.ledger.disabled:
+        ledger = gateway.ledger.statistics()
+        doc["ledger"] = {
+            "engine": ledger.engine,
+            "state": "spooling" if ledger.spooling else "ok",
+            "spooled_rows": ledger.spooled_rows,
+            "pending_rows": ledger.pending,
+            "rows_written": ledger.rows_written,
+            "problem": redactor.scrub(ledger.problem),
+        }
     return doc
 
 

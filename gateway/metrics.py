@@ -147,6 +147,16 @@ class _StateCollector(Collector):
             yield CounterMetricFamily(
                 f"{PREFIX}_ledger_rows_pruned", "Audit rows deleted by retention.", ledger.rows_pruned
             )
+            yield GaugeMetricFamily(
+                f"{PREFIX}_ledger_spooling",
+                "1 while the PostgreSQL ledger is unreachable and rows are committed to the local spool.",
+                int(ledger.spooling),
+            )
+            yield GaugeMetricFamily(
+                f"{PREFIX}_ledger_spooled_rows",
+                "Audit rows in the local spool waiting to be replayed into PostgreSQL.",
+                ledger.spooled_rows,
+            )
 
 
 class GatewayMetrics:

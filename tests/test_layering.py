@@ -19,7 +19,9 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
     ("config", "inputs"),  # inputs: what a request's values must be before the gateway acts on them
-    ("_logging", "audit", "audit_report", "metrics", "tracing"),  # metrics/tracing: instruments, fed by the router
+    # metrics/tracing: instruments, fed by the router; ledgers: the ledger's engines behind one face (audit: SQLite,
+    # ledger_pg: PostgreSQL with its local spool)
+    ("_logging", "audit", "ledger_pg", "ledgers", "audit_report", "metrics", "tracing"),
     ("clients", "costs", "importer"),  # policies and conversions over config (costs reads audit's statistics)
     # "backends" is backends/__init__.py; answers: the answer limit; processes: no process escapes
     ("backends", "backends.base", "backends.answers", "backends.processes", "backends.backoff"),
