@@ -20,7 +20,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
     ("config", "inputs"),  # inputs: what a request's values must be before the gateway acts on them
     ("_logging", "audit", "audit_report", "metrics", "tracing"),  # metrics/tracing: instruments, fed by the router
-    ("clients", "costs", "importer"),  # policies and conversions over config (costs reads audit's statistics)
+    # policies and conversions over config (costs reads audit's statistics); oauth: JWT access tokens -> principals
+    ("clients", "costs", "importer", "oauth"),
     # "backends" is backends/__init__.py; answers: the answer limit; processes: no process escapes
     ("backends", "backends.base", "backends.answers", "backends.processes"),
     ("backends.stdio", "backends.relay", "backends.wiki_index"),  # relay: back-channel context; wiki_index: pure index
