@@ -36,6 +36,7 @@ __all__ = [
     "Clients",
     "AdapterTool",
     "CallBudget",
+    "CallerLimit",
     "Federation",
     "HttpServer",
     "OAuth",
@@ -205,6 +206,32 @@ class OAuth(_Model):
         return value
 
 
+class CallerLimit(_Model):
+    """Limits for the callers a rule matches; each matching caller gets its own bucket and its own count."""
+
+    name: str | None = None
+    """How /metrics labels what this rule refuses; default: ``rule-N`` (its position, from 1)."""
+    callers: tuple[str, ...] = ("*",)
+    """Caller-name globs (``alice``, ``corp:*``): static token names, or ``ISSUER-NAME:SUBJECT`` for OAuth."""
+    claims: dict[str, str] = {}
+    """JWT claims the caller's token must carry with these values (a list claim must contain it); a static token
+    carries none, so a rule with claims never matches one."""
+    requests_per_s: float | None = Field(default=None, gt=0)
+    """The sustained rate of JSON-RPC requests to /mcp (a token bucket); unset: no rate limit."""
+    burst: int | None = Field(default=None, ge=1)
+    """The bucket's size: requests allowed at once after a quiet spell; default: ``requests_per_s`` rounded up."""
+    concurrent_calls: int | None = Field(default=None, ge=1)
+    """``tools/call`` requests of one caller in flight at once; unset: no limit."""
+
+    @model_validator(mode="after")
+    def _limits_something(self) -> CallerLimit:
+        if self.requests_per_s is None and self.concurrent_calls is None:
+            raise ValueError("a caller limit needs requests_per_s, concurrent_calls or both")
+        if self.burst is not None and self.requests_per_s is None:
+            raise ValueError("burst is the size of the requests_per_s bucket: set requests_per_s too")
+        return self
+
+
 class Auth(_Model):
     tokens_env: str = "GATEWAY_TOKENS"
     """The environment variable holding the accepted bearer tokens, comma-separated."""
@@ -212,6 +239,9 @@ class Auth(_Model):
     """Whether /metrics needs the bearer token; default: yes unless bound to loopback."""
     oauth: OAuth | None = None
     """JWT access tokens from trusted issuers, accepted beside the static tokens (see docs/security.md)."""
+    caller_limits: tuple[CallerLimit, ...] = ()
+    """Per-caller request rate and concurrent calls; the first rule that matches a caller applies (the policies
+    section to come will carry these per policy)."""
 
 
 class AuditSettings(_Model):

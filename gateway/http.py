@@ -48,11 +48,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway._logging import redactor
 from gateway.backends.cli import CliBackend
-from gateway.config import Limits
+from gateway.config import CallerLimit, Limits
 from gateway.edge import Edge
 from gateway.events import RETRY_MS, RecentEvents
 from gateway.metrics import CONTENT_TYPE, AdapterSnapshot, BackendSnapshot, StateSnapshot
 from gateway.oauth import Refusal, ResourceServer
+from gateway.quotas import CallerLimits
 from gateway.runtime import VERSION, Gateway
 from gateway.server import build_server, session_digest
 from gateway.ui import UI_PATHS, build_ui
@@ -510,6 +511,9 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
         assert oauth is not None
         return JSONResponse(oauth.metadata(), headers={"cache-control": "max-age=300"})
 
+    def limits() -> tuple[CallerLimit, ...]:
+        return gateway.config.gateway.auth.caller_limits
+
     metadata_routes = [Route(p, resource_metadata, methods=["GET"]) for p in (oauth.metadata_paths if oauth else ())]
 
     async def metrics(request: Request) -> Response:
@@ -527,7 +531,8 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
             Route("/status", status, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
             # Every POST body is checked before the SDK parses it (edge.py): one rule for both protocol eras.
-            Route("/mcp", endpoint=Edge(mcp_app, lambda: gateway.config.gateway.edge)),
+            # Per-caller limits (quotas.py) after the edge, which hands them the parsed message.
+            Route("/mcp", endpoint=Edge(CallerLimits(mcp_app, gateway, limits), lambda: gateway.config.gateway.edge)),
             # the status page; signs people in itself, with the static tokens only (so with OAuth alone it is shut)
             Mount("/ui", app=build_ui(gateway, tokens, is_loopback(host) and oauth is None)),
             *metadata_routes,

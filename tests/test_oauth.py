@@ -314,7 +314,7 @@ async def test_a_valid_token_calls_a_tool_and_the_ledger_names_the_caller_never_
             ("test-idp:ada", "echo", "ok"),
             ("test-idp:alpha", "echo", "ok"),
         ]
-        stored = b"".join(p.read_bytes() for p in world.folder.glob("audit.db*"))
+        stored = await anyio.to_thread.run_sync(lambda: b"".join(p.read_bytes() for p in tmp_path.glob("audit.db*")))
         log = world.gateway.output()
         for token in (alpha, alpha_again, beta, person):
             signature = token.rsplit(".", 1)[1]
