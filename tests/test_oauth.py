@@ -370,3 +370,27 @@ def test_the_oauth_settings_validate_and_errors_name_the_key_path_and_line() -> 
     with pytest.raises(ConfigError) as missing:
         parse_config("gateway: {auth: {oauth: {issuers: {}}}}\n", file="f.yaml")
     assert "gateway.auth.oauth.resource: required key is missing" in str(missing.value)
+
+
+async def test_a_stateless_2026_07_28_request_is_authenticated_the_same_way(world: World) -> None:
+    token = await world.idp.client_credentials("beta")
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}
+    request = {
+        "jsonrpc": "2.0",
+        "id": 3,
+        "method": "tools/call",
+        "params": {"name": "echo", "arguments": {"text": "stateless"}, "_meta": meta},
+    }
+    era = {"mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call", "mcp-name": "echo"}
+    with anyio.fail_after(15):
+        async with httpx2.AsyncClient(timeout=10) as http:
+            refused = await http.post(world.url, json=request, headers={**bearer("expired.or.bad"), **era})
+            answered = await http.post(world.url, json=request, headers={**bearer(token), **era})
+    assert refused.status_code == 401 and challenge(refused)["error"] == "invalid_token"
+    assert answered.status_code == 200, answered.text
+    if answered.headers["content-type"].startswith("text/event-stream"):
+        (data,) = [line[5:] for line in answered.text.splitlines() if line.startswith("data:") and line[5:].strip()]
+        message = json.loads(data)
+    else:
+        message = answered.json()
+    assert message["result"]["content"][0]["text"] == "stateless"
