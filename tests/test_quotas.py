@@ -24,6 +24,7 @@ from tests.fixtures.waiting import eventually
 pytestmark = pytest.mark.anyio
 
 TOKENS = "alice=tok-alice,bob=tok-bob"
+N = 40
 VERSION = "2025-06-18"
 INITIALIZE = {
     "jsonrpc": "2.0",
@@ -64,9 +65,9 @@ async def open_session(http: httpx2.AsyncClient, url: str, token: str) -> str:
 
 
 async def call(
-    http: httpx2.AsyncClient, url: str, token: str, session: str, tool: str = "echo", **arguments: Any
+    http: httpx2.AsyncClient, url: str, token: str, session: str, tool: str = "echo", *, rid: int = 7, **arguments: Any
 ) -> httpx2.Response:
-    request = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": tool, "arguments": arguments}}
+    request = {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": {"name": tool, "arguments": arguments}}
     return await http.post(url, json=request, headers=headers(token, session))
 
 
@@ -102,6 +103,31 @@ async def test_a_caller_over_its_request_rate_gets_429_with_retry_after_and_othe
     assert rows.count(("alice", "ok", "ok")) == 2 and rows.count(("bob", "ok", "ok")) == 5
     ledger = await anyio.to_thread.run_sync(lambda: b"".join(p.read_bytes() for p in tmp_path.glob("audit.db*")))
     assert b"secret argument" not in ledger  # a refused call's arguments are only hashed
+
+
+async def test_under_a_concurrent_burst_a_caller_gets_exactly_its_bucket_and_a_bystander_all_its_calls(
+    tmp_path: Path,
+) -> None:
+    limits = "[{callers: [alice], requests_per_s: 0.01, burst: 10}]"  # no refill within the test
+    with run_gateway(config(limits), tmp_path, tokens=TOKENS) as gateway:
+        url = gateway.url()
+        statuses: dict[str, list[int]] = {"alice": [], "bob": []}
+        with anyio.fail_after(60):
+            async with httpx2.AsyncClient(timeout=30, limits=httpx2.Limits(max_connections=200)) as http:
+                alices = await open_session(http, url, "tok-alice")  # spends 1 of alice's 10
+                bobs = await open_session(http, url, "tok-bob")
+
+                async def one(who: str, session: str, n: int) -> None:
+                    # concurrent requests of one session need distinct ids (the SDK pairs answers by id)
+                    response = await call(http, url, f"tok-{who}", session, rid=100 + n, text=f"{who}-{n}")
+                    statuses[who].append(response.status_code)
+
+                async with anyio.create_task_group() as tg:
+                    for n in range(N):
+                        tg.start_soon(one, "alice", alices, n)
+                        tg.start_soon(one, "bob", bobs, n)
+    assert sorted(statuses["alice"]) == [200] * 9 + [429] * (N - 9)
+    assert statuses["bob"] == [200] * N
 
 
 async def test_a_caller_at_its_concurrent_calls_is_refused_until_one_ends_and_others_are_untouched(
