@@ -7,7 +7,8 @@ MCP work — then answers ``/healthz`` (no auth, no reasons), ``/status`` (auth,
 required unless the gateway is bound to loopback). ``/metrics`` holds names, states and counts only: no reasons,
 arguments or secrets. With ``gateway.auth.oauth`` a bearer that is no static token is verified as a JWT access token
 (``oauth.py``), the Protected Resource Metadata is served (public) at its well-known paths, and refusals carry the
-RFC 6750 challenge naming it.
+RFC 6750 challenge naming it. Per-caller request rates and concurrent calls (``quotas.py``) sit between the edge and
+the SDK.
 
 Host and Origin are parsed, never prefix-matched: a Host must be exactly ``name[:port]`` and an Origin exactly
 ``scheme://host[:port]``, and the parsed host is compared whole (``http://localhost:1.evil.example.com`` is refused).
