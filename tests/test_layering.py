@@ -22,7 +22,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # metrics/tracing: instruments, fed by the router; ledgers: the ledger's engines behind one face (audit: SQLite,
     # ledger_pg: PostgreSQL with its local spool)
     ("_logging", "audit", "ledger_pg", "ledgers", "audit_report", "metrics", "tracing"),
-    ("clients", "costs", "importer"),  # policies and conversions over config (costs reads audit's statistics)
+    # policies and conversions over config (costs reads audit's statistics); oauth: JWT access tokens -> principals
+    ("clients", "costs", "importer", "oauth"),
     # "backends" is backends/__init__.py; answers: the answer limit; processes: no process escapes
     ("backends", "backends.base", "backends.answers", "backends.processes", "backends.backoff"),
     ("backends.stdio", "backends.relay", "backends.wiki_index"),  # relay: back-channel context; wiki_index: pure index
@@ -41,7 +42,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("server", "events"),  # the MCP face (low-level Server), transport-free; events: resumable SSE streams
     # the Starlette app around it: /mcp, /healthz, /status, /metrics, the guard; /ui, the status page; edge: a
     # request's body checked before the SDK parses it; connections: the uvicorn protocol under it (deadlines, the cap)
-    ("http", "ui", "edge", "connections"),
+    # quotas: per-caller request rate and concurrent calls, between the edge and the SDK
+    ("http", "ui", "edge", "connections", "quotas"),
     ("cli", "__main__", "__init__"),  # "__init__" is gateway/__init__.py: the public surface re-exports from any layer
 )
 LAYER = {module: level for level, modules in enumerate(LAYERS) for module in modules}
