@@ -249,3 +249,23 @@ servers:
                 assert heard["searcher"] == ["tools"]
                 assert "get_current_time" in {t.name for t in (await b.list_tools()).tools}
                 assert heard["lister"] == ["tools"]  # the pins are not part of the all-mode list
+
+
+@pytest.mark.skipif(INSPECTOR is None, reason="run scripts/install: mcp-inspector is not on PATH")
+def test_the_inspector_in_auto_mode_searches_unless_it_declares_a_large_context(
+    echo: RunningServer, tmp_path: Path
+) -> None:
+    def listed(*headers: str) -> list[str]:
+        command = [str(INSPECTOR), "--cli", gateway.url(), "--header", f"Authorization: Bearer {TOKEN}"]
+        for header in headers:
+            command += ["--header", header]
+        env = {**os.environ, "MCP_CATALOG_PATH": str(tmp_path / "catalog.json"), "HOME": str(tmp_path)}
+        done = subprocess.run([*command, "--method", "tools/list", "--format", "json"], capture_output=True,
+                              text=True, timeout=90, env=env, cwd=tmp_path)  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        return [t["name"] for t in json.loads(done.stdout)["result"]["tools"]]
+
+    with run_gateway(_config(echo.url(), tmp_path, "auto"), tmp_path, tokens=TOKEN) as gateway:
+        assert listed() == ["find_tools", "call_tool", "get_current_time"]  # an unknown client counts as small
+        every = listed("X-Context-Window: 200000")
+        assert {"get-sum", "create_entities", "remote_echo"} <= set(every) and "find_tools" not in every
