@@ -30,7 +30,7 @@ import mcp_types as types
 
 from gateway.backends.base import Backend, BackendState
 from gateway.clients import note_without
-from gateway.config import TOOL_NAME_RE, Federation, RouteStep, SearchHitsResult
+from gateway.config import TOOL_NAME_RE, Federation, Policy, RouteStep, SearchHitsResult
 from gateway.costs import Cost, fill_placeholders
 from gateway.listings import Listings
 
@@ -127,6 +127,9 @@ class Catalog:
     """The same list without the large-context tools (``clients.large_context_tools``); None when none is gated."""
     lists: Listings = field(default_factory=Listings)
     """Resources, resource templates and prompts, built and swapped with the tools (see listings.py)."""
+    policies: Mapping[str, Policy] = field(default_factory=dict)
+    """Who sees what of it (gateway/auth/policies.py): swapped with the catalog, so a reload that changes only a
+    policy is a change clients are told of."""
 
     @classmethod
     def empty(cls) -> Catalog:
@@ -149,6 +152,8 @@ class Catalog:
             changed.add("tools")
         if not self.lists.same_lists(previous.lists):
             changed.add("lists")
+        if self.policies != previous.policies:
+            changed.add("policies")
         return frozenset(changed)
 
     def __len__(self) -> int:
@@ -242,7 +247,8 @@ class Catalog:
             {"tools": [_with_note(t, note, small_note) for n, t in dumped.items() if n not in gated]} if gated else None
         )
         lists = Listings.build(config, backends)
-        return cls(entries, {"tools": list(dumped.values())}, tuple(problems) + lists.problems, small, lists)
+        problems += lists.problems
+        return cls(entries, {"tools": list(dumped.values())}, tuple(problems), small, lists, dict(config.policies))
 
 
 def _provider(step: RouteStep) -> Provider:

@@ -36,6 +36,9 @@ __all__ = [
     "AdapterTool",
     "CallBudget",
     "Federation",
+    "Policy",
+    "PolicyLimits",
+    "Selection",
     "HttpServer",
     "RouteStep",
     "ScoreScale",
@@ -113,6 +116,12 @@ class Auth(_Model):
     """The environment variable holding the accepted bearer tokens, comma-separated."""
     metrics_requires_token: bool | None = None
     """Whether /metrics needs the bearer token; default: yes unless bound to loopback."""
+    caller_secrets: str | None = None
+    """A YAML file of per-caller secrets, ``{CALLER: {NAME: VALUE}}``, that ``${caller.secret:NAME}`` in a server's
+    headers takes its value from (caller ``"*"``: the gateway's own session, which lists the tools). Read at start and
+    on every reload; it must not be readable by group or others (docs/security.md)."""
+
+    _resolve_secrets = field_validator("caller_secrets")(_resolve)
 
 
 class AuditSettings(_Model):
@@ -606,6 +615,51 @@ class Clients(_Model):
 # --------------------------------------------------------------------------------------------------- root
 
 
+# --------------------------------------------------------------------------------------------------- policies
+
+
+CALLER_SECRET_RE = re.compile(r"\$\{caller\.secret:([A-Za-z0-9_.-]{1,64})\}")
+"""``${caller.secret:NAME}`` in a server's header value: the calling caller's secret NAME (gateway/auth/secrets.py)."""
+
+
+class Selection(_Model):
+    """Names (or URIs) a policy lets its callers see, as globs (``*``, ``?``, ``[...]``): ``include`` (default:
+    everything), then ``exclude``."""
+
+    include: tuple[str, ...] | None = None
+    exclude: tuple[str, ...] = ()
+
+
+class PolicyLimits(_Model):
+    """Per-caller limits of a policy's callers (each caller its own bucket and count)."""
+
+    requests_per_s: float | None = Field(default=None, gt=0)
+    burst: int | None = Field(default=None, ge=1)
+    concurrent_calls: int | None = Field(default=None, ge=1)
+
+
+class Policy(_Model):
+    """Who (``callers``, ``claims``, ``scopes``: all must hold) sees and may call what (``backends``, ``tools``,
+    ``resources``, ``prompts``). The first policy whose conditions hold for a caller is its policy."""
+
+    callers: tuple[str, ...] = ("*",)
+    """Caller-name globs: static token names (``GATEWAY_TOKENS="alice=..."``) or ``ISSUER-NAME:SUBJECT`` of a JWT."""
+    claims: dict[str, str] = {}
+    """JWT claims the caller's token must carry with these values (a list claim must contain it)."""
+    scopes: tuple[str, ...] = ()
+    """Scopes the caller's JWT must all carry."""
+    backends: Selection = Selection()
+    """Backends whose tools, resources and prompts may be seen (a route: every provider's backend must be)."""
+    tools: Selection = Selection()
+    """Published tool names."""
+    resources: Selection = Selection()
+    """Published resource URIs and URI templates."""
+    prompts: Selection = Selection()
+    """Published prompt names."""
+    limits: PolicyLimits | None = None
+    """The request rate and concurrent calls allowed each of this policy's callers."""
+
+
 class Federation(_Model):
     version: Literal[1] = 1
     gateway: GatewaySettings = GatewaySettings()
@@ -614,6 +668,8 @@ class Federation(_Model):
     wiki: Wiki | None = None
     routes: dict[str, Route] = {}
     clients: Clients = Clients()
+    policies: dict[str, Policy] = {}
+    """Who sees and may call what, first match wins; none: every caller sees everything (gateway/auth/policies.py)."""
     _source: str = PrivateAttr(default="<memory>")
 
     @property
@@ -663,6 +719,24 @@ class Federation(_Model):
                     return ("routes", route), (
                         f"route {route!r} names {step.provider!r}, but {backend!r} has no tool {tool!r} "
                         f"(it has {sorted(known)})"
+                    )
+        for name, policy in self.policies.items():
+            for listed in (*(policy.backends.include or ()), *policy.backends.exclude):
+                if not any(ch in listed for ch in "*?[") and listed not in seen:
+                    return ("policies", name, "backends"), (
+                        f"policy {name!r} names backend {listed!r}, which is not declared"
+                    )
+        for name, server in self.servers.items():
+            headers = getattr(server, "headers", {})
+            for header, value in headers.items():
+                if "${caller." in value and not CALLER_SECRET_RE.search(value):
+                    return ("servers", name, "headers", header), (
+                        "a per-caller value is written ${caller.secret:NAME} (NAME: 1 to 64 of A-Z a-z 0-9 _ . -)"
+                    )
+                if CALLER_SECRET_RE.search(value) and self.gateway.auth.caller_secrets is None:
+                    return ("servers", name, "headers", header), (
+                        "${caller.secret:...} needs gateway.auth.caller_secrets, the file the per-caller values come "
+                        "from"
                     )
         return None
 

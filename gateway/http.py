@@ -17,8 +17,6 @@ its first response belongs to a token holder (``connections.py`` relies on that 
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import ipaddress
 import json
 import logging
@@ -45,6 +43,7 @@ from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway._logging import redactor
+from gateway.auth.tokens import Tokens
 from gateway.backends.cli import CliBackend
 from gateway.config import Limits
 from gateway.edge import Edge
@@ -67,7 +66,6 @@ __all__ = [
 
 log = structlog.get_logger("gateway.http")
 
-_NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
 _LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 _PORT = re.compile(r"^[0-9]{1,5}$")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -81,43 +79,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
-
-
-class Tokens:
-    """Accepted bearer tokens. ``GATEWAY_TOKENS="alice=tok1,bob=tok2"`` names callers; a bare token is named by
-    its hash prefix. Tokens are compared in constant time and never logged or stored."""
-
-    def __init__(self, spec: str | None) -> None:
-        self._tokens: list[tuple[bytes, str]] = []
-        for item in (spec or "").split(","):
-            item = item.strip()
-            if not item:
-                continue
-            name, sep, token = (part.strip() for part in item.partition("="))
-            if not (sep and _NAME.fullmatch(name) and token.strip("=")):
-                name, token = "", item  # a bare token (which may itself contain '=', e.g. base64 padding)
-            digest = hashlib.sha256(token.encode()).hexdigest()[:12]
-            self._tokens.append((token.encode(), name or f"token-{digest}"))
-
-    def __bool__(self) -> bool:
-        return bool(self._tokens)
-
-    @property
-    def secrets(self) -> list[str]:
-        return [token.decode() for token, _ in self._tokens]
-
-    def identify(self, authorization: str | None) -> str | None:
-        """The caller's name for a valid ``Authorization: Bearer`` header, else None."""
-        if not authorization or not authorization[:7].lower() == "bearer ":
-            return None
-        offered = authorization[7:].strip().encode()
-        if not offered:
-            return None
-        found: str | None = None
-        for token, name in self._tokens:  # compare against every token: timing reveals nothing
-            if hmac.compare_digest(offered, token):
-                found = name
-        return found
 
 
 class Guard:
@@ -354,7 +315,11 @@ def _filter_session_ids() -> None:
 
 
 def status_document(
-    gateway: Gateway, *, connections: int | None = None, sessions: dict[str, int] | None = None
+    gateway: Gateway,
+    *,
+    connections: int | None = None,
+    sessions: dict[str, int] | None = None,
+    access: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``/status`` and ``gateway check --json``: every backend's state and reason, the catalog's size and problems.
 
@@ -394,6 +359,8 @@ def status_document(
         doc["connections"] = connections
     if sessions is not None:
         doc["sessions"] = sessions
+    if access is not None:
+        doc["access"] = access  # the policies, and per caller its policy and how many tools it sees
     return doc
 
 
@@ -458,7 +425,12 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
         return JSONResponse({"status": "ok" if gateway.healthy() else "degraded", "backends": states})
 
     async def status(request: Request) -> Response:
-        return JSONResponse(status_document(gateway, connections=len(connections), sessions=manager.statistics()))
+        return JSONResponse(
+            status_document(gateway, connections=len(connections), sessions=manager.statistics(), access=access())
+        )
+
+    def access() -> dict[str, Any]:
+        return connections.views.statistics(gateway.catalog, tokens.names)
 
     gateway.metrics.watch(lambda: state_snapshot(gateway))
 
@@ -478,7 +450,9 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
             Route("/metrics", metrics, methods=["GET"]),
             # Every POST body is checked before the SDK parses it (edge.py): one rule for both protocol eras.
             Route("/mcp", endpoint=Edge(mcp_app, lambda: gateway.config.gateway.edge)),
-            Mount("/ui", app=build_ui(gateway, tokens, is_loopback(host))),  # the status page; signs people in itself
+            Mount(
+                "/ui", app=build_ui(gateway, tokens, is_loopback(host), access)
+            ),  # the status page; signs people in itself
         ],
         lifespan=lifespan,
     )

@@ -39,6 +39,7 @@ same -32602. Each round that asked leaves a row (``Router.note_round``), the cal
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import secrets
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -59,6 +60,7 @@ from mcp_types import methods as _methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
+from gateway.auth.policies import ANONYMOUS, Identity, View
 from gateway.backends.base import ProgressFn
 from gateway.backends.mcp import ROUND, McpBackend, Round
 from gateway.backends.relay import BRIDGES, Bridge, connection_of, forwarded_meta
@@ -194,9 +196,28 @@ def _call_context(ctx: ServerRequestContext[Any], clients: ClientPolicy) -> Call
     )
 
 
+def _identity(ctx: ServerRequestContext[Any]) -> Identity:
+    """Who sent the request (HTTP: what the guard found; stdio: nobody in particular)."""
+    request = ctx.request
+    if request is None or not hasattr(request, "scope"):
+        return ANONYMOUS
+    return Identity.of(request.scope.get("state"))
+
+
 def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
     """The MCP server that fronts ``gateway``; pair it with a transport (HTTP app or stdio)."""
     upstreams = Upstreams(gateway.catalog, lambda: gateway.backends)
+    views = upstreams.views
+
+    def view(ctx: ServerRequestContext[Any]) -> View | None:
+        """The caller's view of the catalog (auth/policies.py); None: no policies, it sees everything."""
+        return views.view(gateway.catalog, _identity(ctx))
+
+    def listing(ctx: ServerRequestContext[Any]) -> Mapping[str, Any]:
+        large = gateway.clients.is_large(_call_context(ctx, gateway.clients).declared)
+        seen = view(ctx)
+        return seen.listing(large) if seen is not None else gateway.catalog.listing(large)
+
     startup_waited = anyio.Event()
 
     async def settled() -> None:
@@ -353,8 +374,7 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
             if connection is not None and connection.initialize_accepted:
                 # The SDK would validate and re-dump the whole list on every request (87% of a 2,500-tool
                 # tools/list); an answer validated once per catalog and protocol version is returned as is.
-                large = gateway.clients.is_large(_call_context(ctx, gateway.clients).declared)
-                answer = validated.answer(gateway.catalog.listing(large), ctx.protocol_version)
+                answer = validated.answer(listing(ctx), ctx.protocol_version)
 
                 async def cached(_: ServerRequestContext[Any]) -> HandlerResult:
                     return answer
@@ -366,10 +386,9 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
         if not startup_waited.is_set():
             await gateway.wait_settled(STARTUP_LIST_WAIT_S)
             startup_waited.set()
-        # Pre-serialised once per catalog (no per-request model work); large-context tools only for large clients.
-        return _enveloped(
-            ctx, gateway.catalog.listing(gateway.clients.is_large(_call_context(ctx, gateway.clients).declared))
-        )
+        # Pre-serialised once per catalog and policy (no per-request model work); large-context tools only for
+        # large clients.
+        return _enveloped(ctx, listing(ctx))
 
     async def call_tool(
         ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
@@ -384,6 +403,9 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
             await gateway.wait_settled(STARTUP_LIST_WAIT_S)
             startup_waited.set()
         call_ctx = _call_context(ctx, gateway.clients)
+        seen = view(ctx)
+        if seen is not None:
+            call_ctx = dataclasses.replace(call_ctx, visible=seen.tools)
 
         async def resume(origin: Origin, retry: Round) -> types.CallToolResult:
             with _round(retry):
@@ -503,15 +525,29 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
             raise MCPError(types.INTERNAL_ERROR, str(failure)) from failure
         raise MCPError(types.INVALID_PARAMS, "No backend serves this request.")
 
+    def visible_origins(ctx: ServerRequestContext[Any], uri: str) -> tuple[Origin, ...]:
+        """The backends that may serve ``uri`` to this caller (none: answered as a resource that does not exist)."""
+        origins = gateway.catalog.lists.resolve(uri)
+        seen = view(ctx)
+        return seen.origins(uri, origins) if seen is not None else origins
+
+    def visible_prompt(ctx: ServerRequestContext[Any], name: str) -> Origin | None:
+        seen = view(ctx)
+        if seen is not None and name not in seen.prompts:
+            return None  # answered as an unknown prompt
+        return gateway.catalog.lists.prompt(name)
+
     async def list_resources(ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
         await settled()
-        return _enveloped(ctx, gateway.catalog.lists.resources_result)
+        seen = view(ctx)
+        return _enveloped(ctx, seen.resources_result if seen is not None else gateway.catalog.lists.resources_result)
 
     async def list_resource_templates(
         ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> Any:
         await settled()
-        return _enveloped(ctx, gateway.catalog.lists.templates_result)
+        seen = view(ctx)
+        return _enveloped(ctx, seen.templates_result if seen is not None else gateway.catalog.lists.templates_result)
 
     async def read_resource(ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams) -> Any:
         await settled()
@@ -538,7 +574,7 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
             origins = (Origin(found.backend, found.local),)
             retry = Round(params.input_responses, found.state)
         else:
-            origins = gateway.catalog.lists.resolve(params.uri)
+            origins = visible_origins(ctx, params.uri)
             retry = _ahead(params.input_responses)
         if not origins:
             raise MCPError(types.INVALID_PARAMS, "Resource not found", {"uri": clip(params.uri, URI_CHARS)})
@@ -568,7 +604,7 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
     async def subscribe(ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams) -> types.EmptyResult:
         await settled()
         failure: BackendError | None = None
-        for origin in gateway.catalog.lists.resolve(params.uri):
+        for origin in visible_origins(ctx, params.uri):
             backend = gateway.backends.get(origin.backend)
             if isinstance(backend, McpBackend):
                 try:
@@ -586,7 +622,8 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
 
     async def list_prompts(ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
         await settled()
-        return _enveloped(ctx, gateway.catalog.lists.prompts_result)
+        seen = view(ctx)
+        return _enveloped(ctx, seen.prompts_result if seen is not None else gateway.catalog.lists.prompts_result)
 
     async def get_prompt(ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams) -> Any:
         await settled()
@@ -598,7 +635,7 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
             origin = Origin(found.backend, found.local)
             retry = Round(params.input_responses, found.state)
         else:
-            origin = gateway.catalog.lists.prompt(params.name)
+            origin = visible_prompt(ctx, params.name)
             retry = _ahead(params.input_responses)
         if origin is None:
             raise MCPError(types.INVALID_PARAMS, f"Unknown prompt: {quote(params.name)}")
@@ -624,9 +661,12 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
         ref = params.ref
         origin: Origin | None
         if isinstance(ref, types.PromptReference):
-            origin = lists.prompt(ref.name)
+            origin = visible_prompt(ctx, ref.name)
         else:
             origin = lists.template(ref.uri) or next(iter(lists.resolve(ref.uri)), None)
+            seen = view(ctx)
+            if origin is not None and seen is not None and not seen.origins(ref.uri, (origin,)):
+                origin = None
         if origin is None:
             raise MCPError(types.INVALID_PARAMS, "No backend offers this prompt or resource.")
         meta = forwarded_meta(params.meta)
@@ -797,7 +837,7 @@ def _require_capabilities(declared: types.ClientCapabilities | None, requests: M
 class _ValidatedLists:
     """``tools/list`` answers validated against the protocol version once, reused until the catalog changes."""
 
-    MAX = 8  # a catalog has two listings (large and small clients) per protocol version in use
+    MAX = 64  # a catalog has two listings (large and small clients) per policy and protocol version in use
 
     def __init__(self) -> None:
         # (id of the listing, version) -> (the listing, kept alive so its id cannot be reused; the answer)

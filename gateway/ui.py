@@ -22,9 +22,6 @@ naming another host (or none at all) is refused.
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
 import html
 import json
 import secrets
@@ -32,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import Any
 from urllib.parse import parse_qs
 
 import anyio
@@ -46,12 +43,11 @@ from starlette.types import ASGIApp
 
 from gateway._logging import redactor
 from gateway.audit import AuditRecord, ToolStats, query, stats
+from gateway.auth.cookies import SESSION_TTL_S, SessionCookies
+from gateway.auth.tokens import Tokens
 from gateway.catalog import Catalog
 from gateway.errors import AuditError
 from gateway.runtime import VERSION, Gateway
-
-if TYPE_CHECKING:  # http.py imports this module to mount it; the import back is for types only
-    from gateway.http import Tokens
 
 __all__ = ["UI_PATHS", "build_ui"]
 
@@ -61,7 +57,6 @@ UI_PATHS = ("/ui", "/ui/", "/ui/login", "/ui/logout")
 """The paths the Guard lets past its bearer check (this app authenticates itself); ``/ui`` redirects to ``/ui/``."""
 
 COOKIE = "gateway_ui_session"
-SESSION_TTL_S = 12 * 3600.0  # a working day; the per-process key also ends every session at a restart
 REFRESH_S = 5  # the page reloads itself this often
 RECENT_CALLS = 25
 STATS_WINDOW_S = 24 * 3600.0
@@ -71,62 +66,21 @@ TEXT_LIMIT = 600  # characters of a reason or error shown (a stderr tail can be 
 DESCRIPTION_LIMIT = 160
 
 
-# ------------------------------------------------------------------------------------------------- sessions
-
-
-class _Sessions:
-    """Signed session values: ``base64url(json {"sub": caller, "exp": unix time}) "." base64url(hmac-sha256)``.
-
-    The key is random per instance (per process), so nothing a browser holds outlives the gateway process.
-    """
-
-    def __init__(self, ttl_s: float = SESSION_TTL_S, clock: Callable[[], float] = time.time) -> None:
-        self._key = secrets.token_bytes(32)
-        self._ttl_s = ttl_s
-        self._clock = clock
-
-    def _sign(self, payload: bytes) -> str:
-        return _b64(hmac.new(self._key, payload, hashlib.sha256).digest())
-
-    def issue(self, caller: str) -> str:
-        payload = _b64(json.dumps({"sub": caller, "exp": int(self._clock() + self._ttl_s)}).encode()).encode()
-        return f"{payload.decode()}.{self._sign(payload)}"
-
-    def verify(self, value: str | None) -> str | None:
-        """The caller a session value names, or None when it is missing, forged, altered or expired."""
-        if not value or value.count(".") != 1:
-            return None
-        payload, signature = value.split(".")
-        if not hmac.compare_digest(signature.encode(), self._sign(payload.encode()).encode()):
-            return None
-        try:
-            claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-        except ValueError:
-            return None
-        if not isinstance(claims, dict):
-            return None
-        caller, expiry = claims.get("sub"), claims.get("exp")
-        if not isinstance(caller, str) or not isinstance(expiry, int) or expiry <= self._clock():
-            return None
-        return caller
-
-
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
 # ------------------------------------------------------------------------------------------------- the app
 
 
-def build_ui(gateway: Gateway, tokens: Tokens, loopback: bool) -> ASGIApp:
+def build_ui(
+    gateway: Gateway, tokens: Tokens, loopback: bool, access: Callable[[], dict[str, Any]] | None = None
+) -> ASGIApp:
     """The status page's app, to be mounted at ``/ui`` behind the ``Guard``.
 
     Args:
         gateway: the running gateway whose state the page shows.
         tokens: the accepted bearer tokens; none configured means the page is open (on loopback only).
         loopback: whether the gateway is bound to loopback.
+        access: the policies and, per caller, how many tools it sees (``Views.statistics``), shown when given.
     """
-    sessions = _Sessions()
+    sessions = SessionCookies()
     allowed_origins = {o.lower() for o in gateway.config.gateway.allowed_origins}
     ledger_view = _LedgerView(gateway)
 
@@ -144,7 +98,14 @@ def build_ui(gateway: Gateway, tokens: Tokens, loopback: bool) -> ASGIApp:
             return _redirect(f"{base}/login")
         ledger = await ledger_view.read()
         nonce = secrets.token_urlsafe(16)
-        body = _render_page(gateway, ledger, caller=caller if tokens else None, base=base, nonce=nonce)
+        body = _render_page(
+            gateway,
+            ledger,
+            caller=caller if tokens else None,
+            base=base,
+            nonce=nonce,
+            access=access() if access else None,
+        )
         return _html(body, nonce)
 
     async def login_form(request: Request) -> Response:
@@ -394,7 +355,15 @@ def _render_login(name: str, base: str, nonce: str, *, error: str | None) -> str
     return _document(f"Sign in · {name}", nonce, body, refresh=False)
 
 
-def _render_page(gateway: Gateway, ledger: _LedgerData, *, caller: str | None, base: str, nonce: str) -> str:
+def _render_page(
+    gateway: Gateway,
+    ledger: _LedgerData,
+    *,
+    caller: str | None,
+    base: str,
+    nonce: str,
+    access: dict[str, Any] | None = None,
+) -> str:
     now = time.time()
     name = gateway.config.gateway.name
     overall = "ok" if gateway.healthy() else "degraded"
@@ -413,6 +382,7 @@ def _render_page(gateway: Gateway, ledger: _LedgerData, *, caller: str | None, b
     sections = [
         _backends_section(gateway, now),
         _catalog_section(gateway.catalog),
+        _access_section(access) if access is not None else "",
         _calls_section(ledger, now),
         _stats_section(ledger),
     ]
@@ -480,6 +450,33 @@ def _catalog_section(catalog: Catalog) -> str:
         else '<p class="note">No tool is published yet.</p>'
     )
     return f"<h2>Catalog <small>{len(rows)} tools</small></h2>{problems}{table}"
+
+
+def _access_section(access: dict[str, Any]) -> str:
+    """The policies (who, how many tools) and each known caller's policy and tool count."""
+    policies = "".join(
+        f'<tr><td><code>{_e(p["name"])}</code></td><td class="mono">{_e(", ".join(p["callers"]))}</td>'
+        f'<td class="mono">{_e(json.dumps(p["claims"]) if p["claims"] else "")} {_e(" ".join(p["scopes"]))}</td>'
+        f"<td>{p['tools']}</td></tr>"
+        for p in access["policies"]
+    )
+    callers = "".join(
+        f"<tr><td><code>{_e(c['caller'])}</code></td><td>{_e(c['policy'] or '—')}</td><td>{c['tools']}</td></tr>"
+        for c in access["callers"]
+    )
+    table = (
+        '<table id="policies"><thead><tr><th>Policy</th><th>Callers</th><th>Claims, scopes</th><th>Tools</th></tr>'
+        f"</thead><tbody>{policies}</tbody></table>"
+        if policies
+        else '<p class="note">No policies: every caller sees every tool.</p>'
+    )
+    who = (
+        '<table id="callers"><thead><tr><th>Caller</th><th>Policy</th><th>Tools seen</th></tr></thead>'
+        f"<tbody>{callers}</tbody></table>"
+        if callers
+        else ""
+    )
+    return f"<h2>Access <small>{len(access['policies'])} policies</small></h2>{table}{who}"
 
 
 def _chain_summary(record: AuditRecord) -> str:

@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -31,6 +32,7 @@ from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
 from mcp.shared.exceptions import MCPError
 from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged, ServerEvent, ToolsListChanged
 
+from gateway.auth.policies import Identity, Views, lists_changed
 from gateway.backends.mcp import McpBackend
 from gateway.backends.relay import (
     LOG_LEVELS,
@@ -47,6 +49,26 @@ from gateway.listings import Origin
 
 __all__ = ["Upstreams"]
 
+_NOTIFICATIONS = {
+    "tools": "notifications/tools/list_changed",
+    "resources": "notifications/resources/list_changed",
+    "prompts": "notifications/prompts/list_changed",
+}
+_EVENTS: dict[str, Callable[[], ServerEvent]] = {
+    "tools": ToolsListChanged,
+    "resources": ResourcesListChanged,
+    "prompts": PromptsListChanged,
+}
+_KINDS = ("tools", "resources", "prompts")
+_ANYONE = Identity(None)
+
+
+def _identity(ctx: Any) -> Identity:
+    request = getattr(ctx, "request", None)
+    scope = getattr(request, "scope", None)
+    return Identity.of(scope.get("state") if isinstance(scope, dict) else None)
+
+
 log = structlog.get_logger("gateway.upstreams")
 
 NOTIFY_TIMEOUT_S = 2.0
@@ -62,16 +84,24 @@ class Upstreams:
         self._announced = catalog
         self._backends = backends  # () -> Mapping[str, Backend]
         self._downstream_level: types.LoggingLevel | None = None
-        self.bus = InMemorySubscriptionBus()
-        """List changes for the 2026-07-28 era's ``subscriptions/listen`` streams."""
-        self._listen = ListenHandler(self.bus)
+        self.views = Views()
+        """Each caller's view of the catalog (auth/policies.py), shared with the server."""
+        self._identities: weakref.WeakKeyDictionary[Any, Identity] = weakref.WeakKeyDictionary()
+        self._buses: dict[str | None, tuple[Identity, InMemorySubscriptionBus, ListenHandler]] = {}
+        """List changes for the 2026-07-28 era's ``subscriptions/listen`` streams, one bus per caller (a change
+        reaches only the callers whose view it changed)."""
 
     async def listen(
         self, ctx: ServerRequestContext[Any], params: types.SubscriptionsListenRequestParams
     ) -> types.SubscriptionsListenResult:
         """Serves one ``subscriptions/listen`` stream: list changes only (see the module docstring)."""
         lists_only = params.notifications.model_copy(update={"resource_subscriptions": None})
-        return await self._listen(ctx, params.model_copy(update={"notifications": lists_only}))
+        identity = _identity(ctx)
+        found = self._buses.get(identity.caller)
+        if found is None or found[0] != identity:
+            bus = found[1] if found is not None else InMemorySubscriptionBus()
+            found = self._buses[identity.caller] = (identity, bus, found[2] if found else ListenHandler(bus))
+        return await found[2](ctx, params.model_copy(update={"notifications": lists_only}))
 
     def __len__(self) -> int:
         return len(self._live)
@@ -81,6 +111,8 @@ class Upstreams:
         connection = connection_of(ctx)
         if connection is not None:
             self._live.add(connection)
+            if connection not in self._identities:
+                self._identities[connection] = _identity(ctx)  # a session belongs to one caller (http.py)
         token = UPSTREAM.set(ctx)
         try:
             return await call_next(ctx)
@@ -90,30 +122,32 @@ class Upstreams:
     # -- list changes ---------------------------------------------------------------------------------------------
 
     async def announce(self, catalog: Catalog) -> None:
+        """Tell each client of the lists that changed as it sees them: with policies, only the callers whose view
+        changed hear of it (auth/policies.py)."""
         previous, self._announced = self._announced, catalog
-        lists, before = catalog.lists, previous.lists
-        sends: list[str] = []
-        events: list[ServerEvent] = []
-        if catalog.list_result != previous.list_result or catalog.list_result_small != previous.list_result_small:
-            sends.append("notifications/tools/list_changed")
-            events.append(ToolsListChanged())
-        if lists.resources_result != before.resources_result or lists.templates_result != before.templates_result:
-            sends.append("notifications/resources/list_changed")
-            events.append(ResourcesListChanged())
-        if lists.prompts_result != before.prompts_result:
-            sends.append("notifications/prompts/list_changed")
-            events.append(PromptsListChanged())
-        for event in events:
-            await self.bus.publish(event)  # in-process fan-out: never blocks on a slow stream
+        views = self.views
+        everyone = None if catalog.policies or previous.policies else lists_changed(previous, catalog, _ANYONE, views)
+        for identity, bus, _ in list(self._buses.values()):
+            kinds = everyone if everyone is not None else lists_changed(previous, catalog, identity, views)
+            for kind in _KINDS:
+                if kind in kinds:
+                    await bus.publish(_EVENTS[kind]())  # in-process fan-out: never blocks on a slow stream
+        told: set[str] = set()
         for connection in list(self._live):
             if not connection.initialized.is_set():
                 continue
-            for method in sends:
+            identity = self._identities.get(connection, _ANYONE)
+            kinds = everyone if everyone is not None else lists_changed(previous, catalog, identity, views)
+            if kinds:
+                told.add(identity.caller or "anonymous")
+            for method in (_NOTIFICATIONS[kind] for kind in _KINDS if kind in kinds):
                 with anyio.move_on_after(NOTIFY_TIMEOUT_S):
                     try:
                         await connection.notify(method, None)
                     except (anyio.BrokenResourceError, anyio.ClosedResourceError, MCPError, OSError):
                         self._live.discard(connection)
+        if told:
+            log.info("lists.announced", callers=sorted(told))
 
     # -- logging --------------------------------------------------------------------------------------------------
 

@@ -18,9 +18,12 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
+    # auth: the identity family's docstring; tokens: the static bearer tokens; cookies: the status page's session
+    ("auth", "auth.tokens", "auth.cookies"),
     ("config", "inputs"),  # inputs: what a request's values must be before the gateway acts on them
     ("_logging", "audit", "audit_report", "metrics", "tracing"),  # metrics/tracing: instruments, fed by the router
     ("clients", "costs", "importer"),  # policies and conversions over config (costs reads audit's statistics)
+    ("auth.secrets",),  # per-caller secrets for a server's headers, registered with the log's redactor
     # "backends" is backends/__init__.py; answers: the answer limit; processes: no process escapes
     ("backends", "backends.base", "backends.answers", "backends.processes"),
     ("backends.stdio", "backends.relay", "backends.wiki_index"),  # relay: back-channel context; wiki_index: pure index
@@ -32,6 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("listings",),  # resources, templates, prompts: merged and named like the tools, built into the catalog
     ("catalog", "health", "reload", "budget", "results", "continuation"),  # budget: one deadline per call; results:
     # route shapes; continuation: the sealed requestState of multi-round-trip requests
+    ("auth.policies",),  # each caller's view of the catalog
     ("router",),
     ("runtime",),
     ("upstreams",),  # the clients and what they are owed: list changes, log messages, resource updates

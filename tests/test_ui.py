@@ -22,10 +22,11 @@ import anyio
 import httpx2
 import pytest
 
+from gateway.auth.cookies import SessionCookies
 from gateway.config import parse_config
 from gateway.http import Tokens, build_app
 from gateway.runtime import Gateway
-from gateway.ui import COOKIE, _Sessions
+from gateway.ui import COOKIE
 from tests.fixtures.gateway_proc import PYTHON, echo_argv, mcp_session, run_gateway
 from tests.fixtures.procs import RunningServer
 from tests.fixtures.waiting import eventually
@@ -174,7 +175,7 @@ async def test_a_tampered_forged_or_foreign_cookie_is_refused(tmp_path: Path) ->
             f"{payload}.{signature[:-2]}AA",  # an altered signature
             f"{payload}.",  # no signature at all
             payload,
-            _Sessions().issue("tester"),  # signed with another process's key
+            SessionCookies().issue("tester"),  # signed with another process's key
             "",
         ]
         for value in forged:
@@ -188,7 +189,7 @@ async def test_a_tampered_forged_or_foreign_cookie_is_refused(tmp_path: Path) ->
 
 def test_a_session_expires_after_its_lifetime() -> None:
     now = [1_000_000.0]
-    sessions = _Sessions(ttl_s=60, clock=lambda: now[0])
+    sessions = SessionCookies(ttl_s=60, clock=lambda: now[0])
     value = sessions.issue("tester")
     assert sessions.verify(value) == "tester"
     now[0] += 61

@@ -67,6 +67,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import TypeAdapter
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
+from gateway.auth.secrets import CallerSecrets, MissingSecret, uses_caller_secrets
 from gateway.backends.answers import ANSWER_TOO_LARGE, answer_too_large
 from gateway.backends.base import BackendBase, BackendState, BackendStatus, ProgressFn
 from gateway.backends.failures import FOREIGN, ResponseRecorder, classify_failure, exit_detail, gateway_error
@@ -76,6 +77,7 @@ from gateway.backends.relay import (
     InFlight,
     Upstream,
     attribute,
+    caller_of,
     connection_of,
     forwarded_meta,
     relay_request,
@@ -90,6 +92,7 @@ from gateway.errors import (
     BackendRpcError,
     BackendTimeout,
     BackendUnavailable,
+    ConfigError,
     InputRequired,
 )
 
@@ -184,6 +187,7 @@ class McpBackend(BackendBase):
         http: HttpPool | None = None,
         client_info: types.Implementation | None = None,
         on_notification: NotificationHook | None = None,
+        secrets: CallerSecrets | None = None,
     ) -> None:
         super().__init__(
             name,
@@ -214,6 +218,10 @@ class McpBackend(BackendBase):
         self._log_level: types.LoggingLevel | None = None
         self._subscribed: dict[str, int] = {}
         self.connects = 0
+        # ${caller.secret:NAME} in the headers: each caller gets its own session, with its own secrets.
+        headers = getattr(config, "headers", {})
+        self._secrets = secrets if secrets is not None and uses_caller_secrets(headers) else None
+        self._callers: dict[str, _Lane] = {}
 
     # -- the Backend protocol (name, kind, status, ladder, subscribe: BackendBase) ---------------------------------
 
@@ -296,7 +304,10 @@ class McpBackend(BackendBase):
         life = self._life
         session = self._require_session()
         inflight = self._inflight
-        if per_client and upstream is not None:
+        if self._secrets is not None:
+            own = await self._caller_lane(caller_of(upstream))
+            session, inflight, life = own.session, own.inflight, own.life  # type: ignore[assignment]
+        elif per_client and upstream is not None:
             lane = await self._lane_for(upstream)
             if lane is not None and lane.session is not None:
                 session, inflight, life = lane.session, lane.inflight, lane.life
@@ -501,6 +512,59 @@ class McpBackend(BackendBase):
                 del self._lanes[lane.owner]
             log.info("backend.client_session", backend=self._name, state="closed", reason=lane.failure)
 
+    async def _caller_lane(self, caller: str | None) -> _Lane:
+        """The caller's own session to this server (its headers carry the caller's secrets), opened on its first
+        request and kept while it stays up.
+
+        Raises:
+            BackendUnavailable: the caller has no such secret, or its session could not be opened.
+        """
+        key = caller or ""
+        lane = self._callers.get(key)
+        if lane is None or lane.closed.is_set():
+            if self._lanes_tg is None or self._secrets is None:
+                raise BackendUnavailable(self._name, "not running")
+            try:
+                await anyio.to_thread.run_sync(self._secrets.refresh)
+                headers = self._secrets.headers_for(caller, self._config.headers)  # type: ignore[union-attr]
+            except (MissingSecret, ConfigError) as exc:
+                raise BackendUnavailable(self._name, str(exc)) from None
+            lane = self._callers[key] = _Lane(key, InFlight())
+            contextvars.Context().run(self._lanes_tg.start_soon, self._caller_lifetime, lane, headers)
+        with anyio.move_on_after(self._config.connect_timeout_s):
+            await lane.ready.wait()
+        if lane.session is None:
+            raise BackendUnavailable(
+                self._name, f"the session for caller {caller or 'anonymous'} could not be opened: {lane.failure}"
+            )
+        return lane
+
+    async def _caller_lifetime(self, lane: _Lane, headers: dict[str, str]) -> None:
+        """Own one caller's session to this server until it ends (or the backend stops)."""
+        recorder = ResponseRecorder()
+        try:
+            with tempfile.TemporaryFile() as stderr:
+                async with self._transport(recorder, stderr, lane.life, primary=False, headers=headers) as streams:
+                    watched = WatchedReceiveStream(streams[0], lambda: lane.life.mark_lost("the connection closed"))
+                    async with ClientSession(
+                        watched, streams[1], client_info=self._client_info, **self._back_channel(lane.inflight, None)
+                    ) as session:
+                        with anyio.fail_after(self._config.connect_timeout_s):
+                            await self._open(session)
+                        lane.session = session
+                        lane.ready.set()
+                        log.info("backend.caller_session", backend=self._name, caller=lane.owner, state="open")
+                        await lane.closed.wait()
+        except Exception as exc:  # reported in plain words (never with a header value) to the caller's request
+            lane.failure = classify_failure(exc, config=self._config, http=recorder)
+        finally:
+            lane.session = None
+            lane.life.mark_lost(lane.failure or "closed")
+            lane.ready.set()
+            if self._callers.get(lane.owner) is lane:
+                del self._callers[lane.owner]
+            log.info("backend.caller_session", backend=self._name, caller=lane.owner, state="closed")
+
     async def roots_changed(self, connection: Any) -> None:
         """The client behind ``connection`` says its roots changed: tell its own session, if it has one (the shared
         session's roots are whoever's call is in flight, so nothing there to tell)."""
@@ -636,7 +700,13 @@ class McpBackend(BackendBase):
 
     @asynccontextmanager
     async def _transport(
-        self, recorder: ResponseRecorder, stderr: IO[bytes], life: _Life, *, primary: bool = True
+        self,
+        recorder: ResponseRecorder,
+        stderr: IO[bytes],
+        life: _Life,
+        *,
+        primary: bool = True,
+        headers: dict[str, str] | None = None,
     ) -> AsyncIterator[Any]:
         config = self._config
         if isinstance(config, StdioServer):
@@ -656,21 +726,27 @@ class McpBackend(BackendBase):
                 yield read, write
             return
         http = self._http or HttpPool()
+        if headers is None:
+            headers = dict(config.headers)
+            if self._secrets is not None:  # the gateway's own session: the "*" entry's secrets, if any
+                headers = self._secrets.headers_for(None, headers, gateway=True)
         if isinstance(config, HttpServer):
             # A response stream may stay open as long as the longest call: never cut it before the call's timeout.
             limit = config.max_answer_bytes
             read_s = max(300.0, config.timeout_s + 30)
-            client = http.client(config.headers, config.connect_timeout_s, recorder, read_s, max_answer_bytes=limit)
+            client = http.client(headers, config.connect_timeout_s, recorder, read_s, max_answer_bytes=limit)
             async with streamable_http_client(
                 config.url, http_client=client, max_sse_event_size=limit + SSE_EVENT_MARGIN
             ) as streams:
                 yield streams
             return
 
+        sent = headers
+
         def factory(
             headers: dict[str, str] | None = None, timeout: httpx2.Timeout | None = None, auth: Any = None
         ) -> httpx2.AsyncClient:
-            merged = {**config.headers, **(headers or {})}
+            merged = {**sent, **(headers or {})}
             limit = min(config.max_answer_bytes, SSE_EVENT_CAP)
             client = http.client(merged, config.connect_timeout_s, recorder, max_answer_bytes=limit)
             if timeout is not None:
@@ -679,7 +755,7 @@ class McpBackend(BackendBase):
 
         async with sse_client(
             config.url,
-            headers=dict(config.headers),
+            headers=dict(sent),
             timeout=config.connect_timeout_s,
             httpx_client_factory=factory,
         ) as streams:

@@ -75,6 +75,14 @@ def connection_of(upstream: Upstream) -> Any:
     return getattr(upstream.session, "_connection", None)
 
 
+def caller_of(upstream: Upstream | None) -> str | None:
+    """The caller (http.py's guard put its name in the request's scope state) an upstream request comes from."""
+    request = getattr(upstream, "request", None) if upstream is not None else None
+    scope = getattr(request, "scope", None)
+    caller = scope.get("state", {}).get("caller") if isinstance(scope, dict) else None
+    return caller if isinstance(caller, str) else None
+
+
 _HOP_META_PREFIX = "io.modelcontextprotocol/"
 
 
