@@ -299,6 +299,10 @@ class Router:
         backend = self._backends().get(backend_name)
         if backend is None:
             raise ToolNotFound(name)
+        if ctx.visible is not None and name not in ctx.visible:  # the policy changed since the first round
+            step = AuditStep("gateway", None, "refused", "not in the caller's policy", 0.0)
+            await self._finish(_ledger_name(name), {}, {}, ctx, correlation_id, started, [step], "refused", None)
+            raise ToolNotFound(name)
         listed = entry.providers if entry is not None else ()
         provider = next(
             (p for p in listed if (p.backend, p.tool) == (backend_name, tool)), Provider(backend_name, tool)

@@ -18,9 +18,11 @@ import mcp_types as types
 import pytest
 
 from gateway.auth.policies import Identity, Views
+from gateway.backends.base import Backend
 from gateway.catalog import Catalog
 from gateway.config import parse_config
 from gateway.errors import ConfigError
+from tests.fakes import FakeBackend
 from tests.fixtures.gateway_proc import FIXTURES, PYTHON, echo_argv, mcp_session, run_gateway
 from tests.fixtures.procs import free_port, start_http_server
 from tests.fixtures.waiting import eventually
@@ -311,3 +313,36 @@ def test_a_per_caller_header_needs_the_secrets_file() -> None:
         parse_config(text + '    headers: {Authorization: "Bearer ${caller.secret:gh}"}\n', file="f.yaml")
     assert caught.value.key_path == "servers.s.headers.Authorization"
     assert "gateway.auth.caller_secrets" in str(caught.value)
+
+
+def test_a_view_drops_hidden_tools_from_the_router_note_and_a_route_needs_every_backend() -> None:
+    note = "Router:\n- search: find things\n- secret_tool: do the hidden thing\nEnd."
+    federation = parse_config(
+        f"""
+gateway:
+  router_note: {json.dumps(note)}
+servers:
+  a: {{transport: stdio, command: x, router: true}}
+  b: {{transport: stdio, command: x}}
+routes:
+  both: {{providers: [{{provider: a/find}}, {{provider: b/find}}]}}
+policies:
+  limited:
+    tools: {{exclude: [secret_tool]}}
+    backends: {{exclude: [b]}}
+""",
+        env={},
+    )
+    backends: dict[str, Backend] = {
+        "a": FakeBackend("a", ["search", "secret_tool", "find"]),
+        "b": FakeBackend("b", ["find", "other"]),
+    }
+    catalog = Catalog.build(federation, backends)
+    assert set(catalog.entries) == {"search", "secret_tool", "both", "other"}
+    view = Views().view(catalog, Identity("anyone"))
+    assert view is not None and view.tools == {"search"}  # `both` falls back to b, which the policy excludes
+    (search,) = view.list_result["tools"]
+    assert search["description"].endswith("Router:\n- search: find things\nEnd.")
+    assert "secret_tool" not in json.dumps(view.list_result)
+    whole = next(t for t in catalog.list_result["tools"] if t["name"] == "search")
+    assert "secret_tool" in whole["description"]  # only the view is filtered

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
 
-from gateway.catalog import Catalog
+from gateway.catalog import Catalog, with_note
+from gateway.clients import note_without
 from gateway.config import Policy, Selection
 from gateway.listings import Origin
 
@@ -178,9 +179,12 @@ def build_view(catalog: Catalog, name: str, rule: Policy) -> View:
         if _selected(rule.tools, entry.name) and all(_selected(backends, p.backend) for p in entry.providers)
     )
     lists = catalog.lists
+    hidden = [name for name in catalog.entries if name not in tools]
 
-    def kept(listing: Mapping[str, Any], key: str) -> Mapping[str, Any]:
-        return {**listing, key: [item for item in listing[key] if item["name"] in tools]}
+    def kept(listing: Mapping[str, Any], note: str) -> Mapping[str, Any]:
+        # The router note loses the items that name a hidden tool: a description is no clue either.
+        shown = note_without(note, hidden) if note and hidden else note
+        return {**listing, "tools": [with_note(t, note, shown) for t in listing["tools"] if t["name"] in tools]}
 
     resources = {
         uri
@@ -198,8 +202,10 @@ def build_view(catalog: Catalog, name: str, rule: Policy) -> View:
     return View(
         policy=name,
         tools=tools,
-        list_result=kept(catalog.list_result, "tools"),
-        list_result_small=kept(catalog.list_result_small, "tools") if catalog.list_result_small is not None else None,
+        list_result=kept(catalog.list_result, catalog.notes[0]),
+        list_result_small=kept(catalog.list_result_small, catalog.notes[1])
+        if catalog.list_result_small is not None
+        else None,
         resources_result={"resources": [r for r in lists.resources_result["resources"] if r["uri"] in resources]},
         templates_result={
             "resourceTemplates": [
