@@ -127,12 +127,14 @@ class Upstreams:
         previous, self._announced = self._announced, catalog
         views = self.views
         everyone = None if catalog.policies or previous.policies else lists_changed(previous, catalog, _ANYONE, views)
+        told: set[str] = set()
         for identity, bus, _ in list(self._buses.values()):
             kinds = everyone if everyone is not None else lists_changed(previous, catalog, identity, views)
+            if kinds:
+                told.add(identity.caller or "anonymous")
             for kind in _KINDS:
                 if kind in kinds:
                     await bus.publish(_EVENTS[kind]())  # in-process fan-out: never blocks on a slow stream
-        told: set[str] = set()
         for connection in list(self._live):
             if not connection.initialized.is_set():
                 continue

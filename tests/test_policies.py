@@ -118,6 +118,11 @@ def rows(folder: Path) -> list[tuple[str, str, str, list[dict[str, Any]]]]:
     return [(caller, tool, status, json.loads(chain)) for caller, tool, status, chain in found]
 
 
+def announcements(log: str) -> list[list[str]]:
+    """The callers told of each list change, as the gateway logged them (``lists.announced``)."""
+    return [json.loads(line)["callers"] for line in log.splitlines() if '"lists.announced"' in line]
+
+
 ALL_TOOLS = {"echo", "add", "fail", "slow", "sleep", "crash", "pid", "with_defs"}
 
 
@@ -208,15 +213,12 @@ async def test_a_reload_that_changes_one_policy_tells_only_that_callers_session(
         ):
             assert {t.name for t in (await alice.list_tools()).tools} == {"echo", "add"}
             assert "echo" not in {t.name for t in (await bob.list_tools()).tools}
+            before = len(announcements(gateway.output()))
             (tmp_path / "federation.yaml").write_text(config("[echo, add, pid]"))
-
-            def announced() -> bool:
-                return '"lists.announced"' in gateway.output()
-
             await eventually(lambda: heard["alice"] == ["notifications/tools/list_changed"], within=WAIT)
-            await eventually(announced, within=WAIT)
-            line = next(json.loads(x) for x in gateway.output().splitlines() if '"lists.announced"' in x)
-            assert line["callers"] == ["alice"]  # the gateway told alice's session, and no other
+            await eventually(lambda: len(announcements(gateway.output())) > before, within=WAIT)
+            # the gateway told alice's session, and no other
+            assert announcements(gateway.output())[before:] == [["alice"]]
             assert {t.name for t in (await alice.list_tools()).tools} == {"echo", "add", "pid"}
             await bob.send_ping()
             assert heard["bob"] == []
@@ -346,3 +348,48 @@ policies:
     assert "secret_tool" not in json.dumps(view.list_result)
     whole = next(t for t in catalog.list_result["tools"] if t["name"] == "search")
     assert "secret_tool" in whole["description"]  # only the view is filtered
+
+
+async def test_a_stateless_listen_stream_hears_only_of_changes_to_its_own_callers_view(tmp_path: Path) -> None:
+    frames: dict[str, list[str]] = {"alice": [], "bob": []}
+    acknowledged = {"alice": anyio.Event(), "bob": anyio.Event()}
+    body = {
+        "jsonrpc": "2.0",
+        "id": 9,
+        "method": "subscriptions/listen",
+        "params": {"_meta": MODERN_META, "notifications": {"toolsListChanged": True}},
+    }
+
+    async def listen(http: httpx2.AsyncClient, url: str, who: str, token: str) -> None:
+        headers = {
+            **ACCEPT,
+            "Authorization": f"Bearer {token}",
+            "MCP-Protocol-Version": MODERN,
+            "Mcp-Method": "subscriptions/listen",
+        }
+        async with http.stream("POST", url, json=body, headers=headers) as response:
+            assert response.status_code == 200
+            async for line in response.aiter_lines():
+                if line.startswith("data:") and line[5:].strip():
+                    frames[who].append(json.loads(line[5:])["method"])
+                    acknowledged[who].set()
+
+    with run_gateway(config(), tmp_path, tokens=TOKENS) as gateway:
+        async with raw(gateway.url(), "tok-alice-0123", MODERN) as alice:
+            assert await alice.tools() == {"echo", "add"}  # the first request waits for the backend: startup is over
+        async with httpx2.AsyncClient(timeout=httpx2.Timeout(WAIT, read=None)) as http:
+            with anyio.fail_after(WAIT):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(listen, http, gateway.url(), "alice", "tok-alice-0123")
+                    tg.start_soon(listen, http, gateway.url(), "bob", "tok-bob-4567")
+                    await acknowledged["alice"].wait()
+                    await acknowledged["bob"].wait()
+                    before = len(announcements(gateway.output()))
+                    (tmp_path / "federation.yaml").write_text(config("[echo, add, pid]"))
+                    await eventually(lambda: "notifications/tools/list_changed" in frames["alice"], within=WAIT)
+                    await eventually(lambda: len(announcements(gateway.output())) > before, within=WAIT)
+                    tg.cancel_scope.cancel()
+            told = announcements(gateway.output())[before:]
+    assert told == [["alice"]]
+    assert frames["alice"] == ["notifications/subscriptions/acknowledged", "notifications/tools/list_changed"]
+    assert frames["bob"] == ["notifications/subscriptions/acknowledged"]
