@@ -291,6 +291,17 @@ servers:
                 with anyio.fail_after(WAIT):
                     return await session.call_tool("whoami", {})
 
+        answers: list[str] = []
+
+        async def whoami_on(session: Any) -> None:
+            answers.append((await session.call_tool("whoami", {})).content[0].text)
+
+        async with mcp_session(gateway.url(), token="tok-alice-0123") as first:  # concurrent first calls: one session
+            with anyio.fail_after(WAIT):
+                async with anyio.create_task_group() as tg:
+                    for _ in range(4):
+                        tg.start_soon(whoami_on, first)
+        assert answers == ["Bearer alice-secret-123"] * 4
         alice, bob = await whoami("tok-alice-0123"), await whoami("tok-bob-4567")
         assert [alice.content[0].text, bob.content[0].text] == ["Bearer alice-secret-123", "Bearer bob-secret-456"]  # type: ignore[union-attr]
         assert (await whoami("tok-alice-0123")).content[0].text == "Bearer alice-secret-123"  # type: ignore[union-attr]
@@ -302,6 +313,8 @@ servers:
             status = (await http.get(gateway.url("/status"), headers={"Authorization": "Bearer tok-bob-4567"})).text
         log = gateway.output()
 
+    opened = [json.loads(x)["caller"] for x in log.splitlines() if '"backend.caller_session"' in x and '"open"' in x]
+    assert sorted(opened) == ["alice", "bob"]  # one session per caller, however many calls and client sessions
     sent = set(seen.read_text().split("\n")) - {""}
     assert sent == {"Bearer alice-secret-123", "Bearer bob-secret-456", "Bearer gateway-own-789"}
     for secret in ("alice-secret-123", "bob-secret-456", "gateway-own-789"):

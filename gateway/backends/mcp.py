@@ -100,6 +100,9 @@ __all__ = ["MODERN", "ROUND", "HttpPool", "McpBackend", "Round"]
 
 MODERN = "2026-07-28"
 """The stateless era's protocol version (``protocol:`` of a server)."""
+MAX_CALLER_SESSIONS = 64
+"""Per-caller sessions one server keeps open (``${caller.secret:...}`` headers); past it, a new caller's session
+closes the least recently used idle one (that caller's next request opens it again)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -520,29 +523,37 @@ class McpBackend(BackendBase):
             BackendUnavailable: the caller has no such secret, or its session could not be opened.
         """
         key = caller or ""
-        lane = self._callers.get(key)
-        if lane is None or lane.closed.is_set():
+        lane = self._callers.pop(key, None)
+        if lane is not None and not lane.closed.is_set():
+            self._callers[key] = lane  # the most recently used last
+        else:
             if self._lanes_tg is None or self._secrets is None:
                 raise BackendUnavailable(self._name, "not running")
-            try:
-                await anyio.to_thread.run_sync(self._secrets.refresh)
-                headers = self._secrets.headers_for(caller, self._config.headers)  # type: ignore[union-attr]
-            except (MissingSecret, ConfigError) as exc:
-                raise BackendUnavailable(self._name, str(exc)) from None
+            idle = [k for k, other in self._callers.items() if not len(other.inflight)]
+            if len(self._callers) >= MAX_CALLER_SESSIONS and idle:
+                self._callers[idle[0]].life.mark_lost("closed: the least recently used of too many caller sessions")
             lane = self._callers[key] = _Lane(key, InFlight())
-            contextvars.Context().run(self._lanes_tg.start_soon, self._caller_lifetime, lane, headers)
+            contextvars.Context().run(self._lanes_tg.start_soon, self._caller_lifetime, lane, self._secrets)
         with anyio.move_on_after(self._config.connect_timeout_s):
             await lane.ready.wait()
         if lane.session is None:
             raise BackendUnavailable(
-                self._name, f"the session for caller {caller or 'anonymous'} could not be opened: {lane.failure}"
+                self._name, f"no session for caller {caller or 'anonymous'}: {lane.failure or 'timed out opening it'}"
             )
         return lane
 
-    async def _caller_lifetime(self, lane: _Lane, headers: dict[str, str]) -> None:
+    async def _caller_lifetime(self, lane: _Lane, secrets: CallerSecrets) -> None:
         """Own one caller's session to this server until it ends (or the backend stops)."""
         recorder = ResponseRecorder()
         try:
+            await anyio.to_thread.run_sync(secrets.refresh)
+            headers = secrets.headers_for(lane.owner or None, self._config.headers)  # type: ignore[union-attr]
+        except (MissingSecret, ConfigError) as exc:
+            lane.failure = str(exc)
+            headers = None
+        try:
+            if headers is None:
+                return
             with tempfile.TemporaryFile() as stderr:
                 async with self._transport(recorder, stderr, lane.life, primary=False, headers=headers) as streams:
                     watched = WatchedReceiveStream(streams[0], lambda: lane.life.mark_lost("the connection closed"))
