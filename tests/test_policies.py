@@ -5,8 +5,10 @@ session, and each caller's own secret reaches a real HTTP downstream (and no oth
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
+import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -406,3 +408,15 @@ async def test_a_stateless_listen_stream_hears_only_of_changes_to_its_own_caller
     assert told == [["alice"]]
     assert frames["alice"] == ["notifications/subscriptions/acknowledged", "notifications/tools/list_changed"]
     assert frames["bob"] == ["notifications/subscriptions/acknowledged"]
+
+
+def test_gateway_tools_shows_one_callers_view(tmp_path: Path) -> None:
+    (tmp_path / "federation.yaml").write_text(config(audit="audit.db"))
+    argv = [PYTHON, "-m", "gateway", "tools", "-c", str(tmp_path / "federation.yaml"), "--json"]
+    run = functools.partial(subprocess.run, capture_output=True, text=True, timeout=WAIT, check=True)
+    alice = json.loads(run([*argv, "--caller", "alice"]).stdout)
+    nobody = json.loads(run([*argv, "--caller", "mallory"]).stdout)
+    everything = json.loads(run(argv).stdout)
+    assert [t["name"] for t in alice] == ["echo", "add"]
+    assert nobody == []
+    assert {t["name"] for t in everything} == ALL_TOOLS
