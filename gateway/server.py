@@ -576,10 +576,16 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
         else:
             origins = visible_origins(ctx, params.uri)
             retry = _ahead(params.input_responses)
+        not_found = MCPError(types.INVALID_PARAMS, "Resource not found", {"uri": clip(params.uri, URI_CHARS)})
         if not origins:
-            raise MCPError(types.INVALID_PARAMS, "Resource not found", {"uri": clip(params.uri, URI_CHARS)})
+            raise not_found
         with _round(retry):
-            return await read_from(ctx, params, origins, meta)
+            try:
+                return await read_from(ctx, params, origins, meta)
+            except MCPError as exc:
+                if exc.error.code in _NOT_FOUND_CODES and view(ctx) is not None:
+                    raise not_found from None  # with policies, a downstream's own "not found" is told as a hidden one
+                raise
 
     async def read_from(
         ctx: ServerRequestContext[Any],
@@ -755,6 +761,9 @@ def _round(retry: Round | None) -> Iterator[None]:
     finally:
         ROUND.reset(token)
 
+
+_NOT_FOUND_CODES = frozenset({INVALID_PARAMS, -32002})
+"""A downstream's "no such resource" (-32002 is the code of the specification before SEP-2164)."""
 
 _BRIDGE_STATE = "mcp-gateway/bridge:"
 """Marks a sealed state whose call waits in this process (a handshake-era downstream's request for input)."""

@@ -18,6 +18,7 @@ import anyio
 import httpx2
 import mcp_types as types
 import pytest
+from mcp.shared.exceptions import MCPError
 
 from gateway.auth.policies import Identity, Views
 from gateway.backends.base import Backend
@@ -420,3 +421,57 @@ def test_gateway_tools_shows_one_callers_view(tmp_path: Path) -> None:
     assert [t["name"] for t in alice] == ["echo", "add"]
     assert nobody == []
     assert {t["name"] for t in everything} == ALL_TOOLS
+
+
+async def test_resources_and_prompts_are_filtered_alike_and_a_hidden_one_answers_as_a_missing_one(
+    tmp_path: Path,
+) -> None:
+    text = f"""
+gateway:
+  audit: {{enabled: false}}
+servers:
+  c:
+    transport: stdio
+    command: {PYTHON}
+    args: [{json.dumps(str(FIXTURES / "conformance_server.py"))}, --stdio]
+policies:
+  readers:
+    callers: [alice]
+    resources: {{include: ["test://static-text", "test://n*"]}}
+    prompts: {{include: [test_simple_prompt]}}
+  everyone: {{}}
+"""
+    with run_gateway(text, tmp_path, tokens=TOKENS) as gateway:
+        async with (
+            mcp_session(gateway.url(), token="tok-alice-0123") as alice,
+            mcp_session(gateway.url(), token="tok-bob-4567") as bob,
+        ):
+            with anyio.fail_after(WAIT):
+                assert [str(r.uri) for r in (await alice.list_resources()).resources] == ["test://static-text"]
+                assert (await alice.list_resource_templates()).resource_templates == []
+                assert [p.name for p in (await alice.list_prompts()).prompts] == ["test_simple_prompt"]
+                everything = {str(r.uri) for r in (await bob.list_resources()).resources}
+                assert {"test://static-text", "test://static-binary"} <= everything
+                assert len((await bob.list_resource_templates()).resource_templates) == 1
+                assert len((await bob.list_prompts()).prompts) > 1
+
+                read = await alice.read_resource("test://static-text")
+                assert read.contents[0].text == "This is the content of the static text resource."  # type: ignore[union-attr]
+                with pytest.raises(MCPError) as hidden:
+                    await alice.read_resource("test://static-binary")
+                assert (hidden.value.error.code, hidden.value.error.message) == (-32602, "Resource not found")
+                with pytest.raises(MCPError) as missing:  # allowed by the policy, unknown downstream
+                    await alice.read_resource("test://nope")
+                assert missing.value.error.model_dump() == {
+                    **hidden.value.error.model_dump(),
+                    "data": {"uri": "test://nope"},
+                }
+                assert (await bob.read_resource("test://static-binary")).contents[0].uri == "test://static-binary"
+
+                with pytest.raises(MCPError) as hidden_prompt:
+                    await alice.get_prompt("test_prompt_with_arguments", {"arg1": "a", "arg2": "b"})
+                with pytest.raises(MCPError) as unknown_prompt:
+                    await alice.get_prompt("no_such_prompt", {})
+                assert hidden_prompt.value.error.message == "Unknown prompt: 'test_prompt_with_arguments'"
+                assert unknown_prompt.value.error.message == "Unknown prompt: 'no_such_prompt'"
+                assert hidden_prompt.value.error.code == unknown_prompt.value.error.code
