@@ -39,6 +39,7 @@ __all__ = [
     "Policy",
     "PolicyLimits",
     "Selection",
+    "TokenExchange",
     "HttpServer",
     "RouteStep",
     "ScoreScale",
@@ -350,6 +351,23 @@ class StdioServer(_Backend):
     _resolve_env = field_validator("env")(_resolve_env_paths)
 
 
+class TokenExchange(_Model):
+    """OAuth 2.0 Token Exchange (RFC 8693): each caller's own downstream token, minted from the caller's access
+    token by the identity provider (gateway/auth/exchange.py)."""
+
+    token_endpoint: str = Field(pattern=r"^https?://")
+    """The authorization server's token endpoint (``https``; plain ``http`` only on loopback)."""
+    client_id: str = Field(min_length=1)
+    client_secret: str = Field(min_length=1)
+    """The gateway's own client secret at the token endpoint (write ``${VAR}``; never logged)."""
+    audience: str | None = None
+    """The ``audience`` asked for (the downstream's name at the provider)."""
+    resource: str | None = None
+    """The ``resource`` asked for (RFC 8707: the downstream's URI)."""
+    scope: str | None = None
+    timeout_s: float = Field(default=10.0, gt=0, le=60)
+
+
 class HttpServer(_Backend):
     transport: Literal["streamable_http"]
     url: str = Field(pattern=r"^https?://")
@@ -357,6 +375,8 @@ class HttpServer(_Backend):
     secret_headers: tuple[str, ...] = ()
     """Names in ``headers`` whose values are secrets, besides ``Authorization``, ``Cookie``, ``X-Api-Key`` and
     other names that already say so."""
+    token_exchange: TokenExchange | None = None
+    """Each caller's session carries ``Authorization: Bearer`` a token exchanged for the caller's own (RFC 8693)."""
 
 
 class SseServer(_Backend):

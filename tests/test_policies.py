@@ -9,8 +9,8 @@ import functools
 import json
 import sqlite3
 import subprocess
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -475,3 +475,62 @@ policies:
                 assert hidden_prompt.value.error.message == "Unknown prompt: 'test_prompt_with_arguments'"
                 assert unknown_prompt.value.error.message == "Unknown prompt: 'no_such_prompt'"
                 assert hidden_prompt.value.error.code == unknown_prompt.value.error.code
+
+
+# ----------------------------------------------------------------------------------------------- token exchange
+
+
+def exchange_config(port: int, exchanger: int, oauth: str = "") -> str:
+    return f"""
+gateway:
+  audit: {{path: audit.db}}
+{oauth}
+servers:
+  svc:
+    transport: streamable_http
+    url: http://127.0.0.1:{port}/mcp
+    headers: {{Authorization: "Bearer ${{SVC_TOKEN}}"}}
+    token_exchange:
+      token_endpoint: http://127.0.0.1:{exchanger}/token
+      client_id: gw
+      client_secret: "${{EXCHANGE_SECRET}}"
+      audience: svc-api
+"""
+
+
+@contextmanager
+def exchange_world(folder: Path, oauth: str = "", port: int | None = None) -> Iterator[tuple[Any, Any, Path]]:
+    downstream, exchanger = free_port(), free_port()
+    seen = folder / "credentials.log"
+    with (
+        start_http_server(
+            [PYTHON, str(FIXTURES / "credential_server.py"), str(downstream)],
+            downstream,
+            env={"CREDENTIALS_LOG": str(seen)},
+        ),
+        start_http_server([PYTHON, str(FIXTURES / "token_exchange_server.py"), str(exchanger)], exchanger) as tx,
+        run_gateway(
+            exchange_config(downstream, exchanger, oauth),
+            folder,
+            tokens=TOKENS,
+            env={"SVC_TOKEN": "gateway-own-token-1", "EXCHANGE_SECRET": "gw-secret"},
+            port=port,
+        ) as gateway,
+    ):
+        yield gateway, tx, seen
+
+
+async def test_a_static_token_caller_gets_no_exchanged_token_and_the_gateway_session_keeps_its_own(
+    tmp_path: Path,
+) -> None:
+    with exchange_world(tmp_path) as (gateway, tx, seen):
+        async with mcp_session(gateway.url(), token="tok-alice-0123") as alice:
+            with anyio.fail_after(WAIT):
+                assert [t.name for t in (await alice.list_tools()).tools] == ["whoami"]
+                refused = await alice.call_tool("whoami", {})
+        log, exchanges = gateway.output(), tx.output()
+    assert refused.is_error
+    assert "caller alice did not sign in with an OAuth access token" in refused.content[0].text  # type: ignore[union-attr]
+    assert set(seen.read_text().split("\n")) - {""} == {"Bearer gateway-own-token-1"}  # the listing session only
+    assert "gateway-own-token-1" not in log and "gw-secret" not in log
+    assert exchanges.strip() == ""  # nothing was exchanged

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import math
 import random
 import tempfile
 import weakref
@@ -67,6 +68,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import TypeAdapter
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
+from gateway.auth.exchange import ExchangeRefused, exchange
 from gateway.auth.secrets import CallerSecrets, MissingSecret, uses_caller_secrets
 from gateway.backends.answers import ANSWER_TOO_LARGE, answer_too_large
 from gateway.backends.base import BackendBase, BackendState, BackendStatus, ProgressFn
@@ -81,10 +83,11 @@ from gateway.backends.relay import (
     connection_of,
     forwarded_meta,
     relay_request,
+    subject_token_of,
 )
 from gateway.backends.stdio import StdioProcess, open_stdio
 from gateway.backends.watch import WatchedReceiveStream
-from gateway.config import HttpServer, ServerConfig, StdioServer
+from gateway.config import HttpServer, ServerConfig, StdioServer, TokenExchange
 from gateway.errors import (
     BackendAnswerTooLarge,
     BackendError,
@@ -224,6 +227,8 @@ class McpBackend(BackendBase):
         # ${caller.secret:NAME} in the headers: each caller gets its own session, with its own secrets.
         headers = getattr(config, "headers", {})
         self._secrets = secrets if secrets is not None and uses_caller_secrets(headers) else None
+        self._exchange: TokenExchange | None = getattr(config, "token_exchange", None)
+        """RFC 8693: each caller's session carries a token exchanged for the caller's own (auth/exchange.py)."""
         self._callers: dict[str, _Lane] = {}
 
     # -- the Backend protocol (name, kind, status, ladder, subscribe: BackendBase) ---------------------------------
@@ -307,8 +312,8 @@ class McpBackend(BackendBase):
         life = self._life
         session = self._require_session()
         inflight = self._inflight
-        if self._secrets is not None:
-            own = await self._caller_lane(caller_of(upstream))
+        if self._secrets is not None or self._exchange is not None:
+            own = await self._caller_lane(caller_of(upstream), subject_token_of(upstream))
             session, inflight, life = own.session, own.inflight, own.life  # type: ignore[assignment]
         elif per_client and upstream is not None:
             lane = await self._lane_for(upstream)
@@ -515,7 +520,7 @@ class McpBackend(BackendBase):
                 del self._lanes[lane.owner]
             log.info("backend.client_session", backend=self._name, state="closed", reason=lane.failure)
 
-    async def _caller_lane(self, caller: str | None) -> _Lane:
+    async def _caller_lane(self, caller: str | None, subject_token: str | None = None) -> _Lane:
         """The caller's own session to this server (its headers carry the caller's secrets), opened on its first
         request and kept while it stays up.
 
@@ -527,13 +532,13 @@ class McpBackend(BackendBase):
         if lane is not None and not lane.closed.is_set():
             self._callers[key] = lane  # the most recently used last
         else:
-            if self._lanes_tg is None or self._secrets is None:
+            if self._lanes_tg is None:
                 raise BackendUnavailable(self._name, "not running")
             idle = [k for k, other in self._callers.items() if not len(other.inflight)]
             if len(self._callers) >= MAX_CALLER_SESSIONS and idle:
                 self._callers[idle[0]].life.mark_lost("closed: the least recently used of too many caller sessions")
             lane = self._callers[key] = _Lane(key, InFlight())
-            contextvars.Context().run(self._lanes_tg.start_soon, self._caller_lifetime, lane, self._secrets)
+            contextvars.Context().run(self._lanes_tg.start_soon, self._caller_lifetime, lane, subject_token)
         with anyio.move_on_after(self._config.connect_timeout_s):
             await lane.ready.wait()
         if lane.session is None:
@@ -542,15 +547,11 @@ class McpBackend(BackendBase):
             )
         return lane
 
-    async def _caller_lifetime(self, lane: _Lane, secrets: CallerSecrets) -> None:
-        """Own one caller's session to this server until it ends (or the backend stops)."""
+    async def _caller_lifetime(self, lane: _Lane, subject_token: str | None) -> None:
+        """Own one caller's session to this server until it ends, its exchanged token expires, or the backend
+        stops."""
         recorder = ResponseRecorder()
-        try:
-            await anyio.to_thread.run_sync(secrets.refresh)
-            headers = secrets.headers_for(lane.owner or None, self._config.headers)  # type: ignore[union-attr]
-        except (MissingSecret, ConfigError) as exc:
-            lane.failure = str(exc)
-            headers = None
+        headers, lifetime = await self._caller_headers(lane, subject_token)
         try:
             if headers is None:
                 return
@@ -565,7 +566,9 @@ class McpBackend(BackendBase):
                         lane.session = session
                         lane.ready.set()
                         log.info("backend.caller_session", backend=self._name, caller=lane.owner, state="open")
-                        await lane.closed.wait()
+                        with anyio.move_on_after(lifetime if lifetime is not None else math.inf):
+                            await lane.closed.wait()
+                        lane.life.mark_lost("the exchanged token expired")  # the next request exchanges anew
         except Exception as exc:  # reported in plain words (never with a header value) to the caller's request
             lane.failure = classify_failure(exc, config=self._config, http=recorder)
         finally:
@@ -575,6 +578,37 @@ class McpBackend(BackendBase):
             if self._callers.get(lane.owner) is lane:
                 del self._callers[lane.owner]
             log.info("backend.caller_session", backend=self._name, caller=lane.owner, state="closed")
+
+    async def _caller_headers(
+        self, lane: _Lane, subject_token: str | None
+    ) -> tuple[dict[str, str] | None, float | None]:
+        """The headers of a caller's session (its secrets, its exchanged token) and how long they hold; (None, _)
+        with ``lane.failure`` set when the caller cannot have a session."""
+        headers = dict(self._config.headers)  # type: ignore[union-attr]
+        caller = lane.owner or None
+        try:
+            if self._secrets is not None:
+                await anyio.to_thread.run_sync(self._secrets.refresh)
+                headers = self._secrets.headers_for(caller, headers)
+        except (MissingSecret, ConfigError) as exc:
+            lane.failure = str(exc)
+            return None, None
+        if self._exchange is None:
+            return headers, None
+        if subject_token is None:
+            lane.failure = (
+                f"caller {caller or 'anonymous'} did not sign in with an OAuth access token, which this server's "
+                "token exchange needs"
+            )
+            return None, None
+        try:
+            exchanged = await exchange(self._exchange, subject_token)
+        except ExchangeRefused as exc:
+            lane.failure = f"the token exchange for caller {caller or 'anonymous'} failed: {exc}"
+            return None, None
+        headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
+        headers["Authorization"] = f"Bearer {exchanged.token}"
+        return headers, exchanged.lifetime_s
 
     async def roots_changed(self, connection: Any) -> None:
         """The client behind ``connection`` says its roots changed: tell its own session, if it has one (the shared
