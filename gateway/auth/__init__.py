@@ -1,7 +1,7 @@
 """Identity and access, in one family: who a request comes from and what it may see, call and send on.
 
 * ``auth.tokens``: the static bearer tokens (``GATEWAY_TOKENS``), compared in constant time;
-* ``gateway.oauth``: JWT access tokens from configured issuers (the gateway as an OAuth 2.1 resource server);
+* ``auth.oauth``: JWT access tokens from configured issuers (the gateway as an OAuth 2.1 resource server);
 * ``auth.policies``: the ``policies:`` section: each caller's view of the catalog (tools, resources, prompts),
   pre-serialised once per policy and catalog;
 * ``auth.secrets``: per-caller secrets for a server's headers (``${caller.secret:NAME}``);
