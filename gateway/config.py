@@ -509,6 +509,11 @@ class TokenExchange(_Model):
     scope: str | None = None
     timeout_s: float = Field(default=10.0, gt=0, le=60)
 
+    @field_validator("token_endpoint")
+    @classmethod
+    def _endpoint_url(cls, value: str) -> str:
+        return _check_url(value, "token_endpoint")  # a caller's token must not travel in the clear
+
 
 class HttpServer(_Backend):
     transport: Literal["streamable_http"]

@@ -534,3 +534,14 @@ async def test_a_static_token_caller_gets_no_exchanged_token_and_the_gateway_ses
     assert set(seen.read_text().split("\n")) - {""} == {"Bearer gateway-own-token-1"}  # the listing session only
     assert "gateway-own-token-1" not in log and "gw-secret" not in log
     assert exchanges.strip() == ""  # nothing was exchanged
+
+
+def test_a_token_exchange_endpoint_must_be_https_off_loopback() -> None:
+    text = (
+        "servers:\n  s:\n    transport: streamable_http\n    url: http://127.0.0.1:1/mcp\n    token_exchange:\n"
+        "      token_endpoint: http://idp.example.com/token\n      client_id: gw\n      client_secret: s3cret-value\n"
+    )
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text, file="f.yaml")
+    assert (caught.value.key_path, caught.value.line) == ("servers.s.token_exchange.token_endpoint", 6)
+    assert "https" in str(caught.value) and "s3cret-value" not in str(caught.value)
