@@ -25,8 +25,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # ledger_pg: PostgreSQL with its local spool)
     ("_logging", "audit", "ledger_pg", "ledgers", "audit_report", "metrics", "tracing"),
     # policies and conversions over config (costs reads audit's statistics); auth.oauth: JWT access tokens ->
-    # principals; auth.secrets: per-caller values for a server's headers; auth.exchange: RFC 8693 downstream tokens
-    ("clients", "costs", "importer", "auth.oauth", "auth.secrets", "auth.exchange"),
+    # principals; auth.secrets: per-caller values for a server's headers; auth.exchange: RFC 8693 downstream tokens;
+    # auth.credentials: both, for one caller's session
+    ("clients", "costs", "importer", "auth.oauth", "auth.secrets", "auth.exchange", "auth.credentials"),
     # "backends" is backends/__init__.py; answers: the answer limit; processes: no process escapes
     ("backends", "backends.base", "backends.answers", "backends.processes", "backends.backoff"),
     ("backends.stdio", "backends.relay", "backends.wiki_index"),  # relay: back-channel context; wiki_index: pure index

@@ -6,9 +6,10 @@
   pre-serialised once per policy and catalog;
 * ``auth.secrets``: per-caller secrets for a server's headers (``${caller.secret:NAME}``);
 * ``auth.exchange``: OAuth 2.0 Token Exchange (RFC 8693), a downstream token per caller;
+* ``auth.credentials``: both of those, as one caller's headers to one server;
 * ``auth.cookies``: the status page's signed session cookie.
 
-The modules sit in different layers (tests/test_layering.py): tokens and cookies below config, secrets and exchange
-above the log's redactor, policies next to the catalog it filters. This file imports none of them, so importing one
-never drags in the others.
+The modules sit in different layers (tests/test_layering.py): tokens and cookies below config; oauth, secrets,
+exchange and credentials above the log's redactor; policies next to the catalog it filters. This file imports none
+of them, so importing one never drags in the others.
 """

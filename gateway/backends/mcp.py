@@ -67,8 +67,8 @@ from mcp.shared.exceptions import MCPError
 from pydantic import TypeAdapter
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
 
-from gateway.auth.exchange import ExchangeRefused, exchange
-from gateway.auth.secrets import CallerSecrets, MissingSecret, uses_caller_secrets
+from gateway.auth.credentials import CallerCredentials, NoCredential
+from gateway.auth.secrets import CallerSecrets
 from gateway.backends.answers import ANSWER_TOO_LARGE, answer_too_large
 from gateway.backends.backoff import backoff, spread
 from gateway.backends.base import BackendBase, BackendState, BackendStatus, ProgressFn
@@ -87,7 +87,7 @@ from gateway.backends.relay import (
 )
 from gateway.backends.stdio import StdioProcess, open_stdio
 from gateway.backends.watch import WatchedReceiveStream
-from gateway.config import HttpServer, ServerConfig, StdioServer, TokenExchange
+from gateway.config import HttpServer, ServerConfig, StdioServer
 from gateway.errors import (
     BackendAnswerTooLarge,
     BackendError,
@@ -95,7 +95,6 @@ from gateway.errors import (
     BackendRpcError,
     BackendTimeout,
     BackendUnavailable,
-    ConfigError,
     InputRequired,
 )
 
@@ -232,11 +231,9 @@ class McpBackend(BackendBase):
         self._log_level: types.LoggingLevel | None = None
         self._subscribed: dict[str, int] = {}
         self.connects = 0
-        # ${caller.secret:NAME} in the headers: each caller gets its own session, with its own secrets.
-        headers = getattr(config, "headers", {})
-        self._secrets = secrets if secrets is not None and uses_caller_secrets(headers) else None
-        self._exchange: TokenExchange | None = getattr(config, "token_exchange", None)
-        """RFC 8693: each caller's session carries a token exchanged for the caller's own (auth/exchange.py)."""
+        # ${caller.secret:NAME} in the headers, or token_exchange: each caller gets a session of its own, with its
+        # own credentials (auth/credentials.py).
+        self._credentials = CallerCredentials.for_server(config, secrets)
         self._callers: dict[str, _Lane] = {}
 
     # -- the Backend protocol (name, kind, status, ladder, subscribe: BackendBase) ---------------------------------
@@ -320,7 +317,7 @@ class McpBackend(BackendBase):
         life = self._life
         session = self._require_session()
         inflight = self._inflight
-        if self._secrets is not None or self._exchange is not None:
+        if self._credentials is not None:
             own = await self._caller_lane(caller_of(upstream), subject_token_of(upstream))
             session, inflight, life = own.session, own.inflight, own.life  # type: ignore[assignment]
         elif per_client and upstream is not None:
@@ -529,8 +526,8 @@ class McpBackend(BackendBase):
             log.info("backend.client_session", backend=self._name, state="closed", reason=lane.failure)
 
     async def _caller_lane(self, caller: str | None, subject_token: str | None = None) -> _Lane:
-        """The caller's own session to this server (its headers carry the caller's secrets), opened on its first
-        request and kept while it stays up.
+        """The caller's own session to this server (its headers carry the caller's credentials), opened on its
+        first request and kept while it stays up (and its credentials hold).
 
         Raises:
             BackendUnavailable: the caller has no such secret, or its session could not be opened.
@@ -559,10 +556,9 @@ class McpBackend(BackendBase):
         """Own one caller's session to this server until it ends, its exchanged token expires, or the backend
         stops."""
         recorder = ResponseRecorder()
-        headers, lifetime = await self._caller_headers(lane, subject_token)
         try:
-            if headers is None:
-                return
+            assert self._credentials is not None
+            headers, lifetime = await self._credentials.for_caller(lane.owner or None, subject_token)
             with tempfile.TemporaryFile() as stderr:
                 async with self._transport(recorder, stderr, lane.life, primary=False, headers=headers) as streams:
                     watched = WatchedReceiveStream(streams[0], lambda: lane.life.mark_lost("the connection closed"))
@@ -577,6 +573,8 @@ class McpBackend(BackendBase):
                         with anyio.move_on_after(lifetime if lifetime is not None else math.inf):
                             await lane.closed.wait()
                         lane.life.mark_lost("the exchanged token expired")  # the next request exchanges anew
+        except NoCredential as exc:
+            lane.failure = str(exc)
         except Exception as exc:  # reported in plain words (never with a header value) to the caller's request
             lane.failure = classify_failure(exc, config=self._config, http=recorder)
         finally:
@@ -586,37 +584,6 @@ class McpBackend(BackendBase):
             if self._callers.get(lane.owner) is lane:
                 del self._callers[lane.owner]
             log.info("backend.caller_session", backend=self._name, caller=lane.owner, state="closed")
-
-    async def _caller_headers(
-        self, lane: _Lane, subject_token: str | None
-    ) -> tuple[dict[str, str] | None, float | None]:
-        """The headers of a caller's session (its secrets, its exchanged token) and how long they hold; (None, _)
-        with ``lane.failure`` set when the caller cannot have a session."""
-        headers = dict(self._config.headers)  # type: ignore[union-attr]
-        caller = lane.owner or None
-        try:
-            if self._secrets is not None:
-                await anyio.to_thread.run_sync(self._secrets.refresh)
-                headers = self._secrets.headers_for(caller, headers)
-        except (MissingSecret, ConfigError) as exc:
-            lane.failure = str(exc)
-            return None, None
-        if self._exchange is None:
-            return headers, None
-        if subject_token is None:
-            lane.failure = (
-                f"caller {caller or 'anonymous'} did not sign in with an OAuth access token, which this server's "
-                "token exchange needs"
-            )
-            return None, None
-        try:
-            exchanged = await exchange(self._exchange, subject_token)
-        except ExchangeRefused as exc:
-            lane.failure = f"the token exchange for caller {caller or 'anonymous'} failed: {exc}"
-            return None, None
-        headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
-        headers["Authorization"] = f"Bearer {exchanged.token}"
-        return headers, exchanged.lifetime_s
 
     async def roots_changed(self, connection: Any) -> None:
         """The client behind ``connection`` says its roots changed: tell its own session, if it has one (the shared
@@ -781,8 +748,8 @@ class McpBackend(BackendBase):
         http = self._http or HttpPool()
         if headers is None:
             headers = dict(config.headers)
-            if self._secrets is not None:  # the gateway's own session: the "*" entry's secrets, if any
-                headers = self._secrets.headers_for(None, headers, gateway=True)
+            if self._credentials is not None:  # the gateway's own session: the "*" entry's secrets, if any
+                headers = self._credentials.gateway_headers()
         if isinstance(config, HttpServer):
             # A response stream may stay open as long as the longest call: never cut it before the call's timeout.
             limit = config.max_answer_bytes
