@@ -169,12 +169,13 @@ async def test_a_tampered_forged_or_foreign_cookie_is_refused(tmp_path: Path) ->
     async with served(tmp_path, tokens=f"tester={TOKEN}") as client:
         await sign_in(client)
         genuine = client.cookies[COOKIE]
-        payload, signature = genuine.split(".")
-        other_caller = base64.urlsafe_b64encode(json.dumps({"sub": "admin", "exp": 4102444800}).encode())
+        payload, stamp, signature = genuine.split(".")
+        other_caller = base64.urlsafe_b64encode(json.dumps({"sub": "admin"}, separators=(",", ":")).encode())
         forged = [
-            f"{other_caller.rstrip(b'=').decode()}.{signature}",  # another caller under the genuine signature
-            f"{payload}.{signature[:-2]}AA",  # an altered signature
-            f"{payload}.",  # no signature at all
+            f"{other_caller.rstrip(b'=').decode()}.{stamp}.{signature}",  # another caller under the genuine signature
+            f"{payload}.{stamp}.{signature[:-2]}AA",  # an altered signature
+            f"{payload}.{int(stamp == 'x')}.{signature}",  # another time under the genuine signature
+            f"{payload}.{stamp}.",  # no signature at all
             payload,
             SessionCookies().issue("tester"),  # signed with another process's key
             "",
