@@ -6,6 +6,9 @@ client holds open. The downstream here is tests/fixtures/conformance_server.py o
 listen streams only, in that era). The gateway's client is a handshake-era one: it hears the change as
 `notifications/*/list_changed` and lists the new description.
 
+The downstream's listen streams come as SSE and, in a second run, as JSON lines in an `application/json` body (the
+fixture's `--json-lines`, the framing of the conformance suite's reference server): the gateway reads both.
+
 A listen stream that ends is reopened (backoff, the backend stays ready): tests/fixtures/listen_server.py closes its
 streams on command, and a change made after that still reaches the client.
 """
@@ -28,10 +31,13 @@ from tests.fixtures.waiting import eventually
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def downstream() -> Iterator[RunningServer]:
+@pytest.fixture(params=["sse", "json-lines"])
+def downstream(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
+    """The fixture downstream, its listen streams in SSE or, as some servers of that era send them (the conformance
+    suite's reference server among them), as JSON lines in an `application/json` body."""
     port = free_port()
-    with start_http_server(conformance_server_argv(port), port) as server:
+    extra = ("--json-lines",) if request.param == "json-lines" else ()
+    with start_http_server(conformance_server_argv(port, *extra), port) as server:
         yield server
 
 

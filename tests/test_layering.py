@@ -21,8 +21,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("config", "inputs"),  # inputs: what a request's values must be before the gateway acts on them
     ("_logging", "audit", "audit_report", "metrics", "tracing"),  # metrics/tracing: instruments, fed by the router
     ("clients", "costs", "importer"),  # policies and conversions over config (costs reads audit's statistics)
-    # "backends" is backends/__init__.py; answers: the answer limit; processes: no process escapes
-    ("backends", "backends.base", "backends.answers", "backends.processes"),
+    # "backends" is backends/__init__.py; answers: the answer limit; framing: downstream bodies as the SDK reads
+    # them; processes: no process escapes
+    ("backends", "backends.base", "backends.answers", "backends.framing", "backends.processes"),
     ("backends.stdio", "backends.relay", "backends.wiki_index"),  # relay: back-channel context; wiki_index: pure index
     ("backends.wiki_semantic",),  # sections, vectors and hybrid ranking over wiki_index's snapshot; pure, blocking
     ("backends.mcp", "backends.cli", "backends.wiki"),

@@ -71,6 +71,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_ji
 
 from gateway.backends.answers import ANSWER_TOO_LARGE, LimitedTransport, answer_too_large
 from gateway.backends.base import BackendBase, BackendState, BackendStatus, ProgressFn
+from gateway.backends.framing import JsonLinesTransport
 from gateway.backends.relay import (
     UPSTREAM,
     InFlight,
@@ -216,9 +217,12 @@ class HttpPool:
         read_s: float = 300.0,
         *,
         max_answer_bytes: int,
+        json_lines: bool = False,
     ) -> httpx2.AsyncClient:
+        """``json_lines``: read an ``application/json`` answer as one message per line (backends/framing.py)."""
+        inner: httpx2.AsyncBaseTransport = JsonLinesTransport(self._transport) if json_lines else self._transport
         return httpx2.AsyncClient(
-            transport=LimitedTransport(self._transport, max_answer_bytes),
+            transport=LimitedTransport(inner, max_answer_bytes),
             headers=dict(headers),
             timeout=httpx2.Timeout(timeout_s, read=read_s),
             trust_env=False,
@@ -914,7 +918,14 @@ class McpBackend(BackendBase):
             # A response stream may stay open as long as the longest call: never cut it before the call's timeout.
             limit = config.max_answer_bytes
             read_s = max(300.0, config.timeout_s + 30)
-            client = http.client(config.headers, config.connect_timeout_s, recorder, read_s, max_answer_bytes=limit)
+            client = http.client(
+                config.headers,
+                config.connect_timeout_s,
+                recorder,
+                read_s,
+                max_answer_bytes=limit,
+                json_lines=config.protocol == MODERN,  # the stateless era's servers stream JSON lines too
+            )
             async with streamable_http_client(
                 config.url, http_client=client, max_sse_event_size=limit + SSE_EVENT_MARGIN
             ) as streams:
@@ -943,6 +954,7 @@ class McpBackend(BackendBase):
         """The handshake, or in the stateless era ``server/discover``, whose answer is told as a handshake's."""
         if self._config.protocol != MODERN:
             return await session.initialize()
+        _complete_by_default(session)
         found = await session.discover()
         _forward_capabilities(session)
         info = session.server_info or types.Implementation(name=self._name, version="")
@@ -1164,6 +1176,25 @@ def _with_round(params: Any) -> Any:
 
 
 _INPUT_RESPONSES: TypeAdapter[types.InputResponses] = TypeAdapter(types.InputResponses)
+
+
+def _complete_by_default(session: ClientSession) -> None:
+    """Read a stateless-era result without ``resultType`` as ``complete``, as SEP-2322 tells clients to.
+
+    The SDK validates each result against the era's schema, where the field is required, so a server that leaves it
+    out (the conformance suite's reference server does, on every tool result) failed every call through the gateway
+    although its client must take the result as complete.
+    """
+    dispatcher = session._dispatcher
+    send = dispatcher.send_raw_request
+
+    async def defaulting(method: str, params: Any, opts: Any = None) -> dict[str, Any]:
+        raw = await send(method, params, opts)
+        if isinstance(raw, dict) and "resultType" not in raw:
+            raw["resultType"] = "complete"
+        return raw
+
+    dispatcher.send_raw_request = defaulting  # type: ignore[method-assign]
 
 
 def _forward_capabilities(session: ClientSession) -> None:
