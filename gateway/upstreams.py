@@ -103,6 +103,10 @@ class Upstreams:
         if lists.prompts_result != before.prompts_result:
             sends.append("notifications/prompts/list_changed")
             events.append(PromptsListChanged())
+        await self._tell(sends, events)
+
+    async def _tell(self, sends: list[str], events: list[ServerEvent]) -> None:
+        """List changes, to every listen stream (``events``) and every handshake-era connection (``sends``)."""
         for event in events:
             await self.bus.publish(event)  # in-process fan-out: never blocks on a slow stream
         for connection in list(self._live):
@@ -218,5 +222,11 @@ class Upstreams:
                 await self._deliver_log(notification, upstream, owner)
             elif isinstance(notification, types.ResourceUpdatedNotification):
                 await self._deliver_update(backend.name, notification.params.uri)
+            elif isinstance(notification, types.ToolListChangedNotification):
+                await self._tell([notification.method], [ToolsListChanged()])  # announced, nothing changed
+            elif isinstance(notification, types.PromptListChangedNotification):
+                await self._tell([notification.method], [PromptsListChanged()])
+            elif isinstance(notification, types.ResourceListChangedNotification):
+                await self._tell([notification.method], [ResourcesListChanged()])
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, MCPError, BackendError, OSError) as exc:
             log.debug("upstream.notify_failed", backend=backend.name, error=str(exc) or type(exc).__name__)

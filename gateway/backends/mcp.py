@@ -1092,11 +1092,11 @@ class McpBackend(BackendBase):
             self._probe_now.set()  # is the session still alive? ping now rather than at the next interval
             return
         if isinstance(message, types.ToolListChangedNotification):
-            await self._refresh(("tools",))
+            await self._refresh(("tools",), message)
         elif isinstance(message, types.ResourceListChangedNotification):
-            await self._refresh(("resources", "resource_templates"))
+            await self._refresh(("resources", "resource_templates"), message)
         elif isinstance(message, types.PromptListChangedNotification):
-            await self._refresh(("prompts",))
+            await self._refresh(("prompts",), message)
         elif isinstance(message, types.LoggingMessageNotification | types.ResourceUpdatedNotification):
             if self._on_notification is not None:
                 upstream = (
@@ -1104,8 +1104,12 @@ class McpBackend(BackendBase):
                 )
                 await self._on_notification(self, message, upstream, None)
 
-    async def _refresh(self, kinds: Sequence[str]) -> None:
-        """Re-read the lists a ``list_changed`` names, then tell the listeners (the catalog is rebuilt)."""
+    async def _refresh(self, kinds: Sequence[str], announced: types.ServerNotification | None = None) -> None:
+        """Re-read the lists a ``list_changed`` names, then tell the listeners (the catalog is rebuilt).
+
+        A change the downstream ``announced`` that leaves the lists as they were is passed on as it came: the
+        rebuilt catalog would announce nothing, and a client of the downstream itself hears every announcement.
+        """
         session = self._session
         if session is None:
             return
@@ -1117,6 +1121,7 @@ class McpBackend(BackendBase):
             return
         if session is not self._session:
             return  # the session went away meanwhile; the next one lists afresh
+        unchanged = all(lists[kind] == self._listed(kind) for kind in kinds)
         self._tools = lists.get("tools", self._tools)
         self._resources = lists.get("resources", self._resources)
         self._templates = lists.get("resource_templates", self._templates)
@@ -1130,6 +1135,17 @@ class McpBackend(BackendBase):
                 last_error=self._status.last_error,
             )
         )
+        if unchanged and announced is not None and self._on_notification is not None:
+            await self._on_notification(self, announced, None, None)
+
+    def _listed(self, kind: str) -> Sequence[Any]:
+        lists: dict[str, Sequence[Any]] = {
+            "tools": self._tools,
+            "resources": self._resources,
+            "resource_templates": self._templates,
+            "prompts": self._prompts,
+        }
+        return lists[kind]
 
     def _mark_lost(self, reason: str) -> None:
         self._life.mark_lost(reason)
