@@ -27,14 +27,15 @@ not declare (elicitation, sampling, sampling with tools, roots) is answered with
 handshake-era client cannot take an input-required result: the gateway asks it each input request on the call's own
 stream and retries for it within that call (``_answer_here``), each round still a row of its own.
 
-The other direction, bridged: a stateless client's ``tools/call`` runs in a task of the gateway's own
-(``spawn_bridged``, a ``Bridge``), so that a handshake-era downstream that sends ``elicitation/create``,
-``sampling/createMessage`` or ``roots/list`` mid-call can wait there: the client is answered an input-required
-result carrying that request (key ``input``) and a sealed state naming a key of the ``pending`` table; its retry hands
-``inputResponses.input`` to the waiting request and answers with what the call says next (``bridged``). That waiting
-call lives in this process only, bounded by ``gateway.continuation.bridge_ttl_s`` and ``bridge_max_pending``; a retry
-that finds no such call here (expired, another replica, a restart) or comes from another caller is refused with the
-same -32602. Each round that asked leaves a row (``Router.note_round``), the call its own when it ends.
+The other direction, bridged: a stateless client's ``tools/call`` that may reach a handshake-era downstream
+(``may_ask_mid_call``) runs in a task of the gateway's own (``spawn_bridged``, a ``Bridge``), so that the downstream
+that sends ``elicitation/create``, ``sampling/createMessage`` or ``roots/list`` mid-call can wait there: the client
+is answered an input-required result carrying that request (key ``input``) and a sealed state naming a key of the
+``pending`` table; its retry hands ``inputResponses.input`` to the waiting request and answers with what the call
+says next (``bridged``). That waiting call lives in this process only, bounded by
+``gateway.continuation.bridge_ttl_s`` and ``bridge_max_pending``; a retry that finds no such call here (expired,
+another replica, a restart) or comes from another caller is refused with the same -32602. Each round that asked
+leaves a row (``Router.note_round``), the call its own when it ends.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ from gateway.backends.mcp import ROUND, McpBackend, Round
 from gateway.backends.relay import BRIDGES, Bridge, connection_of, forwarded_meta
 from gateway.clients import ClientPolicy
 from gateway.config import environ
-from gateway.continuation import Continuation, Continuations, invalid_state, load_key
+from gateway.continuation import Continuation, Continuations, invalid_state, load_key, may_ask_mid_call
 from gateway.errors import (
     URI_CHARS,
     BackendError,
@@ -401,8 +402,9 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
                 if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
                     bridge: Bridge | None = None
                     if params.request_state is None:
-                        bridge = Bridge(call_ctx.caller, gateway.config.gateway.continuation.bridge_ttl_s)
-                        spawn_bridged(ctx, bridge, params, call_ctx, progress)
+                        if may_ask_mid_call(gateway.catalog, gateway.backends, params.name):
+                            bridge = Bridge(call_ctx.caller, gateway.config.gateway.continuation.bridge_ttl_s)
+                            spawn_bridged(ctx, bridge, params, call_ctx, progress)
                     else:
                         found = continuations.open(
                             params.request_state,

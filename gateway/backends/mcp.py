@@ -494,6 +494,10 @@ class McpBackend(BackendBase):
     def session(self) -> ClientSession | None:
         return self._session
 
+    @property
+    def asks_mid_call(self) -> bool:
+        return self._config.protocol != MODERN  # the stateless era asks with an input-required result instead
+
     def tools(self) -> Sequence[types.Tool]:
         return self._tools
 
