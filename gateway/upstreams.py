@@ -5,8 +5,8 @@
     to every handshake-era (2025-xx) connection, and as an event on ``bus``, which serves the stateless era's
     ``subscriptions/listen`` streams (the SDK's ``ListenHandler`` acknowledges, tags each frame with the stream's
     subscription id and delivers only the kinds that stream asked for). A listen stream's ``resourceSubscriptions``
-    are not honoured (the ack leaves them out, as the spec lets a server do): resource updates reach the handshake
-    era's subscribers, whose ``resources/subscribe`` subscribes the downstream;
+    subscribe the downstream that serves each URI (``resources/subscribe``) while the stream lasts, and its
+    ``notifications/resources/updated`` reach that stream as they reach the handshake era's subscribers;
   * keeps each client's ``logging/setLevel`` choice on its own connection, so a client's level changes what *that*
     client is sent and nothing else: a downstream's log message that belongs to a call goes to that call's client
     (on the call's own stream) when its level admits it; one that belongs to no call goes to the clients that asked
@@ -29,7 +29,13 @@ from mcp.server.connection import allowed_log_levels
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
 from mcp.shared.exceptions import MCPError
-from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged, ServerEvent, ToolsListChanged
+from mcp.shared.subscriptions import (
+    PromptsListChanged,
+    ResourcesListChanged,
+    ResourceUpdated,
+    ServerEvent,
+    ToolsListChanged,
+)
 
 from gateway.backends.mcp import McpBackend
 from gateway.backends.relay import (
@@ -65,13 +71,47 @@ class Upstreams:
         self.bus = InMemorySubscriptionBus()
         """List changes for the 2026-07-28 era's ``subscriptions/listen`` streams."""
         self._listen = ListenHandler(self.bus)
+        self._listened: dict[tuple[str, str], list[str]] = {}
+        """(backend, its URI) -> the URIs listen streams subscribed to it under, once per stream."""
 
     async def listen(
         self, ctx: ServerRequestContext[Any], params: types.SubscriptionsListenRequestParams
     ) -> types.SubscriptionsListenResult:
-        """Serves one ``subscriptions/listen`` stream: list changes only (see the module docstring)."""
-        lists_only = params.notifications.model_copy(update={"resource_subscriptions": None})
-        return await self._listen(ctx, params.model_copy(update={"notifications": lists_only}))
+        """Serves one ``subscriptions/listen`` stream (see the module docstring).
+
+        Each resource it names is subscribed downstream (``resources/subscribe``, counted with the handshake era's
+        subscribers) for as long as the stream lasts; one no backend takes is left out of the acknowledgement.
+        """
+        held: list[tuple[str, Origin]] = []
+        try:
+            for uri in dict.fromkeys(params.notifications.resource_subscriptions or ()):
+                origin = await self._subscribe_any(uri)
+                if origin is not None:
+                    held.append((uri, origin))
+                    self._listened.setdefault((origin.backend, origin.local), []).append(uri)
+            honoured = params.notifications.model_copy(update={"resource_subscriptions": [u for u, _ in held] or None})
+            return await self._listen(ctx, params.model_copy(update={"notifications": honoured}))
+        finally:
+            with anyio.CancelScope(shield=True):  # the stream ended (or its client went): so do its subscriptions
+                for uri, origin in held:
+                    published = self._listened.get((origin.backend, origin.local), [])
+                    published.remove(uri)
+                    if not published:
+                        self._listened.pop((origin.backend, origin.local), None)
+                    await self._release(origin)
+
+    async def _subscribe_any(self, uri: str) -> Origin | None:
+        """Subscribe the first backend that serves ``uri`` and takes the subscription; None when none does."""
+        backends = self._backends()
+        for origin in self._announced.lists.resolve(uri):
+            backend = backends.get(origin.backend)
+            if isinstance(backend, McpBackend):
+                try:
+                    await backend.subscribe_resource(origin.local)
+                    return origin
+                except BackendError as exc:
+                    log.info("upstream.listen_subscribe_failed", backend=origin.backend, error=str(exc))
+        return None
 
     def __len__(self) -> int:
         return len(self._live)
@@ -204,6 +244,8 @@ class Upstreams:
             await backend.unsubscribe_resource(origin.local)
 
     async def _deliver_update(self, backend: str, uri: str) -> None:
+        for published in dict.fromkeys(self._listened.get((backend, uri), ())):
+            await self.bus.publish(ResourceUpdated(uri=published))  # to the listen streams that asked for it
         for connection in list(self._live):
             state = getattr(connection, "state", None)
             subscriptions = state.get(_SUBSCRIPTIONS_KEY) if isinstance(state, dict) else None
