@@ -133,7 +133,7 @@ async def test_the_table_is_bounded_and_a_restart_forgets_the_waiting_call(tmp_p
                     await c.session.call_tool("other__elicit", {"message": "B"}, allow_input_required=True)
     assert full.value.error.message == (
         "The server behind 'other__elicit' needs input (elicitation/create) and this gateway already holds 1 "
-        "waiting calls (gateway.continuation.bridge_max_pending)."
+        "waiting requests (gateway.continuation.bridge_max_pending)."
     )
     with run_gateway(two, tmp_path, tokens=TOKENS, env=env) as gateway:  # same key, same ledger: a restart
         with anyio.fail_after(40):

@@ -32,7 +32,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # route shapes; continuation: the sealed requestState of multi-round-trip requests
     ("router",),
     ("runtime",),
-    ("upstreams",),  # the clients and what they are owed: list changes, log messages, resource updates
+    # upstreams: the clients and what they are owed (list changes, log messages, resource updates); bridges: a
+    # stateless client's request waiting in the gateway for its input
+    ("upstreams", "bridges"),
     ("server", "events"),  # the MCP face (low-level Server), transport-free; events: resumable SSE streams
     # the Starlette app around it: /mcp, /healthz, /status, /metrics, the guard; /ui, the status page; edge: a
     # request's body checked before the SDK parses it; connections: the uvicorn protocol under it (deadlines, the cap)
