@@ -14,7 +14,8 @@ another replica, a restart) or comes from another caller is refused with the SDK
 from __future__ import annotations
 
 import secrets
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from contextvars import ContextVar
 from typing import Any
 
 import anyio
@@ -22,18 +23,27 @@ import mcp_types as types
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
+from gateway.backends.base import Backend
 from gateway.backends.relay import BRIDGES, Bridge
 from gateway.continuation import Continuation, Continuations, invalid_state
 from gateway.errors import quote
 from gateway.runtime import Gateway
 
-__all__ = ["BRIDGE_STATE", "Bridges", "require_capabilities"]
+__all__ = ["BRIDGE_STATE", "Bridges", "may_ask", "require_capabilities"]
 
 BRIDGE_STATE = "mcp-gateway/bridge:"
 """Marks a sealed state whose request waits in this process (a handshake-era downstream's request for input)."""
 
 OnRound = Callable[[str, str], Awaitable[None]]
 """Told of each round that asked: ``(backend, the input request's method)`` (the tool calls' ledger rows)."""
+
+
+_INSIDE: ContextVar[bool] = ContextVar("gateway_inside_bridge", default=False)
+
+
+def may_ask(backends: Mapping[str, Backend], names: Iterable[str]) -> bool:
+    """Whether any of the backends ``names`` may ask its client for input mid-request (so it must be bridged)."""
+    return any((backend := backends.get(name)) is not None and backend.asks_mid_call for name in names)
 
 
 class Bridges:
@@ -49,6 +59,7 @@ class Bridges:
         bridge = Bridge(caller, self._gateway.config.gateway.continuation.bridge_ttl_s)
 
         async def run() -> None:
+            _INSIDE.set(True)  # this task's own context: the work serves the request, it does not bridge it again
             BRIDGES[id(ctx)] = bridge
             outcome: Any = None
             try:
@@ -63,6 +74,11 @@ class Bridges:
 
         self._gateway.start_soon(run, name="bridged-request")
         return bridge
+
+    @staticmethod
+    def inside() -> bool:
+        """Whether this is a bridged request's own task."""
+        return _INSIDE.get()
 
     def reopened(self, found: Continuation, method: str, caller: str | None, responses: Any) -> Bridge | None:
         """The waiting request a retry's verified state names, given the client's answer; None when the state is

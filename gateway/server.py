@@ -62,7 +62,7 @@ from pydantic import ValidationError
 from gateway.backends.base import ProgressFn
 from gateway.backends.mcp import ROUND, McpBackend, Round
 from gateway.backends.relay import Bridge, connection_of, forwarded_meta
-from gateway.bridges import Bridges, require_capabilities
+from gateway.bridges import Bridges, may_ask, require_capabilities
 from gateway.clients import ClientPolicy
 from gateway.config import environ
 from gateway.continuation import Continuation, Continuations, invalid_state, load_key, may_ask_mid_call
@@ -249,6 +249,42 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
             invalid_state(method, "the backend that asked is no longer configured")
         return found, backend
 
+    async def bridge_round(
+        ctx: ServerRequestContext[Any],
+        method: str,
+        name: str,
+        arguments: Mapping[str, Any] | None,
+        caller: str | None,
+        params: types.GetPromptRequestParams | types.ReadResourceRequestParams,
+    ) -> Any:
+        """A stateless client's ``prompts/get`` or ``resources/read``, bridged when a handshake-era backend serves it
+        (its first round) or when its state names a waiting request (a later one); None when it is not bridged.
+        The bridged work is the request itself, served again by the same handler, inside the bridge."""
+        if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS or bridges.inside():
+            return None
+        if params.request_state is None:
+            lists = gateway.catalog.lists
+            origins = (lists.prompt(name),) if method == "prompts/get" else lists.resolve(name)
+            if not may_ask(gateway.backends, [o.backend for o in origins if o is not None]):
+                return None
+            plain = params.model_copy(update={"input_responses": None})
+            serve = get_prompt if method == "prompts/get" else read_resource
+
+            async def work() -> Any:
+                with _round(_ahead(params.input_responses)):
+                    return await serve(ctx, plain)  # type: ignore[arg-type]
+
+            bridge = bridges.start(ctx, caller, work)
+        else:
+            found = continuations.open(
+                params.request_state, method=method, name=name, arguments=arguments, caller=caller
+            )
+            reopened = bridges.reopened(found, method, caller, params.input_responses)
+            if reopened is None:
+                return None
+            bridge = reopened
+        return await bridges.next(ctx, bridge, method=method, name=name, arguments=arguments, caller=caller)
+
     async def middleware(ctx: ServerRequestContext[Any], call_next: CallNext) -> HandlerResult:
         try:
             return await serve(ctx, call_next)
@@ -427,6 +463,9 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
             with _round(retry):
                 return await read_from(ctx, params, (origin,), meta)
 
+        bridged = await bridge_round(ctx, "resources/read", params.uri, None, caller, params)
+        if bridged is not None:
+            return bridged
         try:
             return await read_round(ctx, params, caller)
         except InputRequired as exc:
@@ -496,6 +535,9 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
     async def get_prompt(ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams) -> Any:
         await settled()
         caller = _call_context(ctx, gateway.clients).caller
+        bridged = await bridge_round(ctx, "prompts/get", params.name, params.arguments, caller, params)
+        if bridged is not None:
+            return bridged
         origin: Origin | None
         retry: Round | None
         if params.request_state is not None:  # a later round: to the backend that asked, whatever the lists say
