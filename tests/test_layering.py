@@ -28,8 +28,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # principals; auth.secrets: per-caller values for a server's headers; auth.exchange: RFC 8693 downstream tokens;
     # auth.credentials: both, for one caller's session
     ("clients", "costs", "importer", "auth.oauth", "auth.secrets", "auth.exchange", "auth.credentials"),
-    # "backends" is backends/__init__.py; answers: the answer limit; processes: no process escapes
-    ("backends", "backends.base", "backends.answers", "backends.processes", "backends.backoff"),
+    # "backends" is backends/__init__.py; answers: the answer limit; framing: downstream bodies as the SDK reads
+    # them; processes: no process escapes
+    ("backends", "backends.base", "backends.answers", "backends.framing", "backends.processes", "backends.backoff"),
     ("backends.stdio", "backends.relay", "backends.wiki_index"),  # relay: back-channel context; wiki_index: pure index
     # failures: the foreign-error table and why a session failed; watch: a receive stream's end; pool: shared HTTP
     ("backends.failures", "backends.watch"),
@@ -43,7 +44,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("auth.policies",),  # each caller's view of the catalog
     ("router",),
     ("runtime",),
-    ("upstreams",),  # the clients and what they are owed: list changes, log messages, resource updates
+    # upstreams: the clients and what they are owed (list changes, log messages, resource updates); bridges: a
+    # stateless client's request waiting in the gateway for its input
+    ("upstreams", "bridges"),
     ("server", "events"),  # the MCP face (low-level Server), transport-free; events: resumable SSE streams
     # the Starlette app around it: /mcp, /healthz, /status, /metrics, the guard; /ui, the status page; edge: a
     # request's body checked before the SDK parses it; connections: the uvicorn protocol under it (deadlines, the cap)

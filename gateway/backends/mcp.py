@@ -255,6 +255,10 @@ class McpBackend(BackendBase):
     def session(self) -> ClientSession | None:
         return self._session
 
+    @property
+    def asks_mid_call(self) -> bool:
+        return self._config.protocol != MODERN  # the stateless era asks with an input-required result instead
+
     def tools(self) -> Sequence[types.Tool]:
         return self._tools
 
@@ -754,7 +758,14 @@ class McpBackend(BackendBase):
             # A response stream may stay open as long as the longest call: never cut it before the call's timeout.
             limit = config.max_answer_bytes
             read_s = max(300.0, config.timeout_s + 30)
-            client = http.client(headers, config.connect_timeout_s, recorder, read_s, max_answer_bytes=limit)
+            client = http.client(
+                headers,
+                config.connect_timeout_s,
+                recorder,
+                read_s,
+                max_answer_bytes=limit,
+                json_lines=config.protocol == MODERN,  # the stateless era's servers stream JSON lines too
+            )
             async with streamable_http_client(
                 config.url, http_client=client, max_sse_event_size=limit + SSE_EVENT_MARGIN
             ) as streams:
@@ -785,6 +796,7 @@ class McpBackend(BackendBase):
         """The handshake, or in the stateless era ``server/discover``, whose answer is told as a handshake's."""
         if self._config.protocol != MODERN:
             return await session.initialize()
+        _complete_by_default(session)
         found = await session.discover()
         _forward_capabilities(session)
         info = session.server_info or types.Implementation(name=self._name, version="")
@@ -933,11 +945,11 @@ class McpBackend(BackendBase):
             self._probe_now.set()  # is the session still alive? ping now rather than at the next interval
             return
         if isinstance(message, types.ToolListChangedNotification):
-            await self._refresh(("tools",))
+            await self._refresh(("tools",), message)
         elif isinstance(message, types.ResourceListChangedNotification):
-            await self._refresh(("resources", "resource_templates"))
+            await self._refresh(("resources", "resource_templates"), message)
         elif isinstance(message, types.PromptListChangedNotification):
-            await self._refresh(("prompts",))
+            await self._refresh(("prompts",), message)
         elif isinstance(message, types.LoggingMessageNotification | types.ResourceUpdatedNotification):
             if self._on_notification is not None:
                 upstream = (
@@ -945,8 +957,12 @@ class McpBackend(BackendBase):
                 )
                 await self._on_notification(self, message, upstream, None)
 
-    async def _refresh(self, kinds: Sequence[str]) -> None:
-        """Re-read the lists a ``list_changed`` names, then tell the listeners (the catalog is rebuilt)."""
+    async def _refresh(self, kinds: Sequence[str], announced: types.ServerNotification | None = None) -> None:
+        """Re-read the lists a ``list_changed`` names, then tell the listeners (the catalog is rebuilt).
+
+        A change the downstream ``announced`` that leaves the lists as they were is passed on as it came: the
+        rebuilt catalog would announce nothing, and a client of the downstream itself hears every announcement.
+        """
         session = self._session
         if session is None:
             return
@@ -958,6 +974,7 @@ class McpBackend(BackendBase):
             return
         if session is not self._session:
             return  # the session went away meanwhile; the next one lists afresh
+        unchanged = all(lists[kind] == self._listed(kind) for kind in kinds)
         self._tools = lists.get("tools", self._tools)
         self._resources = lists.get("resources", self._resources)
         self._templates = lists.get("resource_templates", self._templates)
@@ -971,6 +988,17 @@ class McpBackend(BackendBase):
                 last_error=self._status.last_error,
             )
         )
+        if unchanged and announced is not None and self._on_notification is not None:
+            await self._on_notification(self, announced, None, None)
+
+    def _listed(self, kind: str) -> Sequence[Any]:
+        lists: dict[str, Sequence[Any]] = {
+            "tools": self._tools,
+            "resources": self._resources,
+            "resource_templates": self._templates,
+            "prompts": self._prompts,
+        }
+        return lists[kind]
 
     def _mark_lost(self, reason: str) -> None:
         self._life.mark_lost(reason)
@@ -1017,6 +1045,25 @@ def _with_round(params: Any) -> Any:
 
 
 _INPUT_RESPONSES: TypeAdapter[types.InputResponses] = TypeAdapter(types.InputResponses)
+
+
+def _complete_by_default(session: ClientSession) -> None:
+    """Read a stateless-era result without ``resultType`` as ``complete``, as SEP-2322 tells clients to.
+
+    The SDK validates each result against the era's schema, where the field is required, so a server that leaves it
+    out (the conformance suite's reference server does, on every tool result) failed every call through the gateway
+    although its client must take the result as complete.
+    """
+    dispatcher = session._dispatcher
+    send = dispatcher.send_raw_request
+
+    async def defaulting(method: str, params: Any, opts: Any = None) -> dict[str, Any]:
+        raw = await send(method, params, opts)
+        if isinstance(raw, dict) and "resultType" not in raw:
+            raw["resultType"] = "complete"
+        return raw
+
+    dispatcher.send_raw_request = defaulting  # type: ignore[method-assign]
 
 
 def _forward_capabilities(session: ClientSession) -> None:
