@@ -15,8 +15,10 @@ tokens, or when the client is below the context gate), and serves what search mo
 * ``tools_changed``: whether a search-mode client's list changed (only when the pinned set or the search tool's
   description did), so the other catalog changes do not send it ``list_changed``.
 
-The seam for per-caller policies (not built yet) is ``visible``: the names a caller may see, applied by the search
-before ranking; today it is the context gate's (small clients do not find large-context tools).
+Per-caller policies (auth/policies.py) narrow all of it: ``visible``, the names the caller's view holds (less the
+large-context tools for a small client), is applied by the search before ranking; the pins and the router note of a
+caller's search list are those its view allows; and a call through the call tool is refused by the router exactly as
+a direct call of a tool the caller may not see.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import anyio.to_thread
 import mcp_types as types
 import structlog
 
+from gateway.auth.policies import Identity, View, Views
 from gateway.backends.base import Backend, BackendState
 from gateway.catalog import Catalog, CatalogEntry
 from gateway.clients import note_without
@@ -141,7 +144,8 @@ class Disclosure:
         self._catalog = catalog
         self._backends = backends
         self._load_model = load_model
-        self._lists: dict[tuple[int, bool], tuple[Catalog, Mapping[str, Any]]] = {}
+        self._lists: dict[tuple[int, bool, str | None], tuple[Catalog, Mapping[str, Any]]] = {}
+        self._views: Views | None = None
         self._index: tuple[Catalog, ToolIndex] | None = None
         self._building = anyio.Lock()
         self._searching: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -176,12 +180,18 @@ class Disclosure:
             size = self._sizes[id(catalog)]
         return size[1] / BYTES_PER_TOKEN > exposure.auto_tokens
 
-    def tools_changed_for(self, connection: Any, previous: Catalog, catalog: Catalog) -> bool | None:
-        """For a search-exposure ``connection``: whether its tools/list changed between the catalogs (only when the
-        pins or the router note did); None for any other connection (it lists the catalog itself)."""
+    def tools_changed_for(
+        self, connection: Any, identity: Identity, previous: Catalog, catalog: Catalog
+    ) -> bool | None:
+        """For a search-exposure ``connection`` of ``identity``: whether its tools/list changed between the catalogs
+        (only when the pins or the router note did, as its policy sees them); None for any other connection (it
+        lists the catalog itself)."""
         if connection not in self._searching:
             return None
-        return self.tools_changed(previous, catalog)
+        if self._views is None:
+            return self.tools_changed(previous, catalog)
+        old, new = self._views.view(previous, identity), self._views.view(catalog, identity)
+        return any(self.listing(previous, large, old) != self.listing(catalog, large, new) for large in (False, True))
 
     def input_schema(self, name: str) -> Mapping[str, Any] | None:
         """The search or call tool's input schema, for a name that is one of them."""
@@ -207,21 +217,28 @@ class Disclosure:
         )
         return f"{base.rstrip()}\n\n{how}" if base else how
 
-    def listing(self, catalog: Catalog, large: bool) -> Mapping[str, Any]:
-        """The search-mode ``tools/list`` of ``catalog`` (cached per catalog)."""
-        key = (id(catalog), large)
+    def use_views(self, views: Views) -> None:
+        """The callers' views (auth/policies.py), for telling a search-mode caller of changes to its own list."""
+        self._views = views
+
+    def listing(self, catalog: Catalog, large: bool, view: View | None = None) -> Mapping[str, Any]:
+        """The search-mode ``tools/list`` of ``catalog`` as ``view`` (a caller's policy; None: everything) sees it,
+        cached per catalog and policy."""
+        key = (id(catalog), large, view.policy if view is not None else None)
         found = self._lists.get(key)
         if found is not None and found[0] is catalog:
             return found[1]
         exposure = catalog.exposure  # as built: a reload's new pins are compared with the old ones
-        gated = set() if large else set(self._config().clients.large_context_tools)
-        note = catalog.router_note
-        if gated:
-            note = note_without(note, gated)
+        hidden = set() if large else set(self._config().clients.large_context_tools)
+        if view is not None:
+            hidden |= {name for name in catalog.entries if name not in view.tools}
+        note = catalog.notes[0]
+        if hidden:
+            note = note_without(note, hidden)  # a description is no clue to what the caller cannot see
         tools = meta_tools(exposure, note)
         for name in exposure.pinned:
             entry = catalog.get(name)
-            if entry is not None and name not in gated and name not in (exposure.search_tool, exposure.call_tool):
+            if entry is not None and name not in hidden and name not in (exposure.search_tool, exposure.call_tool):
                 tools.append(entry.tool.model_dump(by_alias=True, mode="json", exclude_none=True))
         listing = {"tools": tools}
         if len(self._lists) >= 8:

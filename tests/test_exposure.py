@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from gateway.auth.policies import ANONYMOUS
 from gateway.backends.base import Backend, BackendState
 from gateway.catalog import Catalog
 from gateway.config import Federation, parse_config
@@ -78,7 +79,8 @@ def test_a_pin_change_is_a_change_of_the_search_list_and_a_backend_change_is_not
         _federation("exposure:\n  mode: search\n  pinned: [send_email]\n"), {"mail": MAIL, "maps": MAPS}
     )
     assert disclosure.tools_changed(catalog, other)
-    assert disclosure.tools_changed_for(object(), catalog, other) is None  # a connection never seen in search mode
+    never_searched = object()  # a connection never seen in search mode
+    assert disclosure.tools_changed_for(never_searched, ANONYMOUS, catalog, other) is None
 
 
 def test_the_call_tool_unwraps_into_the_real_call_and_refuses_bad_arguments() -> None:
