@@ -269,3 +269,31 @@ def test_the_inspector_in_auto_mode_searches_unless_it_declares_a_large_context(
         assert listed() == ["find_tools", "call_tool", "get_current_time"]  # an unknown client counts as small
         every = listed("X-Context-Window: 200000")
         assert {"get-sum", "create_entities", "remote_echo"} <= set(every) and "find_tools" not in every
+
+
+async def test_search_mode_respects_the_callers_policy(echo: RunningServer, tmp_path: Path) -> None:
+    """A caller whose policy shows only the time backend finds only its tools, is not pinned what it cannot see,
+    and a call through the call tool to a hidden tool is answered as an unknown tool; another caller sees all."""
+    policies = """
+  pinned: [get_current_time, create_entities]
+policies:
+  clock:
+    callers: [clock]
+    backends: {include: [time]}
+  everyone: {}
+"""
+    config = _config(echo.url(), tmp_path).replace("  pinned: [get_current_time]\n", policies)
+    with run_gateway(config, tmp_path, tokens=f"clock={TOKEN},ops=ops-token") as gateway:
+        async with mcp_session(gateway.url(), token=TOKEN) as clock:
+            assert [t.name for t in (await clock.list_tools()).tools] == ["find_tools", "call_tool", "get_current_time"]
+            found = _payload(
+                await clock.call_tool("find_tools", {"query": "create entities in the graph", "limit": 50})
+            )
+            assert {t["name"] for t in found["tools"]} == {"get_current_time", "convert_time"}
+            with pytest.raises(MCPError, match="Unknown tool: 'create_entities'"):
+                await clock.call_tool("call_tool", {"name": "create_entities", "arguments": {"entities": []}})
+        async with mcp_session(gateway.url(), token="ops-token") as ops:
+            names = [t.name for t in (await ops.list_tools()).tools]
+            assert names == ["find_tools", "call_tool", "get_current_time", "create_entities"]
+            found = _payload(await ops.call_tool("find_tools", {"query": "add entities to the knowledge graph"}))
+            assert "create_entities" in [t["name"] for t in found["tools"]]
