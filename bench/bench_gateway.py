@@ -75,7 +75,7 @@ import anyio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.procs import LOOPBACK, Proc, children_of, descendants, free_port, say, vm_kb  # noqa: E402
+from bench.procs import LOOPBACK, Proc, children_of, cmdline, descendants, free_port, say, vm_kb  # noqa: E402
 from bench.procs import Procs as ProcsBase  # noqa: E402
 from bench.run_env import environment, load_average  # noqa: E402
 
@@ -91,7 +91,15 @@ STARTUP_TIMEOUT_S = 60.0  # many Python servers importing the SDK at once on 2 c
 STOP_GRACE_S = 3.0  # how long the servers have to exit on SIGTERM before they are SIGKILLed
 ARGS = {"text": "hello"}
 THROUGHPUT_SKIP = ("gateway-stdio-stdio-ledger",)  # the sequential rows measure the ledger over stdio
-HTTP_KEYS = ("direct-http", "relay-http", "gateway-http", "gateway-http-ledger", "fastmcp-http")
+HTTP_KEYS = (
+    "direct-http",
+    "relay-http",
+    "gateway-http",
+    "gateway-http-ledger",
+    "gateway-http-ledger-uvloop",
+    "gateway-http-ledger-baseline",
+    "fastmcp-http",
+)
 FRONT_CPU_BEFORE_MS = {"gateway-http": 5.01, "gateway-http-ledger": 6.05}  # docs/benchmarks.md before issue 17
 RELAY = "relay-http"  # the bare relay (bare_relay.py): the floor of a Python gateway, beside the direct floor
 STDIO_KEYS = (
@@ -147,8 +155,9 @@ QUICK = Plan(
 
 
 def gateway_argv() -> list[str]:
-    script = Path(PY).with_name("gateway")
-    return [str(script)] if script.exists() else [PY, "-m", "gateway"]
+    """``python -m gateway``, run in the project root: the checkout's own code, whichever checkout the venv's
+    editable install points at (its ``gateway`` console script would import that one)."""
+    return [PY, "-m", "gateway"]
 
 
 class Procs(ProcsBase):
@@ -223,14 +232,16 @@ class Target:
             front = sorted({self.proc.pid, self.proc.serving_pid})
         elif self.key.startswith("direct-"):
             front = []
-        else:
-            front = list(self.spawned)  # gateway --stdio, spawned by the client
+        else:  # gateway --stdio, spawned by the client: the supervisor and its serving child (same command line)
+            tree = children_of()
+            front = [*self.spawned]
+            front += [c for pid in self.spawned for c in tree.get(pid, ()) if cmdline(c) == cmdline(pid)]
         if self.downstream == "http":
             down = list(self.down_pids)
         elif self.key.startswith("direct-"):
             down = list(self.spawned)
         else:
-            down = [d for pid in front for d in descendants(pid)]
+            down = [d for pid in self.spawned for d in descendants(pid) if d not in front]
         return {"client": [os.getpid()], "front": front, "downstream": down}
 
 
@@ -908,12 +919,25 @@ async def run(args: argparse.Namespace, workdir: Path, procs: Procs) -> dict[str
     targets: list[Target] = []
     started: list[Proc] = []
 
-    def gateway(name: str, servers: dict[str, dict[str, Any]], ledger: bool) -> Proc:
+    def gateway(
+        name: str,
+        servers: dict[str, dict[str, Any]],
+        ledger: bool,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> Proc:
         port = free_port()
         db = workdir / f"{name}-audit.db" if ledger else None
         cfg = write_federation(workdir / f"{name}.yaml", servers, ledger=db)
         argv = [*gateway_argv(), "--log-level", "warning", "serve", "-c", str(cfg), "--port", str(port)]
-        proc = procs.start(name, argv, port, health=f"http://{LOOPBACK}:{port}/healthz")
+        proc = procs.start(
+            name,
+            argv,
+            port,
+            health=f"http://{LOOPBACK}:{port}/healthz",
+            env=None if env is None else os.environ | env,
+            cwd=cwd,
+        )
         proc.backends = len(servers)
         started.append(proc)
         return proc
@@ -941,11 +965,17 @@ async def run(args: argparse.Namespace, workdir: Path, procs: Procs) -> dict[str
     # Which call targets run: those --only names, their direct floors, and what the profile needs.
     floors = {k: ("direct-http" if k in HTTP_KEYS else "direct-stdio") for k in (*HTTP_KEYS, *STDIO_KEYS)}
     measured = {k for k in floors if wanted(k, filters)} if sections & {"calls", "throughput"} else set()
+    if not any("uvloop" in f for f in filters):  # uvloop: measured only when an --only name asks for it
+        measured.discard("gateway-http-ledger-uvloop")
+    if args.baseline is None:
+        measured.discard("gateway-http-ledger-baseline")
     if not fastmcp:
         measured -= {"fastmcp-http", "fastmcp-http-stdio"}
     if args.quick:
         measured -= {"gateway-stdio-stdio-ledger"}
-    measured |= {k.removesuffix("-ledger") for k in measured}  # a ledger row is read against its ledger-off twin
+    measured |= {
+        k.removesuffix("-ledger") for k in measured if k.endswith("-ledger")
+    }  # a ledger row is read against its ledger-off twin
     measured |= {floors[k] for k in measured}
     if measured & set(HTTP_KEYS):
         measured.add(RELAY)  # every HTTP row is read against the bare relay too
@@ -978,6 +1008,18 @@ async def run(args: argparse.Namespace, workdir: Path, procs: Procs) -> dict[str
                 "gateway (ledger on)",
                 "http",
                 gateway("gateway-http-ledger", http_down, ledger=True),
+            ),
+            "gateway-http-ledger-uvloop": lambda: _t(
+                "gateway-http-ledger-uvloop",
+                "gateway (ledger on, uvloop)",
+                "http",
+                gateway("gateway-http-ledger-uvloop", http_down, ledger=True, env={"GATEWAY_UVLOOP": "1"}),
+            ),
+            "gateway-http-ledger-baseline": lambda: _t(
+                "gateway-http-ledger-baseline",
+                f"gateway (ledger on), baseline {args.baseline_name}",
+                "http",
+                gateway("gateway-http-ledger-baseline", http_down, ledger=True, cwd=args.baseline),
             ),
             "fastmcp-http": lambda: _t(
                 "fastmcp-http", fm, "http", fastmcp_proxy("fastmcp-http", ["--url", echo_url]), slow=True
@@ -1168,7 +1210,19 @@ def main() -> int:
     )
     parser.add_argument("--json", metavar="OUT", help="write every number (and the raw samples) as JSON")
     parser.add_argument("--profile-dir", metavar="DIR", help="keep py-spy's raw stacks here")
+    parser.add_argument(
+        "--baseline",
+        metavar="DIR",
+        type=Path,
+        help="another checkout of the gateway (e.g. `git archive COMMIT | tar -x -C DIR`): its `gateway serve` is "
+        "one more HTTP target (ledger on), measured in the same rounds",
+    )
     args = parser.parse_args()
+    if args.baseline is not None:
+        args.baseline = args.baseline.resolve()
+        if not (args.baseline / "gateway" / "__main__.py").exists():
+            parser.error(f"--baseline {args.baseline}: no gateway/__main__.py there")
+        args.baseline_name = args.baseline.name
     args.fastmcp_version, args.fastmcp_problem = None, f"{FASTMCP_PYTHON.relative_to(ROOT)} is missing"
     if FASTMCP_PYTHON.exists():
         probe = subprocess.run(
