@@ -23,7 +23,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("clients", "costs", "importer"),  # policies and conversions over config (costs reads audit's statistics)
     # "backends" is backends/__init__.py; answers: the answer limit; processes: no process escapes
     ("backends", "backends.base", "backends.answers", "backends.processes"),
-    ("backends.stdio", "backends.relay", "backends.wiki_index"),  # relay: back-channel context; wiki_index: pure index
+    # relay: back-channel context; wiki_index: pure index; fastpath: a request straight on a streamable HTTP session
+    ("backends.stdio", "backends.relay", "backends.wiki_index", "backends.fastpath"),
     ("backends.wiki_semantic",),  # sections, vectors and hybrid ranking over wiki_index's snapshot; pure, blocking
     ("backends.mcp", "backends.cli", "backends.wiki"),
     ("listings",),  # resources, templates, prompts: merged and named like the tools, built into the catalog
