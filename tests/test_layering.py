@@ -25,6 +25,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("backends", "backends.base", "backends.answers", "backends.processes"),
     # relay: back-channel context; wiki_index: pure index; fastpath: a request straight on a streamable HTTP session
     ("backends.stdio", "backends.relay", "backends.wiki_index", "backends.fastpath"),
+    # failures: the foreign-error table and why a session failed; watch: a receive stream's end; pool: shared HTTP
+    ("backends.failures", "backends.watch"),
+    ("backends.pool",),
     ("backends.wiki_semantic",),  # sections, vectors and hybrid ranking over wiki_index's snapshot; pure, blocking
     ("backends.mcp", "backends.cli", "backends.wiki"),
     ("listings",),  # resources, templates, prompts: merged and named like the tools, built into the catalog
