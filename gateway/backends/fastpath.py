@@ -82,6 +82,7 @@ class HttpLane:
         self.max_event_size = max_event_size
         self.session_id: str | None = None
         self.version: str | None = None
+        self.closer: anyio.abc.TaskGroup | None = None  # where a read response is closed, off the caller's path
         self._ids = itertools.count(1)
 
     @property
@@ -175,9 +176,18 @@ class _Exchange:
         self.sent = True
         response = await lane.client.send(request, stream=True)
         try:
-            return await self._read(response)
-        finally:
+            outcome = await self._read(response)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await response.aclose()
+            raise
+        if lane.closer is not None:
+            # The answer is read: what is left of the stream (its end) is drained and the connection pooled after
+            # the caller has it, as the SDK's transport does in its own task (backends/pool.py).
+            lane.closer.start_soon(_close_quietly, response)
+        else:
             await response.aclose()
+        return outcome
 
     async def _read(self, response: httpx2.Response) -> dict[str, Any]:
         status = response.status_code
@@ -367,6 +377,13 @@ class _Stream:
 
 def _key(request_id: Any) -> str:
     return json.dumps(request_id)  # "1" and 1 are different ids
+
+
+async def _close_quietly(response: httpx2.Response) -> None:
+    try:
+        await response.aclose()
+    except Exception:  # a read answer's stream that fails to close leaves nothing to do but drop it
+        pass  # (httpcore has already discarded the connection); it must not end the task group the session lives in
 
 
 def _error(error: Mapping[str, Any]) -> MCPError:

@@ -708,14 +708,20 @@ class McpBackend(BackendBase):
             lane = HttpLane(client, config.url, max_event_size=limit + SSE_EVENT_MARGIN) if primary else None
             if lane is not None:
                 client.event_hooks["response"].append(lane.see)
-            async with streamable_http_client(
-                config.url, http_client=client, max_sse_event_size=limit + SSE_EVENT_MARGIN
-            ) as streams:
+            async with (
+                streamable_http_client(
+                    config.url, http_client=client, max_sse_event_size=limit + SSE_EVENT_MARGIN
+                ) as streams,
+                anyio.create_task_group() as closer,
+            ):
+                if lane is not None:
+                    lane.closer = closer
                 self._fast = lane
                 try:
                     yield streams
                 finally:
                     self._fast = None
+                    closer.cancel_scope.cancel()
             return
 
         def factory(
