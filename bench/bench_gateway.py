@@ -240,8 +240,10 @@ class Target:
             down = list(self.down_pids)
         elif self.key.startswith("direct-"):
             down = list(self.spawned)
-        else:
-            down = [d for pid in self.spawned for d in descendants(pid) if d not in front]
+        else:  # the processes the front spawned (the gateway's child's children), each counted once
+            tree = children_of()
+            roots = self.spawned if self.proc is None else front
+            down = sorted({d for pid in roots for d in descendants(pid, tree)} - set(front))
         return {"client": [os.getpid()], "front": front, "downstream": down}
 
 
