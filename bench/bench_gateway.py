@@ -1,6 +1,6 @@
 """What the gateway costs per call, against calling the downstream directly and against FastMCP's proxy.
 
-    .venv/bin/python bench/bench_gateway.py [--quick] [--only NAME]... [--json OUT] [--profile-dir DIR]
+    .venv/bin/python bench/bench_gateway.py [--quick] [--only NAME]... [--json OUT] [--profile-dir DIR] [--baseline DIR]
 
 Everything runs on loopback in one invocation, with every target up at the same time and measured in interleaved
 rounds (round r runs a block of calls against each target in turn, in an order rotated by r), so the noise of a
@@ -35,6 +35,9 @@ Targets, for an HTTP downstream (``tests/fixtures/echo_server.py --http``) and a
                               also read as a ratio to it
   gateway-http                ``gateway serve`` (HTTP) in front of the HTTP downstream, audit ledger off
   gateway-http-ledger         the same with the audit ledger on (a SQLite file in a temporary directory)
+  gateway-http-ledger-uvloop  the same on uvloop (GATEWAY_UVLOOP=1); only when an --only name contains "uvloop"
+  gateway-http-ledger-baseline
+                              with --baseline DIR: that checkout's gateway, ledger on (before / after in one run)
   gateway-http-stdio          ``gateway serve`` (HTTP in) fronting a stdio downstream it spawns
   gateway-stdio-stdio         ``gateway serve --stdio`` spawned by the client, fronting a stdio downstream: the
                               apples-to-apples stdio comparison (stdio in, stdio out); ``-ledger``: ledger on
