@@ -29,8 +29,7 @@ import mcp_types as types
 import structlog
 from anyio.streams.memory import MemoryObjectSendStream
 
-from gateway.audit import Ledger, ToolStats
-from gateway.audit import stats as audit_stats
+from gateway.audit import ToolStats
 from gateway.backends import processes
 from gateway.backends.base import Backend, BackendState, BackendStatus, DisabledBackend
 from gateway.backends.cli import CliBackend
@@ -42,6 +41,8 @@ from gateway.config import Federation
 from gateway.costs import Cost, costs_from
 from gateway.errors import AuditError
 from gateway.health import Breakers, BreakerState
+from gateway.ledgers import AuditLedger, open_ledger
+from gateway.ledgers import stats as audit_stats
 from gateway.metrics import GatewayMetrics
 from gateway.reload import ReloadPlan, check_reload, plan_reload
 from gateway.router import Router
@@ -110,7 +111,7 @@ class Gateway:
         self._listeners: list[CatalogListener] = []
         self._notification_listeners: list[NotificationHook] = []
         self._changes: MemoryObjectSendStream[Catalog] | None = None
-        self.ledger: Ledger | None = None
+        self.ledger: AuditLedger | None = None
         self.clients = ClientPolicy(config.clients)
         self.metrics = GatewayMetrics(config.gateway.name, VERSION)
         self.tracer: CallTracer | None = None
@@ -140,11 +141,7 @@ class Gateway:
         http = HttpPool()
         send, receive = anyio.create_memory_object_stream[Catalog](16)
         self._changes = send
-        ledger_cm = (
-            Ledger(self.config.gateway.audit.path, retention_days=self.config.gateway.audit.retention_days)
-            if self._audit_enabled
-            else None
-        )
+        ledger_cm = open_ledger(self.config.gateway.audit) if self._audit_enabled else None
         try:
             async with anyio.create_task_group() as tg:
                 if ledger_cm is not None:
@@ -291,13 +288,15 @@ class Gateway:
         for backend in self._backends.values():
             if isinstance(backend, WikiBackend) and backend.status.state is BackendState.READY:
                 estimates.update(backend.measure())
-        path = Path(self.config.gateway.audit.path)
+        audit = self.config.gateway.audit
+        target = audit.url or audit.path
         stats: list[ToolStats] = []
-        if await anyio.to_thread.run_sync(path.exists):  # also read by `gateway tools`, which opens no ledger
+        # Also read by `gateway tools`, which opens no ledger.
+        if audit.url is not None or await anyio.to_thread.run_sync(Path(audit.path).exists):
             try:
                 stats = await anyio.to_thread.run_sync(
                     # Only answered calls: a refusal's or a timeout's size says nothing about what the tool costs.
-                    functools.partial(audit_stats, path, since=time.time() - COSTS_WINDOW_S, status="ok")
+                    functools.partial(audit_stats, target, since=time.time() - COSTS_WINDOW_S, status="ok")
                 )
             except AuditError as exc:
                 log.warning("costs.ledger_unreadable", error=str(exc))
