@@ -240,3 +240,32 @@ async def test_a_log_message_sent_during_a_call_reaches_its_client(
             await got.wait()
     assert arrived == ["in the call"]
     assert direct_ids(fid_http, "log") == before + 1
+
+
+async def test_the_direct_path_makes_the_sdks_client_span_under_the_step_in_the_calls_trace(
+    echo_http: RunningServer, tmp_path: Path
+) -> None:
+    from tests.test_observability import _spans_in, _stop
+
+    config = f"""
+gateway:
+  audit: {{enabled: false}}
+  tracing: {{exporter: console, service_name: traced-gateway}}
+servers:
+  e:
+    transport: streamable_http
+    url: {echo_http.url()}
+"""
+    before = direct_ids(echo_http, "echo")
+    with run_gateway(config, tmp_path) as traced:
+        async with mcp_session(traced.url()) as session:
+            with anyio.fail_after(WAIT):
+                result = await session.call_tool("echo", {"text": "traced"})
+        output = _stop(traced)
+    assert _text(result) == "traced" and direct_ids(echo_http, "echo") == before + 1
+    by_name = {span["name"]: span for span in _spans_in(output)}
+    call, step, send = by_name["tools/call echo"], by_name["step e/echo"], by_name["MCP send tools/call echo"]
+    assert step["parent_id"] == call["context"]["span_id"]
+    assert send["parent_id"] == step["context"]["span_id"]
+    assert send["kind"] == "SpanKind.CLIENT" and send["attributes"]["mcp.method.name"] == "tools/call"
+    assert send["context"]["trace_id"] == call["context"]["trace_id"]

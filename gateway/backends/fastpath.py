@@ -36,8 +36,8 @@ import anyio
 import anyio.abc
 import httpx2
 import mcp_types as types
-from mcp.shared._otel import inject_trace_context, otel_span
 from mcp.shared.exceptions import MCPError
+from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind
 
 __all__ = ["HttpLane"]
@@ -54,6 +54,7 @@ AnswerFn = Callable[[Any], Awaitable[Any]]
 """Answer a server's request (a ``types.ServerRequest``): its result model, or an ``ErrorData``."""
 NotifyFn = Callable[[Any], Awaitable[None]]
 
+_TRACER = trace.get_tracer("mcp-python-sdk")
 _SERVER_REQUEST: Any = None
 _SERVER_NOTIFICATION: Any = None
 
@@ -123,11 +124,12 @@ class HttpLane:
         target = params.get("name")
         span_name = f"MCP send {method}{f' {target}' if isinstance(target, str) else ''}"
         try:
-            # The SDK's client span and its W3C trace context in `_meta` (SEP-414), as its session would send them.
-            with otel_span(
+            # The SDK's client span (its tracer's name, the span's name and attributes) and the W3C trace context in
+            # `_meta` (SEP-414), as its session would send them (mcp.shared._otel, private to the SDK).
+            with _TRACER.start_as_current_span(
                 span_name, kind=SpanKind.CLIENT, attributes={"mcp.method.name": method, "jsonrpc.request.id": rid}
             ):
-                inject_trace_context(meta)
+                propagate.inject(meta)
                 params = {**params, "_meta": meta} if meta else {k: v for k, v in params.items() if k != "_meta"}
                 message = {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
                 body = json.dumps(message, separators=(",", ":")).encode()
