@@ -15,7 +15,12 @@ serializer fails on them in a downstream session every caller shares. ``Edge`` g
     gets its usual answer shape;
   * a ``tools/call`` whose name holds a lone surrogate is passed on with the name escaped: no published name holds
     one, so it is an unknown tool, with its ledger row;
-  * any other message holding such a value is answered ``-32602`` (Invalid params) naming where, HTTP 400.
+  * any other message holding such a value is answered ``-32602`` (Invalid params) naming where, HTTP 400;
+  * a request whose id is already in flight on the same session (same caller, same ``Mcp-Session-Id``) is answered
+    ``-32600`` (Invalid Request) with its id, HTTP 400, and never reaches the SDK: the SDK keys a session's
+    requests by id (the transport's streams by ``str(id)``, the dispatcher's table by ``coerce_request_id``, so
+    ``7`` and ``"7"`` are one id), and a second request with the id takes over the first's answer stream, so the
+    first is never answered. The first request goes on and is answered. See ``InFlight``.
 A body that is not JSON, or not one JSON object, is passed on untouched: the SDK's parse errors stand. The cost is
 one extra ``json.loads`` of each POST body (microseconds for a call; the SDK reads the whole body anyway).
 """
@@ -26,6 +31,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from mcp.shared.dispatcher import coerce_request_id
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -34,7 +40,7 @@ from gateway.errors import quote
 from gateway.inputs import argument_problem, problem
 from gateway.server import WITHHELD
 
-__all__ = ["RPC", "Edge"]
+__all__ = ["RPC", "Edge", "InFlight"]
 
 RPC = "edge.rpc"
 """The scope-state key under which the edge leaves a POST's JSON-RPC message, as sent, for what runs after it
@@ -44,12 +50,44 @@ INVALID_REQUEST = -32600
 INVALID_PARAMS = -32602
 
 
+class InFlight:
+    """The request ids in flight per session, so that a duplicate is refused before the SDK sees it.
+
+    An id is claimed when its POST is handed to the SDK and released when that POST's ASGI call ends, however it
+    ends: its answer sent, the request cancelled (the session era answers a cancelled request on its stream), the
+    client gone, the session ended or deleted (the SDK closes the session's streams). So the table holds at most one
+    entry per POST being served: it is bounded by the server's concurrent connections and cannot outlive them.
+    Keys are (caller, session id, the SDK's correlation id): another caller naming this session id has keys of its
+    own (and the SDK answers it 404), and the stateless era (no session id, each POST its own exchange) is not
+    tracked. A POST the client abandons frees its id although the SDK may still be working on it: the SDK then
+    gives a later request reusing that id the abandoned one's answer if it comes first, within the same session
+    only.
+    """
+
+    def __init__(self) -> None:
+        self._ids: set[tuple[str | None, str, str | int]] = set()
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def claim(self, key: tuple[str | None, str, str | int]) -> bool:
+        """Claim ``key``; False if it is already claimed."""
+        if key in self._ids:
+            return False
+        self._ids.add(key)
+        return True
+
+    def release(self, key: tuple[str | None, str, str | int]) -> None:
+        self._ids.discard(key)
+
+
 class Edge:
     """Pure ASGI middleware in front of the MCP app: refuses or withholds what must not reach the SDK or a backend."""
 
     def __init__(self, app: ASGIApp, settings: Callable[[], EdgeSettings]) -> None:
         self.app = app
         self.settings = settings
+        self.in_flight = InFlight()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -89,6 +127,16 @@ class Edge:
             if answer is not None:
                 await _reply(send, answer)
                 return
+            key = _in_flight_key(decoded, scope)
+            if key is not None:
+                if not self.in_flight.claim(key):
+                    await _reply(send, _duplicate(decoded["id"]))
+                    return
+                try:
+                    await self.app(scope, _replay(body, receive), send)
+                finally:
+                    self.in_flight.release(key)
+                return
         await self.app(scope, _replay(body, receive), send)
 
     def _check(self, decoded: dict[str, Any], scope: Scope, body: bytes) -> tuple[dict[str, Any] | None, bytes]:
@@ -122,6 +170,23 @@ class Edge:
         if arguments is not None:
             params["arguments"] = arguments
         return None, json.dumps(decoded).encode()
+
+
+def _in_flight_key(decoded: dict[str, Any], scope: Scope) -> tuple[str | None, str, str | int] | None:
+    """The in-flight key of a session-era request (its id already checked to be a string or an integer), else None."""
+    if "method" not in decoded or "id" not in decoded:
+        return None  # a notification or a response: the SDK answers 202 and correlates no answer stream by it
+    session = Headers(scope=scope).get("mcp-session-id")
+    if session is None:
+        return None  # initialize, or the stateless era: nothing else on this exchange can share the id
+    caller = scope.get("state", {}).get("caller")
+    return (caller if isinstance(caller, str) else None, session, coerce_request_id(decoded["id"]))
+
+
+def _duplicate(request_id: str | int) -> dict[str, Any]:
+    shown = quote(request_id) if isinstance(request_id, str) else str(request_id)
+    text = f"Invalid Request: request id {shown} is already in flight on this session."
+    return _error(request_id, INVALID_REQUEST, text)
 
 
 def _too_large(size: int, limit: int, *, more: bool = False) -> dict[str, Any]:
