@@ -20,7 +20,8 @@ serializer fails on them in a downstream session every caller shares. ``Edge`` g
     ``-32600`` (Invalid Request) with its id, HTTP 400, and never reaches the SDK: the SDK keys a session's
     requests by id (the transport's streams by ``str(id)``, the dispatcher's table by ``coerce_request_id``, so
     ``7`` and ``"7"`` are one id), and a second request with the id takes over the first's answer stream, so the
-    first is never answered. The first request goes on and is answered. See ``InFlight``.
+    first is never answered. The first request goes on and is answered. A reuse of an id whose POST is just ending
+    waits for it (``RELEASE_GRACE_S``). See ``InFlight``.
 A body that is not JSON, or not one JSON object, is passed on untouched: the SDK's parse errors stand. The cost is
 one extra ``json.loads`` of each POST body (microseconds for a call; the SDK reads the whole body anyway).
 """
@@ -31,6 +32,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import anyio
 from mcp.shared.dispatcher import coerce_request_id
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -50,6 +52,13 @@ INVALID_REQUEST = -32600
 INVALID_PARAMS = -32602
 
 
+RELEASE_GRACE_S = 1.0
+"""How long a request reusing an in-flight id waits for that request to end before it is refused: a client may
+reuse an id as soon as it has read the answer, which reaches it a moment before the answering POST has ended."""
+
+Key = tuple[str | None, str, str | int]
+
+
 class InFlight:
     """The request ids in flight per session, so that a duplicate is refused before the SDK sees it.
 
@@ -57,6 +66,8 @@ class InFlight:
     ends: its answer sent, the request cancelled (the session era answers a cancelled request on its stream), the
     client gone, the session ended or deleted (the SDK closes the session's streams). So the table holds at most one
     entry per POST being served: it is bounded by the server's concurrent connections and cannot outlive them.
+    Holding the id until the POST has ended, not just until its answer was written, matters: the SDK's transport
+    drops the stream of whatever request holds the id when the old POST finishes, so a reuse in between would hang.
     Keys are (caller, session id, the SDK's correlation id): another caller naming this session id has keys of its
     own (and the SDK answers it 404), and the stateless era (no session id, each POST its own exchange) is not
     tracked. A POST the client abandons frees its id although the SDK may still be working on it: the SDK then
@@ -65,20 +76,24 @@ class InFlight:
     """
 
     def __init__(self) -> None:
-        self._ids: set[tuple[str | None, str, str | int]] = set()
+        self._ids: dict[Key, anyio.Event] = {}
 
     def __len__(self) -> int:
         return len(self._ids)
 
-    def claim(self, key: tuple[str | None, str, str | int]) -> bool:
-        """Claim ``key``; False if it is already claimed."""
-        if key in self._ids:
-            return False
-        self._ids.add(key)
+    async def claim(self, key: Key) -> bool:
+        """Claim ``key``, waiting up to ``RELEASE_GRACE_S`` for its holder to end; False if it is still held."""
+        held = self._ids.get(key)
+        if held is not None:
+            with anyio.move_on_after(RELEASE_GRACE_S):
+                await held.wait()
+            if key in self._ids:  # still held, or taken by another request that waited too
+                return False
+        self._ids[key] = anyio.Event()
         return True
 
-    def release(self, key: tuple[str | None, str, str | int]) -> None:
-        self._ids.discard(key)
+    def release(self, key: Key) -> None:
+        self._ids.pop(key).set()
 
 
 class Edge:
@@ -129,7 +144,7 @@ class Edge:
                 return
             key = _in_flight_key(decoded, scope)
             if key is not None:
-                if not self.in_flight.claim(key):
+                if not await self.in_flight.claim(key):
                     await _reply(send, _duplicate(decoded["id"]))
                     return
                 try:
@@ -172,7 +187,7 @@ class Edge:
         return None, json.dumps(decoded).encode()
 
 
-def _in_flight_key(decoded: dict[str, Any], scope: Scope) -> tuple[str | None, str, str | int] | None:
+def _in_flight_key(decoded: dict[str, Any], scope: Scope) -> Key | None:
     """The in-flight key of a session-era request (its id already checked to be a string or an integer), else None."""
     if "method" not in decoded or "id" not in decoded:
         return None  # a notification or a response: the SDK answers 202 and correlates no answer stream by it

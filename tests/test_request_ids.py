@@ -3,8 +3,8 @@ clear answer and harms no other request.
 
 Real processes: the gateway (``python -m gateway serve``) in front of tests/fixtures/echo_server.py over stdio; raw
 HTTP posts in the session era (2025-11-25, ``Mcp-Session-Id``) and the stateless era (2026-07-28). A request is
-known to be in flight once its SSE stream has sent the priming event (the gateway keeps resumable streams), which
-is written after the edge passed the request on and the SDK registered its stream; no test sleeps.
+known to be in flight once its stream carried a progress notification from the downstream (tool ``slow``); no test
+sleeps.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import httpx2
 import pytest
 
 from tests.fixtures.procs import RunningServer
+from tests.fixtures.waiting import eventually
 from tests.test_edge import MODERN, WAIT, Raw, echo_gateway
 
 pytestmark = pytest.mark.anyio
@@ -48,35 +49,42 @@ async def opened(http: httpx2.AsyncClient, gateway: RunningServer, era: str = SE
 
 
 class Stream:
-    """One POST whose SSE answer is read as it comes: ``wait_primed`` returns once the request is in flight,
-    ``answer`` reads on to its JSON-RPC answer."""
+    """One POST whose SSE answer is read as it comes: ``wait_running`` returns once the downstream reported
+    progress (the request is in flight end to end), ``answer`` reads on to its JSON-RPC answer."""
 
     def __init__(self, lines: AsyncIterator[str]) -> None:
         self.lines = lines
 
-    async def _event(self) -> dict[str, str]:
+    async def _message(self) -> dict[str, Any]:
         fields: dict[str, str] = {}
         async for line in self.lines:
-            if not line:
-                if fields:
-                    return fields
-                continue
-            name, _, value = line.partition(":")
-            fields[name] = value.removeprefix(" ")
-        raise AssertionError(f"the stream ended without a complete event (read {fields})")
+            if line:
+                name, _, value = line.partition(":")
+                fields[name] = value.removeprefix(" ")
+            elif fields.get("data"):
+                return dict(json.loads(fields["data"]))
+            else:
+                fields = {}  # the priming event (no data), or a blank line
+        raise AssertionError("the stream ended without a complete message")
 
-    async def wait_primed(self) -> None:
+    async def wait_running(self) -> None:
         with anyio.fail_after(WAIT):
-            event = await self._event()
-        assert event.get("data", "") == "" and "id" in event, event  # the priming event
+            message = await self._message()
+        assert message.get("method") == "notifications/progress", message
 
     async def answer(self) -> dict[str, Any]:
         with anyio.fail_after(WAIT):
             while True:
-                data = (await self._event()).get("data", "")
-                message = json.loads(data) if data else {}
+                message = await self._message()
                 if "result" in message or "error" in message:
                     return message
+
+
+def slow(raw: Raw, request_id: Any, seconds: float = 4.0, steps: int = 2) -> dict[str, Any]:
+    """A ``slow`` call reporting progress at once and then every ``seconds / steps``."""
+    body = raw.call("slow", {"seconds": seconds, "steps": steps}, request_id)
+    body["params"].setdefault("_meta", {})["progressToken"] = f"p{request_id}"
+    return body
 
 
 @asynccontextmanager
@@ -98,12 +106,18 @@ async def echo(raw: Raw, word: str, request_id: Any = ...) -> dict[str, Any] | N
     return (await raw.post(json.dumps(raw.call("echo", {"text": word}, request_id))))[1]
 
 
+async def send(raw: Raw, message: dict[str, Any]) -> int:
+    """Post a notification or a response; its HTTP status."""
+    with anyio.fail_after(WAIT):
+        return (await raw.http.post(raw.url, headers=raw.headers, json=message)).status_code
+
+
 async def test_a_duplicate_id_in_flight_is_refused_and_the_first_request_and_the_session_go_on(
     http: httpx2.AsyncClient, gateway: RunningServer
 ) -> None:
     raw = await opened(http, gateway)
-    async with streaming(raw, raw.call("sleep", {"seconds": 1.0}, 7)) as first:
-        await first.wait_primed()
+    async with streaming(raw, slow(raw, 7, seconds=6.0)) as first:  # 3 s to the next progress, 6 s to the answer
+        await first.wait_running()
 
         status, answer = await raw.post(json.dumps(raw.call("echo", {"text": "second"}, 7)))
         assert status == 400
@@ -119,7 +133,7 @@ async def test_a_duplicate_id_in_flight_is_refused_and_the_first_request_and_the
         assert text(await echo(raw, "bystander", 8)) == "bystander"  # the session serves other ids meanwhile
 
         answered = await first.answer()
-        assert answered["id"] == 7 and text(answered) == "slept"
+        assert answered["id"] == 7 and text(answered) == "done 2"
     assert text(await echo(raw, "again", 7)) == "again"  # released once its answer left
 
 
@@ -129,9 +143,114 @@ async def test_whatever_a_duplicate_id_is_answered_the_first_request_is_answered
     """The reported hang: on the SDK alone the duplicate takes over the first request's stream (both are keyed by
     ``str(id)`` in the transport and by id in the dispatcher), so the first is never answered."""
     raw = await opened(http, gateway)
-    async with streaming(raw, raw.call("sleep", {"seconds": 0.5}, 9)) as first:
-        await first.wait_primed()
+    async with streaming(raw, slow(raw, 9, seconds=1.0)) as first:
+        await first.wait_running()
         await raw.post(json.dumps(raw.call("echo", {"text": "duplicate"}, 9)))  # bounded by WAIT in Raw.post
         answered = await first.answer()  # bounded by WAIT
-    assert answered["id"] == 9 and text(answered) == "slept"
+    assert answered["id"] == 9 and text(answered) == "done 2"
     assert text(await echo(raw, "after", 10)) == "after"
+
+
+@pytest.mark.parametrize("era", [SESSION, MODERN])
+async def test_the_same_id_on_another_session_or_another_stateless_post_is_an_independent_request(
+    http: httpx2.AsyncClient, gateway: RunningServer, era: str
+) -> None:
+    mine, other = await opened(http, gateway, era), await opened(http, gateway, era)
+    async with streaming(mine, slow(mine, 7)) as first:
+        await first.wait_running()
+        assert text(await echo(other, "other", 7)) == "other"
+        assert text(await echo(mine if era == MODERN else other, "again", 7)) == "again"
+        answered = await first.answer()
+    assert answered["id"] == 7 and text(answered) == "done 2"
+
+
+async def test_a_cancelled_request_frees_its_id_and_a_cancel_from_another_session_cancels_nothing(
+    http: httpx2.AsyncClient, gateway: RunningServer
+) -> None:
+    raw, other = await opened(http, gateway), await opened(http, gateway)
+    async with streaming(raw, slow(raw, 11, seconds=3600, steps=1)) as first:
+        await first.wait_running()
+        cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 11}}
+        assert await send(other, cancel) == 202  # another session's id 11 is another request
+        assert (await raw.post(json.dumps(raw.call("echo", {"text": "x"}, 11))))[0] == 400  # still in flight
+        assert await send(raw, cancel) == 202
+        answered = await first.answer()
+    assert answered == {"jsonrpc": "2.0", "id": 11, "error": {"code": -32800, "message": "Request cancelled"}}
+    assert text(await echo(raw, "reused", 11)) == "reused"
+
+
+async def test_a_request_whose_client_went_away_frees_its_id(http: httpx2.AsyncClient, gateway: RunningServer) -> None:
+    raw = await opened(http, gateway)
+    async with streaming(raw, slow(raw, 12, seconds=3600, steps=1)) as first:
+        await first.wait_running()
+    # The connection is closed; the gateway notices on its own schedule, so poll (bounded) until the id is free.
+    answers: list[dict[str, Any] | None] = []
+
+    async def reused() -> bool:
+        answers.append(await echo(raw, "reused", 12))
+        return "result" in (answers[-1] or {})
+
+    await eventually(reused, within=WAIT)
+    assert text(answers[-1]) == "reused"
+    refused = [a for a in answers[:-1] if a is not None]
+    assert all(a["error"]["code"] == -32600 for a in refused), refused  # refused until then, never hung
+
+
+async def test_responses_and_notifications_with_bogus_ids_are_accepted_and_harm_no_request(
+    http: httpx2.AsyncClient, gateway: RunningServer
+) -> None:
+    raw = await opened(http, gateway)
+    async with streaming(raw, slow(raw, 13)) as first:
+        await first.wait_running()
+        bogus = [
+            {"jsonrpc": "2.0", "id": 13, "result": {}},  # a "response" bearing the in-flight request's id
+            {"jsonrpc": "2.0", "id": 999999, "error": {"code": -1, "message": "answer to nothing"}},
+            {"jsonrpc": "2.0", "id": "nobody", "result": {"x": 1}},
+            {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 999999}},
+            {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progressToken": "p13", "progress": 9}},
+        ]
+        for message in bogus:
+            assert await send(raw, message) == 202, message
+        assert text(await echo(raw, "bystander", 14)) == "bystander"
+        answered = await first.answer()
+    assert answered["id"] == 13 and text(answered) == "done 2"
+
+
+@pytest.mark.parametrize("era", [SESSION, MODERN])
+@pytest.mark.parametrize(
+    "request_id",
+    [2**70, -int("9" * 4299), 0, "", "ü" * 300, "0x7"],
+    ids=["2**70", "4299-digits", "zero", "empty", "long", "hex"],
+)
+async def test_an_id_of_an_unusual_but_valid_value_is_answered_with_exactly_that_id(
+    http: httpx2.AsyncClient, gateway: RunningServer, era: str, request_id: Any
+) -> None:
+    raw = await opened(http, gateway, era)
+    answer = await echo(raw, "odd", request_id)
+    assert answer is not None and answer["id"] == request_id and type(answer["id"]) is type(request_id)
+    assert text(answer) == "odd"
+
+
+@pytest.mark.parametrize("era", [SESSION, MODERN])
+@pytest.mark.parametrize(
+    ("request_id", "code", "message"),
+    [
+        ("1" * 5000, -32700, "Parse error"),  # beyond Python's int limit: the SDK's parse error stands
+        ("7.0", -32600, "Invalid Request: a request's id must be a string or an integer, not float."),
+        ("1e400", -32600, "Invalid Request: a request's id must be a string or an integer, not float."),
+    ],
+    ids=["5000-digits", "integral-float", "overflowing-float"],
+)
+async def test_an_id_no_integer_or_string_can_hold_is_refused_and_the_session_goes_on(
+    http: httpx2.AsyncClient, gateway: RunningServer, era: str, request_id: str, code: int, message: str
+) -> None:
+    raw = await opened(http, gateway, era)
+    body = json.dumps(raw.call("echo", {"text": "x"}, 1)).replace('"id": 1', f'"id": {request_id}')
+    headers = {**raw.headers, **({"mcp-method": "tools/call", "mcp-name": "echo"} if era == MODERN else {})}
+    with anyio.fail_after(WAIT):
+        response = await http.post(raw.url, headers=headers, content=body)
+    assert response.status_code == 400
+    answer = response.json()
+    assert answer["id"] is None and answer["error"]["code"] == code
+    assert answer["error"]["message"].startswith(message)
+    assert text(await echo(raw, "after", 1)) == "after"
