@@ -19,6 +19,7 @@ import anyio
 import httpx2
 import pytest
 
+from gateway.edge import RELEASE_GRACE_S, InFlight
 from tests.fixtures.procs import RunningServer
 from tests.fixtures.waiting import eventually
 from tests.test_edge import MODERN, WAIT, Raw, echo_gateway
@@ -254,3 +255,47 @@ async def test_an_id_no_integer_or_string_can_hold_is_refused_and_the_session_go
     assert answer["id"] is None and answer["error"]["code"] == code
     assert answer["error"]["message"].startswith(message)
     assert text(await echo(raw, "after", 1)) == "after"
+
+
+async def test_the_in_flight_table_frees_every_claim_and_hands_a_waiting_reuse_the_id_when_its_holder_ends() -> None:
+    table = InFlight()
+    key = ("caller", "session", 7)
+    assert await table.claim(key) and len(table) == 1
+    with anyio.fail_after(RELEASE_GRACE_S + WAIT):
+        assert not await table.claim(key)  # still held after the grace: refused, and the holder keeps it
+    assert len(table) == 1
+    claimed: list[bool] = []
+    async with anyio.create_task_group() as tasks:
+
+        async def reuse() -> None:
+            claimed.append(await table.claim(key))
+
+        tasks.start_soon(reuse)
+        await anyio.wait_all_tasks_blocked()  # the reuse is waiting on the holder
+        table.release(key)
+    assert claimed == [True] and len(table) == 1
+    table.release(key)
+    assert len(table) == 0
+
+
+async def test_resuming_a_stream_replays_only_this_sessions_request_of_that_id_never_another_sessions(
+    http: httpx2.AsyncClient, gateway: RunningServer
+) -> None:
+    """The SDK names a request's resumable stream by its id and shares one event store between sessions: without a
+    view per session (events.py), a resume of stream 5 replayed another session's answer to its own request 5."""
+    mine, other = await opened(http, gateway), await opened(http, gateway)
+    body = json.dumps(mine.call("sleep", {"seconds": 2.0}, 5))
+    with anyio.fail_after(WAIT):
+        async with http.stream("POST", mine.url, headers=mine.headers, content=body) as response:
+            async for line in response.aiter_lines():  # the priming event's id, then the connection drops
+                if line.startswith("id:"):
+                    last = line.removeprefix("id:").strip()
+                    break
+    assert text(await echo(other, "the other session's answer", 5)) == "the other session's answer"
+
+    resume = {**mine.headers, "last-event-id": last}
+    with anyio.fail_after(WAIT):
+        async with http.stream("GET", mine.url, headers=resume) as resumed:
+            assert resumed.status_code == 200
+            replayed = await Stream(resumed.aiter_lines()).answer()
+    assert replayed["id"] == 5 and text(replayed) == "slept"  # its own answer, not the other session's
