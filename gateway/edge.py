@@ -34,6 +34,7 @@ from typing import Any
 
 import anyio
 from mcp.shared.dispatcher import coerce_request_id
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -191,9 +192,12 @@ def _in_flight_key(decoded: dict[str, Any], scope: Scope) -> Key | None:
     """The in-flight key of a session-era request (its id already checked to be a string or an integer), else None."""
     if "method" not in decoded or "id" not in decoded:
         return None  # a notification or a response: the SDK answers 202 and correlates no answer stream by it
-    session = Headers(scope=scope).get("mcp-session-id")
-    if session is None:
-        return None  # initialize, or the stateless era: nothing else on this exchange can share the id
+    headers = Headers(scope=scope)
+    session, version = headers.get("mcp-session-id"), headers.get("mcp-protocol-version")
+    if session is None or (version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS):
+        # initialize, or the stateless era (which the SDK tells by this header alone, as here): each POST is its
+        # own exchange, and nothing else can share its id
+        return None
     caller = scope.get("state", {}).get("caller")
     return (caller if isinstance(caller, str) else None, session, coerce_request_id(decoded["id"]))
 
