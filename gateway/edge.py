@@ -70,10 +70,10 @@ class InFlight:
     Holding the id until the POST has ended, not just until its answer was written, matters: the SDK's transport
     drops the stream of whatever request holds the id when the old POST finishes, so a reuse in between would hang.
     Keys are (caller, session id, the SDK's correlation id): another caller naming this session id has keys of its
-    own (and the SDK answers it 404), and the stateless era (no session id, each POST its own exchange) is not
-    tracked. A POST the client abandons frees its id although the SDK may still be working on it: the SDK then
-    gives a later request reusing that id the abandoned one's answer if it comes first, within the same session
-    only.
+    own (and the SDK answers it 404), and the stateless era (told, as the SDK tells it, by the protocol version
+    header; each POST its own exchange) is not tracked. A POST the client abandons frees its id although the SDK
+    may still be working on it: the SDK then gives a later request reusing that id the abandoned one's answer if it
+    comes first, within the same session only.
     """
 
     def __init__(self) -> None:
