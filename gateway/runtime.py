@@ -297,7 +297,9 @@ class Gateway:
             try:
                 stats = await anyio.to_thread.run_sync(
                     # Only answered calls: a refusal's or a timeout's size says nothing about what the tool costs.
-                    functools.partial(audit_stats, path, since=time.time() - COSTS_WINDOW_S, status="ok")
+                    functools.partial(
+                        audit_stats, path, since=time.time() - COSTS_WINDOW_S, status="ok", kind="tools/call"
+                    )
                 )
             except AuditError as exc:
                 log.warning("costs.ledger_unreadable", error=str(exc))
