@@ -36,7 +36,6 @@ from gateway.listings import Listings
 
 __all__ = ["Catalog", "CatalogEntry", "Provider"]
 
-STATIC_KINDS = frozenset({"adapter", "wiki"})
 """Backends whose tools are known without a connection: a route keeps their schema even while they are down."""
 
 
@@ -179,7 +178,7 @@ class Catalog:
                 continue  # disabled (declared or by reload): its tools leave
             publish = state in (BackendState.READY, BackendState.DEGRADED)
             tools = backend.tools()
-            if not publish and backend.kind not in STATIC_KINDS:
+            if not publish and not backend.static_tools:
                 # Lost and reconnecting (or failing to): it keeps the tools it had when last ready, so clients'
                 # cached lists stay true; the router answers their calls at once with why the backend is down.
                 tools, publish = backend.last_known_tools(), True
@@ -296,7 +295,7 @@ def _schema_source(
     static = [
         label
         for label in labels
-        if label.split("/", 1)[0] in backends and backends[label.split("/", 1)[0]].kind in STATIC_KINDS
+        if label.split("/", 1)[0] in backends and backends[label.split("/", 1)[0]].static_tools
     ]
     for label in (*static, *labels):
         if label in known:

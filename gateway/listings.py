@@ -25,7 +25,6 @@ import mcp_types as types
 from mcp.shared.uri_template import InvalidUriTemplate, UriTemplate
 
 from gateway.backends.base import Backend, BackendState
-from gateway.backends.mcp import McpBackend
 from gateway.config import Federation
 
 __all__ = ["Listings", "Offers", "Origin"]
@@ -126,9 +125,7 @@ class Listings:
     def build(cls, config: Federation, backends: Mapping[str, Backend]) -> Listings:
         mode, sep = config.gateway.naming.mode, config.gateway.naming.separator
         problems: list[str] = []
-        serving: list[McpBackend] = [
-            b for b in backends.values() if isinstance(b, McpBackend) and b.status.state in _SERVING
-        ]
+        serving = [b for b in backends.values() if b.serves_requests and b.status.state in _SERVING]
         offers = _offers(b.capabilities for b in serving)
 
         prompts = _merge(mode, sep, "prompt", [(b.name, b.prompts()) for b in serving], _prompt_name, problems)

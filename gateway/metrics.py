@@ -191,7 +191,25 @@ class GatewayMetrics:
             namespace=PREFIX,
             registry=self.registry,
         )
+        self._requests = Counter(
+            "requests",
+            "Requests besides tool calls that reached a backend (resources/read, prompts/get, completion/complete, "
+            "resources/subscribe and unsubscribe), by method, the backend that answered (or was last asked), and "
+            "status.",
+            ["method", "backend", "status"],
+            namespace=PREFIX,
+            registry=self.registry,
+        )
+        self._request_duration = Histogram(
+            "request_duration_seconds",
+            "Latency of those requests in the gateway, from routing to the audit row committed.",
+            ["method", "backend", "status"],
+            namespace=PREFIX,
+            registry=self.registry,
+            buckets=DURATION_BUCKETS_S,
+        )
         self._children: dict[tuple[str, str, str], tuple[Counter, Histogram]] = {}
+        self._request_children: dict[tuple[str, str, str], tuple[Counter, Histogram]] = {}
         self._state = _StateCollector(name, version)
         self.registry.register(self._state)
         if process:
@@ -213,6 +231,18 @@ class GatewayMetrics:
         children = self._children.get(key)
         if children is None:
             children = self._children[key] = (self._calls.labels(*key), self._duration.labels(*key))
+        children[0].inc()
+        children[1].observe(duration_s)
+
+    def observe_request(self, method: str, backend: str, status: str, duration_s: float) -> None:
+        """Count one request that is not a tool call (its labels are bounded: a method, a configured backend)."""
+        key = (method, backend, status)
+        children = self._request_children.get(key)
+        if children is None:
+            children = self._request_children[key] = (
+                self._requests.labels(*key),
+                self._request_duration.labels(*key),
+            )
         children[0].inc()
         children[1].observe(duration_s)
 

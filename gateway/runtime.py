@@ -35,6 +35,7 @@ from gateway.backends import processes
 from gateway.backends.base import Backend, BackendState, BackendStatus, DisabledBackend
 from gateway.backends.cli import CliBackend
 from gateway.backends.mcp import HttpPool, McpBackend, NotificationHook
+from gateway.backends.relay import Upstream
 from gateway.backends.wiki import WikiBackend
 from gateway.catalog import Catalog
 from gateway.clients import ClientPolicy
@@ -56,6 +57,8 @@ COSTS_WINDOW_S = 7 * 86400.0
 STARTUP_SETTLE_S = 30.0
 
 CatalogListener = Callable[[Catalog], Awaitable[None]]
+NotificationListener = Callable[[Backend, types.ServerNotification, Upstream | None, Any], Awaitable[None]]
+"""Told of a downstream notification the gateway passes on (see backends/mcp.py ``NotificationHook``)."""
 
 
 def settle_budget(config: Federation) -> float:
@@ -108,7 +111,7 @@ class Gateway:
         self._stale = False  # a backend changed since the catalog was built
         self._stale_event = anyio.Event()
         self._listeners: list[CatalogListener] = []
-        self._notification_listeners: list[NotificationHook] = []
+        self._notification_listeners: list[NotificationListener] = []
         self._changes: MemoryObjectSendStream[Catalog] | None = None
         self.ledger: Ledger | None = None
         self.clients = ClientPolicy(config.clients)
@@ -289,8 +292,8 @@ class Gateway:
         """Measure costs now (the wiki's estimates, the ledger's medians); a changed figure rebuilds the catalog."""
         estimates: dict[str, int] = {}
         for backend in self._backends.values():
-            if isinstance(backend, WikiBackend) and backend.status.state is BackendState.READY:
-                estimates.update(backend.measure())
+            if backend.status.state is BackendState.READY:
+                estimates.update(backend.estimates())
         path = Path(self.config.gateway.audit.path)
         stats: list[ToolStats] = []
         if await anyio.to_thread.run_sync(path.exists):  # also read by `gateway tools`, which opens no ledger
@@ -347,13 +350,15 @@ class Gateway:
     def on_catalog_change(self, listener: CatalogListener) -> None:
         self._listeners.append(listener)
 
-    def on_backend_notification(self, listener: NotificationHook) -> None:
+    def on_backend_notification(self, listener: NotificationListener) -> None:
         """Be told of the downstream notifications the gateway passes on (log messages, resource updates)."""
         self._notification_listeners.append(listener)
 
-    async def _on_notification(self, backend: McpBackend, notification: types.ServerNotification, *extra: Any) -> None:
+    async def _on_notification(
+        self, backend: Backend, notification: types.ServerNotification, upstream: Upstream | None, owner: Any
+    ) -> None:
         for listener in list(self._notification_listeners):
-            await listener(backend, notification, *extra)
+            await listener(backend, notification, upstream, owner)
 
     def start_soon(self, fn: Callable[[], Coroutine[Any, Any, None]], name: str) -> None:
         """Run ``fn`` in the gateway's own task group (it outlives the request that starts it; the gateway's stop

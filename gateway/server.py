@@ -59,15 +59,14 @@ from mcp_types import methods as _methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from gateway.backends.base import ProgressFn
-from gateway.backends.mcp import ROUND, McpBackend, Round
+from gateway.backends.base import Backend, ProgressFn
+from gateway.backends.mcp import ROUND, Round
 from gateway.backends.relay import BRIDGES, Bridge, connection_of, forwarded_meta
 from gateway.clients import ClientPolicy
 from gateway.config import environ
 from gateway.continuation import Continuation, Continuations, invalid_state, load_key
 from gateway.errors import (
     URI_CHARS,
-    BackendError,
     BackendRpcError,
     InputRequired,
     InvalidArguments,
@@ -76,7 +75,7 @@ from gateway.errors import (
     quote,
 )
 from gateway.listings import Origin
-from gateway.router import CallContext
+from gateway.router import CallContext, Unanswered
 from gateway.runtime import VERSION, Gateway
 from gateway.upstreams import Upstreams
 
@@ -317,11 +316,11 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
 
     def reopen(
         method: str, name: str, arguments: Mapping[str, Any] | None, caller: str | None, token: object
-    ) -> tuple[Continuation, McpBackend]:
+    ) -> tuple[Continuation, Backend]:
         """A retry's state, verified, and the backend that asked (refused as the spec says when it is gone)."""
         found = continuations.open(token, method=method, name=name, arguments=arguments, caller=caller)
         backend = gateway.backends.get(found.backend)
-        if not isinstance(backend, McpBackend):
+        if backend is None or not backend.serves_requests:
             invalid_state(method, "the backend that asked is no longer configured")
         return found, backend
 
@@ -477,31 +476,29 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
     # -- resources, prompts, completion: forwarded to the backend that owns the name ---------------------------------
 
     async def forward(
+        ctx: ServerRequestContext[Any],
+        method: str,
+        name: str,
         origins: tuple[Origin, ...],
         build: Callable[[Origin], Any],
         result_type: Any,
-        progress: ProgressFn | None,
         none_answered: MCPError | None = None,
+        arguments: Mapping[str, Any] | None = None,
     ) -> tuple[Origin, Any]:
-        """Send the request to the first of ``origins`` that answers. A lone backend's JSON-RPC error passes through
-        as it is; when several were asked and all refused, ``none_answered`` is the answer (else the first error)."""
-        failures: list[BackendError] = []
-        for origin in origins:
-            backend = gateway.backends.get(origin.backend)
-            if not isinstance(backend, McpBackend):
-                continue
-            try:
-                return origin, await backend.request(build(origin), result_type, progress=progress)
-            except BackendError as exc:
-                failures.append(exc)
-        if len(failures) > 1 and none_answered is not None:
-            raise none_answered
-        failure = failures[0] if failures else None
-        if isinstance(failure, BackendRpcError):
-            raise MCPError(failure.code, failure.message, failure.data) from failure
-        if failure is not None:
-            raise MCPError(types.INTERNAL_ERROR, str(failure)) from failure
-        raise MCPError(types.INVALID_PARAMS, "No backend serves this request.")
+        """Send the request through the router to the first of ``origins`` that answers. A lone backend's JSON-RPC
+        error passes through as it is; when several were asked and all refused, ``none_answered`` is the answer
+        (else the first error)."""
+        progress = _progress(ctx)
+
+        async def send(backend: Backend, origin: Origin) -> Any:
+            return await backend.request(build(origin), result_type, progress=progress)
+
+        try:
+            return await gateway.router.request(
+                method, name, origins, send, arguments=arguments, ctx=_call_context(ctx, gateway.clients)
+            )
+        except Unanswered as exc:
+            raise _refusal(exc, none_answered) from exc.failures[0] if exc.failures else None
 
     async def list_resources(ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
         await settled()
@@ -558,7 +555,9 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
 
         # An unlisted URI may be asked of several backends; when none has it, the answer is SEP-2164's.
         not_found = MCPError(types.INVALID_PARAMS, "Resource not found", {"uri": clip(params.uri, URI_CHARS)})
-        origin, result = await forward(origins, build, types.ReadResourceResult, _progress(ctx), not_found)
+        origin, result = await forward(
+            ctx, "resources/read", params.uri, origins, build, types.ReadResourceResult, not_found
+        )
         if origin.local != params.uri:  # published under a prefix: the contents name the URI the client asked for
             for contents in result.contents:
                 if contents.uri == origin.local:
@@ -567,21 +566,35 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
 
     async def subscribe(ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams) -> types.EmptyResult:
         await settled()
-        failure: BackendError | None = None
-        for origin in gateway.catalog.lists.resolve(params.uri):
-            backend = gateway.backends.get(origin.backend)
-            if isinstance(backend, McpBackend):
-                try:
-                    await upstreams.subscribe(ctx, params.uri, origin, backend)
-                    return types.EmptyResult()
-                except BackendError as exc:
-                    failure = exc
-        if isinstance(failure, BackendRpcError):
-            raise MCPError(failure.code, failure.message, failure.data) from failure
-        raise MCPError(types.INVALID_PARAMS, "Resource not found", {"uri": clip(params.uri, URI_CHARS)})
+
+        async def send(backend: Backend, origin: Origin) -> None:
+            await upstreams.subscribe(ctx, params.uri, origin, backend)
+
+        origins = gateway.catalog.lists.resolve(params.uri)
+        try:
+            await gateway.router.request(
+                "resources/subscribe", params.uri, origins, send, ctx=_call_context(ctx, gateway.clients)
+            )
+        except Unanswered as exc:
+            failure = exc.failures[-1] if exc.failures else None
+            if isinstance(failure, BackendRpcError):
+                raise MCPError(failure.code, failure.message, failure.data) from failure
+            raise MCPError(types.INVALID_PARAMS, "Resource not found", {"uri": clip(params.uri, URI_CHARS)}) from None
+        return types.EmptyResult()
 
     async def unsubscribe(ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams) -> types.EmptyResult:
-        await upstreams.unsubscribe(ctx, params.uri)
+        origin = upstreams.forget(ctx, params.uri)
+        if origin is not None:
+
+            async def send(backend: Backend, origin: Origin) -> None:
+                await backend.unsubscribe_resource(origin.local)
+
+            try:
+                await gateway.router.request(
+                    "resources/unsubscribe", params.uri, (origin,), send, ctx=_call_context(ctx, gateway.clients)
+                )
+            except Unanswered:
+                pass  # the backend is gone (or no session): nothing downstream holds the subscription any more
         return types.EmptyResult()
 
     async def list_prompts(ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
@@ -608,13 +621,18 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
             update = {"name": origin.local, "meta": meta, "input_responses": None, "request_state": None}
             return types.GetPromptRequest(params=params.model_copy(update=update))
 
-        async def resume(origin: Origin, again: Round) -> Any:
+        async def send_to(origin: Origin, again: Round | None) -> Any:
             with _round(again):
-                return (await forward((origin,), build, types.GetPromptResult, _progress(ctx)))[1]
+                found = await forward(
+                    ctx, "prompts/get", params.name, (origin,), build, types.GetPromptResult, None, params.arguments
+                )
+                return found[1]
+
+        async def resume(origin: Origin, again: Round) -> Any:
+            return await send_to(origin, again)
 
         try:
-            with _round(retry):
-                return (await forward((origin,), build, types.GetPromptResult, _progress(ctx)))[1]
+            return await send_to(origin, retry)
         except InputRequired as exc:
             return await asked(ctx, "prompts/get", params.name, params.arguments, caller, exc, resume)
 
@@ -637,7 +655,8 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
             )
             return types.CompleteRequest(params=params.model_copy(update={"ref": local_ref, "meta": meta}))
 
-        return (await forward((origin,), build, types.CompleteResult, _progress(ctx)))[1]
+        name = ref.name if isinstance(ref, types.PromptReference) else ref.uri
+        return (await forward(ctx, "completion/complete", name, (origin,), build, types.CompleteResult))[1]
 
     async def set_level(ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams) -> types.EmptyResult:
         await upstreams.set_level(ctx, params.level)
@@ -668,8 +687,7 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
     async def roots_changed(ctx: ServerRequestContext[Any], params: types.NotificationParams) -> None:
         connection = connection_of(ctx)
         for backend in gateway.backends.values():
-            if isinstance(backend, McpBackend):
-                await backend.roots_changed(connection)
+            await backend.roots_changed(connection)
 
     # Registered directly for the same reason (roots are deprecated as of 2026-07-28).
     server.add_notification_handler("notifications/roots/list_changed", types.NotificationParams, roots_changed)
@@ -695,6 +713,19 @@ def _continuations(gateway: Gateway) -> Continuations:
     else:
         log.info("request_state.key", source=source)
     return Continuations(keys, settings.ttl_s)
+
+
+def _refusal(exc: Unanswered, none_answered: MCPError | None) -> MCPError:
+    """What the client is answered when no backend answered its request (``Router.request``)."""
+    failures = exc.failures
+    if len(failures) > 1 and none_answered is not None:
+        return none_answered
+    failure = failures[0] if failures else None
+    if isinstance(failure, BackendRpcError):
+        return MCPError(failure.code, failure.message, failure.data)
+    if failure is not None:
+        return MCPError(types.INTERNAL_ERROR, str(failure))
+    return MCPError(types.INVALID_PARAMS, "No backend serves this request.")
 
 
 def _ahead(responses: Mapping[str, Any] | None) -> Round | None:

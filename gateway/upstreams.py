@@ -31,7 +31,7 @@ from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
 from mcp.shared.exceptions import MCPError
 from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged, ServerEvent, ToolsListChanged
 
-from gateway.backends.mcp import McpBackend
+from gateway.backends.base import Backend
 from gateway.backends.relay import (
     LOG_LEVELS,
     UPSTREAM,
@@ -137,7 +137,7 @@ class Upstreams:
         self._downstream_level = level
         async with anyio.create_task_group() as tg:
             for backend in self._backends().values():
-                if isinstance(backend, McpBackend):
+                if backend.serves_requests:
                     tg.start_soon(backend.set_log_level, level)
 
     async def _deliver_log(
@@ -161,7 +161,7 @@ class Upstreams:
 
     # -- resource subscriptions -----------------------------------------------------------------------------------
 
-    async def subscribe(self, ctx: Upstream, uri: str, origin: Origin, backend: McpBackend) -> None:
+    async def subscribe(self, ctx: Upstream, uri: str, origin: Origin, backend: Backend) -> None:
         """Subscribe ``ctx``'s client to ``uri`` (served by ``origin``).
 
         Raises:
@@ -174,10 +174,10 @@ class Upstreams:
         await backend.subscribe_resource(origin.local)
         subscriptions[uri] = origin
 
-    async def unsubscribe(self, ctx: Upstream, uri: str) -> None:
-        origin = self._subscriptions(connection_of(ctx)).pop(uri, None)
-        if origin is not None:
-            await self._release(origin)
+    def forget(self, ctx: Upstream, uri: str) -> Origin | None:
+        """End ``ctx``'s client's subscription to ``uri``: the origin whose backend must be told (the caller tells
+        it, ``Backend.unsubscribe_resource``), or None when the client held none."""
+        return self._subscriptions(connection_of(ctx)).pop(uri, None)
 
     def _subscriptions(self, connection: Any) -> dict[str, Origin]:
         state = getattr(connection, "state", None)
@@ -196,7 +196,7 @@ class Upstreams:
 
     async def _release(self, origin: Origin) -> None:
         backend = self._backends().get(origin.backend)
-        if isinstance(backend, McpBackend):
+        if backend is not None:
             await backend.unsubscribe_resource(origin.local)
 
     async def _deliver_update(self, backend: str, uri: str) -> None:
@@ -211,7 +211,7 @@ class Upstreams:
     # -- from the backends ----------------------------------------------------------------------------------------
 
     async def on_backend_notification(
-        self, backend: McpBackend, notification: types.ServerNotification, upstream: Upstream | None, owner: Any
+        self, backend: Backend, notification: types.ServerNotification, upstream: Upstream | None, owner: Any
     ) -> None:
         try:
             if isinstance(notification, types.LoggingMessageNotification):

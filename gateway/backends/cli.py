@@ -53,7 +53,7 @@ from jsonschema import exceptions as jsonschema_exceptions  # type: ignore[impor
 from jsonschema import validators as jsonschema_validators
 
 from gateway.backends import processes
-from gateway.backends.base import BackendBase, BackendState, BackendStatus, ProgressFn
+from gateway.backends.base import BackendBase, BackendState, BackendStatus, ProcessStatistics, ProgressFn
 from gateway.config import Adapter, AdapterTool, ThinWhen, VariantProbe, environ
 from gateway.errors import (
     BackendError,
@@ -354,6 +354,10 @@ class CliBackend(BackendBase):
         if self._status.state is BackendState.DISABLED:
             return ()
         return self._tools
+
+    def process_statistics(self) -> ProcessStatistics:
+        stats = self.statistics()
+        return ProcessStatistics(stats.live_processes, stats.running_calls, stats.waiting_calls)
 
     def statistics(self) -> CliStatistics:
         stats = self._limiter.statistics()
