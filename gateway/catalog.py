@@ -141,13 +141,12 @@ class Catalog:
         return self.entries.get(name)
 
     def changes(self, previous: Catalog) -> frozenset[str]:
-        """What a client would see differently from ``previous``: any of ``tools``, ``lists`` (resources, templates,
-        prompts or the capabilities behind them). Empty when nothing a client sees changed."""
-        changed = set()
+        """What a client would see differently from ``previous``: any of ``tools`` (either listing), ``resources``
+        (resources or templates), ``prompts`` and ``offers`` (the capabilities behind the lists). Empty when nothing
+        a client sees changed. The one answer to "what changed": the log line and the list_changed notifications."""
+        changed = set(self.lists.changes(previous.lists))
         if self.list_result != previous.list_result or self.list_result_small != previous.list_result_small:
             changed.add("tools")
-        if not self.lists.same_lists(previous.lists):
-            changed.add("lists")
         return frozenset(changed)
 
     def __len__(self) -> int:

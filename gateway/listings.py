@@ -110,14 +110,17 @@ class Listings:
                 return (Origin(backend, uri[len(prefix) :]),)
         return tuple(Origin(backend, uri) for backend in self.resource_backends)
 
-    def same_lists(self, other: Listings) -> bool:
-        """Whether clients would see the same three lists (and capabilities) in both."""
-        return (
-            self.prompts_result == other.prompts_result
-            and self.resources_result == other.resources_result
-            and self.templates_result == other.templates_result
-            and self.offers == other.offers
-        )
+    def changes(self, other: Listings) -> frozenset[str]:
+        """What clients would see differently from ``other``: any of ``resources`` (resources or templates),
+        ``prompts`` and ``offers`` (the capabilities behind the lists)."""
+        changed = set()
+        if self.resources_result != other.resources_result or self.templates_result != other.templates_result:
+            changed.add("resources")
+        if self.prompts_result != other.prompts_result:
+            changed.add("prompts")
+        if self.offers != other.offers:
+            changed.add("offers")
+        return frozenset(changed)
 
     # -- building ---------------------------------------------------------------------------------------------------
 

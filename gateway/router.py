@@ -65,6 +65,7 @@ import structlog
 from gateway._logging import redactor
 from gateway.audit import AuditRecord, AuditStep, arg_previews, args_hash
 from gateway.backends.base import Backend, BackendState, ProgressFn
+from gateway.backends.relay import UPSTREAM, Upstream
 from gateway.budget import CallDeadline
 from gateway.catalog import Catalog, CatalogEntry, Provider
 from gateway.clients import ClientPolicy, Declared
@@ -106,8 +107,12 @@ class CallContext:
     client_name: str | None = None
     client_version: str | None = None
     caller: str | None = None
+    upstream: Upstream | None = None
+    """The client's request itself, passed once: the router makes it the ``UPSTREAM`` of the backend work the call
+    causes (backends/relay.py: a downstream's sampling, elicitation, roots and log messages reach its client), and
+    its ``_meta`` (W3C ``traceparent``/``tracestate``) is the parent of the call's span when tracing."""
     trace_carrier: Mapping[str, Any] | None = None
-    """The request's ``_meta`` (W3C ``traceparent``/``tracestate``): the parent of the call's span when tracing."""
+    """A parent for the call's span when there is no ``upstream`` request (a caller of the router in process)."""
     declared: Declared = Declared(None, "unknown")
     """The client's declared context window (clients.py); large-context-only tools are refused below the gate."""
     withheld: tuple[str, str] | None = None
@@ -162,6 +167,11 @@ class Router:
         self._calls: set[anyio.CancelScope] = set()  # every call being served: the shutdown cancels them
         self._no_calls: anyio.Event | None = None
         self._closing: str | None = None
+
+    def use_instruments(self, recorder: Recorder | None, tracer: CallTracer | None) -> None:
+        """Record to ``recorder`` and trace with ``tracer`` from now on (the gateway opens them when it runs)."""
+        self._recorder = recorder
+        self._tracer = tracer
 
     def use_clients(self, clients: ClientPolicy | None) -> None:
         """Swap the context gate's rules (on reload)."""
@@ -228,6 +238,7 @@ class Router:
         with (
             structlog.contextvars.bound_contextvars(correlation_id=correlation_id, tool=name),
             self._call_span(name, correlation_id, ctx),
+            _upstream(ctx),
         ):
             invalid = ctx.withheld or argument_problem(arguments, self._max_depth())
             if invalid is not None:
@@ -325,6 +336,7 @@ class Router:
         with (
             structlog.contextvars.bound_contextvars(correlation_id=correlation_id, tool=name),
             self._call_span(name, correlation_id, ctx),
+            _upstream(ctx),
         ):
             t0 = time.perf_counter()
             try:
@@ -425,6 +437,7 @@ class Router:
         with (
             structlog.contextvars.bound_contextvars(correlation_id=correlation_id, method=method),
             self._call_span(label, correlation_id, ctx, method),
+            _upstream(ctx),
         ):
             try:
                 if self._closing is None:
@@ -540,7 +553,7 @@ class Router:
             caller=ctx.caller,
             client_name=ctx.client_name,
             session_id=ctx.session_id,
-            carrier=ctx.trace_carrier,
+            carrier=ctx.trace_carrier if ctx.upstream is None else ctx.upstream.meta,
             method=method,
         )
 
@@ -745,6 +758,19 @@ class Router:
                 asked = served or (steps[-1] if steps else None)
                 backend = asked.provider if asked is not None else "none"
                 self._metrics.observe_request(kind, backend, status, _ms(started) / 1000.0)
+
+
+@contextmanager
+def _upstream(ctx: CallContext) -> Iterator[None]:
+    """``ctx``'s request as the ``UPSTREAM`` of the backend work done inside (the one place it is set)."""
+    if ctx.upstream is None:
+        yield
+        return
+    token = UPSTREAM.set(ctx.upstream)
+    try:
+        yield
+    finally:
+        UPSTREAM.reset(token)
 
 
 def _ledger_name(name: str) -> str:

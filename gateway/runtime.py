@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -117,7 +117,17 @@ class Gateway:
         self.clients = ClientPolicy(config.clients)
         self.metrics = GatewayMetrics(config.gateway.name, VERSION)
         self.tracer: CallTracer | None = None
-        self.router = Router(lambda: self.catalog, lambda: self._backends, None, self.clients, metrics=self.metrics)
+        breaker = config.gateway.circuit_breaker
+        self.router = Router(
+            lambda: self.catalog,
+            lambda: self._backends,
+            None,  # the ledger and the tracer join when the gateway runs (use_instruments)
+            self.clients,
+            metrics=self.metrics,
+            breakers=Breakers(breaker.failure_threshold, breaker.cooldown_s, breaker.max_cooldown_s),
+            budget=lambda: self.config.gateway.call_budget,
+            edge=lambda: self.config.gateway.edge,
+        )
         self.started_at = 0.0
         self._costs: dict[str, Cost] = {}
         self._tg: anyio.abc.TaskGroup | None = None
@@ -133,37 +143,31 @@ class Gateway:
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[Gateway]:
-        tracing_cm = open_tracing(
-            self.config.gateway.tracing,
-            service_name=self.config.gateway.name,
-            version=VERSION,
-            source=self.config.source,
-        )
-        self.tracer = await tracing_cm.__aenter__()
-        http = HttpPool()
-        send, receive = anyio.create_memory_object_stream[Catalog](16)
-        self._changes = send
-        ledger_cm = (
-            Ledger(self.config.gateway.audit.path, retention_days=self.config.gateway.audit.retention_days)
-            if self._audit_enabled
-            else None
-        )
+        """Run the gateway. One exit stack owns what outlives the task group (tracing, the HTTP pool, the ledger,
+        the change stream); leaving it cancels every supervisor first, then, shielded, kills whatever orphan was
+        adopted and closes the rest in reverse order: the ledger commits its pending rows before the pool closes."""
+        stack = AsyncExitStack()
         try:
-            async with anyio.create_task_group() as tg:
-                if ledger_cm is not None:
-                    self.ledger = await ledger_cm.__aenter__()
-                breaker = self.config.gateway.circuit_breaker
-                self.router = Router(
-                    lambda: self.catalog,
-                    lambda: self._backends,
-                    self.ledger,
-                    self.clients,
-                    metrics=self.metrics,
-                    tracer=self.tracer,
-                    breakers=Breakers(breaker.failure_threshold, breaker.cooldown_s, breaker.max_cooldown_s),
-                    budget=lambda: self.config.gateway.call_budget,
-                    edge=lambda: self.config.gateway.edge,
+            self.tracer = await stack.enter_async_context(
+                open_tracing(
+                    self.config.gateway.tracing,
+                    service_name=self.config.gateway.name,
+                    version=VERSION,
+                    source=self.config.source,
                 )
+            )
+            http = HttpPool()
+            stack.push_async_callback(http.aclose)
+            if self._audit_enabled:
+                audit = self.config.gateway.audit
+                self.ledger = await stack.enter_async_context(Ledger(audit.path, retention_days=audit.retention_days))
+            # every backend has stopped when this runs: no adopted process may stay
+            stack.push_async_callback(functools.partial(processes.sweep, everything=True))
+            send, receive = anyio.create_memory_object_stream[Catalog](16)
+            self._changes = send
+            stack.callback(self._close_changes, send)
+            self.router.use_instruments(self.ledger, self.tracer)
+            async with anyio.create_task_group() as tg:
                 self.started_at = anyio.current_time()
                 self._tg, self._http = tg, http
                 self._backends = build_backends(self.config, http, self._on_notification)
@@ -181,13 +185,11 @@ class Gateway:
                     tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
-                await processes.sweep(everything=True)  # every backend has stopped: no adopted process may stay
-                if ledger_cm is not None and self.ledger is not None:
-                    await ledger_cm.__aexit__(None, None, None)
-                await http.aclose()
-                await tracing_cm.__aexit__(None, None, None)
-            send.close()
-            self._changes = None
+                await stack.aclose()
+
+    def _close_changes(self, send: MemoryObjectSendStream[Catalog]) -> None:
+        send.close()
+        self._changes = None
 
     def _start(self, backend: Backend) -> None:
         """Run ``backend``'s supervisor in its own cancel scope (so a reload can stop it alone)."""

@@ -5,14 +5,16 @@ router; it federates the rest of the protocol the same way: ``resources/list``, 
 ``prompts/list`` from the catalog's pre-serialised lists, ``resources/read``, ``prompts/get`` and
 ``completion/complete`` to the backend that owns the (possibly prefixed, see listings.py) name or URI,
 ``resources/subscribe`` / ``unsubscribe`` and ``logging/setLevel`` through ``Upstreams`` (per client), progress and
-cancellation through the SDK on every forwarded request. Each request becomes the ``UPSTREAM`` of the work it causes,
-so a downstream's sampling, elicitation and roots requests reach the client whose call caused them (see
-backends/relay.py). The capabilities a client is offered at ``initialize`` (and a stateless client at
-``server/discover``) are what the ready backends offer; a stateless (2026-07-28) client hears of list changes on
-``subscriptions/listen`` streams (``Upstreams.listen``), which is also why ``server/discover`` offers
-``listChanged`` for every list. It is
-transport-agnostic: ``http.py`` mounts it on streamable HTTP, the CLI runs it over stdio. A call's context names its
-session by ``session_digest`` only: session ids never reach the log, the ledger or a span.
+cancellation through the SDK on every forwarded request. Every request that reaches a backend goes through the router
+(``Router.call``, ``Router.request``), which carries the error policy, the breakers, the ledger and the metrics; this
+module only translates. The client's request travels in the call's context (``CallContext.upstream``), which the
+router makes the ``UPSTREAM`` of the work it causes, so a downstream's sampling, elicitation and roots requests reach
+the client whose call caused them (see backends/relay.py). The capabilities a client is offered at ``initialize``
+(and a stateless client at ``server/discover``) are what the ready backends offer; a stateless (2026-07-28) client
+hears of list changes on ``subscriptions/listen`` streams (``Upstreams.listen``), which is also why
+``server/discover`` offers ``listChanged`` for every list. It is transport-agnostic: ``http.py`` mounts it on
+streamable HTTP, the CLI runs it over stdio. A call's context names its session by ``session_digest`` only: session
+ids never reach the log, the ledger or a span.
 
 Multi-round-trip requests (MCP 2026-07-28, SEP-2322): when the backend serving a ``tools/call``, ``prompts/get`` or
 ``resources/read`` answers with an input-required result, the client gets its input requests as they are, with the
@@ -188,7 +190,7 @@ def _call_context(ctx: ServerRequestContext[Any], clients: ClientPolicy) -> Call
         client_version=version,
         caller=caller,
         declared=clients.declared(name, version, headers),
-        trace_carrier=ctx.meta,  # a client's traceparent continues into our spans (when tracing is on)
+        upstream=ctx,  # the back-channel's and a traceparent's origin (the router passes it on)
         withheld=withheld,
     )
 
@@ -199,6 +201,9 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
     startup_waited = anyio.Event()
 
     async def settled() -> None:
+        """The startup wait, once per server: a request that races startup (a list, a call naming a tool not known
+        yet, a route that would degrade past a provider about to be ready) waits, bounded, for every backend's first
+        outcome."""
         if not startup_waited.is_set():
             await gateway.wait_settled(STARTUP_LIST_WAIT_S)
             startup_waited.set()
@@ -362,9 +367,7 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
         return await upstreams.track(ctx, call_next)
 
     async def list_tools(ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
-        if not startup_waited.is_set():
-            await gateway.wait_settled(STARTUP_LIST_WAIT_S)
-            startup_waited.set()
+        await settled()
         # Pre-serialised once per catalog (no per-request model work); large-context tools only for large clients.
         return _enveloped(
             ctx, gateway.catalog.listing(gateway.clients.is_large(_call_context(ctx, gateway.clients).declared))
@@ -373,15 +376,8 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
     async def call_tool(
         ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult | types.InputRequiredResult:
-        progress = None
-        if ctx.meta and ctx.meta.get("progress_token") is not None:
-            progress = ctx.session.report_progress  # relays on this request's own stream, against its own token
-
-        if not startup_waited.is_set():
-            # A call that races startup would find backends still connecting (an unknown tool, or a route that
-            # degrades past a provider about to be ready): wait for every backend's first outcome, once.
-            await gateway.wait_settled(STARTUP_LIST_WAIT_S)
-            startup_waited.set()
+        progress = _progress(ctx)
+        await settled()
         call_ctx = _call_context(ctx, gateway.clients)
 
         async def resume(origin: Origin, retry: Round) -> types.CallToolResult:

@@ -34,7 +34,6 @@ from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged, S
 from gateway.backends.base import Backend
 from gateway.backends.relay import (
     LOG_LEVELS,
-    UPSTREAM,
     Upstream,
     admits,
     client_log_level,
@@ -77,32 +76,28 @@ class Upstreams:
         return len(self._live)
 
     async def track(self, ctx: ServerRequestContext[Any], call_next: CallNext) -> HandlerResult:
-        """Middleware: remember the connection, and make the request the ``UPSTREAM`` of everything it causes."""
+        """Middleware: remember the connection (the request itself travels in its ``CallContext``)."""
         connection = connection_of(ctx)
         if connection is not None:
             self._live.add(connection)
-        token = UPSTREAM.set(ctx)
-        try:
-            return await call_next(ctx)
-        finally:
-            UPSTREAM.reset(token)
+        return await call_next(ctx)
 
     # -- list changes ---------------------------------------------------------------------------------------------
 
     async def announce(self, catalog: Catalog) -> None:
         previous, self._announced = self._announced, catalog
-        lists, before = catalog.lists, previous.lists
+        changed = catalog.changes(previous)
         sends: list[str] = []
         events: list[ServerEvent] = []
-        if catalog.list_result != previous.list_result or catalog.list_result_small != previous.list_result_small:
-            sends.append("notifications/tools/list_changed")
-            events.append(ToolsListChanged())
-        if lists.resources_result != before.resources_result or lists.templates_result != before.templates_result:
-            sends.append("notifications/resources/list_changed")
-            events.append(ResourcesListChanged())
-        if lists.prompts_result != before.prompts_result:
-            sends.append("notifications/prompts/list_changed")
-            events.append(PromptsListChanged())
+        lists: tuple[tuple[str, ServerEvent], ...] = (
+            ("tools", ToolsListChanged()),
+            ("resources", ResourcesListChanged()),
+            ("prompts", PromptsListChanged()),
+        )
+        for kind, change in lists:
+            if kind in changed:
+                sends.append(f"notifications/{kind}/list_changed")
+                events.append(change)
         for event in events:
             await self.bus.publish(event)  # in-process fan-out: never blocks on a slow stream
         for connection in list(self._live):
