@@ -18,7 +18,8 @@ import mcp_types as types
 import pytest
 
 from gateway.backends.base import BackendState
-from gateway.backends.mcp import SSE_EVENT_CAP, HttpPool, McpBackend
+from gateway.backends.mcp import SSE_EVENT_CAP, McpBackend
+from gateway.backends.pool import HttpPool
 from gateway.config import HttpServer, ServerConfig, SseServer, StdioServer, parse_config
 from gateway.errors import BackendAnswerTooLarge, BackendError, BackendUnavailable
 from gateway.health import BreakerState

@@ -24,6 +24,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # "backends" is backends/__init__.py; answers: the answer limit; processes: no process escapes
     ("backends", "backends.base", "backends.answers", "backends.processes"),
     ("backends.stdio", "backends.relay", "backends.wiki_index"),  # relay: back-channel context; wiki_index: pure index
+    # failures: the foreign-error table and why a session failed; watch: a receive stream's end; pool: shared HTTP
+    ("backends.failures", "backends.watch"),
+    ("backends.pool",),
     ("backends.wiki_semantic",),  # sections, vectors and hybrid ranking over wiki_index's snapshot; pure, blocking
     ("backends.mcp", "backends.cli", "backends.wiki"),
     ("listings",),  # resources, templates, prompts: merged and named like the tools, built into the catalog

@@ -21,9 +21,10 @@ elicitation, roots) are relayed to the gateway's client whose call caused them (
 ``session: per_client``, each client that can answer such requests gets its own session, opened at its first call in
 a task of its own and closed with the client's connection.
 
-Foreign errors (``OSError``, ``httpx2``, ``anyio``, ``MCPError``) are translated here into the gateway's
-``BackendError`` tree (``classify_failure`` for connection failures, ``map_call_errors`` for calls); nothing above
-``backends/`` sees them.
+Foreign errors (``OSError``, ``httpx2``, ``anyio``, ``MCPError``) are translated into the gateway's ``BackendError``
+tree by one table (backends/failures.py ``FOREIGN_ERRORS``; ``classify_failure`` for connection failures,
+``map_call_errors`` for calls); nothing above ``backends/`` sees them. The HTTP connection pool is backends/pool.py,
+the watch on a transport's receive stream backends/watch.py.
 
 The era (``protocol``): by default the session is a handshake-era one (``initialize``). With ``protocol:
 2026-07-28`` it is a stateless one (``server/discover``; its answer stands in for the handshake's, and a periodic
@@ -44,13 +45,11 @@ from __future__ import annotations
 import contextvars
 import functools
 import random
-import signal
 import tempfile
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import IO, Any
 
 import anyio
@@ -63,14 +62,15 @@ from mcp.client.session import ClientRequestContext, ClientSession
 from mcp.client.sse import sse_client
 from mcp.client.stdio import get_default_environment
 from mcp.client.streamable_http import streamable_http_client
-from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost, listen
+from mcp.client.subscriptions import ListenNotSupportedError, listen
 from mcp.shared.exceptions import MCPError
-from mcp.shared.message import SessionMessage
 from pydantic import TypeAdapter
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
-from gateway.backends.answers import ANSWER_TOO_LARGE, LimitedTransport, answer_too_large
+from gateway.backends.answers import ANSWER_TOO_LARGE, answer_too_large
 from gateway.backends.base import BackendBase, BackendState, BackendStatus, ProgressFn
+from gateway.backends.failures import FOREIGN, ResponseRecorder, classify_failure, exit_detail, gateway_error
+from gateway.backends.pool import HttpPool
 from gateway.backends.relay import (
     UPSTREAM,
     InFlight,
@@ -81,7 +81,8 @@ from gateway.backends.relay import (
     relay_request,
 )
 from gateway.backends.stdio import StdioProcess, open_stdio
-from gateway.config import HttpServer, ServerConfig, SseServer, StdioServer
+from gateway.backends.watch import WatchedReceiveStream
+from gateway.config import HttpServer, ServerConfig, StdioServer
 from gateway.errors import (
     BackendAnswerTooLarge,
     BackendError,
@@ -92,7 +93,7 @@ from gateway.errors import (
     InputRequired,
 )
 
-__all__ = ["MODERN", "ROUND", "HttpPool", "McpBackend", "Round", "classify_failure"]
+__all__ = ["MODERN", "ROUND", "HttpPool", "McpBackend", "Round"]
 
 MODERN = "2026-07-28"
 """The stateless era's protocol version (``protocol:`` of a server)."""
@@ -112,11 +113,6 @@ ROUND: contextvars.ContextVar[Round | None] = contextvars.ContextVar("gateway_ro
 
 log = structlog.get_logger("gateway.backend")
 
-DRAIN_LIMIT_S = 0.05
-"""How long closing a POST's response may read the rest of its body so the connection can be reused."""
-DRAIN_LIMIT_BYTES = 64 * 1024
-SHUTDOWN_GRACE_S = 5.0
-"""Bound on closing one session (the SDK's stdio shutdown closes stdin, waits, then kills the process tree)."""
 JSONRPC_REQUEST_TIMEOUT = -32001
 JSONRPC_CONNECTION_CLOSED = -32000
 SSE_EVENT_CAP = 1024 * 1024 - 1024
@@ -124,258 +120,6 @@ SSE_EVENT_CAP = 1024 * 1024 - 1024
 most this, so an oversized answer is replaced before the SDK would end the session on it."""
 SSE_EVENT_MARGIN = 64 * 1024
 """What the SDK's own SSE event limit allows beyond ``max_answer_bytes`` (a backstop behind backends/answers.py)."""
-
-
-# ----------------------------------------------------------------------------------------------- shared HTTP
-
-
-class _DrainOnClose(httpx2.AsyncByteStream):
-    """A POST's response body that, when closed early, first reads what is left (bounded), so the connection
-    goes back to the pool instead of being torn down.
-
-    The SDK closes a POST's SSE response as soon as it has the JSON-RPC answer, a moment before the server ends the
-    stream; without the drain every call opened a new TCP connection (measured: 7-16% of the gateway's CPU per call
-    and 12-19% of the downstream's). The drain runs after the answer was delivered, off the caller's path.
-    """
-
-    def __init__(self, inner: httpx2.AsyncByteStream) -> None:
-        self._inner = inner
-        self._started = False
-        self._finished = False
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        self._started = True
-        async for chunk in self._inner:
-            yield chunk
-        self._finished = True
-
-    async def aclose(self) -> None:
-        if self._finished or not self._started:  # read to the end already, or never read: nothing to drain
-            await self._inner.aclose()
-            return
-        try:
-            with anyio.move_on_after(DRAIN_LIMIT_S):
-                drained = 0
-                async for chunk in self._inner:
-                    drained += len(chunk)
-                    if drained > DRAIN_LIMIT_BYTES:
-                        break
-                    await anyio.lowlevel.checkpoint()  # the time limit can always interrupt the drain
-        except (httpx2.HTTPError, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError, RuntimeError):
-            pass  # the connection is not reusable: closing it below is all that is left
-        finally:
-            await self._inner.aclose()
-
-
-class _SharedTransport(httpx2.AsyncBaseTransport):
-    """One connection pool for every HTTP backend; closing a client that borrows it leaves it open."""
-
-    def __init__(self) -> None:
-        self._inner = httpx2.AsyncHTTPTransport()
-
-    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        if request.method == "GET" and "last-event-id" in request.headers:
-            await _mirror_stream_close()
-        response = await self._inner.handle_async_request(request)
-        if request.method == "POST" and isinstance(response.stream, httpx2.AsyncByteStream):
-            response.stream = _DrainOnClose(response.stream)
-        return response
-
-    async def aclose(self) -> None:  # borrowed by per-backend clients; closed by HttpPool only
-        pass
-
-    async def close_pool(self) -> None:
-        await self._inner.aclose()
-
-
-async def _mirror_stream_close() -> None:
-    """A downstream closed a call's SSE stream mid-call (SEP-1699 polling) and the SDK is resuming it: close the
-    upstream call's stream as well, so its client resumes from the gateway's event store (events.py) like it would
-    from the downstream's. The resuming GET runs in the context of the POST that carried the call, so ``UPSTREAM``
-    names that call (see relay.py); a resumed standalone stream has none and changes nothing upstream."""
-    upstream = UPSTREAM.get()
-    if upstream is not None and upstream.close_sse_stream is not None:
-        await upstream.close_sse_stream()
-
-
-class HttpPool:
-    """The gateway's one HTTP connection pool (creating an httpx2 transport costs ~50 ms: done once).
-
-    Each HTTP backend gets a cheap client view with its own headers and a response hook that remembers the last
-    non-2xx answer, so a failed handshake can be classified ("HTTP 502 with an HTML page").
-    """
-
-    def __init__(self) -> None:
-        self._transport = _SharedTransport()
-
-    def client(
-        self,
-        headers: Mapping[str, str],
-        timeout_s: float,
-        recorder: _ResponseRecorder,
-        read_s: float = 300.0,
-        *,
-        max_answer_bytes: int,
-    ) -> httpx2.AsyncClient:
-        return httpx2.AsyncClient(
-            transport=LimitedTransport(self._transport, max_answer_bytes),
-            headers=dict(headers),
-            timeout=httpx2.Timeout(timeout_s, read=read_s),
-            trust_env=False,
-            event_hooks={"response": [recorder]},
-        )
-
-    async def aclose(self) -> None:
-        await self._transport.close_pool()
-
-
-class _ResponseRecorder:
-    """An httpx2 response hook keeping the last error response's status, content type and body head."""
-
-    def __init__(self) -> None:
-        self.status: int | None = None
-        self.content_type: str = ""
-        self.body_head: str = ""
-
-    def clear(self) -> None:
-        self.status, self.content_type, self.body_head = None, "", ""
-
-    async def __call__(self, response: httpx2.Response) -> None:
-        if response.status_code < 400:
-            return
-        self.status = response.status_code
-        self.content_type = response.headers.get("content-type", "")
-        try:
-            body = await response.aread()
-        except httpx2.HTTPError:
-            body = b""
-        self.body_head = body[:300].decode("utf-8", errors="replace")
-
-
-# ----------------------------------------------------------------------------------------------- classification
-
-
-def _http_reason(recorder: _ResponseRecorder) -> str | None:
-    status = recorder.status
-    if status is None:
-        return None
-    if status in (401, 403):
-        return f"the backend refused our credentials (HTTP {status}); check the server's `headers`"
-    ctype = recorder.content_type.split(";")[0].strip() or "no content type"
-    head = recorder.body_head.lstrip().lower()
-    if "html" in ctype or head.startswith(("<!doctype html", "<html")):
-        return f"the handshake answered HTTP {status} with an HTML page, not MCP (is the URL right?)"
-    if status == 404:
-        return f"the handshake answered HTTP 404 ({ctype}): no MCP endpoint at this URL"
-    return f"the handshake answered HTTP {status} with a non-MCP body ({ctype})"
-
-
-def _flatten(exc: BaseException) -> Iterator[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            yield from _flatten(inner)
-    else:
-        yield exc
-
-
-def classify_failure(
-    exc: BaseException,
-    *,
-    config: ServerConfig,
-    stderr_tail: str = "",
-    exit_code: int | None = None,
-    http: _ResponseRecorder | None = None,
-) -> str:
-    """Describe why a connection attempt or a session failed, in plain words."""
-    leaves = list(_flatten(exc))
-    http_reason = _http_reason(http) if http is not None else None
-    for leaf in leaves:
-        if isinstance(leaf, TimeoutError):
-            return f"handshake timed out after {config.connect_timeout_s:g} s (the server did not answer initialize)"
-        if isinstance(leaf, FileNotFoundError) and isinstance(config, StdioServer):
-            return f"command not found: {config.command}"
-        if isinstance(leaf, PermissionError) and isinstance(config, StdioServer):
-            return f"command is not executable: {config.command}"
-        if isinstance(leaf, httpx2.ConnectError):
-            url = config.url if isinstance(config, HttpServer | SseServer) else ""
-            return f"connection refused at {url}"
-        if isinstance(leaf, httpx2.HTTPStatusError):
-            status = leaf.response.status_code
-            if status in (401, 403):
-                return f"the backend refused our credentials (HTTP {status}); check the server's `headers`"
-            return http_reason or f"the handshake answered HTTP {status}"
-        if isinstance(leaf, httpx2.TimeoutException):
-            return "the HTTP request timed out"
-        if isinstance(leaf, httpx2.HTTPError):
-            return http_reason or f"HTTP transport error: {leaf}"
-        text = str(leaf)
-        if "protocol version" in text.lower():
-            return f"unsupported protocol version: {text}"
-    if http_reason is not None:
-        return http_reason
-    if isinstance(config, StdioServer):
-        return _exit_detail(exit_code, stderr_tail)
-    leaf = leaves[0] if leaves else exc
-    return f"{type(leaf).__name__}: {leaf}" if str(leaf) else f"connection failed ({type(leaf).__name__})"
-
-
-def _exit_detail(exit_code: int | None, stderr_tail: str) -> str:
-    tail = f": {stderr_tail}" if stderr_tail else " (nothing on stderr)"
-    if exit_code is None:
-        return f"the process closed its output{tail}"
-    if exit_code < 0:
-        try:
-            name = signal.Signals(-exit_code).name
-        except ValueError:
-            name = f"signal {-exit_code}"
-        return f"process was killed by {name}{tail}"
-    return f"process exited with code {exit_code}{tail}"
-
-
-# ----------------------------------------------------------------------------------------------- the stream watch
-
-
-class _WatchedReceiveStream:
-    """Wraps the transport's receive stream and fires ``on_eof`` when the connection ends (zero-copy)."""
-
-    def __init__(self, inner: Any, on_eof: Callable[[], None]) -> None:
-        self._inner = inner
-        self._on_eof = on_eof
-
-    @property
-    def last_context(self) -> Any:
-        return getattr(self._inner, "last_context", None)
-
-    async def receive(self) -> SessionMessage | Exception:
-        try:
-            item: SessionMessage | Exception = await self._inner.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            self._on_eof()
-            raise
-        return item
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    def __aiter__(self) -> _WatchedReceiveStream:
-        return self
-
-    async def __anext__(self) -> SessionMessage | Exception:
-        try:
-            return await self.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            raise StopAsyncIteration from None
-
-    async def __aenter__(self) -> _WatchedReceiveStream:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
-
-
-# ----------------------------------------------------------------------------------------------- the backend
 
 
 class _ConnectFailed(Exception):
@@ -606,11 +350,13 @@ class McpBackend(BackendBase):
                 why = f": {known}" if known is not None and known != "the connection closed" else " (server crashed?)"
                 raise BackendUnavailable(self._name, f"the connection closed during the call{why}", cause=life) from exc
             raise BackendRpcError(self._name, code, exc.error.message, exc.error.data) from exc
-        except (httpx2.HTTPError, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-            life.mark_lost(f"transport error: {exc or type(exc).__name__}")
-            raise BackendUnavailable(self._name, f"transport error: {exc or type(exc).__name__}", cause=life) from exc
-        except RuntimeError as exc:  # the SDK raises RuntimeError for unexpected result shapes
-            raise BackendProtocolError(self._name, str(exc)) from exc
+        except FOREIGN as exc:
+            error = gateway_error(exc) or BackendUnavailable
+            if issubclass(error, BackendProtocolError):  # an answer of the wrong shape: the session is fine
+                raise error(self._name, str(exc)) from exc
+            reason = f"transport error: {exc or type(exc).__name__}"
+            life.mark_lost(reason)  # anything else lost the session the call went out on
+            raise error(self._name, reason, cause=life) from exc
 
     # -- logging and subscriptions ----------------------------------------------------------------------------------
 
@@ -638,7 +384,7 @@ class McpBackend(BackendBase):
         try:
             with anyio.fail_after(self._config.connect_timeout_s):
                 await session.send_request(request, types.EmptyResult)
-        except (MCPError, TimeoutError, httpx2.HTTPError, anyio.BrokenResourceError, OSError) as exc:
+        except FOREIGN as exc:
             log.warning(event, backend=self._name, **fields, error=str(exc))
 
     async def subscribe_resource(self, uri: str) -> None:
@@ -730,13 +476,13 @@ class McpBackend(BackendBase):
 
     async def _lane_lifetime(self, lane: _Lane) -> None:
         """Own one client's downstream session until the client's connection closes or the session ends."""
-        recorder = _ResponseRecorder()
+        recorder = ResponseRecorder()
         caps = lane.owner.client_capabilities
         offered = types.ClientCapabilities(sampling=caps.sampling, elicitation=caps.elicitation, roots=caps.roots)
         try:
             with tempfile.TemporaryFile() as stderr:
                 async with self._transport(recorder, stderr, lane.life, primary=False) as (read, write):
-                    watched = _WatchedReceiveStream(read, lambda: lane.life.mark_lost("the connection closed"))
+                    watched = WatchedReceiveStream(read, lambda: lane.life.mark_lost("the connection closed"))
                     async with ClientSession(
                         watched,
                         write,
@@ -767,7 +513,7 @@ class McpBackend(BackendBase):
             return
         try:
             await lane.session.send_notification(types.RootsListChangedNotification())
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError, httpx2.HTTPError) as exc:
+        except FOREIGN as exc:
             log.debug("backend.roots_changed_failed", backend=self._name, error=str(exc) or type(exc).__name__)
 
     async def _on_lane_message(self, lane: _Lane, message: Any) -> None:
@@ -813,7 +559,7 @@ class McpBackend(BackendBase):
         """One connection: open, initialize, serve until lost. Raises _ConnectFailed when it could not connect, or
         when the session it made ended before ``min_uptime_s``."""
         self.connects += 1
-        recorder = _ResponseRecorder()
+        recorder = ResponseRecorder()
         self._life = life = _Life()
         self._proc = None
         connected = False
@@ -822,7 +568,7 @@ class McpBackend(BackendBase):
         with tempfile.TemporaryFile() as stderr:
             try:
                 async with self._transport(recorder, stderr, life) as (read, write):
-                    watched = _WatchedReceiveStream(read, lambda: life.mark_lost("the connection closed"))
+                    watched = WatchedReceiveStream(read, lambda: life.mark_lost("the connection closed"))
                     async with ClientSession(
                         watched,
                         write,
@@ -867,7 +613,7 @@ class McpBackend(BackendBase):
             exit_code = proc.returncode if proc is not None else None
             stderr_tail = proc.stderr_tail() if proc is not None else ""
         if connected:
-            detail = _exit_detail(exit_code, stderr_tail) if proc is not None else ""
+            detail = exit_detail(exit_code, stderr_tail) if proc is not None else ""
             if failure is not None and not detail:
                 detail = classify_failure(failure, config=self._config, http=recorder)
             reason = life.reason or "the connection closed"
@@ -894,7 +640,7 @@ class McpBackend(BackendBase):
 
     @asynccontextmanager
     async def _transport(
-        self, recorder: _ResponseRecorder, stderr: IO[bytes], life: _Life, *, primary: bool = True
+        self, recorder: ResponseRecorder, stderr: IO[bytes], life: _Life, *, primary: bool = True
     ) -> AsyncIterator[Any]:
         config = self._config
         if isinstance(config, StdioServer):
@@ -1017,10 +763,7 @@ class McpBackend(BackendBase):
                         await session.send_discover(session.protocol_version or MODERN)
                     else:
                         await session.send_ping()
-            except (MCPError, TimeoutError, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-                self._mark_lost(f"ping failed: {exc or type(exc).__name__}")
-                return
-            except httpx2.HTTPError as exc:
+            except FOREIGN as exc:
                 self._mark_lost(f"ping failed: {exc or type(exc).__name__}")
                 return
 
@@ -1059,15 +802,7 @@ class McpBackend(BackendBase):
                 except ListenNotSupportedError as exc:
                     log.warning("backend.listen_unavailable", backend=self._name, error=str(exc))
                     return
-                except (
-                    SubscriptionLost,
-                    MCPError,
-                    TimeoutError,
-                    httpx2.HTTPError,
-                    anyio.BrokenResourceError,
-                    anyio.ClosedResourceError,
-                    OSError,
-                ) as exc:
+                except FOREIGN as exc:
                     error = str(exc) or type(exc).__name__
             if ack_scope.cancelled_caught:
                 error = f"no acknowledgment within connect_timeout_s of {self._config.connect_timeout_s:g} s"
@@ -1104,7 +839,7 @@ class McpBackend(BackendBase):
         try:
             with anyio.fail_after(self._config.connect_timeout_s):
                 lists = {kind: await self._list(session, kind) for kind in kinds}
-        except (MCPError, TimeoutError, httpx2.HTTPError, anyio.BrokenResourceError, OSError) as exc:
+        except FOREIGN as exc:
             log.warning("backend.relist_failed", backend=self._name, lists=list(kinds), error=str(exc))
             return
         if session is not self._session:
