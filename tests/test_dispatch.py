@@ -16,11 +16,15 @@ import mcp_types as types
 import pytest
 from mcp.client.client import Client
 from mcp.shared.exceptions import MCPError
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from gateway.audit import query
 from gateway.config import parse_config
 from gateway.runtime import Gateway
 from gateway.server import build_server
+from gateway.tracing import CallTracer
 from tests.fixtures.gateway_proc import FIXTURES, PYTHON
 
 pytestmark = pytest.mark.anyio
@@ -124,3 +128,26 @@ async def test_a_subscription_and_its_end_leave_rows_of_their_kind(gateway: Gate
         ("resources/subscribe", "fid://r/2", "ok", ["s:ok"]),
         ("resources/unsubscribe", "fid://r/2", "ok", ["s:ok"]),
     ]
+
+
+async def test_a_traced_resource_read_continues_the_clients_trace_with_a_span_and_a_step(gateway: Gateway) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    gateway.router.use_instruments(gateway.ledger, CallTracer(provider.get_tracer("test")))
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    server, _ = build_server(gateway)
+    try:
+        async with Client(server, mode="legacy") as client:
+            with anyio.fail_after(10):
+                await client.read_resource("fid://r/3", meta={"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"})
+    finally:
+        provider.shutdown()
+    finished: list[ReadableSpan] = list(exporter.get_finished_spans())
+    assert [s.name for s in finished] == ["step s", "resources/read fid://r/3"]
+    step, read = finished
+    assert read.attributes is not None and read.attributes["mcp.method.name"] == "resources/read"
+    assert read.attributes["mcp.resource.uri"] == "fid://r/3" and read.attributes["mcp_gateway.status"] == "ok"
+    assert format(read.context.trace_id, "032x") == trace_id  # the client's request's _meta is the parent
+    assert read.parent is not None and format(read.parent.span_id, "016x") == "00f067aa0ba902b7"
+    assert step.parent is not None and step.parent.span_id == read.context.span_id
