@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
+import json5
 import yaml
 
 from gateway.config import parse_config
@@ -114,68 +115,32 @@ class Imported:
 
 
 def parse_client_config(text: str, *, file: str = "<memory>") -> Any:
-    """Parse a client's JSON. ``//`` and ``/* */`` comments and trailing commas (VS Code's JSONC) are allowed.
+    """Parse a client's JSON. ``//`` and ``/* */`` comments and trailing commas (VS Code's JSONC) are allowed: the
+    text is read as JSON5 (``json5``), of which JSONC is a subset.
 
     Raises:
         ConfigError: the text is not JSON; names the file, the line and the column.
     """
+    text = text.removeprefix("\ufeff")
+    if not text.strip():
+        raise ConfigError(file, "", 1, "invalid JSON: the file is empty")
     try:
-        return json.loads(_strip_jsonc(text.removeprefix("\ufeff")))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(
-            file, "", exc.lineno, f"invalid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
-        ) from exc
+        data, error, position = json5.parse(text)
     except RecursionError as exc:
         raise ConfigError(file, "", None, "invalid JSON: nested too deeply") from exc
+    if error is None:
+        return data
+    line = text.count("\n", 0, position) + 1
+    column = position - text.rfind("\n", 0, position)
+    raise ConfigError(file, "", line, f"invalid JSON: {_json5_problem(error)} (line {line}, column {column})")
 
 
-def _strip_jsonc(text: str) -> str:
-    """Blank out comments and trailing commas, keeping every other character where it was (so JSON errors point
-    at the right line and column)."""
-    chars = list(text)
-    n = len(text)
-
-    def comment_end(i: int) -> int | None:
-        """Where the comment starting at ``i`` ends, or None if no comment starts there."""
-        if text.startswith("//", i):
-            end = text.find("\n", i)
-            return n if end < 0 else end
-        if text.startswith("/*", i):
-            end = text.find("*/", i + 2)
-            return n if end < 0 else end + 2
-        return None
-
-    def next_significant(i: int) -> str:
-        while i < n:
-            end = comment_end(i)
-            if end is not None:
-                i = end
-            elif text[i].isspace():
-                i += 1
-            else:
-                return text[i]
-        return ""
-
-    i, in_string = 0, False
-    while i < n:
-        c = text[i]
-        if in_string:
-            if c == "\\":
-                i += 2
-                continue
-            in_string = c != '"'
-        elif c == '"':
-            in_string = True
-        elif (end := comment_end(i)) is not None:
-            for k in range(i, end):
-                if chars[k] not in "\r\n":
-                    chars[k] = " "
-            i = end
-            continue
-        elif c == "," and next_significant(i + 1) in ("}", "]"):
-            chars[i] = " "
-        i += 1
-    return "".join(chars)
+def _json5_problem(error: str) -> str:
+    """json5's error text without its own position (``<string>:4 Unexpected "x" at column 5``): what was wrong."""
+    what = re.sub(r"^<string>:\d+ ", "", error)
+    what = re.sub(r" at column \d+$", "", what)
+    what = re.sub(r'^Unexpected "(.+)"$', lambda m: f"unexpected {m.group(1)!r}", what)
+    return what[:1].lower() + what[1:]
 
 
 def _detect(data: Any, requested: str, file: str) -> tuple[Format, Mapping[str, Any], list[str], Any]:

@@ -4,9 +4,9 @@
 backends (state, reason, since, last error, tool count), the catalog, the ledger's recent calls and per-tool figures
 over the last 24 hours, and reloads itself every ``REFRESH_S`` seconds with ``<meta http-equiv="refresh">``: no
 script runs, no front-end build exists, and the Content-Security-Policy allows nothing but the page's own nonce'd
-stylesheet. Every value that reaches the HTML goes through ``html.escape`` — backend reasons quote what a downstream
-printed and tool descriptions are the downstream's words, so both are untrusted; reasons are also scrubbed of
-registered secrets, as on ``/status``.
+stylesheet. The HTML comes from Jinja2 templates (``gateway/templates/``, package data) with autoescape on, so every
+value that reaches it is escaped — backend reasons quote what a downstream printed and tool descriptions are the
+downstream's words, so both are untrusted; reasons are also scrubbed of registered secrets, as on ``/status``.
 
 Authentication (the app does its own; the ``Guard`` still checks Host and Origin first, and lets ``UI_PATHS`` past
 its bearer check). A gateway without tokens only ever serves on loopback (the CLI refuses anything else), and there
@@ -25,7 +25,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import html
 import json
 import secrets
 import time
@@ -37,6 +36,7 @@ from urllib.parse import parse_qs
 
 import anyio
 import anyio.to_thread
+import jinja2
 import structlog
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -46,6 +46,7 @@ from starlette.types import ASGIApp
 
 from gateway._logging import redactor
 from gateway.audit import AuditRecord, ToolStats, query, stats
+from gateway.backends.base import BackendStatus
 from gateway.catalog import Catalog
 from gateway.errors import AuditError
 from gateway.runtime import VERSION, Gateway
@@ -253,7 +254,7 @@ def _redirect(location: str) -> Response:
 
 
 def _refused(status: int, message: str) -> Response:
-    body = f"<!doctype html><title>{status}</title><p>{html.escape(message)}</p>"
+    body = _render_refused(status, message)
     return HTMLResponse(body, status_code=status, headers={**_SECURITY_HEADERS, "Content-Security-Policy": _csp(None)})
 
 
@@ -294,10 +295,7 @@ class _LedgerView:
 # ------------------------------------------------------------------------------------------------- rendering
 
 
-_e = html.escape
-
-
-def _clip(text: str | None, limit: int) -> str:
+def _clip(text: str | None, limit: int = TEXT_LIMIT) -> str:
     text = "" if text is None else str(redactor.scrub(text))
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
@@ -329,215 +327,68 @@ def _pct(value: float) -> str:
     return "0 %" if value == 0 else f"{value * 100:.1f} %"
 
 
-def _badge(text: str, kind: str | None = None) -> str:
-    return f'<span class="badge {_e(kind or text)}">{_e(text)}</span>'
+_TEMPLATES = jinja2.Environment(
+    loader=jinja2.PackageLoader("gateway", "templates"),
+    # Every .html template escapes every value (status.css, included verbatim, holds no value).
+    autoescape=jinja2.select_autoescape(enabled_extensions=("html",), default_for_string=True),
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+_TEMPLATES.filters.update(clip=_clip, iso=_iso, ago=_ago, ms=_ms, pct=_pct)
 
 
-_STYLE = """
-:root { color-scheme: light; --fg: #1f2328; --muted: #59636e; --line: #d1d9e0; --bg: #f6f8fa; }
-* { box-sizing: border-box; }
-body { margin: 0; font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: var(--fg); }
-header { display: flex; flex-wrap: wrap; gap: 8px 24px; align-items: center; padding: 14px 24px;
-         border-bottom: 1px solid var(--line); background: var(--bg); }
-header h1 { font-size: 20px; margin: 0; }
-header .meta { color: var(--muted); }
-header form { margin-left: auto; }
-main { padding: 8px 24px 32px; max-width: 1400px; }
-h2 { font-size: 16px; margin: 24px 0 8px; }
-h2 small { font-weight: normal; color: var(--muted); }
-table { border-collapse: collapse; width: 100%; }
-th, td { text-align: left; vertical-align: top; padding: 6px 10px; border-bottom: 1px solid var(--line); }
-th { background: var(--bg); font-weight: 600; white-space: nowrap; }
-td.num, th.num { text-align: right; white-space: nowrap; font-variant-numeric: tabular-nums; }
-tbody tr:hover { background: #fbfcfd; }
-code, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 13px; }
-.text { white-space: pre-wrap; overflow-wrap: anywhere; max-width: 48ch; }
-.muted { color: var(--muted); }
-.nowrap { white-space: nowrap; }
-.badge { display: inline-block; padding: 1px 8px; border-radius: 10px; font-size: 12px; font-weight: 600;
-         background: #eaeef2; color: #424a53; white-space: nowrap; }
-.badge.ready, .badge.ok { background: #dafbe1; color: #116329; }
-.badge.degraded, .badge.starting { background: #fff8c5; color: #7d4e00; }
-.badge.failed, .badge.error, .badge.timeout, .badge.internal_error { background: #ffebe9; color: #a40e26; }
-.badge.disabled, .badge.refused, .badge.cancelled, .badge.unknown_tool, .badge.invalid_params {
-  background: #eaeef2; color: #59636e; }
-.note { padding: 10px 12px; background: var(--bg); border: 1px solid var(--line); border-radius: 6px; }
-ul.problems { margin: 8px 0; color: #7d4e00; }
-button { font: inherit; padding: 4px 12px; border: 1px solid var(--line); border-radius: 6px; background: #fff;
-         cursor: pointer; }
-form.login { max-width: 360px; margin: 80px auto; padding: 24px; border: 1px solid var(--line); border-radius: 8px; }
-form.login input { display: block; width: 100%; margin: 6px 0 14px; padding: 6px 8px; font: inherit; }
-form.login .error { color: #a40e26; }
-"""
-
-
-def _document(title: str, nonce: str, body: str, *, refresh: bool) -> str:
-    meta = f'<meta http-equiv="refresh" content="{REFRESH_S}">' if refresh else ""
-    return (
-        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f'{meta}<title>{_e(title)}</title><style nonce="{_e(nonce)}">{_STYLE}</style></head>'
-        f"<body>{body}</body></html>"
-    )
+def _render_refused(status: int, message: str) -> str:
+    return _TEMPLATES.get_template("refused.html").render(status=status, message=message)
 
 
 def _render_login(name: str, base: str, nonce: str, *, error: str | None) -> str:
-    message = f'<p class="error">{_e(error)}</p>' if error else ""
-    body = (
-        f'<form class="login" method="post" action="{_e(base)}/login">'
-        f'<h1>{_e(name)}</h1><p class="muted">Sign in to the status page with one of the gateway\'s bearer tokens.</p>'
-        f"{message}"
-        '<label for="token">Token</label>'
-        '<input id="token" name="token" type="password" autocomplete="current-password" required autofocus>'
-        '<button type="submit">Sign in</button></form>'
-    )
-    return _document(f"Sign in · {name}", nonce, body, refresh=False)
+    return _TEMPLATES.get_template("login.html").render(name=name, base=base, nonce=nonce, error=error, refresh=None)
 
 
-def _render_page(gateway: Gateway, ledger: _LedgerData, *, caller: str | None, base: str, nonce: str) -> str:
-    now = time.time()
-    name = gateway.config.gateway.name
-    overall = "ok" if gateway.healthy() else "degraded"
-    uptime = _duration(anyio.current_time() - gateway.started_at)
-    signout = ""
-    if caller is not None:
-        signout = (
-            f'<form method="post" action="{_e(base)}/logout"><span class="muted">signed in as {_e(caller)}</span> '
-            '<button type="submit">Sign out</button></form>'
-        )
-    header = (
-        f"<header><h1>{_e(name)}</h1>{_badge(overall)}"
-        f'<span class="meta">up {_e(uptime)} · version {_e(VERSION)} · {_e(_iso(now))} · '
-        f"refreshes every {REFRESH_S} s</span>{signout}</header>"
-    )
-    sections = [
-        _backends_section(gateway, now),
-        _catalog_section(gateway.catalog),
-        _calls_section(ledger, now),
-        _stats_section(ledger),
-    ]
-    return _document(f"{name} · {overall}", nonce, header + "<main>" + "".join(sections) + "</main>", refresh=True)
+@dataclass(frozen=True, slots=True)
+class _BackendRow:
+    name: str
+    kind: str
+    status: BackendStatus
+    published: int
 
 
-def _backends_section(gateway: Gateway, now: float) -> str:
-    published = gateway.catalog.by_backend()
-    none = '<span class="muted">—</span>'
-    rows = []
-    for name, kind, status in gateway.statuses():
-        reason = _e(_clip(status.reason, TEXT_LIMIT)) if status.reason else none
-        if status.declared and status.reason:
-            reason += ' <span class="muted">(declared)</span>'
-        for label, why in status.unready:  # a variant its probe found unable to run: skipped by the ladder
-            detail = f"variant <code>{_e(label)}</code> not ready: {_e(_clip(why, TEXT_LIMIT))}"
-            reason = ("" if reason == none else reason + "<br>") + f'{detail} <span class="muted">(detected)</span>'
-        if not status.last_error:
-            last_error = none
-        elif status.last_error == status.reason:
-            last_error = '<span class="muted">the reason</span>'
-        else:
-            last_error = _e(_clip(status.last_error, TEXT_LIMIT))
-        rows.append(
-            f'<tr id="backend-{_e(name)}"><td><code>{_e(name)}</code></td><td>{_e(kind)}</td>'
-            f"<td>{_badge(str(status.state))}</td>"
-            f'<td class="text">{reason}</td>'
-            f'<td class="nowrap">{_e(_ago(status.since, now))}'
-            f'<br><span class="muted mono">{_e(_iso(status.since))}</span></td>'
-            f'<td class="text">{last_error}</td>'
-            f'<td class="num">{status.tool_count}</td><td class="num">{published.get(name, 0)}</td></tr>'
-        )
-    if not rows:
-        return '<h2>Backends</h2><p class="note">No backends are configured.</p>'
-    head = (
-        "<tr><th>Backend</th><th>Kind</th><th>State</th><th>Reason</th><th>Since</th><th>Last error</th>"
-        '<th class="num" title="tools the backend offers now">Tools</th>'
-        '<th class="num" title="published tools (routes included) it serves">Published</th></tr>'
-    )
-    return (
-        f'<h2>Backends <small>{len(rows)}</small></h2><table id="backends"><thead>{head}</thead>'
-        f"<tbody>{''.join(rows)}</tbody></table>"
-    )
+@dataclass(frozen=True, slots=True)
+class _ToolRow:
+    name: str
+    route: bool
+    chain: str  # the providers in order
+    description: str  # its first line
 
 
-def _catalog_section(catalog: Catalog) -> str:
+def _tool_rows(catalog: Catalog) -> list[_ToolRow]:
     rows = []
     for name in sorted(catalog.entries):
         entry = catalog.entries[name]
         chain = " → ".join(provider.label for provider in entry.providers)
-        route = f" {_badge('route', 'route')}" if entry.route else ""
         first_line = (entry.tool.description or "").strip().split("\n", 1)[0]
-        rows.append(
-            f'<tr><td><code>{_e(name)}</code>{route}</td><td class="mono">{_e(chain)}</td>'
-            f'<td class="muted">{_e(_clip(first_line, DESCRIPTION_LIMIT))}</td></tr>'
-        )
-    problems = ""
-    if catalog.problems:
-        items = "".join(f"<li>{_e(problem)}</li>" for problem in catalog.problems)
-        problems = f'<ul class="problems">{items}</ul>'
-    table = (
-        '<table id="catalog"><thead><tr><th>Tool</th><th>Providers (in order)</th><th>Description</th></tr></thead>'
-        f"<tbody>{''.join(rows)}</tbody></table>"
-        if rows
-        else '<p class="note">No tool is published yet.</p>'
+        rows.append(_ToolRow(name, bool(entry.route), chain, first_line))
+    return rows
+
+
+def _render_page(gateway: Gateway, ledger: _LedgerData, *, caller: str | None, base: str, nonce: str) -> str:
+    published = gateway.catalog.by_backend()
+    backends = [_BackendRow(name, kind, status, published.get(name, 0)) for name, kind, status in gateway.statuses()]
+    return _TEMPLATES.get_template("status.html").render(
+        name=gateway.config.gateway.name,
+        overall="ok" if gateway.healthy() else "degraded",
+        uptime=_duration(anyio.current_time() - gateway.started_at),
+        version=VERSION,
+        now=time.time(),
+        refresh=REFRESH_S,
+        caller=caller,
+        base=base,
+        nonce=nonce,
+        backends=backends,
+        tools=_tool_rows(gateway.catalog),
+        problems=gateway.catalog.problems,
+        ledger=ledger,
+        recent_calls=RECENT_CALLS,
+        description_limit=DESCRIPTION_LIMIT,
     )
-    return f"<h2>Catalog <small>{len(rows)} tools</small></h2>{problems}{table}"
-
-
-def _chain_summary(record: AuditRecord) -> str:
-    """Who answered; for a call that fell back, every step with its outcome."""
-    if not record.chain:
-        return '<span class="muted">—</span>'
-    if len(record.chain) == 1:
-        step = record.chain[0]
-        variant = f" [{step.variant}]" if step.variant else ""
-        return f'<span class="mono">{_e(step.provider + variant)}</span>'
-    steps = []
-    for step in record.chain:
-        variant = f" [{step.variant}]" if step.variant else ""
-        reason = f' title="{_e(_clip(step.reason, TEXT_LIMIT))}"' if step.reason else ""
-        steps.append(f'<span class="mono"{reason}>{_e(step.provider + variant)}</span> {_badge(step.outcome)}')
-    return " → ".join(steps)
-
-
-def _calls_section(ledger: _LedgerData, now: float) -> str:
-    title = f"<h2>Recent calls <small>last {RECENT_CALLS}, newest first</small></h2>"
-    if ledger.problem is not None:
-        return f'{title}<p class="note">{_e(ledger.problem)}</p>'
-    if not ledger.calls:
-        return f'{title}<p class="note">No calls recorded yet.</p>'
-    rows = []
-    for record in ledger.calls:
-        client = " ".join(part for part in (record.client_name, record.client_version) if part)
-        client_cell = _e(client) if client else '<span class="muted">—</span>'
-        caller = f'<br><span class="muted">{_e(record.caller)}</span>' if record.caller else ""
-        rows.append(
-            f'<tr><td class="nowrap" title="{_e(_iso(record.ts))}">{_e(_iso(record.ts)[11:])}'
-            f'<br><span class="muted">{_e(_ago(record.ts, now))}</span></td>'
-            f"<td><code>{_e(record.tool)}</code></td><td>{_badge(record.status)}</td>"
-            f"<td>{_chain_summary(record)}</td>"
-            f'<td class="num">{_e(_ms(record.duration_ms))}</td>'
-            f"<td>{client_cell}{caller}</td></tr>"
-        )
-    head = (
-        '<tr><th>Time (UTC)</th><th>Tool</th><th>Status</th><th>Served by</th><th class="num">Duration</th>'
-        "<th>Client</th></tr>"
-    )
-    return f'{title}<table id="calls"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table>'
-
-
-def _stats_section(ledger: _LedgerData) -> str:
-    title = "<h2>Tools <small>last 24 h</small></h2>"
-    if ledger.problem is not None:
-        return title + '<p class="note">No figures without the ledger.</p>'
-    if not ledger.stats:
-        return f'{title}<p class="note">No calls in the last 24 hours.</p>'
-    rows = [
-        f'<tr><td><code>{_e(row.tool)}</code></td><td class="num">{row.calls}</td>'
-        f'<td class="num">{_e(_ms(row.p50_ms))}</td><td class="num">{_e(_ms(row.p95_ms))}</td>'
-        f'<td class="num">{_e(_pct(row.error_rate))}</td><td class="num">{_e(_pct(row.degraded_rate))}</td></tr>'
-        for row in ledger.stats
-    ]
-    head = (
-        '<tr><th>Tool</th><th class="num">Calls</th><th class="num">p50</th><th class="num">p95</th>'
-        '<th class="num">Errors</th><th class="num">Fallbacks</th></tr>'
-    )
-    return f'{title}<table id="stats"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table>'

@@ -297,7 +297,23 @@ def test_invalid_json_names_the_file_the_line_and_the_column() -> None:
     with pytest.raises(ConfigError) as caught:
         parse_client_config('{\n  "mcpServers": {\n    "a": {"command": "x"}\n    "b": {}\n  }\n}\n', file="c.json")
     assert caught.value.line == 4
-    assert str(caught.value) == "c.json:4: invalid JSON: Expecting ',' delimiter (line 4, column 5)"
+    assert str(caught.value) == "c.json:4: invalid JSON: unexpected '\"' (line 4, column 5)"
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "message"),
+    [
+        ("", 1, "invalid JSON: the file is empty"),
+        ('{"servers": {}}\n\n/* never closed', 3, "unexpected end of input (line 3, column 16)"),  # a comment left open
+        ('{\n  // a comment\n  "servers": {"a": [1, 2,, 3]}\n}', 3, "unexpected ',' (line 3, column 26)"),
+        ("[" * 100_000, None, "invalid JSON: nested too deeply"),
+    ],
+)
+def test_broken_jsonc_is_refused_with_its_line(text: str, line: int | None, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_client_config(text, file="c.json")
+    assert caught.value.file == "c.json" and caught.value.line == line
+    assert message in str(caught.value)
 
 
 def test_json_that_is_not_a_client_config_is_refused() -> None:

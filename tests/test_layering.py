@@ -22,12 +22,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("_logging", "audit", "audit_report", "metrics", "tracing"),  # metrics/tracing: instruments, fed by the router
     ("clients", "costs", "importer"),  # policies and conversions over config (costs reads audit's statistics)
     # "backends" is backends/__init__.py; answers: the answer limit; processes: no process escapes
-    ("backends", "backends.base", "backends.answers", "backends.processes"),
+    ("backends", "backends.base", "backends.answers", "backends.processes", "backends.backoff"),
     ("backends.stdio", "backends.relay", "backends.wiki_index"),  # relay: back-channel context; wiki_index: pure index
     # failures: the foreign-error table and why a session failed; watch: a receive stream's end; pool: shared HTTP
     ("backends.failures", "backends.watch"),
     ("backends.pool",),
     ("backends.wiki_semantic",),  # sections, vectors and hybrid ranking over wiki_index's snapshot; pure, blocking
+    ("backends.wiki_tools",),  # the wiki's tools: schemas and handlers over one index snapshot
     ("backends.mcp", "backends.cli", "backends.wiki"),
     ("listings",),  # resources, templates, prompts: merged and named like the tools, built into the catalog
     ("catalog", "health", "reload", "budget", "results", "continuation"),  # budget: one deadline per call; results:

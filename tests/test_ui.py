@@ -14,6 +14,7 @@ import base64
 import json
 import shutil
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,6 +23,7 @@ import anyio
 import httpx2
 import pytest
 
+from gateway.audit import AuditRecord, AuditStep
 from gateway.config import parse_config
 from gateway.http import Tokens, build_app
 from gateway.runtime import Gateway
@@ -293,6 +295,54 @@ adapters:
     assert '<span class="badge ready">ready</span>' in row
     assert "variant <code>search[deep]</code> not ready: model cache: missing &lt;script&gt;" in row
     assert '<span class="muted">(detected)</span>' in row and "<script" not in row
+
+
+HOSTILE = '<script>alert(1)</script>"\' onmouseover="x'
+HOSTILE_ESCAPED = "&lt;script&gt;alert(1)&lt;/script&gt;&#34;&#39; onmouseover=&#34;x"
+
+
+async def test_a_hostile_gateway_name_tool_description_and_client_name_are_rendered_escaped(tmp_path: Path) -> None:
+    config = f"""
+gateway: {{name: {json.dumps(HOSTILE)}, audit: {{path: {json.dumps(str(tmp_path / "audit.db"))}}}}}
+adapters:
+  cli:
+    command: {sys.executable}
+    tools:
+      search: {{description: {json.dumps(HOSTILE)}, argv: [-c, "print(1)"]}}
+"""
+    federation = parse_config(config, file=str(tmp_path / "federation.yaml"), env={})
+    async with Gateway(federation).running() as gateway:
+        with anyio.fail_after(10):
+            assert await gateway.wait_settled(10)
+        assert gateway.ledger is not None
+        steps = (AuditStep("cli", None, "timeout", HOSTILE, 1.0), AuditStep("other", None, "ok", None, 1.0))
+        await gateway.ledger.record(
+            AuditRecord(
+                ts=time.time(),
+                correlation_id="c-1",
+                session_id=None,
+                client_name=HOSTILE,
+                client_version=None,
+                caller=None,
+                tool="search",
+                chain=steps,
+                status="degraded",
+                duration_ms=2.0,
+                result_bytes=1,
+                arg_preview={},
+                args_hash="0",
+            )
+        )
+        app = build_app(gateway, host="127.0.0.1", tokens=Tokens(""))
+        async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url=BASE_URL) as client:
+            text = (await client.get("/ui/")).text
+    assert "<script" not in text and 'onmouseover="' not in text
+    assert f"<title>{HOSTILE_ESCAPED} · ok</title>" in text
+    assert f"<h1>{HOSTILE_ESCAPED}</h1>" in text
+    assert f'<td class="muted">{HOSTILE_ESCAPED}</td>' in text  # the tool's description in the catalog
+    calls = text.split('<table id="calls">', 1)[1].split("</table>", 1)[0]
+    assert f'<span class="mono" title="{HOSTILE_ESCAPED}">cli</span>' in calls  # a step's reason, in an attribute
+    assert f"<td>{HOSTILE_ESCAPED}</td>" in calls  # the client's own name for itself
 
 
 async def test_the_page_says_when_the_ledger_is_off(tmp_path: Path) -> None:

@@ -34,7 +34,6 @@ import copy
 import dataclasses
 import json
 import os
-import random
 import re
 import shutil
 import signal
@@ -51,8 +50,10 @@ import mcp_types as types
 import structlog
 from jsonschema import exceptions as jsonschema_exceptions  # type: ignore[import-untyped]
 from jsonschema import validators as jsonschema_validators
+from tenacity import AsyncRetrying, retry_if_result
 
 from gateway.backends import processes
+from gateway.backends.backoff import backoff, spread
 from gateway.backends.base import BackendBase, BackendState, BackendStatus, ProcessStatistics, ProgressFn
 from gateway.config import Adapter, AdapterTool, ThinWhen, VariantProbe, environ
 from gateway.errors import (
@@ -391,16 +392,31 @@ class CliBackend(BackendBase):
                 await self._kill_all()
 
     async def _supervise(self) -> None:
-        """Re-check a FAILED adapter with exponential backoff (jittered), so it heals when its program appears;
+        """Re-check a FAILED adapter with exponential backoff (spread), so it heals when its program appears;
         a READY one is re-checked every RECHECK_READY_S (its program may be uninstalled under us)."""
-        delay = RECHECK_FIRST_S
         while True:
             if self._status.state is BackendState.DISABLED:
                 await anyio.sleep_forever()
-            failed = self._status.state is BackendState.FAILED
-            await anyio.sleep((delay if failed else RECHECK_READY_S) * random.uniform(0.8, 1.2))
-            await self.check()
-            delay = min(delay * 2, RECHECK_MAX_S) if self._status.state is BackendState.FAILED else RECHECK_FIRST_S
+            if self._status.state is BackendState.FAILED:
+                await self._heal()
+            else:
+                await anyio.sleep(spread(RECHECK_READY_S))
+                await self.check()
+
+    async def _heal(self) -> None:
+        """Re-check until a check finds the adapter no longer FAILED: the first wait is RECHECK_FIRST_S, each next one
+        twice as long, up to RECHECK_MAX_S. The first attempt is the check that found it FAILED."""
+        retrying = AsyncRetrying(
+            retry=retry_if_result(lambda status: status.state is BackendState.FAILED),
+            wait=backoff(RECHECK_FIRST_S, RECHECK_MAX_S),
+            sleep=anyio.sleep,
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                status = self._status if attempt.retry_state.attempt_number == 1 else await self.check()
+            if attempt.retry_state.outcome is not None and not attempt.retry_state.outcome.failed:
+                attempt.retry_state.set_result(status)  # what the retry predicate judges (tenacity's documented way)
 
     async def check(self) -> BackendStatus:
         """Run one health check now (configuration, working directory, command, optional probe); update the state.

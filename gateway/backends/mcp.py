@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import contextvars
 import functools
-import random
 import tempfile
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
@@ -65,9 +64,10 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import ListenNotSupportedError, listen
 from mcp.shared.exceptions import MCPError
 from pydantic import TypeAdapter
-from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
 
 from gateway.backends.answers import ANSWER_TOO_LARGE, answer_too_large
+from gateway.backends.backoff import backoff, spread
 from gateway.backends.base import BackendBase, BackendState, BackendStatus, ProgressFn
 from gateway.backends.failures import FOREIGN, ResponseRecorder, classify_failure, exit_detail, gateway_error
 from gateway.backends.pool import HttpPool
@@ -129,6 +129,14 @@ class _ConnectFailed(Exception):
     def __init__(self, reason: str) -> None:
         self.reason = reason
         super().__init__(reason)
+
+
+class _ListenLost(Exception):
+    """A ``subscriptions/listen`` stream ended before ``min_uptime_s`` (it is reopened with backoff)."""
+
+
+LISTEN_BACKOFF_S = (0.5, 30.0)
+"""A lost listen stream is reopened after 0.5 s, then twice as long each time it is lost again, at most 30 s."""
 
 
 NotificationHook = Callable[["McpBackend", types.ServerNotification, Upstream | None, Any], Awaitable[None]]
@@ -754,7 +762,7 @@ class McpBackend(BackendBase):
         """Ping every ``ping_interval_s``, or at once when the transport reports an error (e.g. its stream broke)."""
         while True:
             # Jittered, so the pings of many backends (and of many gateways) do not fall in step.
-            with anyio.move_on_after(self._config.ping_interval_s * random.uniform(0.8, 1.2)):
+            with anyio.move_on_after(spread(self._config.ping_interval_s)):
                 await self._probe_now.wait()
             self._probe_now = anyio.Event()
             try:
@@ -771,8 +779,9 @@ class McpBackend(BackendBase):
         """Hold one ``subscriptions/listen`` stream to a stateless-era downstream, for the list changes its discover
         answer says it announces (that era has no other way to hear them). Each event the stream carries also reaches
         ``_on_message`` (the SDK tees listen frames to the message handler), which re-lists as for a handshake-era
-        ``list_changed``. A stream that breaks or is refused is reopened with backoff; the backend's health stays its
-        discover check. The spec replays nothing, so every acknowledged stream re-lists what it watches first."""
+        ``list_changed``. A stream that breaks or is refused is reopened with backoff (``LISTEN_BACKOFF_S``), which
+        starts again from its first step after a stream that stayed up ``min_uptime_s``; the backend's health stays
+        its discover check. The spec replays nothing, so every acknowledged stream re-lists what it watches first."""
         caps = self._init.capabilities if self._init is not None else None
         tools = caps is not None and caps.tools is not None and bool(caps.tools.list_changed)
         prompts = caps is not None and caps.prompts is not None and bool(caps.prompts.list_changed)
@@ -781,37 +790,58 @@ class McpBackend(BackendBase):
         kinds += ["resources", "resource_templates"] if resources else []
         if not kinds:
             return
-        failures = 0
-        while True:
-            opened_at = anyio.current_time()
-            error = "the server closed it"
-            with anyio.CancelScope() as ack_scope:
-                ack_scope.deadline = opened_at + self._config.connect_timeout_s  # bounds the wait for the ack only
-                try:
-                    async with listen(
-                        session,
-                        tools_list_changed=tools,
-                        prompts_list_changed=prompts,
-                        resources_list_changed=resources,
-                    ) as subscription:
-                        ack_scope.deadline = float("inf")
-                        log.debug("backend.listen_open", backend=self._name, lists=kinds)
-                        await self._refresh(kinds)
-                        async for _event in subscription:  # drains the backlog; _on_message has re-listed
-                            pass
-                except ListenNotSupportedError as exc:
-                    log.warning("backend.listen_unavailable", backend=self._name, error=str(exc))
-                    return
-                except FOREIGN as exc:
-                    error = str(exc) or type(exc).__name__
-            if ack_scope.cancelled_caught:
-                error = f"no acknowledgment within connect_timeout_s of {self._config.connect_timeout_s:g} s"
-            if anyio.current_time() - opened_at >= self._config.min_uptime_s:
-                failures = 0
-            delay = min(30.0, 0.5 * 2**failures) * random.uniform(0.8, 1.2)
-            failures = min(failures + 1, 10)
-            log.info("backend.listen_lost", backend=self._name, error=error, retry_in_s=round(delay, 1))
-            await anyio.sleep(delay)
+
+        def lost(state: RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome is not None else None
+            wait = round(state.upcoming_sleep, 1)
+            log.info("backend.listen_lost", backend=self._name, error=str(error), retry_in_s=wait)
+
+        while True:  # one backoff per run of short-lived streams
+            retrying = AsyncRetrying(
+                retry=retry_if_exception_type(_ListenLost),
+                wait=backoff(*LISTEN_BACKOFF_S),
+                sleep=anyio.sleep,
+                before_sleep=lost,
+                reraise=True,
+            )
+            try:
+                async for attempt in retrying:
+                    with attempt:
+                        await self._listen_once(session, kinds, tools=tools, prompts=prompts, resources=resources)
+            except ListenNotSupportedError as exc:
+                log.warning("backend.listen_unavailable", backend=self._name, error=str(exc))
+                return
+
+    async def _listen_once(
+        self, session: ClientSession, kinds: list[str], *, tools: bool, prompts: bool, resources: bool
+    ) -> None:
+        """One ``subscriptions/listen`` stream, until it ends. Returns when it stayed up ``min_uptime_s`` (it is
+        reopened at once); raises ``_ListenLost`` when it ended sooner, or was refused, or never acknowledged."""
+        opened_at = anyio.current_time()
+        error = "the server closed it"
+        with anyio.CancelScope() as ack_scope:
+            ack_scope.deadline = opened_at + self._config.connect_timeout_s  # bounds the wait for the ack only
+            try:
+                async with listen(
+                    session,
+                    tools_list_changed=tools,
+                    prompts_list_changed=prompts,
+                    resources_list_changed=resources,
+                ) as subscription:
+                    ack_scope.deadline = float("inf")
+                    log.debug("backend.listen_open", backend=self._name, lists=kinds)
+                    await self._refresh(kinds)
+                    async for _event in subscription:  # drains the backlog; _on_message has re-listed
+                        pass
+            except ListenNotSupportedError:
+                raise  # a RuntimeError, but not a lost stream: the loop stops
+            except FOREIGN as exc:
+                error = str(exc) or type(exc).__name__
+        if ack_scope.cancelled_caught:
+            error = f"no acknowledgment within connect_timeout_s of {self._config.connect_timeout_s:g} s"
+        if anyio.current_time() - opened_at < self._config.min_uptime_s:
+            raise _ListenLost(error)
+        log.info("backend.listen_lost", backend=self._name, error=error, retry_in_s=0)
 
     async def _on_message(self, message: Any) -> None:
         if isinstance(message, Exception):

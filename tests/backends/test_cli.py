@@ -16,7 +16,8 @@ import anyio.abc
 import mcp_types as types
 import pytest
 
-from gateway.backends.base import BackendState
+from gateway.backends import cli as cli_module
+from gateway.backends.base import BackendState, BackendStatus
 from gateway.backends.cli import ChildProcess, CliBackend, build_argv
 from gateway.config import Adapter
 from gateway.errors import (
@@ -527,6 +528,37 @@ async def test_a_missing_command_fails_the_adapter_without_blocking_startup() ->
             assert [t.name for t in backend.tools()] == ["t"]  # still known, so a route keeps its schema
             with pytest.raises(BackendUnavailable, match="command not found"):
                 await backend.call_tool("t", {})
+            tg.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_a_failed_adapter_is_rechecked_with_growing_waits_and_heals_when_its_program_appears(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cli_module, "RECHECK_FIRST_S", 0.05)
+    monkeypatch.setattr(cli_module, "RECHECK_MAX_S", 0.4)
+    program = tmp_path / "late-program"
+    backend = CliBackend("a", Adapter.model_validate({"command": str(program), "tools": {"t": {"argv": ["x"]}}}))
+    checks: list[float] = []
+    check = backend.check
+
+    async def counted() -> BackendStatus:
+        checks.append(anyio.current_time())
+        return await check()
+
+    monkeypatch.setattr(backend, "check", counted)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await tg.start(backend.run)
+            assert backend.status.state is BackendState.FAILED
+            await wait_until(lambda: len(checks) >= 6)
+            waits = [b - a for a, b in zip(checks, checks[1:], strict=False)][:5]
+            # nominal 0.05, 0.1, 0.2, 0.4, 0.4 s, each spread by ±20 %; a loaded machine only makes them longer
+            assert waits[0] >= 0.04 and waits[1] >= 0.08 and waits[2] >= 0.16 and waits[3] >= 0.32
+            assert waits[4] < 0.4 * 1.2 + 0.5  # capped at RECHECK_MAX_S
+            program.write_text("#!/bin/sh\nexit 0\n")
+            program.chmod(0o755)
+            await wait_until(lambda: backend.status.state is BackendState.READY)
             tg.cancel_scope.cancel()
 
 

@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from gateway.backends import wiki as wiki_module
 from gateway.backends import wiki_semantic
 from gateway.backends.base import BackendState
-from gateway.backends.wiki import INDEX_FULL_LISTING_MAX_PAGES, TOOL_NAMES, WikiBackend
+from gateway.backends.wiki import TOOL_NAMES, WikiBackend
+from gateway.backends.wiki_tools import INDEX_FULL_LISTING_MAX_PAGES
 from gateway.errors import BackendThinResult, BackendUnavailable, InvalidArguments, ToolNotFound
 
 pytestmark = pytest.mark.anyio
