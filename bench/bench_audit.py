@@ -1,4 +1,5 @@
-"""What ``Ledger.record()`` costs: ledger off vs ``synchronous=NORMAL`` vs ``FULL``.
+"""What ``Ledger.record()`` costs: ledger off vs ``synchronous=NORMAL`` vs ``FULL`` (and, with ``--postgresql URL``,
+the PostgreSQL ledger, and the same ledger spooling because its server cannot be reached).
 
 For each mode it measures (1) the latency of one awaited ``record()`` with nothing else running (p50 and p99 over
 ``--rows`` sequential calls) and (2) the throughput of ``--writers`` tasks recording concurrently, where group commit
@@ -6,7 +7,9 @@ shares each transaction between the callers that were ready when the batch's lea
 while the previous commit ran in its thread (FULL).
 
 Run ``python -m bench.bench_audit [--dir DIR]`` from the project root. Put ``--dir`` on the disk the gateway's ledger
-will live on: a tmpfs makes every fsync free and hides the difference FULL makes.
+will live on: a tmpfs makes every fsync free and hides the difference FULL makes. ``--postgresql`` takes the URL of
+an existing, empty database (its ``calls`` table is written to); ``pg-spooling`` points the same ledger at a closed
+port on 127.0.0.1, so every row goes to the local spool.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any, Literal
 import anyio
 
 from gateway.audit import AuditRecord, AuditStep, Ledger, arg_previews, args_hash
+from gateway.ledgers import AuditLedger
 
 ARGUMENTS = {"query": "how does the fallback ladder pick a cheaper mode " * 3, "mode": "full", "limit": 10}
 
@@ -50,11 +54,25 @@ def _percentile(ordered: list[float], pct: int) -> float:
     return ordered[max(1, (pct * len(ordered) + 99) // 100) - 1]
 
 
-async def bench_mode(directory: Path, mode: str, rows: int, writers: int, per_writer: int) -> dict[str, Any]:
+def _ledger(directory: Path, mode: str, url: str | None) -> Any:
+    if mode in ("postgresql", "pg-spooling"):
+        from gateway.ledger_pg import PgLedger
+        from tests.engines import free_port
+
+        assert url is not None
+        target = url if mode == "postgresql" else f"postgresql://bench@127.0.0.1:{free_port()}/none"
+        return PgLedger(target, spool_path=directory / f"spool-{mode}.db")
     path = None if mode == "off" else directory / f"audit-{mode.lower()}.db"
     synchronous: Literal["NORMAL", "FULL"] = "FULL" if mode == "FULL" else "NORMAL"
+    return Ledger(path, synchronous=synchronous)
+
+
+async def bench_mode(
+    directory: Path, mode: str, rows: int, writers: int, per_writer: int, url: str | None = None
+) -> dict[str, Any]:
     latencies: list[float] = []
-    async with Ledger(path, synchronous=synchronous) as ledger:
+    ledger: AuditLedger
+    async with _ledger(directory, mode, url) as ledger:
         for n in range(50):  # warm up: the file, the page cache, the thread
             await ledger.record(make_record(n))
         for n in range(rows):
@@ -88,18 +106,21 @@ async def bench_mode(directory: Path, mode: str, rows: int, writers: int, per_wr
 
 async def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="bench-audit-") as directory:
+        modes = ["off", "NORMAL", "FULL"] + (["postgresql", "pg-spooling"] if args.postgresql else [])
         results = [
-            await bench_mode(Path(directory), mode, args.rows, args.writers, args.per_writer)
-            for mode in ("off", "NORMAL", "FULL")
+            await bench_mode(Path(directory), mode, args.rows, args.writers, args.per_writer, args.postgresql)
+            for mode in modes
         ]
     if args.json:
         print(json.dumps(results, indent=2))
         return
     print(f"{args.rows} sequential records; {args.writers} writers x {args.per_writer} concurrent records")
-    print(f"{'mode':<8}{'p50 us':>10}{'p99 us':>10}{f'rows/s ({args.writers}w)':>15}{'rows/commit':>13}")
+    print(f"{'mode':<12}{'p50 us':>10}{'p99 us':>10}{f'rows/s ({args.writers}w)':>15}{'rows/commit':>13}")
     for r in results:
         per_commit = "-" if r["rows_per_commit"] is None else f"{r['rows_per_commit']:.1f}"
-        print(f"{r['mode']:<8}{r['p50_us']:>10.1f}{r['p99_us']:>10.1f}{r['concurrent_rows_per_s']:>15}{per_commit:>13}")
+        print(
+            f"{r['mode']:<12}{r['p50_us']:>10.1f}{r['p99_us']:>10.1f}{r['concurrent_rows_per_s']:>15}{per_commit:>13}"
+        )
 
 
 if __name__ == "__main__":
@@ -108,5 +129,6 @@ if __name__ == "__main__":
     parser.add_argument("--rows", type=int, default=2000, help="sequential records per mode")
     parser.add_argument("--writers", type=int, default=8)
     parser.add_argument("--per-writer", type=int, default=2000)
+    parser.add_argument("--postgresql", metavar="URL", help="also measure the PostgreSQL ledger on this database")
     parser.add_argument("--json", action="store_true")
     anyio.run(main, parser.parse_args())

@@ -35,6 +35,7 @@ from typing import Any
 import structlog
 
 from gateway.config import Federation, StdioServer, environ
+from gateway.ledgers import url_secrets
 
 __all__ = ["MASK", "Redactor", "config_secrets", "configure_logging", "is_secret_name", "redactor"]
 
@@ -136,6 +137,7 @@ def config_secrets(config: Federation) -> list[str]:
             if value and (name in adapter.secret_env or is_secret_name(name)):
                 values.append(value)
     values += _header_values(config.gateway.tracing.headers, config.gateway.tracing.headers.keys())
+    values += url_secrets(config.gateway.audit.url)
     return values
 
 

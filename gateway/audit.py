@@ -80,6 +80,8 @@ CHECKPOINT_INTERVAL_S: Final = 1.0  # the maintenance thread checkpoints the WAL
 CHECKPOINT_COMMITS: Final = 1000  # ... or after this many commits, whichever comes first
 BUSY_TIMEOUT_S: Final = 5.0  # another process (a second gateway, a manual VACUUM) may hold the write lock briefly
 
+# Both engines apply this one list (ledger_pg.py translates SQLite's column types: INTEGER PRIMARY KEY
+# AUTOINCREMENT, INTEGER and REAL): write each statement in SQL that SQLite and PostgreSQL both accept.
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # v0 -> v1: the calls table.
     (
@@ -184,6 +186,10 @@ class LedgerStatistics:
     commits: int
     largest_commit: int  # rows in the largest group commit
     rows_pruned: int
+    engine: str = "sqlite"  # or "postgresql"
+    spooling: bool = False  # PostgreSQL is unreachable: rows are committed to the local spool file instead
+    spooled_rows: int = 0  # rows in the spool waiting to be replayed into PostgreSQL
+    problem: str | None = None  # why the ledger is spooling (password-free)
 
 
 def _canonical_json(value: Any) -> str:
@@ -375,6 +381,11 @@ class Ledger(anyio.AsyncContextManagerMixin):
     @property
     def disabled(self) -> bool:
         return self._path is None
+
+    @property
+    def target(self) -> Path | None:
+        """What the read side (``query``, ``stats``) opens: the file."""
+        return self._path
 
     def statistics(self) -> LedgerStatistics:
         return LedgerStatistics(
@@ -800,6 +811,11 @@ def stats(
         raise AuditError(f"Cannot read the audit ledger at {path}: {exc}.") from exc
     finally:
         conn.close()
+    return _tool_stats(rows)
+
+
+def _tool_stats(rows: Sequence[Sequence[Any]]) -> list[ToolStats]:
+    """Per-tool figures from ``(tool, status, duration_ms, result_bytes, kind)`` rows (both engines' ``stats``)."""
     durations: dict[tuple[str, bool, str], list[float]] = {}  # (tool, not a tool call, kind): tools sort first
     sizes: dict[tuple[str, bool, str], list[float]] = {}
     statuses: dict[tuple[str, bool, str], dict[str, int]] = {}

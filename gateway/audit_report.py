@@ -1,9 +1,10 @@
-"""``gateway audit tail|query|stats``: the ledger read back as an aligned terminal table or as JSON.
+"""``gateway audit tail|query|stats|copy``: the ledger read back as an aligned terminal table or as JSON.
 
 The renderers are pure functions of the records they are given. ``add_audit_subcommands`` mounts the ``audit``
-command on the CLI's argparse subparsers and ``run_audit`` runs it; both leave the ledger's path to the caller
-(``--db``, defaulting to what the CLI passes as ``default_db``). JSON output is one array for ``query`` and
-``stats`` and one object per line (JSON Lines) for ``tail``, so ``tail --follow --json`` can be piped.
+command on the CLI's argparse subparsers and ``run_audit`` runs it; both leave the ledger to the caller (``--db``, a
+SQLite file or a ``postgresql://`` URL, defaulting to what the CLI passes as ``default_db``). ``copy`` copies a
+SQLite ledger into a PostgreSQL one (``--to``), skipping the rows already there. JSON output is one array for
+``query`` and ``stats`` and one object per line (JSON Lines) for ``tail``, so ``tail --follow --json`` can be piped.
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from gateway.audit import KINDS, STATUSES, AuditRecord, ToolStats, query, stats, tail
+import anyio
+
+from gateway.audit import KINDS, STATUSES, AuditRecord, ToolStats
 from gateway.errors import AuditError
+from gateway.ledgers import is_url, query, redact_url, stats, tail
 
 _RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -185,7 +189,9 @@ def add_audit_subcommands(
 ) -> argparse.ArgumentParser:
     """Add ``audit`` (``tail``, ``query``, ``stats``) to the CLI's subparsers; run what it parses with ``run_audit``."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--db", default=default_db, help=f"the ledger file (default: {default_db})")
+    common.add_argument(
+        "--db", default=default_db, help=f"the ledger: a SQLite file or a postgresql:// URL (default: {default_db})"
+    )
     common.add_argument("--json", action="store_true", help="print JSON instead of a table")
     filters = argparse.ArgumentParser(add_help=False)
     filters.add_argument("--tool", help="only this tool")
@@ -197,7 +203,7 @@ def add_audit_subcommands(
     window.add_argument("--until", type=_time_arg, help="before this time (same forms as --since)")
 
     audit = subparsers.add_parser("audit", help="read the audit ledger", description="Read the audit ledger.")
-    commands = audit.add_subparsers(dest="audit_command", required=True, metavar="{tail,query,stats}")
+    commands = audit.add_subparsers(dest="audit_command", required=True, metavar="{tail,query,stats,copy}")
     tail_parser = commands.add_parser(
         "tail", parents=[common, filters], help="show the latest calls, and with --follow every new one"
     )
@@ -207,6 +213,16 @@ def add_audit_subcommands(
     query_parser = commands.add_parser("query", parents=[common, filters, window], help="list calls matching filters")
     query_parser.add_argument("--limit", type=int, default=100, help="the most (newest) calls to list; 0 for all")
     commands.add_parser("stats", parents=[common, filters, window], help="per-tool calls, error rates and latency")
+    copy_parser = commands.add_parser(
+        "copy",
+        help="copy a SQLite ledger into PostgreSQL (rows already there are skipped, so it can be re-run)",
+        description="Copy the SQLite ledger --db into the PostgreSQL ledger --to, in order; a re-run copies only "
+        "the rows not there yet.",
+    )
+    copy_parser.add_argument("--db", default=default_db, help=f"the SQLite ledger file (default: {default_db})")
+    copy_parser.add_argument(
+        "--to", default=None, help="the PostgreSQL ledger's postgresql:// URL (default: gateway.audit.url)"
+    )
     return audit
 
 
@@ -238,6 +254,8 @@ def run_audit(
                 args.db, since=args.since, until=args.until, tool=args.tool, client=args.client, kind=args.kind
             )
             print(render_stats(items, args.json), file=out)
+        elif args.audit_command == "copy":
+            _run_copy(args, out)
         else:
             _run_tail(args, out, sleep)
     except AuditError as exc:
@@ -246,6 +264,17 @@ def run_audit(
     except KeyboardInterrupt:  # the way to stop tail --follow
         return 0
     return 0
+
+
+def _run_copy(args: argparse.Namespace, out: TextIO) -> None:
+    if not args.to or not is_url(args.to):
+        raise AuditError("gateway audit copy needs --to postgresql://... (or gateway.audit.url in the config).")
+    if is_url(args.db):
+        raise AuditError("gateway audit copy reads a SQLite ledger file (--db), not a URL.")
+    from gateway.ledger_pg import copy_ledger
+
+    copied, skipped = anyio.run(copy_ledger, args.db, args.to)
+    print(f"copied {copied} row(s) from {args.db} into {redact_url(args.to)}; {skipped} were there already", file=out)
 
 
 def _run_tail(args: argparse.Namespace, out: TextIO, sleep: Callable[[float], None]) -> None:

@@ -116,8 +116,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "tools":
             return anyio.run(_tools, config, args.json, args.full)
         if args.command == "audit":
-            if args.db == AUDIT_DB_FROM_CONFIG:
-                args.db = config.gateway.audit.path
+            audit = config.gateway.audit
+            if args.audit_command == "copy":
+                args.to = args.to or audit.url
+                if args.db == AUDIT_DB_FROM_CONFIG:
+                    args.db = audit.path
+            elif args.db == AUDIT_DB_FROM_CONFIG:
+                args.db = audit.url or audit.path  # the ledger the gateway writes
             return run_audit(args)
     except KeyboardInterrupt:
         return EXIT_OK
@@ -170,11 +175,12 @@ async def _serve(config: Federation, args: argparse.Namespace) -> int:
     host = args.host or config.gateway.listen.host
     port = args.port if args.port is not None else config.gateway.listen.port
     tokens = Tokens(environ(config.gateway.auth.tokens_env))
-    if not tokens:
+    oauth = config.gateway.auth.oauth is not None
+    if not tokens and not oauth:
         if not is_loopback(host):
             print(
                 f"gateway: refusing to serve on {host} without a bearer token: set {config.gateway.auth.tokens_env} "
-                "(comma-separated tokens, optionally name=token) or bind to 127.0.0.1",
+                "(comma-separated tokens, optionally name=token), configure gateway.auth.oauth, or bind to 127.0.0.1",
                 file=sys.stderr,
             )
             return EXIT_USAGE
@@ -216,7 +222,11 @@ async def _serve(config: Federation, args: argparse.Namespace) -> int:
             tg.start_soon(_stop_on_signals, gateway, functools.partial(_stop_http, server, gateway))
             tg.start_soon(watch_config, config.source, _reloader(gateway))
             log.info(
-                "gateway.serving", url=f"http://{host}:{port}/mcp", backends=len(gateway.backends), auth=bool(tokens)
+                "gateway.serving",
+                url=f"http://{host}:{port}/mcp",
+                backends=len(gateway.backends),
+                auth=bool(tokens) or oauth,
+                oauth=oauth,
             )
             await server.serve()
             tg.cancel_scope.cancel()

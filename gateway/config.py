@@ -15,6 +15,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -35,8 +36,11 @@ __all__ = [
     "Clients",
     "AdapterTool",
     "CallBudget",
+    "CallerLimit",
     "Federation",
     "HttpServer",
+    "OAuth",
+    "OAuthIssuer",
     "RouteStep",
     "ScoreScale",
     "SearchHitsResult",
@@ -108,19 +112,157 @@ class Listen(_Model):
     port: int = Field(default=8080, ge=0, le=65535)
 
 
+_ASYMMETRIC_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
+
+
+def _check_url(value: str, what: str) -> str:
+    """An absolute http(s) URL without fragment; plain http only for a loopback host (a token or a key fetched in
+    the clear from anywhere else could be swapped on the way)."""
+    parts = urlsplit(value)
+    if parts.scheme not in ("https", "http") or not parts.hostname or parts.fragment or "@" in parts.netloc:
+        raise ValueError(f"{what} must be an absolute https URL without user info or fragment (got {value!r})")
+    if parts.scheme == "http" and parts.hostname not in ("127.0.0.1", "localhost", "::1"):
+        raise ValueError(f"{what} must use https unless its host is loopback (got {value!r})")
+    return value
+
+
+class OAuthIssuer(_Model):
+    """One trusted authorization server whose JWT access tokens the gateway accepts."""
+
+    issuer: str
+    """The issuer identifier, exactly as the tokens' ``iss`` claim and the server's metadata carry it."""
+    jwks_uri: str | None = None
+    """Where its signing keys are; default: discovered from its metadata (RFC 8414, then OpenID Connect)."""
+    audience: str | None = None
+    """The ``aud`` its tokens must carry; default: ``gateway.auth.oauth.resource`` (RFC 8707). Only for a server
+    that cannot put the resource URI there (it must still be a value that names this gateway alone)."""
+    caller_claim: str = Field(default="sub", min_length=1)
+    """The claim that names the caller (with the issuer's name: ``NAME:VALUE`` in the ledger and sessions)."""
+
+    @field_validator("issuer")
+    @classmethod
+    def _issuer_url(cls, value: str) -> str:
+        return _check_url(value, "the issuer")
+
+    @field_validator("jwks_uri")
+    @classmethod
+    def _jwks_url(cls, value: str | None) -> str | None:
+        return None if value is None else _check_url(value, "jwks_uri")
+
+
+class OAuth(_Model):
+    """The gateway as an OAuth 2.1 resource server (MCP authorization; RFC 9728, RFC 6750, RFC 8707)."""
+
+    resource: str
+    """The gateway's canonical resource URI (e.g. ``https://gateway.example.com/mcp``): tokens' ``aud`` must name
+    it, and its Protected Resource Metadata is served at ``/.well-known/oauth-protected-resource`` + its path."""
+    issuers: dict[str, OAuthIssuer] = Field(min_length=1)
+    """Trusted authorization servers by name (1 to 32 characters from A-Z a-z 0-9 _ . -)."""
+    required_scopes: tuple[str, ...] = ()
+    """Scopes every token must carry (``scope`` or ``scp`` claim); a token without them is answered 403."""
+    scopes_supported: tuple[str, ...] | None = None
+    """Advertised in the metadata; default: ``required_scopes``."""
+    algorithms: tuple[str, ...] = ("RS256", "PS256", "ES256", "EdDSA")
+    """Signature algorithms accepted (asymmetric only: ``none`` and the HMAC ones are never accepted)."""
+    leeway_s: float = Field(default=30.0, ge=0, le=300)
+    """Clock skew allowed on ``exp``, ``nbf`` and ``iat``."""
+    jwks_ttl_s: float = Field(default=3600.0, gt=0)
+    """How long fetched keys are used before they are fetched again."""
+    jwks_refresh_min_s: float = Field(default=30.0, ge=0)
+    """A token naming an unknown key refetches the issuer's keys at most once per this many seconds."""
+    fetch_timeout_s: float = Field(default=5.0, gt=0, le=60)
+    """The longest a request waits for an issuer's metadata or keys."""
+
+    @field_validator("resource")
+    @classmethod
+    def _resource_url(cls, value: str) -> str:
+        _check_url(value, "resource")
+        if urlsplit(value).query:
+            raise ValueError(f"resource must not have a query (got {value!r})")
+        return value
+
+    @field_validator("issuers")
+    @classmethod
+    def _issuer_names(cls, value: dict[str, OAuthIssuer]) -> dict[str, OAuthIssuer]:
+        for name in value:
+            if not re.fullmatch(r"[A-Za-z0-9_.-]{1,32}", name):
+                raise ValueError(f"issuer name {name!r} is invalid: use 1 to 32 characters from A-Z a-z 0-9 _ . -")
+        seen = [spec.issuer for spec in value.values()]
+        if len(set(seen)) != len(seen):
+            raise ValueError("two issuers have the same `issuer` URL: a token could not say which one it is")
+        return value
+
+    @field_validator("algorithms")
+    @classmethod
+    def _asymmetric(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for alg in value:
+            if alg not in _ASYMMETRIC_ALGORITHMS:
+                raise ValueError(
+                    f"algorithm {alg!r} is not accepted: use one of {', '.join(_ASYMMETRIC_ALGORITHMS)} (keys come "
+                    "from the issuer's JWKS, so symmetric algorithms and 'none' are refused)"
+                )
+        if not value:
+            raise ValueError("at least one algorithm is required")
+        return value
+
+
+class CallerLimit(_Model):
+    """Limits for the callers a rule matches; each matching caller gets its own bucket and its own count."""
+
+    name: str | None = None
+    """How /metrics labels what this rule refuses; default: ``rule-N`` (its position, from 1)."""
+    callers: tuple[str, ...] = ("*",)
+    """Caller-name globs (``alice``, ``corp:*``): static token names, or ``ISSUER-NAME:SUBJECT`` for OAuth."""
+    claims: dict[str, str] = {}
+    """JWT claims the caller's token must carry with these values (a list claim must contain it); a static token
+    carries none, so a rule with claims never matches one."""
+    requests_per_s: float | None = Field(default=None, gt=0)
+    """The sustained rate of JSON-RPC requests to /mcp (a token bucket); unset: no rate limit."""
+    burst: int | None = Field(default=None, ge=1)
+    """The bucket's size: requests allowed at once after a quiet spell; default: ``requests_per_s`` rounded up."""
+    concurrent_calls: int | None = Field(default=None, ge=1)
+    """``tools/call`` requests of one caller in flight at once; unset: no limit."""
+
+    @model_validator(mode="after")
+    def _limits_something(self) -> CallerLimit:
+        if self.requests_per_s is None and self.concurrent_calls is None:
+            raise ValueError("a caller limit needs requests_per_s, concurrent_calls or both")
+        if self.burst is not None and self.requests_per_s is None:
+            raise ValueError("burst is the size of the requests_per_s bucket: set requests_per_s too")
+        return self
+
+
 class Auth(_Model):
     tokens_env: str = "GATEWAY_TOKENS"
     """The environment variable holding the accepted bearer tokens, comma-separated."""
     metrics_requires_token: bool | None = None
     """Whether /metrics needs the bearer token; default: yes unless bound to loopback."""
+    oauth: OAuth | None = None
+    """JWT access tokens from trusted issuers, accepted beside the static tokens (see docs/security.md)."""
+    caller_limits: tuple[CallerLimit, ...] = ()
+    """Per-caller request rate and concurrent calls; the first rule that matches a caller applies (the policies
+    section to come will carry these per policy)."""
 
 
 class AuditSettings(_Model):
     enabled: bool = True
     path: str = "audit.db"
     retention_days: float | None = Field(default=None, gt=0)
+    url: str | None = None
+    """A PostgreSQL ledger (a libpq URL, ``postgresql://user@host:port/db``) instead of the SQLite file at ``path``;
+    its password is never shown (better: leave it to ``PGPASSWORD``/``~/.pgpass``, or write ``${VAR}``)."""
+    spool_path: str | None = None
+    """With ``url``: the local SQLite file rows wait in while PostgreSQL is unreachable; default ``<path>.spool``."""
 
-    _resolve_path = field_validator("path")(_resolve)
+    _resolve_path = field_validator("path", "spool_path")(_resolve)
+
+    @field_validator("url")
+    @classmethod
+    def _postgresql_url(cls, value: str | None) -> str | None:
+        # A value_error: the message never echoes the value, which may hold a password.
+        if value is not None and not value.startswith(("postgresql://", "postgres://")):
+            raise ValueError("must be a PostgreSQL URL, postgresql://user@host:port/database (the value is not shown)")
+        return value
 
 
 class TracingSettings(_Model):

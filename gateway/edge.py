@@ -34,7 +34,11 @@ from gateway.errors import quote
 from gateway.inputs import argument_problem, problem
 from gateway.server import WITHHELD
 
-__all__ = ["Edge"]
+__all__ = ["RPC", "Edge"]
+
+RPC = "edge.rpc"
+"""The scope-state key under which the edge leaves a POST's JSON-RPC message, as sent, for what runs after it
+(quotas.py); only when the body is one JSON object."""
 
 INVALID_REQUEST = -32600
 INVALID_PARAMS = -32602
@@ -76,6 +80,11 @@ class Edge:
         except (ValueError, RecursionError):
             decoded = None  # the SDK answers its own parse error
         if isinstance(decoded, dict):
+            params = decoded.get("params")
+            scope.setdefault("state", {})[RPC] = {
+                **decoded,
+                "params": dict(params) if isinstance(params, dict) else params,
+            }
             answer, body = self._check(decoded, scope, body)
             if answer is not None:
                 await _reply(send, answer)

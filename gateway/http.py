@@ -5,7 +5,10 @@ checks Host/Origin (DNS-rebinding protection on loopback binds) and the bearer t
 MCP work — then answers ``/healthz`` (no auth, no reasons), ``/status`` (auth, full reasons) and ``/metrics``
 (Prometheus text format; auth unless ``gateway.auth.metrics_requires_token`` says otherwise — by default it is
 required unless the gateway is bound to loopback). ``/metrics`` holds names, states and counts only: no reasons,
-arguments or secrets.
+arguments or secrets. With ``gateway.auth.oauth`` a bearer that is no static token is verified as a JWT access token
+(``oauth.py``), the Protected Resource Metadata is served (public) at its well-known paths, and refusals carry the
+RFC 6750 challenge naming it. Per-caller request rates and concurrent calls (``quotas.py``) sit between the edge and
+the SDK.
 
 Host and Origin are parsed, never prefix-matched: a Host must be exactly ``name[:port]`` and an Origin exactly
 ``scheme://host[:port]``, and the parsed host is compared whole (``http://localhost:1.evil.example.com`` is refused).
@@ -45,10 +48,12 @@ from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway._logging import redactor
-from gateway.config import Limits
+from gateway.config import CallerLimit, Limits
 from gateway.edge import Edge
 from gateway.events import RETRY_MS, RecentEvents
 from gateway.metrics import CONTENT_TYPE, AdapterSnapshot, BackendSnapshot, StateSnapshot
+from gateway.oauth import Refusal, ResourceServer
+from gateway.quotas import CallerLimits
 from gateway.runtime import VERSION, Gateway
 from gateway.server import build_server, session_digest
 from gateway.ui import UI_PATHS, build_ui
@@ -131,9 +136,12 @@ class Guard:
         allowed_hosts: Sequence[str] = (),
         allowed_origins: Sequence[str] = (),
         public_paths: Sequence[str] = ("/healthz",),
+        oauth: ResourceServer | None = None,
     ) -> None:
         self.app = app
         self.tokens = tokens
+        self.oauth = oauth
+        self.required = bool(tokens) or oauth is not None
         self.loopback = loopback
         self.allowed_hosts = {h.lower().replace("[", "").replace("]", "") for h in allowed_hosts}
         self.allowed_origins = {o.lower() for o in allowed_origins}
@@ -171,23 +179,59 @@ class Guard:
         if origin is not None and not self._origin_ok(origin):
             await _plain(send, 403, "Forbidden: Origin not allowed.")
             return
-        caller = self.tokens.identify(headers.get("authorization")) if self.tokens else None
+        authorization = headers.get("authorization")
+        caller = self.tokens.identify(authorization) if self.tokens else None
+        public = scope["path"] in self.public_paths
+        principal = None
+        if caller is None and self.oauth is not None and not public and (offered := _bearer(authorization)):
+            try:
+                principal = await self.oauth.verify(offered)
+            except Refusal as refusal:
+                log.info("auth.refused", status=refusal.status, error=refusal.error, reason=refusal.description)
+                extra = [(b"www-authenticate", self.oauth.challenge(refusal).encode())]
+                if refusal.status == 503:
+                    extra.append((b"retry-after", b"5"))
+                await _plain(send, refusal.status, f"{_REFUSED[refusal.status]}: {refusal.description}.", extra)
+                return
+            caller = principal.caller
         if caller is not None:
             scope.setdefault("state", {})["caller"] = caller
             # The SDK binds a session to the principal that opened it and answers 404 to any other (POST, GET and
-            # DELETE alike); the caller's name is that principal.
-            scope["user"] = AuthenticatedUser(AccessToken(token="", client_id=caller, scopes=[]))
-        elif self.tokens:
-            if scope["path"] not in self.public_paths:
+            # DELETE alike); the caller's name is that principal (for a JWT: issuer and subject, never the token).
+            if principal is None:
+                scope["user"] = AuthenticatedUser(AccessToken(token="", client_id=caller, scopes=[]))
+            else:
+                scope["state"]["principal"] = principal
+                access = AccessToken(
+                    token="",
+                    client_id=caller,
+                    scopes=sorted(principal.scopes),
+                    subject=principal.subject,
+                    claims={"iss": principal.issuer},
+                )
+                scope["user"] = AuthenticatedUser(access)
+        elif self.required:
+            if not public:
+                challenge = self.oauth.challenge() if self.oauth is not None else 'Bearer realm="mcp-gateway"'
                 await _plain(
                     send,
                     401,
                     "Unauthorized: a valid bearer token is required.",
-                    [(b"www-authenticate", b'Bearer realm="mcp-gateway"')],
+                    [(b"www-authenticate", challenge.encode())],
                 )
                 return
             send = _closing(send)  # only token holders keep a connection open (connections.py counts on it)
         await self.app(scope, receive, send)
+
+
+_REFUSED = {401: "Unauthorized", 403: "Forbidden", 503: "Service unavailable"}
+
+
+def _bearer(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer`` header, else None."""
+    if not authorization or authorization[:7].lower() != "bearer ":
+        return None
+    return authorization[7:].strip() or None
 
 
 def _split_host(host: str) -> tuple[str, int | None] | None:
@@ -393,6 +437,16 @@ def status_document(
         doc["connections"] = connections
     if sessions is not None:
         doc["sessions"] = sessions
+    if gateway.ledger is not None and not gateway.ledger.disabled:
+        ledger = gateway.ledger.statistics()
+        doc["ledger"] = {
+            "engine": ledger.engine,
+            "state": "spooling" if ledger.spooling else "ok",
+            "spooled_rows": ledger.spooled_rows,
+            "pending_rows": ledger.pending,
+            "rows_written": ledger.rows_written,
+            "problem": redactor.scrub(ledger.problem),
+        }
     return doc
 
 
@@ -460,6 +514,17 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
         return JSONResponse(status_document(gateway, connections=len(connections), sessions=manager.statistics()))
 
     gateway.metrics.watch(lambda: state_snapshot(gateway))
+    oauth_settings = gateway.config.gateway.auth.oauth  # read at start, like the tokens: a reload does not change it
+    oauth = ResourceServer(oauth_settings, name=gateway.config.gateway.name) if oauth_settings is not None else None
+
+    async def resource_metadata(request: Request) -> Response:
+        assert oauth is not None
+        return JSONResponse(oauth.metadata(), headers={"cache-control": "max-age=300"})
+
+    def limits() -> tuple[CallerLimit, ...]:
+        return gateway.config.gateway.auth.caller_limits
+
+    metadata_routes = [Route(p, resource_metadata, methods=["GET"]) for p in (oauth.metadata_paths if oauth else ())]
 
     async def metrics(request: Request) -> Response:
         return Response(gateway.metrics.exposition(), headers={"content-type": CONTENT_TYPE})
@@ -476,8 +541,11 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
             Route("/status", status, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
             # Every POST body is checked before the SDK parses it (edge.py): one rule for both protocol eras.
-            Route("/mcp", endpoint=Edge(mcp_app, lambda: gateway.config.gateway.edge)),
-            Mount("/ui", app=build_ui(gateway, tokens, is_loopback(host))),  # the status page; signs people in itself
+            # Per-caller limits (quotas.py) after the edge, which hands them the parsed message.
+            Route("/mcp", endpoint=Edge(CallerLimits(mcp_app, gateway, limits), lambda: gateway.config.gateway.edge)),
+            # the status page; signs people in itself, with the static tokens only (so with OAuth alone it is shut)
+            Mount("/ui", app=build_ui(gateway, tokens, is_loopback(host) and oauth is None)),
+            *metadata_routes,
         ],
         lifespan=lifespan,
     )
@@ -490,6 +558,8 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
         allowed_origins=gateway_settings.allowed_origins,
         public_paths=("/",)
         + (("/healthz",) if metrics_need_token(gateway, host) else ("/healthz", "/metrics"))
-        + UI_PATHS,
+        + UI_PATHS
+        + (oauth.metadata_paths if oauth else ()),
+        oauth=oauth,
     )
     return guarded

@@ -147,6 +147,16 @@ class _StateCollector(Collector):
             yield CounterMetricFamily(
                 f"{PREFIX}_ledger_rows_pruned", "Audit rows deleted by retention.", ledger.rows_pruned
             )
+            yield GaugeMetricFamily(
+                f"{PREFIX}_ledger_spooling",
+                "1 while the PostgreSQL ledger is unreachable and rows are committed to the local spool.",
+                int(ledger.spooling),
+            )
+            yield GaugeMetricFamily(
+                f"{PREFIX}_ledger_spooled_rows",
+                "Audit rows in the local spool waiting to be replayed into PostgreSQL.",
+                ledger.spooled_rows,
+            )
 
 
 class _Timed:
@@ -221,6 +231,13 @@ class GatewayMetrics:
             ),
             ("method", "backend", "status"),
         )
+        self._limited = Counter(
+            "caller_limited",
+            "Requests refused by a per-caller limit (gateway.auth.caller_limits), by rule and limit",
+            ["rule", "limit"],
+            namespace=PREFIX,
+            registry=self.registry,
+        )
         self._state = _StateCollector(name, version)
         self.registry.register(self._state)
         if process:
@@ -246,6 +263,10 @@ class GatewayMetrics:
 
     def observe_unknown_tool(self) -> None:
         self._unknown.inc()
+
+    def observe_limited(self, rule: str, limit: str) -> None:
+        """Count one request refused by a per-caller limit."""
+        self._limited.labels(rule, limit).inc()
 
     def exposition(self) -> bytes:
         """The registry in the Prometheus text format (``CONTENT_TYPE``)."""

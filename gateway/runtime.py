@@ -29,8 +29,7 @@ import mcp_types as types
 import structlog
 from anyio.streams.memory import MemoryObjectSendStream
 
-from gateway.audit import Ledger, ToolStats
-from gateway.audit import stats as audit_stats
+from gateway.audit import ToolStats
 from gateway.backends import processes
 from gateway.backends.base import Backend, BackendState, BackendStatus, DisabledBackend
 from gateway.backends.cli import CliBackend
@@ -43,6 +42,8 @@ from gateway.config import Federation
 from gateway.costs import Cost, costs_from
 from gateway.errors import AuditError
 from gateway.health import Breakers, BreakerState
+from gateway.ledgers import AuditLedger, open_ledger
+from gateway.ledgers import stats as audit_stats
 from gateway.metrics import GatewayMetrics
 from gateway.reload import ReloadPlan, check_reload, plan_reload
 from gateway.router import Router
@@ -113,7 +114,7 @@ class Gateway:
         self._listeners: list[CatalogListener] = []
         self._notification_listeners: list[NotificationListener] = []
         self._changes: MemoryObjectSendStream[Catalog] | None = None
-        self.ledger: Ledger | None = None
+        self.ledger: AuditLedger | None = None
         self.clients = ClientPolicy(config.clients)
         self.metrics = GatewayMetrics(config.gateway.name, VERSION)
         self.tracer: CallTracer | None = None
@@ -159,8 +160,7 @@ class Gateway:
             http = HttpPool()
             stack.push_async_callback(http.aclose)
             if self._audit_enabled:
-                audit = self.config.gateway.audit
-                self.ledger = await stack.enter_async_context(Ledger(audit.path, retention_days=audit.retention_days))
+                self.ledger = await stack.enter_async_context(open_ledger(self.config.gateway.audit))
             # every backend has stopped when this runs: no adopted process may stay
             stack.push_async_callback(functools.partial(processes.sweep, everything=True))
             send, receive = anyio.create_memory_object_stream[Catalog](16)
@@ -296,14 +296,16 @@ class Gateway:
         for backend in self._backends.values():
             if backend.status.state is BackendState.READY:
                 estimates.update(backend.estimates())
-        path = Path(self.config.gateway.audit.path)
+        audit = self.config.gateway.audit
+        target = audit.url or audit.path
         stats: list[ToolStats] = []
-        if await anyio.to_thread.run_sync(path.exists):  # also read by `gateway tools`, which opens no ledger
+        # Also read by `gateway tools`, which opens no ledger.
+        if audit.url is not None or await anyio.to_thread.run_sync(Path(audit.path).exists):
             try:
                 stats = await anyio.to_thread.run_sync(
                     # Only answered calls: a refusal's or a timeout's size says nothing about what the tool costs.
                     functools.partial(
-                        audit_stats, path, since=time.time() - COSTS_WINDOW_S, status="ok", kind="tools/call"
+                        audit_stats, target, since=time.time() - COSTS_WINDOW_S, status="ok", kind="tools/call"
                     )
                 )
             except AuditError as exc:

@@ -45,10 +45,11 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from gateway._logging import redactor
-from gateway.audit import AuditRecord, ToolStats, query, stats
+from gateway.audit import AuditRecord, ToolStats
 from gateway.backends.base import BackendStatus
 from gateway.catalog import Catalog
 from gateway.errors import AuditError
+from gateway.ledgers import query, stats
 from gateway.runtime import VERSION, Gateway
 
 if TYPE_CHECKING:  # http.py imports this module to mount it; the import back is for types only
@@ -277,9 +278,9 @@ class _LedgerView:
 
     async def read(self) -> _LedgerData:
         ledger = self._gateway.ledger
-        if ledger is None or ledger.path is None:
+        if ledger is None or ledger.target is None:
             return _LedgerData(problem="The audit ledger is off (gateway.audit.enabled: false), so no calls are kept.")
-        path = ledger.path
+        path = ledger.target
         try:
             calls = await anyio.to_thread.run_sync(lambda: query(path, limit=RECENT_CALLS))
             now = anyio.current_time()

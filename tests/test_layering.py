@@ -19,8 +19,11 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
     ("config", "inputs"),  # inputs: what a request's values must be before the gateway acts on them
-    ("_logging", "audit", "audit_report", "metrics", "tracing"),  # metrics/tracing: instruments, fed by the router
-    ("clients", "costs", "importer"),  # policies and conversions over config (costs reads audit's statistics)
+    # metrics/tracing: instruments, fed by the router; ledgers: the ledger's engines behind one face (audit: SQLite,
+    # ledger_pg: PostgreSQL with its local spool)
+    ("_logging", "audit", "ledger_pg", "ledgers", "audit_report", "metrics", "tracing"),
+    # policies and conversions over config (costs reads audit's statistics); oauth: JWT access tokens -> principals
+    ("clients", "costs", "importer", "oauth"),
     # "backends" is backends/__init__.py; answers: the answer limit; processes: no process escapes
     ("backends", "backends.base", "backends.answers", "backends.processes", "backends.backoff"),
     ("backends.stdio", "backends.relay", "backends.wiki_index"),  # relay: back-channel context; wiki_index: pure index
@@ -39,7 +42,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("server", "events"),  # the MCP face (low-level Server), transport-free; events: resumable SSE streams
     # the Starlette app around it: /mcp, /healthz, /status, /metrics, the guard; /ui, the status page; edge: a
     # request's body checked before the SDK parses it; connections: the uvicorn protocol under it (deadlines, the cap)
-    ("http", "ui", "edge", "connections"),
+    # quotas: per-caller request rate and concurrent calls, between the edge and the SDK
+    ("http", "ui", "edge", "connections", "quotas"),
     ("cli", "__main__", "__init__"),  # "__init__" is gateway/__init__.py: the public surface re-exports from any layer
 )
 LAYER = {module: level for level, modules in enumerate(LAYERS) for module in modules}
@@ -244,6 +248,46 @@ def test_the_environment_checker_finds_every_spelling(source: str) -> None:
 )
 def test_the_environment_checker_allows_the_config_accessor_and_other_os_uses(source: str) -> None:
     assert environment_uses(source) == []
+
+
+PRIVATE_IMPORTS = {
+    # anyio.open_process takes no preexec_fn: processes.py hands it to the event-loop backend, which passes it on
+    ("backends.processes", "anyio._core._eventloop"),
+}
+"""Another package's private modules that a module imports anyway, each with why: none may be added silently."""
+
+
+def private_imports(source: str) -> list[str]:
+    """The modules of other packages named with a leading underscore that ``source`` imports."""
+    names = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.append(node.module)
+    return [
+        name
+        for name in names
+        if name.split(".")[0] != PACKAGE and any(part.startswith("_") for part in name.split(".")[1:])
+    ]
+
+
+def test_no_module_imports_another_packages_private_module() -> None:
+    found = {(module, name) for module, path in modules().items() for name in private_imports(path.read_text())}
+    assert found == PRIVATE_IMPORTS
+
+
+@pytest.mark.parametrize(
+    ("source", "found"),
+    [
+        ("from watchfiles._rust_notify import RustNotify\n", ["watchfiles._rust_notify"]),
+        ("import anyio._core._eventloop\n", ["anyio._core._eventloop"]),
+        ("import watchfiles\nfrom mcp.shared.message import SessionMessage\n", []),
+        ("from gateway.backends.wiki_index import _Index\nfrom . import _logging\n", []),
+    ],
+)
+def test_the_private_import_checker_finds_a_private_module_of_another_package(source: str, found: list[str]) -> None:
+    assert private_imports(source) == found
 
 
 # ------------------------------------------------------------------------- ask the backend, not its class or kind

@@ -39,16 +39,16 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import anyio
+import anyio.from_thread
+import anyio.lowlevel
 import mcp_types as types
 import structlog
+import watchfiles
 from anyio.abc import TaskStatus
-
-# The watchfiles public ``awatch`` neither says when its watch is installed (so ``started()`` could precede it and an
-# early edit be lost) nor stops promptly on cancellation (it waits out the Rust timeout); its engine does both.
-from watchfiles._rust_notify import RustNotify
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_fixed
 
 from gateway.backends.base import BackendBase, BackendState, BackendStatus, ProgressFn
 from gateway.backends.wiki_index import EXCLUDED_DIRS, _build_index, _Index, _is_page_name
@@ -220,41 +220,63 @@ class WikiBackend(BackendBase):
             task_status.started()
 
     async def _serve_index(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Watch and index the root until cancelled; ``task_status.started()`` at the first outcome (READY, or the
+        first failure). A watch that could not start, or ended within ``_ROOT_RETRY_S``, is tried again after
+        ``_ROOT_RETRY_S``; one that ran longer is replaced at once."""
         started = False
-        while True:
-            try:
-                notify = await anyio.to_thread.run_sync(self._open_watcher)
-            except _CannotWatch as exc:
-                self._watching = False
-                self._set_state(BackendState.FAILED, exc.reason)
-            else:
-                opened = time.monotonic()
-                with notify:
-                    self._watching = True
-                    self._changes += 1  # index after the watch is installed: no change falls between the two
-                    await self._fresh_index()
-                    self._set_state(BackendState.READY, tool_count=len(self._tools))
-                    if not started:
-                        task_status.started()
-                        started = True
-                    gone, reason = await self._watch(notify)
-                self._watching = False
-                if gone:
-                    self._set_state(BackendState.FAILED, reason)
-                elif time.monotonic() - opened > _ROOT_RETRY_S:
-                    # A watcher error is sticky (e.g. after one file name that is not UTF-8): start a new one now.
-                    log.warning("wiki.watch_restart", backend=self._name, reason=reason)
-                    continue
-                else:
-                    self._set_state(
-                        BackendState.DEGRADED,
-                        f"{reason}; the index is rebuilt on every call",
-                        tool_count=len(self._tools),
-                    )
+
+        def first_outcome() -> None:
+            nonlocal started
             if not started:
-                task_status.started()
                 started = True
-            await anyio.sleep(_ROOT_RETRY_S)
+                task_status.started()
+
+        while True:
+            retrying = AsyncRetrying(
+                retry=retry_if_exception_type(_NotWatching),
+                wait=wait_fixed(_ROOT_RETRY_S),
+                sleep=anyio.sleep,
+                before_sleep=lambda state: first_outcome(),
+                reraise=True,
+            )
+            async for attempt in retrying:
+                with attempt:
+                    await self._serve_root(first_outcome)
+
+    async def _serve_root(self, on_ready: Callable[[], None]) -> None:
+        """One watch of the root (natively, else by polling), the index built once it is installed and rebuilt after
+        each relevant change, until the root vanishes or the watcher fails. Returns when a watcher that ran longer
+        than ``_ROOT_RETRY_S`` failed (its error is sticky, e.g. after one file name that is not UTF-8: a new one is
+        started at once).
+
+        Raises:
+            _NotWatching: the root is missing or not a folder, or vanished, or cannot be watched (FAILED); or the
+                watcher failed soon after it started (DEGRADED: each call rebuilds the index until the retry).
+        """
+        problem = await anyio.to_thread.run_sync(self._root_problem)
+        if problem is not None:
+            self._not_watching(BackendState.FAILED, problem)
+        opened = time.monotonic()
+        outcome, reason = await self._watch(polling=False, on_ready=on_ready)
+        if outcome == "refused":
+            log.warning("wiki.watch_polling", backend=self._name, reason=reason)
+            native = reason
+            outcome, reason = await self._watch(polling=True, on_ready=on_ready)
+            if outcome == "refused":
+                self._not_watching(BackendState.FAILED, f"cannot watch wiki root {self._root}: {native}")
+        if outcome == "gone":
+            self._not_watching(BackendState.FAILED, reason)
+        if time.monotonic() - opened > _ROOT_RETRY_S:
+            log.warning("wiki.watch_restart", backend=self._name, reason=reason)
+            return
+        self._not_watching(BackendState.DEGRADED, f"{reason}; the index is rebuilt on every call")
+
+    def _not_watching(self, state: BackendState, reason: str) -> NoReturn:
+        if state is BackendState.DEGRADED:
+            self._set_state(state, reason, tool_count=len(self._tools))
+        else:
+            self._set_state(state, reason)
+        raise _NotWatching(reason)
 
     # ------------------------------------------------------------------ the semantic index
 
@@ -396,57 +418,93 @@ class WikiBackend(BackendBase):
             assert self._index is not None
             return self._index
 
-    def _open_watcher(self) -> RustNotify:
-        """Start watching the root (natively, else by polling). Blocking."""
+    def _root_problem(self) -> str | None:
+        """Why the root cannot be watched now (missing, not a folder), or None; resolves it. Blocking."""
         if not self._root.exists():
-            raise _CannotWatch(f"wiki root {self._root} does not exist")
+            return f"wiki root {self._root} does not exist"
         if not self._root.is_dir():
-            raise _CannotWatch(f"wiki root {self._root} is not a directory")
+            return f"wiki root {self._root} is not a directory"
         self._root_real = self._root.resolve()
-        watched = [str(self._root_real)]
-        try:
-            return RustNotify(watched, False, False, _WATCH_POLL_DELAY_MS, True, True)
-        except (OSError, RuntimeError) as native:
-            log.warning("wiki.watch_polling", backend=self._name, reason=str(native))
-            try:
-                return RustNotify(watched, False, True, _WATCH_POLL_DELAY_MS, True, True)
-            except (OSError, RuntimeError) as exc:
-                raise _CannotWatch(f"cannot watch wiki root {self._root}: {native}") from exc
+        return None
 
-    async def _watch(self, notify: RustNotify) -> tuple[bool, str]:
-        """Rebuild the index after each relevant batch of changes until the root vanishes or the watcher fails.
+    async def _watch(
+        self, *, polling: bool, on_ready: Callable[[], None]
+    ) -> tuple[Literal["refused", "gone", "error"], str]:
+        """Watch the root with ``watchfiles.watch`` (stepped in worker threads), index it once the watch is installed
+        (so no change falls between the two), report READY, then rebuild after each relevant batch of changes.
 
-        Returns ``(root_gone, reason)``.
+        Returns ``(outcome, reason)`` when the watch ends: ``refused`` (it could not be installed), ``gone`` (the root
+        vanished) or ``error`` (the watcher failed).
         """
-        stop = threading.Event()  # tells the watcher thread to return; set when this task is cancelled
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(_set_when_cancelled, stop)
-            while True:
-                outcome, reason, paths = await anyio.to_thread.run_sync(self._wait_for_change, notify, stop)
-                if outcome == "stop":  # we are being cancelled: let the pending cancellation land
-                    await anyio.sleep_forever()
-                elif outcome == "changed":
-                    self._changed_paths |= paths
-                    self._changes += 1
-                    await self._fresh_index()
-                else:
-                    break
-            tg.cancel_scope.cancel()
-        return outcome == "gone", reason
+        installed = anyio.Event()
+        token = anyio.lowlevel.current_token()
+        stop = _StopEvent(lambda: anyio.from_thread.run_sync(installed.set, token=token))
+        changes = watchfiles.watch(
+            self._root_real,
+            watch_filter=None,
+            debounce=_WATCH_DEBOUNCE_MS,
+            step=_WATCH_STEP_MS,
+            stop_event=stop,
+            rust_timeout=0,  # no timeout: the stop event ends a wait (a timeout would also drop changes racing it)
+            debug=False,
+            raise_interrupt=False,
+            force_polling=polling,
+            poll_delay_ms=_WATCH_POLL_DELAY_MS,
+            ignore_permission_denied=True,
+        )
+        ended: tuple[Literal["gone", "error"], str] = ("error", "the watch ended")
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_set_when_cancelled, stop)
+
+                async def follow() -> None:
+                    nonlocal ended
+                    ended = await self._follow(changes)
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(follow)
+                await installed.wait()
+                self._watching = True
+                self._changes += 1  # index after the watch is installed: no change falls between the two
+                await self._fresh_index()
+                self._set_state(BackendState.READY, tool_count=len(self._tools))
+                on_ready()
+        finally:
+            self._watching = False
+            changes.close()  # no worker runs it now: the task group waited for them
+        outcome, reason = ended
+        if not installed.is_set():
+            return "refused", reason
+        if outcome == "error":
+            return "error", f"file watching failed: {reason}"
+        return "gone", reason
+
+    async def _follow(
+        self, changes: Iterator[set[tuple[watchfiles.Change, str]]]
+    ) -> tuple[Literal["gone", "error"], str]:
+        """Rebuild the index after each relevant batch of changes until the root vanishes or the watcher fails."""
+        while True:
+            outcome, reason, paths = await anyio.to_thread.run_sync(self._wait_for_change, changes)
+            if outcome == "stop":  # we are being cancelled: let the pending cancellation land
+                await anyio.sleep_forever()
+            elif outcome == "changed":
+                self._changed_paths |= paths
+                self._changes += 1
+                await self._fresh_index()
+            else:
+                return outcome, reason
 
     def _wait_for_change(
-        self, notify: RustNotify, stop: threading.Event
+        self, changes: Iterator[set[tuple[watchfiles.Change, str]]]
     ) -> tuple[Literal["changed", "stop", "gone", "error"], str, set[str]]:
         """Block until a change that matters to the index: ``(outcome, reason, changed relative paths)``."""
         while True:
             try:
-                raw = notify.watch(_WATCH_DEBOUNCE_MS, _WATCH_STEP_MS, 0, stop)
-            except RuntimeError as exc:
-                return "error", f"file watching failed: {exc}", set()
-            if raw == "stop":
+                raw = next(changes, None)
+            except (OSError, RuntimeError) as exc:  # the watch could not be installed, or its watcher failed
+                return "error", str(exc) or type(exc).__name__, set()
+            if raw is None:  # the stop event was set
                 return "stop", "", set()
-            if isinstance(raw, str):
-                continue
             if not self._root.is_dir():
                 return "gone", f"wiki root {self._root} no longer exists", set()
             paths = {rel for _, path in raw if (rel := self._relevant(path)) is not None}
@@ -467,14 +525,33 @@ class WikiBackend(BackendBase):
         return None
 
 
-class _CannotWatch(Exception):
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-        super().__init__(reason)
+class _NotWatching(Exception):
+    """The root is not watched (the backend's state says why): tried again after ``_ROOT_RETRY_S``."""
 
 
-async def _set_when_cancelled(flag: threading.Event) -> None:
+class _StopEvent:
+    """The ``stop_event`` handed to ``watchfiles.watch``: ``set`` ends its wait within one step (``_WATCH_STEP_MS``).
+
+    watchfiles polls ``is_set`` while it waits for changes, which it can do only once its watch is installed: the
+    first poll calls ``on_installed`` (in the watcher's worker thread).
+    """
+
+    def __init__(self, on_installed: Callable[[], None]) -> None:
+        self._stop = threading.Event()
+        self._on_installed: Callable[[], None] | None = on_installed
+
+    def set(self) -> None:
+        self._stop.set()
+
+    def is_set(self) -> bool:
+        if self._on_installed is not None:
+            on_installed, self._on_installed = self._on_installed, None
+            on_installed()
+        return self._stop.is_set()
+
+
+async def _set_when_cancelled(stop: _StopEvent) -> None:
     try:
         await anyio.sleep_forever()
     finally:
-        flag.set()
+        stop.set()

@@ -1,0 +1,358 @@
+"""The gateway as an OAuth 2.1 resource server (MCP authorization; RFC 9728, RFC 6750 section 3, RFC 8707).
+
+``ResourceServer(settings)`` owns what the HTTP guard needs and nothing of HTTP itself: the Protected Resource
+Metadata document and the paths it is served at, the ``WWW-Authenticate`` challenges, and ``verify(token)``, which
+turns a JWT access token into a ``Principal`` or raises ``Refusal`` (401 ``invalid_token``, 403
+``insufficient_scope``, 503 when an issuer's keys cannot be had). A token is accepted only when its ``alg`` is on the
+allow-list, its ``iss`` is a configured issuer, its signature verifies with a key from that issuer's JWKS, its
+``aud`` names the gateway's resource URI, ``exp``/``nbf``/``iat`` hold within the leeway, and it carries the required
+scopes. Each issuer's keys (``_IssuerKeys``) are fetched once and reused: a request whose key is cached never waits;
+a token naming an unknown ``kid`` refetches them at most once per ``jwks_refresh_min_s``, concurrent askers share
+that one fetch, and every fetch is bounded by ``fetch_timeout_s``. A token is never logged, stored or echoed; the
+caller it names is ``ISSUER-NAME:SUBJECT`` (a static token's name cannot contain ``:``).
+
+PyJWT does the JOSE work (signature, algorithm binding to the key, registered claims); the keys are fetched here
+with httpx2 because PyJWT's own ``PyJWKClient`` fetches with blocking urllib.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import anyio
+import httpx2
+import jwt
+import structlog
+
+from gateway.config import OAuth, OAuthIssuer
+
+__all__ = ["Principal", "Refusal", "ResourceServer"]
+
+log = structlog.get_logger("gateway.oauth")
+
+METADATA_PATH = "/.well-known/oauth-protected-resource"
+MAX_DOCUMENT_BYTES = 512 * 1024
+"""An issuer's metadata or JWKS larger than this is refused (a real one is a few KiB)."""
+MAX_CALLER_CHARS = 256
+FAILED_FETCH_RETRY_S = 2.0
+"""After a failed fetch an issuer is asked again at most this often (callers meanwhile are answered at once)."""
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a valid access token speaks for. ``claims`` are the verified claims (for policies); never the token."""
+
+    caller: str
+    issuer_name: str
+    issuer: str
+    subject: str
+    scopes: frozenset[str]
+    claims: Mapping[str, Any] = field(repr=False)
+
+
+class Refusal(Exception):
+    """A token the gateway does not accept, with the answer the client is owed (status, RFC 6750 error code)."""
+
+    def __init__(self, status: int, error: str | None, description: str, scope: str | None = None) -> None:
+        super().__init__(description)
+        self.status = status
+        self.error = error
+        self.description = description
+        self.scope = scope
+
+    def __repr__(self) -> str:
+        return f"Refusal(status={self.status}, error={self.error!r}, description={self.description!r})"
+
+
+def _invalid(description: str) -> Refusal:
+    return Refusal(401, "invalid_token", description)
+
+
+def _quoted(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+class _IssuerKeys:
+    """One issuer's signing keys: fetched on first use, reused until ``jwks_ttl_s``, refetched early (rate-limited)
+    when a token names a key not among them. One fetch at a time; callers whose key is cached never wait on it."""
+
+    def __init__(self, name: str, spec: OAuthIssuer, settings: OAuth) -> None:
+        self.name = name
+        self.spec = spec
+        self.settings = settings
+        self._jwks_uri = spec.jwks_uri
+        self._keys: dict[str | None, dict[str, Any]] = {}
+        self._parsed: dict[tuple[str | None, str], jwt.PyJWK] = {}
+        self._fetched_at: float | None = None
+        self._last_unknown_refresh = -float("inf")
+        self._failed_at = -float("inf")
+        self._lock = anyio.Lock()
+        self.fetches = 0
+
+    async def key(self, kid: str | None, alg: str) -> jwt.PyJWK:
+        """The verification key for a token's ``kid`` and ``alg``.
+
+        Raises:
+            Refusal: no such key (after at most one rate-limited refetch), or the keys cannot be fetched.
+        """
+        if kid in self._keys and (self._fresh(time.monotonic()) or self._lock.locked()):
+            return self._parse(kid, alg)  # the common case; a stale key serves while someone else refreshes
+        async with self._lock:
+            now = time.monotonic()
+            if self._fresh(now):
+                if kid not in self._keys and now - self._last_unknown_refresh >= self.settings.jwks_refresh_min_s:
+                    self._last_unknown_refresh = now
+                    log.info("oauth.jwks_refresh", issuer=self.name, reason="unknown key id")
+                    await self._refresh()
+            elif now - self._failed_at >= FAILED_FETCH_RETRY_S:
+                await self._refresh()
+        if kid in self._keys:
+            return self._parse(kid, alg)
+        if self._fetched_at is None or self._failed_at > self._fetched_at:
+            raise Refusal(503, None, f"the signing keys of issuer {self.name} cannot be fetched now")
+        raise _invalid(f"the token is signed with a key issuer {self.name} does not publish")
+
+    def _fresh(self, now: float) -> bool:
+        return self._fetched_at is not None and now - self._fetched_at <= self.settings.jwks_ttl_s
+
+    async def _refresh(self) -> None:
+        """Fetch the keys; on failure keep the ones held (a stale key beats refusing every caller) and note when."""
+        try:
+            with anyio.fail_after(self.settings.fetch_timeout_s):
+                keys = await self._fetch()
+        except (TimeoutError, _FetchError) as exc:
+            self._failed_at = time.monotonic()
+            log.warning("oauth.jwks_unavailable", issuer=self.name, reason=str(exc) or "timed out")
+            return
+        self._keys = keys
+        self._parsed = {}
+        self._fetched_at = time.monotonic()
+
+    def _parse(self, kid: str | None, alg: str) -> jwt.PyJWK:
+        found = self._parsed.get((kid, alg))
+        if found is not None:
+            return found
+        jwk = self._keys[kid]
+        if jwk.get("alg") not in (None, alg):
+            raise _invalid("the token's algorithm is not the one its key is published for")
+        try:
+            parsed = jwt.PyJWK(jwk, algorithm=alg)
+        except jwt.PyJWTError:
+            raise _invalid("the token's algorithm does not fit its key") from None
+        self._parsed[(kid, alg)] = parsed
+        return parsed
+
+    async def _fetch(self) -> dict[str | None, dict[str, Any]]:
+        async with httpx2.AsyncClient(follow_redirects=False, timeout=self.settings.fetch_timeout_s) as http:
+            if self._jwks_uri is None:
+                self._jwks_uri = await self._discover(http)
+            document = await _get_json(http, self._jwks_uri)
+        self.fetches += 1
+        raw = document.get("keys")
+        if not isinstance(raw, list):
+            raise _FetchError(f"{self._jwks_uri} is not a JWK set (no `keys` list)")
+        keys: dict[str | None, dict[str, Any]] = {}
+        for jwk in raw:
+            if (
+                not isinstance(jwk, dict)
+                or jwk.get("use", "sig") != "sig"
+                or jwk.get("kty") not in ("RSA", "EC", "OKP")
+            ):
+                continue  # encryption keys and symmetric keys never verify an access token
+            kid = jwk.get("kid")
+            keys[kid if isinstance(kid, str) else None] = jwk
+        if None in keys and len(keys) > 1:
+            del keys[None]  # a key without kid is usable only when it is the only key
+        log.info("oauth.jwks_fetched", issuer=self.name, keys=len(keys))
+        return keys
+
+    async def _discover(self, http: httpx2.AsyncClient) -> str:
+        """The issuer's ``jwks_uri`` from its metadata: RFC 8414 (path inserted), then OpenID Connect Discovery
+        (inserted, then appended), as the MCP specification orders them. The metadata must name the same issuer."""
+        issuer = self.spec.issuer
+        parts = urlsplit(issuer)
+        origin, path = f"{parts.scheme}://{parts.netloc}", parts.path.rstrip("/")
+        candidates = [f"{origin}/.well-known/oauth-authorization-server{path}"]
+        candidates.append(f"{origin}/.well-known/openid-configuration{path}")
+        if path:
+            candidates.append(f"{origin}{path}/.well-known/openid-configuration")
+        problems = []
+        for url in candidates:
+            try:
+                metadata = await _get_json(http, url)
+            except _FetchError as exc:
+                problems.append(str(exc))
+                continue
+            if metadata.get("issuer") != issuer:
+                raise _FetchError(f"{url} names another issuer than {issuer}")
+            jwks_uri = metadata.get("jwks_uri")
+            if not isinstance(jwks_uri, str):
+                raise _FetchError(f"{url} has no jwks_uri")
+            return jwks_uri
+        raise _FetchError("no metadata found: " + "; ".join(problems))
+
+
+class _FetchError(Exception):
+    """An issuer's document could not be had (network, status, size or JSON)."""
+
+
+async def _get_json(http: httpx2.AsyncClient, url: str) -> dict[str, Any]:
+    try:
+        response = await http.get(url, headers={"accept": "application/json"})
+    except httpx2.HTTPError as exc:
+        raise _FetchError(f"GET {url} failed: {type(exc).__name__}") from exc
+    if response.status_code != 200:
+        raise _FetchError(f"GET {url} answered HTTP {response.status_code}")
+    if len(response.content) > MAX_DOCUMENT_BYTES:
+        raise _FetchError(f"GET {url} answered more than {MAX_DOCUMENT_BYTES} bytes")
+    try:
+        document = json.loads(response.content)
+    except ValueError as exc:
+        raise _FetchError(f"GET {url} answered something that is not JSON") from exc
+    if not isinstance(document, dict):
+        raise _FetchError(f"GET {url} answered JSON that is not an object")
+    return document
+
+
+class ResourceServer:
+    """Validates JWT access tokens for the gateway's resource and describes it (RFC 9728)."""
+
+    def __init__(self, settings: OAuth, *, name: str = "mcp-gateway") -> None:
+        self.settings = settings
+        self.name = name
+        self._issuers = {
+            spec.issuer: (name, spec, _IssuerKeys(name, spec, settings)) for name, spec in settings.issuers.items()
+        }
+        parts = urlsplit(settings.resource)
+        suffix = parts.path.rstrip("/")
+        self.metadata_url = f"{parts.scheme}://{parts.netloc}{METADATA_PATH}{suffix}"
+        """Where the metadata is, as the challenges name it: the RFC 9728 form, the resource's path appended."""
+        self.metadata_paths = tuple(dict.fromkeys([f"{METADATA_PATH}{suffix}", METADATA_PATH]))
+        """The paths that serve it: the path-suffixed form and the root form clients fall back to."""
+        self.scopes_supported = (
+            settings.scopes_supported if settings.scopes_supported is not None else settings.required_scopes
+        )
+
+    def metadata(self) -> dict[str, Any]:
+        """The Protected Resource Metadata document (RFC 9728 section 2)."""
+        document: dict[str, Any] = {
+            "resource": self.settings.resource,
+            "authorization_servers": [spec.issuer for spec in self.settings.issuers.values()],
+            "bearer_methods_supported": ["header"],
+            "resource_signing_alg_values_supported": list(self.settings.algorithms),
+            "resource_name": self.name,
+        }
+        if self.scopes_supported:
+            document["scopes_supported"] = list(self.scopes_supported)
+        return document
+
+    def challenge(self, refusal: Refusal | None = None) -> str:
+        """The ``WWW-Authenticate`` value: with no refusal, the one for a request that carried no token."""
+        params = [f"resource_metadata={_quoted(self.metadata_url)}"]
+        if refusal is not None and refusal.error is not None:
+            params.insert(0, f"error={_quoted(refusal.error)}")
+            params.append(f"error_description={_quoted(refusal.description)}")
+        scope = refusal.scope if refusal is not None and refusal.scope else " ".join(self.settings.required_scopes)
+        if scope:
+            params.append(f"scope={_quoted(scope)}")
+        return "Bearer " + ", ".join(params)
+
+    def statistics(self) -> dict[str, int]:
+        """How many times each issuer's keys were fetched."""
+        return {name: keys.fetches for name, _, keys in self._issuers.values()}
+
+    async def verify(self, token: str) -> Principal:
+        """The principal a JWT access token speaks for.
+
+        Raises:
+            Refusal: the token is not accepted (the answer to give is on it).
+        """
+        header, unverified = _peek(token)
+        alg = header.get("alg")
+        if not isinstance(alg, str) or alg not in self.settings.algorithms:
+            raise _invalid("the token is signed with an algorithm this gateway does not accept")
+        iss = unverified.get("iss")
+        found = self._issuers.get(iss) if isinstance(iss, str) else None
+        if found is None:
+            raise _invalid("the token was not issued by an issuer this gateway trusts")
+        name, spec, keys = found
+        kid = header.get("kid")
+        key = await keys.key(kid if isinstance(kid, str) else None, alg)
+        try:
+            claims = jwt.decode(
+                token,
+                key,
+                algorithms=[alg],
+                audience=spec.audience or self.settings.resource,
+                issuer=spec.issuer,
+                leeway=self.settings.leeway_s,
+                options={"require": ["exp", "iss", "aud"]},
+            )
+        except jwt.ExpiredSignatureError:
+            raise _invalid("the token has expired") from None
+        except jwt.ImmatureSignatureError:
+            raise _invalid("the token is not valid yet") from None
+        except jwt.InvalidAudienceError:
+            raise _invalid("the token was not issued for this resource (its audience is another)") from None
+        except jwt.InvalidSignatureError:
+            raise _invalid("the token's signature does not verify") from None
+        except jwt.MissingRequiredClaimError as exc:
+            raise _invalid(f"the token has no {exc.claim!r} claim") from None
+        except jwt.PyJWTError:
+            raise _invalid("the token is invalid") from None
+        subject = claims.get(spec.caller_claim)
+        if isinstance(subject, int) and not isinstance(subject, bool):
+            subject = str(subject)
+        if not isinstance(subject, str) or not subject or len(subject) > MAX_CALLER_CHARS:
+            raise _invalid(f"the token names no caller (claim {spec.caller_claim!r})")
+        scopes = _scopes(claims)
+        missing = [scope for scope in self.settings.required_scopes if scope not in scopes]
+        if missing:
+            wanted = sorted(set(self.settings.required_scopes) | (scopes & set(self.scopes_supported)))
+            raise Refusal(
+                403, "insufficient_scope", f"the token lacks the scope {' '.join(missing)}", scope=" ".join(wanted)
+            )
+        return Principal(
+            caller=f"{name}:{subject}",
+            issuer_name=name,
+            issuer=spec.issuer,
+            subject=subject,
+            scopes=frozenset(scopes),
+            claims=claims,
+        )
+
+
+def _peek(token: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A JWS's header and payload, unverified: only to pick the issuer and the key. ``jwt.decode`` then parses and
+    checks the whole token itself (PyJWT's own unverified decode costs as much as the verification: it validates
+    every base64 character in Python, so it is not used twice).
+
+    Raises:
+        Refusal: not three base64url segments whose first two are JSON objects.
+    """
+    parts = token.split(".")
+    try:
+        if len(parts) != 3:
+            raise ValueError("not a JWS in compact form")
+        header, payload = (json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))) for part in parts[:2])
+    except (ValueError, UnicodeDecodeError):  # binascii.Error and json.JSONDecodeError are ValueErrors
+        raise _invalid("the token is not a JWT access token") from None
+    if not isinstance(header, dict) or not isinstance(payload, dict):
+        raise _invalid("the token is not a JWT access token")
+    return header, payload
+
+
+def _scopes(claims: Mapping[str, Any]) -> frozenset[str]:
+    """A token's scopes: ``scope`` (space-separated, RFC 9068) or ``scp`` (a list or a string, as some IdPs write)."""
+    value = claims.get("scope", claims.get("scp"))
+    if isinstance(value, str):
+        return frozenset(value.split())
+    if isinstance(value, list):
+        return frozenset(item for item in value if isinstance(item, str))
+    return frozenset()
