@@ -30,6 +30,7 @@ import structlog
 from anyio.streams.memory import MemoryObjectSendStream
 
 from gateway.audit import ToolStats
+from gateway.auth.secrets import CallerSecrets
 from gateway.backends import processes
 from gateway.backends.base import Backend, BackendState, BackendStatus, DisabledBackend
 from gateway.backends.cli import CliBackend
@@ -62,6 +63,11 @@ NotificationListener = Callable[[Backend, types.ServerNotification, Upstream | N
 """Told of a downstream notification the gateway passes on (see backends/mcp.py ``NotificationHook``)."""
 
 
+def _shows_costs(config: Federation) -> bool:
+    """Whether some client can be in search exposure, whose results show each tool's measured cost band."""
+    return config.exposure.mode != "all" or any(mode != "all" for mode in config.exposure.clients.values())
+
+
 def settle_budget(config: Federation) -> float:
     """How long the first outcome of every backend can take: the slowest handshake, plus a margin."""
     timeouts = [server.connect_timeout_s for server in config.servers.values() if server.enabled]
@@ -82,8 +88,12 @@ def build_backends(
     """One backend object per declared server, adapter and wiki, in declaration order."""
     client_info = types.Implementation(name=config.gateway.name, version=VERSION)
     backends: dict[str, Backend] = {}
+    path = config.gateway.auth.caller_secrets
+    secrets = CallerSecrets(path) if path is not None else None  # ConfigError when it cannot be read or is open
     for name, server in config.servers.items():
-        backends[name] = McpBackend(name, server, http=http, client_info=client_info, on_notification=on_notification)
+        backends[name] = McpBackend(
+            name, server, http=http, client_info=client_info, on_notification=on_notification, secrets=secrets
+        )
     for name, adapter in config.adapters.items():
         backends[name] = CliBackend(name, adapter)
     if config.wiki is not None and not config.wiki.enabled:
@@ -138,7 +148,7 @@ class Gateway:
         self.reload_error: str | None = None
         """Why the last edit of the file was refused (shown by /status); None once an edit applied."""
         self.loaded_at = time.time()
-        self._uses_costs = "{cost:" in config.model_dump_json()
+        self._uses_costs = "{cost:" in config.model_dump_json() or _shows_costs(config)
 
     # -- lifetime -------------------------------------------------------------------------------------------------
 
@@ -263,7 +273,7 @@ class Gateway:
             self.loaded_at = time.time()
             self.clients = ClientPolicy(config.clients)
             self.router.use_clients(self.clients)
-            self._uses_costs = self._uses_costs or "{cost:" in config.model_dump_json()
+            self._uses_costs = self._uses_costs or "{cost:" in config.model_dump_json() or _shows_costs(config)
             for name in plan.added + plan.changed:
                 self._start(backends[name])
             # The old generation keeps serving until the new one had its first outcome (ready or failed), so a
