@@ -33,7 +33,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # "backends" is backends/__init__.py; answers: the answer limit; framing: downstream bodies as the SDK reads
     # them; processes: no process escapes
     ("backends", "backends.base", "backends.answers", "backends.framing", "backends.processes", "backends.backoff"),
-    ("backends.stdio", "backends.relay", "backends.wiki_index"),  # relay: back-channel context; wiki_index: pure index
+    # relay: back-channel context; wiki_index: pure index; fastpath: a request straight on a streamable HTTP session
+    ("backends.stdio", "backends.relay", "backends.wiki_index", "backends.fastpath"),
     # failures: the foreign-error table and why a session failed; watch: a receive stream's end; pool: shared HTTP
     ("backends.failures", "backends.watch"),
     ("backends.pool",),
