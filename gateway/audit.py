@@ -1,4 +1,6 @@
-"""The audit ledger: one durable SQLite row per ``tools/call``, group-committed, read by ``gateway audit``.
+"""The audit ledger: one durable SQLite row per request that reaches a backend (``tools/call``, ``resources/read``,
+``prompts/get``, ``completion/complete``, ``resources/subscribe``/``unsubscribe``: the row's ``kind``),
+group-committed, read by ``gateway audit``.
 
 Guarantee: ``await Ledger.record(row)`` returns only after the transaction holding the row has committed. The ledger
 runs SQLite in WAL mode; with the default ``synchronous="NORMAL"`` a commit has written the row into the WAL file
@@ -103,13 +105,28 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX calls_tool ON calls (tool, ts)",
         "CREATE INDEX calls_status ON calls (status, ts)",
     ),
+    # v1 -> v2: what kind of request each row is (rows written before it were all tools/call).
+    (
+        "ALTER TABLE calls ADD COLUMN kind TEXT NOT NULL DEFAULT 'tools/call'",
+        "CREATE INDEX calls_kind ON calls (kind, ts)",
+    ),
 )
 
 _COLUMNS: Final = (
     "ts, correlation_id, session_id, client_name, client_version, caller, tool, chain, status, duration_ms,"
-    " result_bytes, arg_preview, args_hash"
+    " result_bytes, arg_preview, args_hash, kind"
 )
-_INSERT: Final = f"INSERT INTO calls ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+_INSERT: Final = f"INSERT INTO calls ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+
+KINDS: Final = (
+    "tools/call",
+    "resources/read",
+    "prompts/get",
+    "completion/complete",
+    "resources/subscribe",
+    "resources/unsubscribe",
+)
+"""What a row can be: the MCP method of the request that reached a backend."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +142,8 @@ class AuditStep:
 
 @dataclass(frozen=True, slots=True)
 class AuditRecord:
-    """One ``tools/call`` as the ledger keeps it. ``caller`` names the token (a name or a hash), never the token."""
+    """One request as the ledger keeps it. ``caller`` names the token (a name or a hash), never the token; ``tool``
+    is what the request named: the published tool, prompt or resource URI."""
 
     ts: float  # unix time the call arrived
     correlation_id: str  # one id for every step of the fallback chain
@@ -140,6 +158,7 @@ class AuditRecord:
     result_bytes: int
     arg_preview: Mapping[str, str]
     args_hash: str
+    kind: str = "tools/call"  # one of KINDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +174,7 @@ class ToolStats:
     p95_ms: float
     p99_ms: float
     p50_result_bytes: float = 0.0  # the typical answer's size (what a call costs a model's context)
+    kind: str = "tools/call"  # one of KINDS: ``tool`` is then a prompt's name or a resource's URI
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +229,8 @@ def arg_previews(arguments: Mapping[str, Any], spec: Mapping[str, int]) -> dict[
 def _encode(rec: AuditRecord) -> tuple[Any, ...]:
     if rec.status not in STATUSES:
         raise AuditError(f"Audit status {rec.status!r} is not one of {', '.join(STATUSES)}.")
+    if rec.kind not in KINDS:
+        raise AuditError(f"Audit kind {rec.kind!r} is not one of {', '.join(KINDS)}.")
     chain = [
         {"provider": s.provider, "variant": s.variant, "outcome": s.outcome, "reason": s.reason, "ms": s.duration_ms}
         for s in rec.chain
@@ -227,6 +249,7 @@ def _encode(rec: AuditRecord) -> tuple[Any, ...]:
         rec.result_bytes,
         json.dumps(dict(rec.arg_preview), ensure_ascii=False, separators=(",", ":")),
         rec.args_hash,
+        rec.kind,
     )
 
 
@@ -251,6 +274,7 @@ def _decode(row: Sequence[Any]) -> AuditRecord:
         result_bytes=row[10],
         arg_preview=json.loads(row[11]),
         args_hash=row[12],
+        kind=row[13],
     )
 
 
@@ -647,11 +671,17 @@ def _connect_readonly(path: str | os.PathLike[str]) -> sqlite3.Connection:
 
 
 def _where(
-    *, tool: str | None, status: str | None, client: str | None, since: float | None, until: float | None
+    *,
+    tool: str | None,
+    status: str | None,
+    client: str | None,
+    since: float | None,
+    until: float | None,
+    kind: str | None = None,
 ) -> tuple[str, list[Any]]:
     clauses: list[str] = []
     params: list[Any] = []
-    for column, value in (("tool", tool), ("status", status), ("client_name", client)):
+    for column, value in (("tool", tool), ("status", status), ("client_name", client), ("kind", kind)):
         if value is not None:
             clauses.append(f"{column} = ?")
             params.append(value)
@@ -673,19 +703,21 @@ def query(
     since: float | None = None,
     until: float | None = None,
     limit: int | None = 100,
+    kind: str | None = None,
 ) -> list[AuditRecord]:
     """The most recent ``limit`` rows matching every given filter, oldest first.
 
     Args:
         path: the ledger file.
-        tool, status, client: exact matches on the tool name, the status and the client's name.
+        tool, status, client, kind: exact matches on the tool name (or prompt, or URI), the status, the client's
+            name and the row's kind (``KINDS``).
         since, until: unix times; ``since <= ts < until``.
         limit: the most rows to return (the newest ones), or None for all.
 
     Raises:
         AuditError: the file is missing, is not a ledger, or has another schema version.
     """
-    where, params = _where(tool=tool, status=status, client=client, since=since, until=until)
+    where, params = _where(tool=tool, status=status, client=client, since=since, until=until, kind=kind)
     sql = f"SELECT {_COLUMNS} FROM calls WHERE {where} ORDER BY ts DESC, id DESC"
     if limit is not None:
         sql += " LIMIT ?"
@@ -710,6 +742,7 @@ def tail(
     follow: bool = True,
     poll_interval: float = 0.5,
     sleep: Callable[[float], None] = time.sleep,
+    kind: str | None = None,
 ) -> Generator[AuditRecord]:
     """Yield the ``last`` matching rows, then (with ``follow``) every new matching row as it is committed.
 
@@ -719,7 +752,7 @@ def tail(
     Raises:
         AuditError: as ``query``.
     """
-    where, params = _where(tool=tool, status=status, client=client, since=None, until=None)
+    where, params = _where(tool=tool, status=status, client=client, since=None, until=None, kind=kind)
     conn = _connect_readonly(path)
     try:
         seen: int = conn.execute("SELECT coalesce(max(id), 0) FROM calls").fetchone()[0]
@@ -757,8 +790,10 @@ def stats(
     tool: str | None = None,
     client: str | None = None,
     status: str | None = None,
+    kind: str | None = None,
 ) -> list[ToolStats]:
-    """Per-tool figures for the rows in ``since <= ts < until``, sorted by tool name. Latencies cover every status.
+    """Per-tool figures for the rows in ``since <= ts < until``, sorted by tool name (a prompt's or a resource's
+    figures, by kind, after the tools of that name). Latencies cover every status.
 
     Percentiles are computed here, so every row in range is read (three columns of it): bound a large ledger with
     ``since``.
@@ -766,11 +801,11 @@ def stats(
     Raises:
         AuditError: as ``query``.
     """
-    where, params = _where(tool=tool, status=status, client=client, since=since, until=until)
+    where, params = _where(tool=tool, status=status, client=client, since=since, until=until, kind=kind)
     conn = _connect_readonly(path)
     try:
         rows = conn.execute(
-            f"SELECT tool, status, duration_ms, result_bytes FROM calls WHERE {where}", params
+            f"SELECT tool, status, duration_ms, result_bytes, kind FROM calls WHERE {where}", params
         ).fetchall()
     except sqlite3.Error as exc:
         raise AuditError(f"Cannot read the audit ledger at {path}: {exc}.") from exc
@@ -780,19 +815,21 @@ def stats(
 
 
 def _tool_stats(rows: Sequence[Sequence[Any]]) -> list[ToolStats]:
-    """Per-tool figures from ``(tool, status, duration_ms, result_bytes)`` rows (both engines' ``stats``)."""
-    durations: dict[str, list[float]] = {}
-    sizes: dict[str, list[float]] = {}
-    statuses: dict[str, dict[str, int]] = {}
-    for name, row_status, duration, size in rows:
-        durations.setdefault(name, []).append(duration)
-        sizes.setdefault(name, []).append(float(size or 0))
-        counts = statuses.setdefault(name, {})
+    """Per-tool figures from ``(tool, status, duration_ms, result_bytes, kind)`` rows (both engines' ``stats``)."""
+    durations: dict[tuple[str, bool, str], list[float]] = {}  # (tool, not a tool call, kind): tools sort first
+    sizes: dict[tuple[str, bool, str], list[float]] = {}
+    statuses: dict[tuple[str, bool, str], dict[str, int]] = {}
+    for name, row_status, duration, size, row_kind in rows:
+        key = (name, row_kind != "tools/call", row_kind)
+        durations.setdefault(key, []).append(duration)
+        sizes.setdefault(key, []).append(float(size or 0))
+        counts = statuses.setdefault(key, {})
         counts[row_status] = counts.get(row_status, 0) + 1
     result: list[ToolStats] = []
-    for name in sorted(durations):
-        ordered = sorted(durations[name])
-        counts = statuses[name]
+    for key in sorted(durations):
+        name = key[0]
+        ordered = sorted(durations[key])
+        counts = statuses[key]
         calls = len(ordered)
         result.append(
             ToolStats(
@@ -804,7 +841,8 @@ def _tool_stats(rows: Sequence[Sequence[Any]]) -> list[ToolStats]:
                 p50_ms=_nearest_rank(ordered, 50),
                 p95_ms=_nearest_rank(ordered, 95),
                 p99_ms=_nearest_rank(ordered, 99),
-                p50_result_bytes=_nearest_rank(sorted(sizes[name]), 50),
+                p50_result_bytes=_nearest_rank(sorted(sizes[key]), 50),
+                kind=key[2],
             )
         )
     return result

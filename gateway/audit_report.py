@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 import anyio
 
-from gateway.audit import STATUSES, AuditRecord, ToolStats
+from gateway.audit import KINDS, STATUSES, AuditRecord, ToolStats
 from gateway.errors import AuditError
 from gateway.ledgers import is_url, query, redact_url, stats, tail
 
@@ -79,12 +79,16 @@ def record_to_json(rec: AuditRecord) -> dict[str, Any]:
         "result_bytes": rec.result_bytes,
         "arg_preview": dict(rec.arg_preview),
         "args_hash": rec.args_hash,
+        "kind": rec.kind,
     }
 
 
 def stats_to_json(item: ToolStats) -> dict[str, Any]:
+    """One tool's figures; ``kind`` is there only for the figures of a request that is not a tools/call."""
+    kind = {} if item.kind == "tools/call" else {"kind": item.kind}
     return {
         "tool": item.tool,
+        **kind,
         "calls": item.calls,
         "by_status": dict(item.by_status),
         "error_rate": item.error_rate,
@@ -107,10 +111,22 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], right: frozens
     return "\n".join([line(headers), *(line(row) for row in body)])
 
 
-_RECORD_HEADERS = ("TIME", "STATUS", "TOOL", "MS", "BYTES", "CLIENT", "CALLER", "CORRELATION", "CHAIN", "ARGS")
-_RECORD_RIGHT = frozenset({3, 4})
+_RECORD_HEADERS = (
+    "TIME",
+    "STATUS",
+    "TOOL",
+    "KIND",
+    "MS",
+    "BYTES",
+    "CLIENT",
+    "CALLER",
+    "CORRELATION",
+    "CHAIN",
+    "ARGS",
+)
+_RECORD_RIGHT = frozenset({4, 5})
 # Minimum widths, so rows printed one at a time (tail --follow) line up with the header printed before them.
-_RECORD_MIN = (19, 9, 24, 9, 8, 20, 14, 16, 0, 0)
+_RECORD_MIN = (19, 9, 24, 14, 9, 8, 20, 14, 16, 0, 0)
 
 
 def _record_cells(rec: AuditRecord) -> list[str]:
@@ -123,6 +139,7 @@ def _record_cells(rec: AuditRecord) -> list[str]:
         time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(rec.ts)),
         rec.status,
         rec.tool,
+        rec.kind,
         f"{rec.duration_ms:.1f}",
         str(rec.result_bytes),
         client,
@@ -146,7 +163,7 @@ def render_stats(items: Sequence[ToolStats], as_json: bool) -> str:
         return json.dumps([stats_to_json(item) for item in items], ensure_ascii=False, indent=2)
     rows = [
         [
-            item.tool,
+            item.tool if item.kind == "tools/call" else f"{item.tool} ({item.kind})",
             str(item.calls),
             f"{item.error_rate * 100:.1f}",
             f"{item.degraded_rate * 100:.1f}",
@@ -180,6 +197,7 @@ def add_audit_subcommands(
     filters.add_argument("--tool", help="only this tool")
     filters.add_argument("--status", choices=STATUSES, help="only calls with this status")
     filters.add_argument("--client", help="only calls from this client (its name)")
+    filters.add_argument("--kind", choices=KINDS, help="only requests of this kind (default: every kind)")
     window = argparse.ArgumentParser(add_help=False)
     window.add_argument("--since", type=_time_arg, help="from this time: 1h, 2d, 2025-06-01T12:00, a unix time")
     window.add_argument("--until", type=_time_arg, help="before this time (same forms as --since)")
@@ -228,10 +246,13 @@ def run_audit(
                 since=args.since,
                 until=args.until,
                 limit=args.limit or None,
+                kind=args.kind,
             )
             print(render_records(records, args.json), file=out)
         elif args.audit_command == "stats":
-            items = stats(args.db, since=args.since, until=args.until, tool=args.tool, client=args.client)
+            items = stats(
+                args.db, since=args.since, until=args.until, tool=args.tool, client=args.client, kind=args.kind
+            )
             print(render_stats(items, args.json), file=out)
         elif args.audit_command == "copy":
             _run_copy(args, out)
@@ -266,6 +287,7 @@ def _run_tail(args: argparse.Namespace, out: TextIO, sleep: Callable[[float], No
         follow=args.follow,
         poll_interval=args.interval,
         sleep=sleep,
+        kind=args.kind,
     )
     if args.json:
         for rec in rows:

@@ -36,7 +36,6 @@ from gateway.listings import Listings
 
 __all__ = ["Catalog", "CatalogEntry", "Provider", "with_note"]
 
-STATIC_KINDS = frozenset({"adapter", "wiki"})
 """Backends whose tools are known without a connection: a route keeps their schema even while they are down."""
 
 
@@ -152,15 +151,15 @@ class Catalog:
         return self.entries.get(name)
 
     def changes(self, previous: Catalog) -> frozenset[str]:
-        """What a client would see differently from ``previous``: any of ``tools``, ``lists`` (resources, templates,
-        prompts or the capabilities behind them). Empty when nothing a client sees changed."""
-        changed = set()
+        """What a client would see differently from ``previous``: any of ``tools`` (either listing), ``resources``
+        (resources or templates), ``prompts``, ``offers`` (the capabilities behind the lists), ``search`` (what
+        search-exposure clients list) and ``policies``. Empty when nothing a client sees changed; what each caller is
+        told is auth/policies.py ``lists_changed``'s to say."""
+        changed = set(self.lists.changes(previous.lists))
         if self.list_result != previous.list_result or self.list_result_small != previous.list_result_small:
             changed.add("tools")
         if self.exposure != previous.exposure or self.notes != previous.notes:
             changed.add("search")  # what search-exposure clients list (disclosure.py)
-        if not self.lists.same_lists(previous.lists):
-            changed.add("lists")
         if self.policies != previous.policies:
             changed.add("policies")
         return frozenset(changed)
@@ -193,7 +192,7 @@ class Catalog:
                 continue  # disabled (declared or by reload): its tools leave
             publish = state in (BackendState.READY, BackendState.DEGRADED)
             tools = backend.tools()
-            if not publish and backend.kind not in STATIC_KINDS:
+            if not publish and not backend.static_tools:
                 # Lost and reconnecting (or failing to): it keeps the tools it had when last ready, so clients'
                 # cached lists stay true; the router answers their calls at once with why the backend is down.
                 tools, publish = backend.last_known_tools(), True
@@ -321,7 +320,7 @@ def _schema_source(
     static = [
         label
         for label in labels
-        if label.split("/", 1)[0] in backends and backends[label.split("/", 1)[0]].kind in STATIC_KINDS
+        if label.split("/", 1)[0] in backends and backends[label.split("/", 1)[0]].static_tools
     ]
     for label in (*static, *labels):
         if label in known:

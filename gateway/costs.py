@@ -5,7 +5,7 @@ The reference system tells the model "≈500 tokens", "~200 ms" — numbers nobo
 
 * **tokens** — the typical (median) size of the tool's answers in the audit ledger, divided by 4 (a byte-per-token
   ratio of 4 is the usual estimate for English text and JSON; it is a size, not a tokenizer's count). Before any call
-  was recorded, the wiki's own estimate of its answers (``WikiBackend.measure()``) is used;
+  was recorded, the wiki's own estimate of its answers (``Backend.estimates()``) is used;
 * **latency** — the median duration of the tool's calls in the ledger (last 7 days).
 
 Figures are rounded to two significant digits so that small fluctuations do not change the published text (each

@@ -48,7 +48,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway._logging import redactor
 from gateway.auth.oauth import Refusal, ResourceServer
 from gateway.auth.tokens import Tokens
-from gateway.backends.cli import CliBackend
 from gateway.config import CallerLimit, Limits, Policy
 from gateway.edge import Edge
 from gateway.events import RETRY_MS, RecentEvents
@@ -431,8 +430,8 @@ def state_snapshot(gateway: Gateway) -> StateSnapshot:
     ]
     adapters = []
     for backend in gateway.backends.values():
-        if isinstance(backend, CliBackend):
-            stats = backend.statistics()
+        stats = backend.process_statistics()
+        if stats is not None:
             adapters.append(
                 AdapterSnapshot(backend.name, stats.live_processes, stats.running_calls, stats.waiting_calls)
             )

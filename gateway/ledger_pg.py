@@ -589,9 +589,10 @@ def query(
     since: float | None = None,
     until: float | None = None,
     limit: int | None = 100,
+    kind: str | None = None,
 ) -> list[AuditRecord]:
     """``audit.query`` over a PostgreSQL ledger."""
-    where, params = _where(tool=tool, status=status, client=client, since=since, until=until)
+    where, params = _where(tool=tool, status=status, client=client, since=since, until=until, kind=kind)
     sql = f"SELECT {audit._COLUMNS} FROM calls WHERE {where} ORDER BY ts DESC, id DESC"
     if limit is not None:
         sql += " LIMIT %s"
@@ -607,10 +608,11 @@ def stats(
     tool: str | None = None,
     client: str | None = None,
     status: str | None = None,
+    kind: str | None = None,
 ) -> list[ToolStats]:
     """``audit.stats`` over a PostgreSQL ledger."""
-    where, params = _where(tool=tool, status=status, client=client, since=since, until=until)
-    rows = _read(url, f"SELECT tool, status, duration_ms, result_bytes FROM calls WHERE {where}", params)
+    where, params = _where(tool=tool, status=status, client=client, since=since, until=until, kind=kind)
+    rows = _read(url, f"SELECT tool, status, duration_ms, result_bytes, kind FROM calls WHERE {where}", params)
     return audit._tool_stats(rows)
 
 
@@ -624,10 +626,11 @@ def tail(
     follow: bool = True,
     poll_interval: float = 0.5,
     sleep: Callable[[float], None] = time.sleep,
+    kind: str | None = None,
 ) -> Generator[AuditRecord]:
     """``audit.tail`` over a PostgreSQL ledger. Several writers (replicas) commit out of id order, so each poll also
     re-reads the ``TAIL_WINDOW`` ids below the highest seen and skips the rows it has yielded."""
-    where, params = _where(tool=tool, status=status, client=client, since=None, until=None)
+    where, params = _where(tool=tool, status=status, client=client, since=None, until=None, kind=kind)
     conn = _connect(url)
     columns = f"id, {audit._COLUMNS}"
     try:

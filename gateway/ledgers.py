@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Generator
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from gateway import audit
@@ -108,15 +108,15 @@ def query(
     since: float | None = None,
     until: float | None = None,
     limit: int | None = 100,
+    kind: str | None = None,
 ) -> list[AuditRecord]:
     """``audit.query`` on either engine."""
+    filters: dict[str, Any] = dict(tool=tool, status=status, client=client, since=since, until=until, kind=kind)
     if is_url(target):
         from gateway import ledger_pg
 
-        return ledger_pg.query(
-            str(target), tool=tool, status=status, client=client, since=since, until=until, limit=limit
-        )
-    return audit.query(target, tool=tool, status=status, client=client, since=since, until=until, limit=limit)
+        return ledger_pg.query(str(target), limit=limit, **filters)
+    return audit.query(target, limit=limit, **filters)
 
 
 def stats(
@@ -127,13 +127,15 @@ def stats(
     tool: str | None = None,
     client: str | None = None,
     status: str | None = None,
+    kind: str | None = None,
 ) -> list[ToolStats]:
     """``audit.stats`` on either engine."""
+    filters: dict[str, Any] = dict(since=since, until=until, tool=tool, client=client, status=status, kind=kind)
     if is_url(target):
         from gateway import ledger_pg
 
-        return ledger_pg.stats(str(target), since=since, until=until, tool=tool, client=client, status=status)
-    return audit.stats(target, since=since, until=until, tool=tool, client=client, status=status)
+        return ledger_pg.stats(str(target), **filters)
+    return audit.stats(target, **filters)
 
 
 def tail(
@@ -146,9 +148,10 @@ def tail(
     follow: bool = True,
     poll_interval: float = 0.5,
     sleep: Callable[[float], None] | None = None,
+    kind: str | None = None,
 ) -> Generator[AuditRecord]:
     """``audit.tail`` on either engine."""
-    kwargs = {} if sleep is None else {"sleep": sleep}
+    kwargs: dict[str, Any] = {"kind": kind} if sleep is None else {"sleep": sleep, "kind": kind}
     if is_url(target):
         from gateway import ledger_pg
 

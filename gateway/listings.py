@@ -25,7 +25,6 @@ import mcp_types as types
 from mcp.shared.uri_template import InvalidUriTemplate, UriTemplate
 
 from gateway.backends.base import Backend, BackendState
-from gateway.backends.mcp import McpBackend
 from gateway.config import Federation
 
 __all__ = ["Listings", "Offers", "Origin"]
@@ -111,14 +110,17 @@ class Listings:
                 return (Origin(backend, uri[len(prefix) :]),)
         return tuple(Origin(backend, uri) for backend in self.resource_backends)
 
-    def same_lists(self, other: Listings) -> bool:
-        """Whether clients would see the same three lists (and capabilities) in both."""
-        return (
-            self.prompts_result == other.prompts_result
-            and self.resources_result == other.resources_result
-            and self.templates_result == other.templates_result
-            and self.offers == other.offers
-        )
+    def changes(self, other: Listings) -> frozenset[str]:
+        """What clients would see differently from ``other``: any of ``resources`` (resources or templates),
+        ``prompts`` and ``offers`` (the capabilities behind the lists)."""
+        changed = set()
+        if self.resources_result != other.resources_result or self.templates_result != other.templates_result:
+            changed.add("resources")
+        if self.prompts_result != other.prompts_result:
+            changed.add("prompts")
+        if self.offers != other.offers:
+            changed.add("offers")
+        return frozenset(changed)
 
     # -- building ---------------------------------------------------------------------------------------------------
 
@@ -126,9 +128,7 @@ class Listings:
     def build(cls, config: Federation, backends: Mapping[str, Backend]) -> Listings:
         mode, sep = config.gateway.naming.mode, config.gateway.naming.separator
         problems: list[str] = []
-        serving: list[McpBackend] = [
-            b for b in backends.values() if isinstance(b, McpBackend) and b.status.state in _SERVING
-        ]
+        serving = [b for b in backends.values() if b.serves_requests and b.status.state in _SERVING]
         offers = _offers(b.capabilities for b in serving)
 
         prompts = _merge(mode, sep, "prompt", [(b.name, b.prompts()) for b in serving], _prompt_name, problems)

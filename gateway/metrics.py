@@ -159,6 +159,28 @@ class _StateCollector(Collector):
             )
 
 
+class _Timed:
+    """A count and a latency histogram under the same labels; each label set's children are made once."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        count: tuple[str, str],
+        duration: tuple[str, str],
+        labels: tuple[str, str, str],
+    ) -> None:
+        self._count = Counter(*count, labels, namespace=PREFIX, registry=registry)
+        self._duration = Histogram(*duration, labels, namespace=PREFIX, registry=registry, buckets=DURATION_BUCKETS_S)
+        self._children: dict[tuple[str, str, str], tuple[Counter, Histogram]] = {}
+
+    def observe(self, key: tuple[str, str, str], duration_s: float) -> None:
+        children = self._children.get(key)
+        if children is None:
+            children = self._children[key] = (self._count.labels(*key), self._duration.labels(*key))
+        children[0].inc()
+        children[1].observe(duration_s)
+
+
 class GatewayMetrics:
     """The gateway's metrics. ``observe_call`` runs once per call; ``exposition()`` renders a scrape.
 
@@ -173,20 +195,14 @@ class GatewayMetrics:
         # switch is the library's, process-wide; the gateway owns its process.)
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry(auto_describe=False)
-        self._calls = Counter(
-            "tool_calls",
-            "Tool calls answered, by published tool, the provider that served it, and status.",
-            ["tool", "provider", "status"],
-            namespace=PREFIX,
-            registry=self.registry,
-        )
-        self._duration = Histogram(
-            "tool_call_duration_seconds",
-            "Tool call latency in the gateway, from routing to the audit row committed.",
-            ["tool", "provider", "status"],
-            namespace=PREFIX,
-            registry=self.registry,
-            buckets=DURATION_BUCKETS_S,
+        self._calls = _Timed(
+            self.registry,
+            ("tool_calls", "Tool calls answered, by published tool, the provider that served it, and status."),
+            (
+                "tool_call_duration_seconds",
+                "Tool call latency in the gateway, from routing to the audit row committed.",
+            ),
+            ("tool", "provider", "status"),
         )
         self._fallbacks = Counter(
             "fallback_steps",
@@ -201,6 +217,20 @@ class GatewayMetrics:
             namespace=PREFIX,
             registry=self.registry,
         )
+        self._requests = _Timed(
+            self.registry,
+            (
+                "requests",
+                "Requests besides tool calls that reached a backend (resources/read, prompts/get, "
+                "completion/complete, resources/subscribe and unsubscribe), by method, the backend that answered "
+                "(or was last asked), and status.",
+            ),
+            (
+                "request_duration_seconds",
+                "Latency of those requests in the gateway, from routing to the audit row committed.",
+            ),
+            ("method", "backend", "status"),
+        )
         self._limited = Counter(
             "caller_limited",
             "Requests refused by a per-caller limit (gateway.auth.caller_limits), by rule and limit",
@@ -208,7 +238,6 @@ class GatewayMetrics:
             namespace=PREFIX,
             registry=self.registry,
         )
-        self._children: dict[tuple[str, str, str], tuple[Counter, Histogram]] = {}
         self._state = _StateCollector(name, version)
         self.registry.register(self._state)
         if process:
@@ -226,12 +255,11 @@ class GatewayMetrics:
                 provider = step.provider
             elif step.outcome not in _NOT_A_FALLBACK:
                 self._fallbacks.labels(tool, step.provider, step.outcome).inc()
-        key = (tool, provider, status)
-        children = self._children.get(key)
-        if children is None:
-            children = self._children[key] = (self._calls.labels(*key), self._duration.labels(*key))
-        children[0].inc()
-        children[1].observe(duration_s)
+        self._calls.observe((tool, provider, status), duration_s)
+
+    def observe_request(self, method: str, backend: str, status: str, duration_s: float) -> None:
+        """Count one request that is not a tool call (its labels are bounded: a method, a configured backend)."""
+        self._requests.observe((method, backend, status), duration_s)
 
     def observe_unknown_tool(self) -> None:
         self._unknown.inc()

@@ -35,6 +35,13 @@ catalog says now, with its own row (one row per round). A handshake-era downstre
 for input mid-call (bridged by the server, gateway/server.py) leaves one ``input_required`` row per question
 (``note_round``), and the call its own row when it ends.
 
+Every other request that reaches a backend goes through here too (``request``): ``resources/read``, ``prompts/get``,
+``completion/complete``, ``resources/subscribe`` and ``unsubscribe``. It is sent to the first of its origins (the
+backends that own the name or URI, listings.py) that answers, each a step under that backend's circuit breaker; it
+leaves one audit row whose ``kind`` is its method, one log line (``request.served``), one count in metrics
+(``GatewayMetrics.observe_request``) and a span; a failure that is not the backend's answer counts against the
+breaker, as a tool call's does. What the client is answered when no backend answered is the server's to say.
+
 Observability, all of it keyed by the correlation id made here: ``correlation_id`` and ``tool`` are bound in
 structlog's contextvars for the whole call and ``provider`` for each step, so every log line written while the call
 runs (the router's, a backend's) carries them; the step reasons that go into the log, the ledger and ``_meta`` are
@@ -47,10 +54,10 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import anyio
 import mcp_types as types
@@ -59,6 +66,7 @@ import structlog
 from gateway._logging import redactor
 from gateway.audit import AuditRecord, AuditStep, arg_previews, args_hash
 from gateway.backends.base import Backend, BackendState, ProgressFn
+from gateway.backends.relay import UPSTREAM, Upstream
 from gateway.budget import CallDeadline
 from gateway.catalog import Catalog, CatalogEntry, Provider
 from gateway.clients import ClientPolicy, Declared
@@ -75,11 +83,12 @@ from gateway.errors import (
 )
 from gateway.health import Breakers
 from gateway.inputs import MAX_DEPTH, argument_problem
+from gateway.listings import Origin
 from gateway.metrics import GatewayMetrics
 from gateway.results import shape_result
 from gateway.tracing import CallTracer
 
-__all__ = ["META_KEY", "CallContext", "Router"]
+__all__ = ["META_KEY", "CallContext", "Router", "Unanswered"]
 
 log = structlog.get_logger("gateway.call")
 
@@ -99,14 +108,31 @@ class CallContext:
     client_name: str | None = None
     client_version: str | None = None
     caller: str | None = None
+    upstream: Upstream | None = None
+    """The client's request itself, passed once: the router makes it the ``UPSTREAM`` of the backend work the call
+    causes (backends/relay.py: a downstream's sampling, elicitation, roots and log messages reach its client), and
+    its ``_meta`` (W3C ``traceparent``/``tracestate``) is the parent of the call's span when tracing."""
     trace_carrier: Mapping[str, Any] | None = None
-    """The request's ``_meta`` (W3C ``traceparent``/``tracestate``): the parent of the call's span when tracing."""
+    """A parent for the call's span when there is no ``upstream`` request (a caller of the router in process)."""
     declared: Declared = Declared(None, "unknown")
     """The client's declared context window (clients.py); large-context-only tools are refused below the gate."""
     withheld: tuple[str, str] | None = None
     """(argument path, reason): what the transport's edge found in the arguments and did not pass on (edge.py)."""
     visible: frozenset[str] | None = None
     """The tools the caller's policy lets it call (gateway/auth/policies.py); None: every tool."""
+
+
+T = TypeVar("T")
+
+
+class Unanswered(Exception):
+    """No backend answered a request (``Router.request``). ``failures`` are the backends' failures in the order
+    they were asked (a skipped open circuit is a ``BackendUnavailable``); empty when none of the origins' backends
+    serves requests."""
+
+    def __init__(self, failures: Sequence[BackendError]) -> None:
+        super().__init__("; ".join(str(f) for f in failures) or "no backend serves this request")
+        self.failures = tuple(failures)
 
 
 class _Exhausted(Exception):
@@ -144,6 +170,11 @@ class Router:
         self._calls: set[anyio.CancelScope] = set()  # every call being served: the shutdown cancels them
         self._no_calls: anyio.Event | None = None
         self._closing: str | None = None
+
+    def use_instruments(self, recorder: Recorder | None, tracer: CallTracer | None) -> None:
+        """Record to ``recorder`` and trace with ``tracer`` from now on (the gateway opens them when it runs)."""
+        self._recorder = recorder
+        self._tracer = tracer
 
     def use_clients(self, clients: ClientPolicy | None) -> None:
         """Swap the context gate's rules (on reload)."""
@@ -210,6 +241,7 @@ class Router:
         with (
             structlog.contextvars.bound_contextvars(correlation_id=correlation_id, tool=name),
             self._call_span(name, correlation_id, ctx),
+            _upstream(ctx),
         ):
             if ctx.visible is not None and name not in ctx.visible:  # answered as an unknown tool: no existence leak
                 step = AuditStep("gateway", None, "refused", "not in the caller's policy", 0.0)
@@ -315,6 +347,7 @@ class Router:
         with (
             structlog.contextvars.bound_contextvars(correlation_id=correlation_id, tool=name),
             self._call_span(name, correlation_id, ctx),
+            _upstream(ctx),
         ):
             t0 = time.perf_counter()
             try:
@@ -375,6 +408,135 @@ class Router:
                 None,
             )
 
+    async def request(
+        self,
+        method: str,
+        name: str,
+        origins: Sequence[Origin],
+        send: Callable[[Backend, Origin], Awaitable[T]],
+        *,
+        arguments: Mapping[str, Any] | None = None,
+        ctx: CallContext = CallContext(),
+    ) -> tuple[Origin, T]:
+        """Serve one request that is not a ``tools/call``: ``send`` it to the first of ``origins`` whose backend
+        answers, and return that origin with the answer.
+
+        Each origin is a step: skipped when its backend serves no requests (it is no downstream MCP session) or its
+        circuit is open (``circuit_open``); a failure moves on to the next origin and, unless the backend answered
+        (a JSON-RPC error), counts against its breaker. Counted as in flight on the backend (a reload drains it) and
+        cut by the shutdown like a call. One audit row of kind ``method`` names ``name`` (cut to ``ECHO_CHARS``,
+        scrubbed of registered secrets) and keeps only the hash of ``arguments``.
+
+        Raises:
+            Unanswered: no origin answered; its ``failures`` say why (row status ``timeout`` when the last one timed
+                out, else ``error``; ``cancelled`` when the gateway stopped).
+            InputRequired: the backend asked for input (row status ``input_required``); not a failure.
+        """
+        correlation_id = uuid.uuid4().hex[:16]
+        started = time.perf_counter()
+        label = _ledger_name(redactor.scrub(name))
+        arguments = dict(arguments or {})
+        backends = self._backends()
+        steps: list[AuditStep] = []
+        failures: list[BackendError] = []
+        underway: list[tuple[str, float]] = []
+        status = "error"
+
+        async def finish(final: str) -> None:
+            await self._finish(label, {}, arguments, ctx, correlation_id, started, steps, final, None, kind=method)
+
+        with (
+            structlog.contextvars.bound_contextvars(correlation_id=correlation_id, method=method),
+            self._call_span(label, correlation_id, ctx, method),
+            _upstream(ctx),
+        ):
+            try:
+                if self._closing is None:
+                    with self._abortable_scope():
+                        for origin in origins:
+                            backend = backends.get(origin.backend)
+                            if backend is None or not backend.serves_requests:
+                                continue
+                            breaker = self.breakers.of(backend)
+                            admission = breaker.allow()
+                            if not admission:
+                                steps.append(AuditStep(backend.name, None, "circuit_open", breaker.reason(), 0.0))
+                                failures.append(BackendUnavailable(backend.name, breaker.reason()))
+                                continue
+                            underway.append((backend.name, time.perf_counter()))
+                            with admission:
+                                step, answer, failure = await self._ask(backend, origin, send)
+                            underway.pop()
+                            steps.append(step)
+                            if failure is None or failure.answered:
+                                breaker.success()
+                            else:
+                                breaker.failure(step.reason or failure.outcome, cause=failure.cause)
+                            if failure is not None:
+                                failures.append(failure)
+                                continue
+                            await finish("ok")
+                            return origin, answer  # type: ignore[return-value]
+                if self._closing is not None:  # cut short by the shutdown (or it had begun)
+                    for provider, t0 in underway:
+                        steps.append(AuditStep(provider, None, "cancelled", self._closing, _ms(t0)))
+                    failures.append(BackendUnavailable(underway[0][0] if underway else "gateway", self._closing))
+                    status = "cancelled"
+                elif failures and failures[-1].outcome == "timeout":
+                    status = "timeout"
+            except InputRequired:
+                for provider, t0 in underway:
+                    steps.append(AuditStep(provider, None, "input_required", None, _ms(t0)))
+                await finish("input_required")
+                raise
+            except anyio.get_cancelled_exc_class():
+                for provider, t0 in underway:
+                    steps.append(AuditStep(provider, None, "cancelled", "cancelled while under way", _ms(t0)))
+                with anyio.CancelScope(shield=True):
+                    await finish("cancelled")
+                raise
+            except Exception as exc:  # a fault of the gateway's: its row, then the server's per-request boundary
+                for provider, t0 in underway:
+                    steps.append(AuditStep(provider, None, "internal_error", type(exc).__name__, _ms(t0)))
+                await finish("internal_error")
+                raise
+            await finish(status)
+            raise Unanswered(failures)
+
+    async def _ask(
+        self, backend: Backend, origin: Origin, send: Callable[[Backend, Origin], Awaitable[T]]
+    ) -> tuple[AuditStep, T | None, BackendError | None]:
+        """One step of ``request``: its step (reason scrubbed of secrets), and its answer or its failure."""
+        span = self._tracer.step(backend.name, None) if self._tracer is not None else nullcontext(None)
+        with structlog.contextvars.bound_contextvars(provider=backend.name), span as current, self._busy(backend):
+            t0 = time.perf_counter()
+            outcome: tuple[AuditStep, T | None, BackendError | None]
+            try:
+                answer = await send(backend, origin)
+            except BackendError as exc:
+                step = AuditStep(backend.name, None, exc.outcome, redactor.scrub(exc.reason), _ms(t0))
+                outcome = (step, None, exc)
+            else:
+                outcome = (AuditStep(backend.name, None, "ok", None, _ms(t0)), answer, None)
+            if current is not None:
+                CallTracer.end_step(current, outcome[0])
+            return outcome
+
+    @contextmanager
+    def _busy(self, backend: Backend) -> Iterator[None]:
+        """Count a call or request as in flight on ``backend`` while the block runs (a reload drains by this)."""
+        key = id(backend)
+        self._inflight[key] = self._inflight.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            remaining = self._inflight[key] = self._inflight[key] - 1
+            if not remaining:
+                del self._inflight[key]
+                idle = self._idle.pop(key, None)
+                if idle is not None:
+                    idle.set()
+
     async def _resumable(
         self,
         name: str,
@@ -391,7 +553,9 @@ class Router:
             return await self._attempt(name, backend, provider, arguments, None, progress, deadline, True)
         return None
 
-    def _call_span(self, name: str, correlation_id: str, ctx: CallContext) -> AbstractContextManager[object]:
+    def _call_span(
+        self, name: str, correlation_id: str, ctx: CallContext, method: str = "tools/call"
+    ) -> AbstractContextManager[object]:
         if self._tracer is None:
             return nullcontext()
         return self._tracer.call(
@@ -400,7 +564,8 @@ class Router:
             caller=ctx.caller,
             client_name=ctx.client_name,
             session_id=ctx.session_id,
-            carrier=ctx.trace_carrier,
+            carrier=ctx.trace_carrier if ctx.upstream is None else ctx.upstream.meta,
+            method=method,
         )
 
     def _gate(self, name: str, ctx: CallContext) -> types.CallToolResult | None:
@@ -460,7 +625,7 @@ class Router:
                 continue
             state = backend.status
             if state.state is BackendState.DISABLED or (
-                state.state is not BackendState.READY and backend.kind not in ("adapter", "wiki")
+                state.state is not BackendState.READY and not backend.static_tools
             ):
                 reason = state.reason or str(state.state)
                 steps.append(
@@ -520,11 +685,9 @@ class Router:
     ) -> tuple[AuditStep, types.CallToolResult | None, BackendError | None]:
         """One rung of one provider: its step (reason scrubbed of secrets), and its answer or its failure."""
         span = self._tracer.step(provider.label, variant) if self._tracer is not None else nullcontext(None)
-        with structlog.contextvars.bound_contextvars(provider=provider.label), span as current:
+        with structlog.contextvars.bound_contextvars(provider=provider.label), span as current, self._busy(backend):
             t0 = time.perf_counter()
             outcome: tuple[AuditStep, types.CallToolResult | None, BackendError | None]
-            key = id(backend)
-            self._inflight[key] = self._inflight.get(key, 0) + 1
             try:
                 result = await deadline.run(
                     lambda: backend.call_tool(provider.tool, arguments, variant=variant, progress=progress),
@@ -540,13 +703,6 @@ class Router:
             else:
                 step = AuditStep(provider.label, variant, "is_error" if result.is_error else "ok", None, _ms(t0))
                 outcome = (step, result, None)
-            finally:
-                remaining = self._inflight[key] = self._inflight[key] - 1
-                if not remaining:
-                    del self._inflight[key]
-                    idle = self._idle.pop(key, None)
-                    if idle is not None:
-                        idle.set()
             if current is not None:
                 CallTracer.end_step(current, step)
             return outcome
@@ -562,12 +718,16 @@ class Router:
         steps: list[AuditStep],
         status: str,
         result: types.CallToolResult | None,
+        *,
+        kind: str = "tools/call",
     ) -> None:
+        """The end of every call and request: its log line, its span's outcome, its audit row (awaited: committed
+        before the answer goes out) and its count in metrics. ``kind`` is the request's method."""
         duration_ms = _ms(started)
         size = _result_size(result)
         served = _served_step(steps)
         log.info(
-            "tool.call",
+            "tool.call" if kind == "tools/call" else "request.served",
             status=status,
             duration_ms=round(duration_ms, 2),
             served_by=served.provider if served else None,
@@ -599,10 +759,29 @@ class Router:
                     result_bytes=size,
                     arg_preview=arg_previews(arguments, audit),
                     args_hash=args_hash(arguments),
+                    kind=kind,
                 )
             )
         if self._metrics is not None and known:  # after the commit: the latency observed includes the ledger's
-            self._metrics.observe_call(tool, status, _ms(started) / 1000.0, steps)
+            if kind == "tools/call":
+                self._metrics.observe_call(tool, status, _ms(started) / 1000.0, steps)
+            else:
+                asked = served or (steps[-1] if steps else None)
+                backend = asked.provider if asked is not None else "none"
+                self._metrics.observe_request(kind, backend, status, _ms(started) / 1000.0)
+
+
+@contextmanager
+def _upstream(ctx: CallContext) -> Iterator[None]:
+    """``ctx``'s request as the ``UPSTREAM`` of the backend work done inside (the one place it is set)."""
+    if ctx.upstream is None:
+        yield
+        return
+    token = UPSTREAM.set(ctx.upstream)
+    try:
+        yield
+    finally:
+        UPSTREAM.reset(token)
 
 
 def _ledger_name(name: str) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from gateway.backends import processes
 from gateway.backends.base import Backend, BackendState, BackendStatus, DisabledBackend
 from gateway.backends.cli import CliBackend
 from gateway.backends.mcp import HttpPool, McpBackend, NotificationHook
+from gateway.backends.relay import Upstream
 from gateway.backends.wiki import WikiBackend
 from gateway.catalog import Catalog
 from gateway.clients import ClientPolicy
@@ -58,6 +59,8 @@ COSTS_WINDOW_S = 7 * 86400.0
 STARTUP_SETTLE_S = 30.0
 
 CatalogListener = Callable[[Catalog], Awaitable[None]]
+NotificationListener = Callable[[Backend, types.ServerNotification, Upstream | None, Any], Awaitable[None]]
+"""Told of a downstream notification the gateway passes on (see backends/mcp.py ``NotificationHook``)."""
 
 
 def _shows_costs(config: Federation) -> bool:
@@ -119,13 +122,23 @@ class Gateway:
         self._stale = False  # a backend changed since the catalog was built
         self._stale_event = anyio.Event()
         self._listeners: list[CatalogListener] = []
-        self._notification_listeners: list[NotificationHook] = []
+        self._notification_listeners: list[NotificationListener] = []
         self._changes: MemoryObjectSendStream[Catalog] | None = None
         self.ledger: AuditLedger | None = None
         self.clients = ClientPolicy(config.clients)
         self.metrics = GatewayMetrics(config.gateway.name, VERSION)
         self.tracer: CallTracer | None = None
-        self.router = Router(lambda: self.catalog, lambda: self._backends, None, self.clients, metrics=self.metrics)
+        breaker = config.gateway.circuit_breaker
+        self.router = Router(
+            lambda: self.catalog,
+            lambda: self._backends,
+            None,  # the ledger and the tracer join when the gateway runs (use_instruments)
+            self.clients,
+            metrics=self.metrics,
+            breakers=Breakers(breaker.failure_threshold, breaker.cooldown_s, breaker.max_cooldown_s),
+            budget=lambda: self.config.gateway.call_budget,
+            edge=lambda: self.config.gateway.edge,
+        )
         self.started_at = 0.0
         self._costs: dict[str, Cost] = {}
         self._tg: anyio.abc.TaskGroup | None = None
@@ -141,33 +154,30 @@ class Gateway:
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[Gateway]:
-        tracing_cm = open_tracing(
-            self.config.gateway.tracing,
-            service_name=self.config.gateway.name,
-            version=VERSION,
-            source=self.config.source,
-        )
-        self.tracer = await tracing_cm.__aenter__()
-        http = HttpPool()
-        send, receive = anyio.create_memory_object_stream[Catalog](16)
-        self._changes = send
-        ledger_cm = open_ledger(self.config.gateway.audit) if self._audit_enabled else None
+        """Run the gateway. One exit stack owns what outlives the task group (tracing, the HTTP pool, the ledger,
+        the change stream); leaving it cancels every supervisor first, then, shielded, kills whatever orphan was
+        adopted and closes the rest in reverse order: the ledger commits its pending rows before the pool closes."""
+        stack = AsyncExitStack()
         try:
-            async with anyio.create_task_group() as tg:
-                if ledger_cm is not None:
-                    self.ledger = await ledger_cm.__aenter__()
-                breaker = self.config.gateway.circuit_breaker
-                self.router = Router(
-                    lambda: self.catalog,
-                    lambda: self._backends,
-                    self.ledger,
-                    self.clients,
-                    metrics=self.metrics,
-                    tracer=self.tracer,
-                    breakers=Breakers(breaker.failure_threshold, breaker.cooldown_s, breaker.max_cooldown_s),
-                    budget=lambda: self.config.gateway.call_budget,
-                    edge=lambda: self.config.gateway.edge,
+            self.tracer = await stack.enter_async_context(
+                open_tracing(
+                    self.config.gateway.tracing,
+                    service_name=self.config.gateway.name,
+                    version=VERSION,
+                    source=self.config.source,
                 )
+            )
+            http = HttpPool()
+            stack.push_async_callback(http.aclose)
+            if self._audit_enabled:
+                self.ledger = await stack.enter_async_context(open_ledger(self.config.gateway.audit))
+            # every backend has stopped when this runs: no adopted process may stay
+            stack.push_async_callback(functools.partial(processes.sweep, everything=True))
+            send, receive = anyio.create_memory_object_stream[Catalog](16)
+            self._changes = send
+            stack.callback(self._close_changes, send)
+            self.router.use_instruments(self.ledger, self.tracer)
+            async with anyio.create_task_group() as tg:
                 self.started_at = anyio.current_time()
                 self._tg, self._http = tg, http
                 self._backends = build_backends(self.config, http, self._on_notification)
@@ -185,13 +195,11 @@ class Gateway:
                     tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
-                await processes.sweep(everything=True)  # every backend has stopped: no adopted process may stay
-                if ledger_cm is not None and self.ledger is not None:
-                    await ledger_cm.__aexit__(None, None, None)
-                await http.aclose()
-                await tracing_cm.__aexit__(None, None, None)
-            send.close()
-            self._changes = None
+                await stack.aclose()
+
+    def _close_changes(self, send: MemoryObjectSendStream[Catalog]) -> None:
+        send.close()
+        self._changes = None
 
     def _start(self, backend: Backend) -> None:
         """Run ``backend``'s supervisor in its own cancel scope (so a reload can stop it alone)."""
@@ -296,8 +304,8 @@ class Gateway:
         """Measure costs now (the wiki's estimates, the ledger's medians); a changed figure rebuilds the catalog."""
         estimates: dict[str, int] = {}
         for backend in self._backends.values():
-            if isinstance(backend, WikiBackend) and backend.status.state is BackendState.READY:
-                estimates.update(backend.measure())
+            if backend.status.state is BackendState.READY:
+                estimates.update(backend.estimates())
         audit = self.config.gateway.audit
         target = audit.url or audit.path
         stats: list[ToolStats] = []
@@ -306,7 +314,9 @@ class Gateway:
             try:
                 stats = await anyio.to_thread.run_sync(
                     # Only answered calls: a refusal's or a timeout's size says nothing about what the tool costs.
-                    functools.partial(audit_stats, target, since=time.time() - COSTS_WINDOW_S, status="ok")
+                    functools.partial(
+                        audit_stats, target, since=time.time() - COSTS_WINDOW_S, status="ok", kind="tools/call"
+                    )
                 )
             except AuditError as exc:
                 log.warning("costs.ledger_unreadable", error=str(exc))
@@ -354,13 +364,15 @@ class Gateway:
     def on_catalog_change(self, listener: CatalogListener) -> None:
         self._listeners.append(listener)
 
-    def on_backend_notification(self, listener: NotificationHook) -> None:
+    def on_backend_notification(self, listener: NotificationListener) -> None:
         """Be told of the downstream notifications the gateway passes on (log messages, resource updates)."""
         self._notification_listeners.append(listener)
 
-    async def _on_notification(self, backend: McpBackend, notification: types.ServerNotification, *extra: Any) -> None:
+    async def _on_notification(
+        self, backend: Backend, notification: types.ServerNotification, upstream: Upstream | None, owner: Any
+    ) -> None:
         for listener in list(self._notification_listeners):
-            await listener(backend, notification, *extra)
+            await listener(backend, notification, upstream, owner)
 
     def start_soon(self, fn: Callable[[], Coroutine[Any, Any, None]], name: str) -> None:
         """Run ``fn`` in the gateway's own task group (it outlives the request that starts it; the gateway's stop

@@ -5,14 +5,16 @@ router; it federates the rest of the protocol the same way: ``resources/list``, 
 ``prompts/list`` from the catalog's pre-serialised lists, ``resources/read``, ``prompts/get`` and
 ``completion/complete`` to the backend that owns the (possibly prefixed, see listings.py) name or URI,
 ``resources/subscribe`` / ``unsubscribe`` and ``logging/setLevel`` through ``Upstreams`` (per client), progress and
-cancellation through the SDK on every forwarded request. Each request becomes the ``UPSTREAM`` of the work it causes,
-so a downstream's sampling, elicitation and roots requests reach the client whose call caused them (see
-backends/relay.py). The capabilities a client is offered at ``initialize`` (and a stateless client at
-``server/discover``) are what the ready backends offer; a stateless (2026-07-28) client hears of list changes on
-``subscriptions/listen`` streams (``Upstreams.listen``), which is also why ``server/discover`` offers
-``listChanged`` for every list. It is
-transport-agnostic: ``http.py`` mounts it on streamable HTTP, the CLI runs it over stdio. A call's context names its
-session by ``session_digest`` only: session ids never reach the log, the ledger or a span.
+cancellation through the SDK on every forwarded request. Every request that reaches a backend goes through the router
+(``Router.call``, ``Router.request``), which carries the error policy, the breakers, the ledger and the metrics; this
+module only translates. The client's request travels in the call's context (``CallContext.upstream``), which the
+router makes the ``UPSTREAM`` of the work it causes, so a downstream's sampling, elicitation and roots requests reach
+the client whose call caused them (see backends/relay.py). The capabilities a client is offered at ``initialize``
+(and a stateless client at ``server/discover``) are what the ready backends offer; a stateless (2026-07-28) client
+hears of list changes on ``subscriptions/listen`` streams (``Upstreams.listen``), which is also why
+``server/discover`` offers ``listChanged`` for every list. It is transport-agnostic: ``http.py`` mounts it on
+streamable HTTP, the CLI runs it over stdio. A call's context names its session by ``session_digest`` only: session
+ids never reach the log, the ledger or a span.
 
 Multi-round-trip requests (MCP 2026-07-28, SEP-2322): when the backend serving a ``tools/call``, ``prompts/get`` or
 ``resources/read`` answers with an input-required result, the client gets its input requests as they are, with the
@@ -61,8 +63,8 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from gateway.auth.policies import ANONYMOUS, Identity, View
-from gateway.backends.base import ProgressFn
-from gateway.backends.mcp import ROUND, McpBackend, Round
+from gateway.backends.base import Backend, ProgressFn
+from gateway.backends.mcp import ROUND, Round
 from gateway.backends.relay import Bridge, connection_of, forwarded_meta
 from gateway.bridges import Bridges, may_ask, require_capabilities
 from gateway.clients import ClientPolicy
@@ -71,7 +73,6 @@ from gateway.continuation import Continuation, Continuations, invalid_state, loa
 from gateway.disclosure import Disclosure
 from gateway.errors import (
     URI_CHARS,
-    BackendError,
     BackendRpcError,
     InputRequired,
     InvalidArguments,
@@ -80,7 +81,7 @@ from gateway.errors import (
     quote,
 )
 from gateway.listings import Origin
-from gateway.router import CallContext
+from gateway.router import CallContext, Unanswered
 from gateway.runtime import VERSION, Gateway
 from gateway.upstreams import Upstreams
 
@@ -193,7 +194,7 @@ def _call_context(ctx: ServerRequestContext[Any], clients: ClientPolicy) -> Call
         client_version=version,
         caller=caller,
         declared=clients.declared(name, version, headers),
-        trace_carrier=ctx.meta,  # a client's traceparent continues into our spans (when tracing is on)
+        upstream=ctx,  # the back-channel's and a traceparent's origin (the router passes it on)
         withheld=withheld,
     )
 
@@ -228,6 +229,9 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
     startup_waited = anyio.Event()
 
     async def settled() -> None:
+        """The startup wait, once per server: a request that races startup (a list, a call naming a tool not known
+        yet, a route that would degrade past a provider about to be ready) waits, bounded, for every backend's first
+        outcome."""
         if not startup_waited.is_set():
             await gateway.wait_settled(STARTUP_LIST_WAIT_S)
             startup_waited.set()
@@ -268,11 +272,11 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
 
     def reopen(
         method: str, name: str, arguments: Mapping[str, Any] | None, caller: str | None, token: object
-    ) -> tuple[Continuation, McpBackend]:
+    ) -> tuple[Continuation, Backend]:
         """A retry's state, verified, and the backend that asked (refused as the spec says when it is gone)."""
         found = continuations.open(token, method=method, name=name, arguments=arguments, caller=caller)
         backend = gateway.backends.get(found.backend)
-        if not isinstance(backend, McpBackend):
+        if backend is None or not backend.serves_requests:
             invalid_state(method, "the backend that asked is no longer configured")
         return found, backend
 
@@ -349,9 +353,7 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
         return await upstreams.track(ctx, call_next)
 
     async def list_tools(ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
-        if not startup_waited.is_set():
-            await gateway.wait_settled(STARTUP_LIST_WAIT_S)
-            startup_waited.set()
+        await settled()
         # Pre-serialised once per catalog and policy (no per-request model work); large-context tools only for
         # large clients.
         return _enveloped(ctx, listing(ctx))
@@ -359,15 +361,8 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
     async def call_tool(
         ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult | types.InputRequiredResult:
-        progress = None
-        if ctx.meta and ctx.meta.get("progress_token") is not None:
-            progress = ctx.session.report_progress  # relays on this request's own stream, against its own token
-
-        if not startup_waited.is_set():
-            # A call that races startup would find backends still connecting (an unknown tool, or a route that
-            # degrades past a provider about to be ready): wait for every backend's first outcome, once.
-            await gateway.wait_settled(STARTUP_LIST_WAIT_S)
-            startup_waited.set()
+        progress = _progress(ctx)
+        await settled()
         call_ctx = _call_context(ctx, gateway.clients)
         seen = view(ctx)
         if seen is not None:
@@ -457,31 +452,29 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
     # -- resources, prompts, completion: forwarded to the backend that owns the name ---------------------------------
 
     async def forward(
+        ctx: ServerRequestContext[Any],
+        method: str,
+        name: str,
         origins: tuple[Origin, ...],
         build: Callable[[Origin], Any],
         result_type: Any,
-        progress: ProgressFn | None,
         none_answered: MCPError | None = None,
+        arguments: Mapping[str, Any] | None = None,
     ) -> tuple[Origin, Any]:
-        """Send the request to the first of ``origins`` that answers. A lone backend's JSON-RPC error passes through
-        as it is; when several were asked and all refused, ``none_answered`` is the answer (else the first error)."""
-        failures: list[BackendError] = []
-        for origin in origins:
-            backend = gateway.backends.get(origin.backend)
-            if not isinstance(backend, McpBackend):
-                continue
-            try:
-                return origin, await backend.request(build(origin), result_type, progress=progress)
-            except BackendError as exc:
-                failures.append(exc)
-        if len(failures) > 1 and none_answered is not None:
-            raise none_answered
-        failure = failures[0] if failures else None
-        if isinstance(failure, BackendRpcError):
-            raise MCPError(failure.code, failure.message, failure.data) from failure
-        if failure is not None:
-            raise MCPError(types.INTERNAL_ERROR, str(failure)) from failure
-        raise MCPError(types.INVALID_PARAMS, "No backend serves this request.")
+        """Send the request through the router to the first of ``origins`` that answers. A lone backend's JSON-RPC
+        error passes through as it is; when several were asked and all refused, ``none_answered`` is the answer
+        (else the first error)."""
+        progress = _progress(ctx)
+
+        async def send(backend: Backend, origin: Origin) -> Any:
+            return await backend.request(build(origin), result_type, progress=progress)
+
+        try:
+            return await gateway.router.request(
+                method, name, origins, send, arguments=arguments, ctx=_call_context(ctx, gateway.clients)
+            )
+        except Unanswered as exc:
+            raise _refusal(exc, none_answered) from exc.failures[0] if exc.failures else None
 
     def visible_origins(ctx: ServerRequestContext[Any], uri: str) -> tuple[Origin, ...]:
         """The backends that may serve ``uri`` to this caller (none: answered as a resource that does not exist)."""
@@ -561,7 +554,9 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
 
         # An unlisted URI may be asked of several backends; when none has it, the answer is SEP-2164's.
         not_found = MCPError(types.INVALID_PARAMS, "Resource not found", {"uri": clip(params.uri, URI_CHARS)})
-        origin, result = await forward(origins, build, types.ReadResourceResult, _progress(ctx), not_found)
+        origin, result = await forward(
+            ctx, "resources/read", params.uri, origins, build, types.ReadResourceResult, not_found
+        )
         if origin.local != params.uri:  # published under a prefix: the contents name the URI the client asked for
             for contents in result.contents:
                 if contents.uri == origin.local:
@@ -570,21 +565,35 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
 
     async def subscribe(ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams) -> types.EmptyResult:
         await settled()
-        failure: BackendError | None = None
-        for origin in visible_origins(ctx, params.uri):
-            backend = gateway.backends.get(origin.backend)
-            if isinstance(backend, McpBackend):
-                try:
-                    await upstreams.subscribe(ctx, params.uri, origin, backend)
-                    return types.EmptyResult()
-                except BackendError as exc:
-                    failure = exc
-        if isinstance(failure, BackendRpcError):
-            raise MCPError(failure.code, failure.message, failure.data) from failure
-        raise MCPError(types.INVALID_PARAMS, "Resource not found", {"uri": clip(params.uri, URI_CHARS)})
+
+        async def send(backend: Backend, origin: Origin) -> None:
+            await upstreams.subscribe(ctx, params.uri, origin, backend)
+
+        origins = visible_origins(ctx, params.uri)
+        try:
+            await gateway.router.request(
+                "resources/subscribe", params.uri, origins, send, ctx=_call_context(ctx, gateway.clients)
+            )
+        except Unanswered as exc:
+            failure = exc.failures[-1] if exc.failures else None
+            if isinstance(failure, BackendRpcError):
+                raise MCPError(failure.code, failure.message, failure.data) from failure
+            raise MCPError(types.INVALID_PARAMS, "Resource not found", {"uri": clip(params.uri, URI_CHARS)}) from None
+        return types.EmptyResult()
 
     async def unsubscribe(ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams) -> types.EmptyResult:
-        await upstreams.unsubscribe(ctx, params.uri)
+        origin = upstreams.forget(ctx, params.uri)
+        if origin is not None:
+
+            async def send(backend: Backend, origin: Origin) -> None:
+                await backend.unsubscribe_resource(origin.local)
+
+            try:
+                await gateway.router.request(
+                    "resources/unsubscribe", params.uri, (origin,), send, ctx=_call_context(ctx, gateway.clients)
+                )
+            except Unanswered:
+                pass  # the backend is gone (or no session): nothing downstream holds the subscription any more
         return types.EmptyResult()
 
     async def list_prompts(ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
@@ -615,13 +624,18 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
             update = {"name": origin.local, "meta": meta, "input_responses": None, "request_state": None}
             return types.GetPromptRequest(params=params.model_copy(update=update))
 
-        async def resume(origin: Origin, again: Round) -> Any:
+        async def send_to(origin: Origin, again: Round | None) -> Any:
             with _round(again):
-                return (await forward((origin,), build, types.GetPromptResult, _progress(ctx)))[1]
+                found = await forward(
+                    ctx, "prompts/get", params.name, (origin,), build, types.GetPromptResult, None, params.arguments
+                )
+                return found[1]
+
+        async def resume(origin: Origin, again: Round) -> Any:
+            return await send_to(origin, again)
 
         try:
-            with _round(retry):
-                return (await forward((origin,), build, types.GetPromptResult, _progress(ctx)))[1]
+            return await send_to(origin, retry)
         except InputRequired as exc:
             return await asked(ctx, "prompts/get", params.name, params.arguments, caller, exc, resume)
 
@@ -647,7 +661,8 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
             )
             return types.CompleteRequest(params=params.model_copy(update={"ref": local_ref, "meta": meta}))
 
-        return (await forward((origin,), build, types.CompleteResult, _progress(ctx)))[1]
+        name = ref.name if isinstance(ref, types.PromptReference) else ref.uri
+        return (await forward(ctx, "completion/complete", name, (origin,), build, types.CompleteResult))[1]
 
     async def set_level(ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams) -> types.EmptyResult:
         await upstreams.set_level(ctx, params.level)
@@ -678,8 +693,7 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
     async def roots_changed(ctx: ServerRequestContext[Any], params: types.NotificationParams) -> None:
         connection = connection_of(ctx)
         for backend in gateway.backends.values():
-            if isinstance(backend, McpBackend):
-                await backend.roots_changed(connection)
+            await backend.roots_changed(connection)
 
     # Registered directly for the same reason (roots are deprecated as of 2026-07-28).
     server.add_notification_handler("notifications/roots/list_changed", types.NotificationParams, roots_changed)
@@ -705,6 +719,19 @@ def _continuations(gateway: Gateway) -> Continuations:
     else:
         log.info("request_state.key", source=source)
     return Continuations(keys, settings.ttl_s)
+
+
+def _refusal(exc: Unanswered, none_answered: MCPError | None) -> MCPError:
+    """What the client is answered when no backend answered its request (``Router.request``)."""
+    failures = exc.failures
+    if len(failures) > 1 and none_answered is not None:
+        return none_answered
+    failure = failures[0] if failures else None
+    if isinstance(failure, BackendRpcError):
+        return MCPError(failure.code, failure.message, failure.data)
+    if failure is not None:
+        return MCPError(types.INTERNAL_ERROR, str(failure))
+    return MCPError(types.INVALID_PARAMS, "No backend serves this request.")
 
 
 def _quiet(progress: ProgressFn | None) -> ProgressFn | None:

@@ -74,15 +74,20 @@ class CallTracer:
         client_name: str | None,
         session_id: str | None,
         carrier: Mapping[str, Any] | None,
+        method: str = "tools/call",
     ) -> Iterator[Span]:
-        """The span of one call; current (the parent of its step spans) while the block runs."""
+        """The span of one request (a ``tools/call`` unless ``method`` says otherwise: ``tool`` is then the prompt's
+        name or the resource's URI); current (the parent of its step spans) while the block runs."""
         parent = propagate.extract(carrier) if carrier else None
-        attributes: dict[str, str] = {
-            "mcp.method.name": "tools/call",
-            "gen_ai.operation.name": "execute_tool",
-            "gen_ai.tool.name": tool,
-            "mcp_gateway.correlation_id": correlation_id,
-        }
+        attributes: dict[str, str] = {"mcp.method.name": method, "mcp_gateway.correlation_id": correlation_id}
+        if method == "tools/call":
+            attributes.update({"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool})
+        elif method == "prompts/get":
+            attributes["gen_ai.prompt.name"] = tool
+        elif method.startswith("resources/"):
+            attributes["mcp.resource.uri"] = tool
+        else:
+            attributes["mcp_gateway.target"] = tool  # completion/complete: the prompt's name or the template's URI
         for key, value in (
             ("mcp_gateway.caller", caller),
             ("mcp_gateway.client.name", client_name),
@@ -91,7 +96,7 @@ class CallTracer:
             if value is not None:
                 attributes[key] = value
         with self._tracer.start_as_current_span(
-            f"tools/call {tool}", context=parent, kind=SpanKind.SERVER, attributes=attributes
+            f"{method} {tool}", context=parent, kind=SpanKind.SERVER, attributes=attributes
         ) as span:
             yield span
 

@@ -39,10 +39,9 @@ from mcp.shared.subscriptions import (
 )
 
 from gateway.auth.policies import Identity, Views, lists_changed
-from gateway.backends.mcp import McpBackend
+from gateway.backends.base import Backend
 from gateway.backends.relay import (
     LOG_LEVELS,
-    UPSTREAM,
     Upstream,
     admits,
     client_log_level,
@@ -143,7 +142,7 @@ class Upstreams:
         view = self.views.view(catalog, identity)
         for origin in view.origins(uri, origins) if view is not None else origins:
             backend = backends.get(origin.backend)
-            if isinstance(backend, McpBackend):
+            if backend is not None and backend.serves_requests:
                 try:
                     await backend.subscribe_resource(origin.local)
                     return origin
@@ -155,17 +154,13 @@ class Upstreams:
         return len(self._live)
 
     async def track(self, ctx: ServerRequestContext[Any], call_next: CallNext) -> HandlerResult:
-        """Middleware: remember the connection, and make the request the ``UPSTREAM`` of everything it causes."""
+        """Middleware: remember the connection (the request itself travels in its ``CallContext``)."""
         connection = connection_of(ctx)
         if connection is not None:
             self._live.add(connection)
             if connection not in self._identities:
                 self._identities[connection] = _identity(ctx)  # a session belongs to one caller (http.py)
-        token = UPSTREAM.set(ctx)
-        try:
-            return await call_next(ctx)
-        finally:
-            UPSTREAM.reset(token)
+        return await call_next(ctx)
 
     # -- list changes ---------------------------------------------------------------------------------------------
 
@@ -247,7 +242,7 @@ class Upstreams:
         self._downstream_level = level
         async with anyio.create_task_group() as tg:
             for backend in self._backends().values():
-                if isinstance(backend, McpBackend):
+                if backend.serves_requests:
                     tg.start_soon(backend.set_log_level, level)
 
     async def _deliver_log(
@@ -271,7 +266,7 @@ class Upstreams:
 
     # -- resource subscriptions -----------------------------------------------------------------------------------
 
-    async def subscribe(self, ctx: Upstream, uri: str, origin: Origin, backend: McpBackend) -> None:
+    async def subscribe(self, ctx: Upstream, uri: str, origin: Origin, backend: Backend) -> None:
         """Subscribe ``ctx``'s client to ``uri`` (served by ``origin``).
 
         Raises:
@@ -284,10 +279,10 @@ class Upstreams:
         await backend.subscribe_resource(origin.local)
         subscriptions[uri] = origin
 
-    async def unsubscribe(self, ctx: Upstream, uri: str) -> None:
-        origin = self._subscriptions(connection_of(ctx)).pop(uri, None)
-        if origin is not None:
-            await self._release(origin)
+    def forget(self, ctx: Upstream, uri: str) -> Origin | None:
+        """End ``ctx``'s client's subscription to ``uri``: the origin whose backend must be told (the caller tells
+        it, ``Backend.unsubscribe_resource``), or None when the client held none."""
+        return self._subscriptions(connection_of(ctx)).pop(uri, None)
 
     def _subscriptions(self, connection: Any) -> dict[str, Origin]:
         state = getattr(connection, "state", None)
@@ -306,7 +301,7 @@ class Upstreams:
 
     async def _release(self, origin: Origin) -> None:
         backend = self._backends().get(origin.backend)
-        if isinstance(backend, McpBackend):
+        if backend is not None:
             await backend.unsubscribe_resource(origin.local)
 
     async def _deliver_update(self, backend: str, uri: str) -> None:
@@ -323,7 +318,7 @@ class Upstreams:
     # -- from the backends ----------------------------------------------------------------------------------------
 
     async def on_backend_notification(
-        self, backend: McpBackend, notification: types.ServerNotification, upstream: Upstream | None, owner: Any
+        self, backend: Backend, notification: types.ServerNotification, upstream: Upstream | None, owner: Any
     ) -> None:
         try:
             if isinstance(notification, types.LoggingMessageNotification):

@@ -253,7 +253,7 @@ async def test_an_empty_v0_file_is_migrated_to_the_current_schema(tmp_path: Path
     assert user_version(db) == 0
     async with Ledger(db) as ledger:
         await ledger.record(make(1))
-    assert user_version(db) == len(audit.MIGRATIONS) == 1
+    assert user_version(db) == len(audit.MIGRATIONS) == 2
     with sqlite3.connect(db) as conn:
         indexes = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -265,7 +265,7 @@ async def test_migrations_are_applied_in_order_to_an_older_database_keeping_its_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     db = tmp_path / "audit.db"
-    async with Ledger(db) as ledger:  # a v1 ledger with a row in it
+    async with Ledger(db) as ledger:  # a ledger of the current version with a row in it
         await ledger.record(make(1))
     later = (
         ("ALTER TABLE calls ADD COLUMN note TEXT", "CREATE TABLE notes_log (step INTEGER)"),
@@ -276,7 +276,7 @@ async def test_migrations_are_applied_in_order_to_an_older_database_keeping_its_
     async with Ledger(db) as ledger:
         await ledger.record(make(2))
 
-    assert user_version(db) == 3
+    assert user_version(db) == len(audit.MIGRATIONS) == 4
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT correlation_id, note FROM calls ORDER BY id").fetchall() == [
             ("corr-1", "migrated"),
@@ -284,6 +284,29 @@ async def test_migrations_are_applied_in_order_to_an_older_database_keeping_its_
         ]
         assert conn.execute("SELECT step FROM notes_log").fetchall() == [(3,)]
     assert [r.correlation_id for r in query(db)] == ["corr-1", "corr-2"]
+
+
+@pytest.mark.anyio
+async def test_rows_of_a_v1_ledger_read_as_tool_calls_once_it_is_migrated_and_kinds_filter(tmp_path: Path) -> None:
+    db = tmp_path / "audit.db"
+    with sqlite3.connect(db) as conn:  # a ledger written before rows had a kind
+        for statement in audit.MIGRATIONS[0]:
+            conn.execute(statement)
+        conn.execute("PRAGMA user_version = 1")
+        conn.execute(
+            "INSERT INTO calls (ts, correlation_id, tool, chain, status, duration_ms, result_bytes, arg_preview,"
+            " args_hash) VALUES (?, 'old', 'search', '[]', 'ok', 1.0, 0, '{}', 'h')",
+            (NOW,),
+        )
+    async with Ledger(db) as ledger:
+        await ledger.record(make(1, tool="fid://r/1", kind="resources/read"))
+    assert [(r.correlation_id, r.kind) for r in query(db)] == [("old", "tools/call"), ("corr-1", "resources/read")]
+    assert [r.correlation_id for r in query(db, kind="resources/read")] == ["corr-1"]
+    assert [(s.tool, s.kind) for s in stats(db)] == [("fid://r/1", "resources/read"), ("search", "tools/call")]
+    assert [s.tool for s in stats(db, kind="tools/call")] == ["search"]
+    with pytest.raises(AuditError, match="Audit kind 'tools/list' is not one of"):
+        async with Ledger(db) as ledger:
+            await ledger.record(make(2, kind="tools/list"))
 
 
 @pytest.mark.anyio

@@ -254,7 +254,17 @@ async def test_a_handshake_era_client_is_asked_on_its_call_stream(downstream: Ru
         "elicit:Whom to greet?",
         "elicit:Access code?",
     ]
-    assert [row[1] for row in _rows(tmp_path)] == ["input_required", "input_required", "ok"]
+    with sqlite3.connect(tmp_path / "audit.db") as conn:  # the prompt's and the read's rounds have rows too
+        kinds = conn.execute("SELECT kind, tool, status FROM calls ORDER BY id").fetchall()
+    assert kinds == [
+        ("tools/call", "interview", "input_required"),
+        ("tools/call", "interview", "input_required"),
+        ("tools/call", "interview", "ok"),
+        ("prompts/get", "greeting", "input_required"),
+        ("prompts/get", "greeting", "ok"),
+        ("resources/read", "test://mrtr/secret", "input_required"),
+        ("resources/read", "test://mrtr/secret", "ok"),
+    ]
 
 
 def _renamed(downstream: RunningServer, *, backend: str = "asker", rename: str = "") -> str:

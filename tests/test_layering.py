@@ -300,3 +300,94 @@ def test_no_module_imports_another_packages_private_module() -> None:
 )
 def test_the_private_import_checker_finds_a_private_module_of_another_package(source: str, found: list[str]) -> None:
     assert private_imports(source) == found
+
+
+# ------------------------------------------------------------------------- ask the backend, not its class or kind
+
+
+def backend_classes() -> set[str]:
+    """Every class of ``gateway/backends/`` that is a backend: ``Backend``, ``BackendBase`` and their subclasses
+    (by base name, transitively), and any class named ``...Backend``."""
+    classes: dict[str, set[str]] = {}
+    for name, path in modules().items():
+        if name == "backends" or name.startswith("backends."):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ClassDef):
+                    bases = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases}
+                    classes[node.name] = bases
+    found = {"Backend", "BackendBase"} | {c for c in classes if c.endswith("Backend")}
+    while True:
+        more = {c for c, bases in classes.items() if bases & found} - found
+        if not more:
+            return found
+        found |= more
+
+
+def class_questions(source: str, backends: set[str]) -> list[str]:
+    """Where ``source`` asks what a backend is instead of asking the backend: ``isinstance``/``issubclass`` against a
+    backend class, or a comparison (``==``, ``in``, ...) on the ``kind`` of something named a backend
+    (``backend.kind``, ``backends[name].kind``). An ``isinstance`` on an exception class is not one."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("isinstance", "issubclass")
+            and len(node.args) == 2
+        ):
+            against = node.args[1]
+            names = against.elts if isinstance(against, ast.Tuple) else [against]
+            for item in names:
+                named = item.id if isinstance(item, ast.Name) else getattr(item, "attr", None)
+                if named in backends:
+                    found.append(f"line {node.lineno}: {node.func.id}(..., {named})")
+        elif isinstance(node, ast.Compare):
+            for operand in (node.left, *node.comparators):
+                if (
+                    isinstance(operand, ast.Attribute)
+                    and operand.attr == "kind"
+                    and "backend" in ast.unparse(operand.value).lower()
+                ):
+                    found.append(f"line {node.lineno}: a comparison on {ast.unparse(operand)}")
+    return found
+
+
+def test_no_module_above_the_backends_asks_a_backend_its_class_or_kind() -> None:
+    backends = backend_classes()
+    assert {"McpBackend", "CliBackend", "WikiBackend", "DisabledBackend"} <= backends
+    found = {}
+    for name, path in modules().items():
+        if "." not in name and name != "backends":  # gateway/*.py: everything above gateway/backends/
+            questions = class_questions(path.read_text(encoding="utf-8"), backends)
+            if questions:
+                found[name] = questions
+    assert found == {}, "widen the Backend protocol (gateway/backends/base.py) instead"
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "isinstance(backend, McpBackend)\n",
+        "if not isinstance(b, (CliBackend, int)): pass\n",
+        "isinstance(x, mcp.McpBackend)\n",
+        "backend.kind in ('adapter', 'wiki')\n",
+        "backends[name].kind == 'wiki'\n",
+        "'stdio' != self._backends['a'].kind\n",
+    ],
+)
+def test_the_class_checker_finds_every_spelling(source: str) -> None:
+    assert class_questions(source, {"McpBackend", "CliBackend"}) != []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "isinstance(exc, BackendRpcError)\n",
+        "isinstance(result, types.CallToolResult)\n",
+        "backend.static_tools\n",
+        "labels = [backend.kind]\n",
+        "span.kind == SpanKind.SERVER\n",
+    ],
+)
+def test_the_class_checker_allows_asking_the_backend_and_other_isinstance_uses(source: str) -> None:
+    assert class_questions(source, {"McpBackend", "CliBackend"}) == []

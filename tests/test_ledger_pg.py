@@ -141,6 +141,16 @@ def _cli(default: str) -> argparse.ArgumentParser:
     return parser
 
 
+async def test_a_postgresql_ledger_keeps_each_rows_kind_and_filters_by_it(pg_url: str, tmp_path: Path) -> None:
+    async with PgLedger(pg_url, spool_path=tmp_path / "spool.db") as ledger:
+        await ledger.record(make(1, tool="search"))
+        await ledger.record(make(2, tool="fid://r/1", kind="resources/read"))
+    assert [(r.tool, r.kind) for r in query(pg_url)] == [("search", "tools/call"), ("fid://r/1", "resources/read")]
+    assert [r.correlation_id for r in query(pg_url, kind="resources/read")] == ["corr-2"]
+    assert [(s.tool, s.kind) for s in stats(pg_url)] == [("fid://r/1", "resources/read"), ("search", "tools/call")]
+    assert [s.tool for s in stats(pg_url, kind="tools/call")] == ["search"]
+
+
 async def test_gateway_audit_query_stats_and_tail_read_postgresql(pg_url: str, tmp_path: Path) -> None:
     records = [
         make(1, tool="search", status="ok", duration_ms=10.0),

@@ -346,6 +346,48 @@ adapters:
     assert f"<td>{HOSTILE_ESCAPED}</td>" in calls  # the client's own name for itself
 
 
+async def test_a_request_that_is_not_a_tool_call_is_shown_with_its_kind(tmp_path: Path) -> None:
+    config = f"""
+gateway: {{audit: {{path: {json.dumps(str(tmp_path / "audit.db"))}}}}}
+adapters:
+  cli:
+    command: {sys.executable}
+    tools:
+      search: {{argv: [-c, "print(1)"]}}
+"""
+    federation = parse_config(config, file=str(tmp_path / "federation.yaml"), env={})
+    async with Gateway(federation).running() as gateway:
+        with anyio.fail_after(10):
+            assert await gateway.wait_settled(10)
+        assert gateway.ledger is not None
+        for correlation_id, tool, kind in (("c-1", "search", "tools/call"), ("c-2", "fid://r/1", "resources/read")):
+            await gateway.ledger.record(
+                AuditRecord(
+                    ts=time.time(),
+                    correlation_id=correlation_id,
+                    session_id=None,
+                    client_name=None,
+                    client_version=None,
+                    caller=None,
+                    tool=tool,
+                    chain=(AuditStep("s", None, "ok", None, 1.0),),
+                    status="ok",
+                    duration_ms=2.0,
+                    result_bytes=1,
+                    arg_preview={},
+                    args_hash="0",
+                    kind=kind,
+                )
+            )
+        app = build_app(gateway, host="127.0.0.1", tokens=Tokens(""))
+        async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url=BASE_URL) as client:
+            text = (await client.get("/ui/")).text
+    calls = text.split('<table id="calls">', 1)[1].split("</table>", 1)[0]
+    assert '<code>fid://r/1</code><br><span class="muted">resources/read</span>' in calls
+    assert "<code>search</code></td>" in calls  # a tool call needs no kind said
+    assert '<code>fid://r/1</code> <span class="muted">resources/read</span>' in text  # its figures, by kind
+
+
 async def test_the_page_says_when_the_ledger_is_off(tmp_path: Path) -> None:
     async with served(tmp_path) as client:
         response = await client.get("/ui/")

@@ -12,8 +12,15 @@ The contract of ``call_tool``:
   * cancellation of the calling task cancels the call downstream (a process group is killed, a
     ``notifications/cancelled`` is sent).
 
+The layers above ask the backend, never its class or its ``kind`` (tests/test_layering.py checks it): whether its
+tools are declared rather than discovered (``static_tools``), whether it is a downstream MCP session that serves the
+rest of the protocol (``serves_requests``: resources, prompts, completion, subscriptions, log levels, roots), what it
+offers besides tools, its processes (``process_statistics``) and its own estimates of what its answers cost
+(``estimates``). A backend that is no MCP session inherits ``BackendBase``'s answers: nothing offered, every generic
+request refused as unavailable, nothing to subscribe or tune.
+
 ``Backend`` is the contract; ``BackendBase`` is what the backends share of its implementation (name, kind, status,
-listeners, the logged state change).
+listeners, the logged state change, the answers of a backend that is no MCP session).
 """
 
 from __future__ import annotations
@@ -30,9 +37,13 @@ import structlog
 from anyio.abc import TaskStatus
 from mcp.shared.dispatcher import ProgressFnT
 
-from gateway.errors import BackendUnavailable
+from gateway.errors import BackendError, BackendUnavailable
 
 log = structlog.get_logger("gateway.backend")
+
+
+STATIC_KINDS = frozenset({"adapter", "wiki"})
+"""The kinds whose tools are declared in federation.yaml rather than discovered (``Backend.static_tools``)."""
 
 
 class BackendState(StrEnum):
@@ -69,6 +80,18 @@ ChangeListener = Callable[[], None]
 """Called (synchronously, cheaply) whenever a backend's state or tool list changes."""
 
 
+@dataclass(frozen=True, slots=True)
+class ProcessStatistics:
+    """What a backend that spawns processes is doing now (``/metrics``)."""
+
+    live_processes: int
+    """Spawned and not yet reaped (calls and probes)."""
+    running_calls: int
+    """Calls holding a concurrency slot."""
+    waiting_calls: int
+    """Calls waiting for a slot."""
+
+
 class Backend(Protocol):
     """A source of tools. See the module docstring for the contract."""
 
@@ -83,9 +106,32 @@ class Backend(Protocol):
     @property
     def status(self) -> BackendStatus: ...
 
+    @property
+    def static_tools(self) -> bool:
+        """Whether its tools are declared (an adapter, the wiki) rather than discovered from a session: a call is
+        tried whatever its state short of disabled, the catalog keeps no last-known tools for it, and a route
+        resolves to it first."""
+        ...
+
+    @property
+    def serves_requests(self) -> bool:
+        """Whether it is a downstream MCP session, which serves ``request`` and the rest of the protocol."""
+        ...
+
+    @property
+    def capabilities(self) -> types.ServerCapabilities | None:
+        """What it offered at its last handshake; None for a backend that is no MCP session (or before it)."""
+        ...
+
     def tools(self) -> Sequence[types.Tool]:
         """The tools this backend offers now, under their own (downstream) names; empty unless ready."""
         ...
+
+    def resources(self) -> Sequence[types.Resource]: ...
+
+    def resource_templates(self) -> Sequence[types.ResourceTemplate]: ...
+
+    def prompts(self) -> Sequence[types.Prompt]: ...
 
     def last_known_tools(self) -> Sequence[types.Tool]:
         """The tools it offered when it was last ready (its current ones while ready); empty if it never was. The
@@ -114,6 +160,45 @@ class Backend(Protocol):
         variant: str | None = None,
         progress: ProgressFn | None = None,
     ) -> types.CallToolResult: ...
+
+    async def request(self, request: Any, result_type: Any, *, progress: ProgressFn | None = None) -> Any:
+        """Send any other client request (resources, prompts, completion) and return its answer.
+
+        Raises:
+            BackendError: it is no MCP session, is not ready, or failed to answer (a JSON-RPC error is
+                ``BackendRpcError``).
+            InputRequired: the answer is an input-required result.
+        """
+        ...
+
+    async def subscribe_resource(self, uri: str) -> None:
+        """Subscribe to updates of its ``uri`` (counted: the downstream is asked once).
+
+        Raises:
+            BackendError: it refused, or could not be reached.
+        """
+        ...
+
+    async def unsubscribe_resource(self, uri: str) -> None:
+        """Drop one subscription to ``uri``. Never raises."""
+        ...
+
+    async def set_log_level(self, level: types.LoggingLevel | None) -> None:
+        """Ask for log messages from ``level`` up (kept across reconnects). Never raises."""
+        ...
+
+    async def roots_changed(self, connection: Any) -> None:
+        """The client behind ``connection`` says its roots changed. Never raises."""
+        ...
+
+    def process_statistics(self) -> ProcessStatistics | None:
+        """What its processes are doing now; None for a backend that spawns none."""
+        ...
+
+    def estimates(self) -> Mapping[str, int]:
+        """Its own estimate, in tokens, of the answers of some of its tools (``{cost:TOOL}``); measured now, so
+        call it only while ready; empty when it has none."""
+        ...
 
     def subscribe(self, listener: ChangeListener) -> None:
         """Register a listener for state and tool-list changes."""
@@ -147,6 +232,18 @@ class BackendBase:
     def status(self) -> BackendStatus:
         return self._status
 
+    @property
+    def static_tools(self) -> bool:
+        return self._kind in STATIC_KINDS
+
+    @property
+    def serves_requests(self) -> bool:
+        return False
+
+    @property
+    def capabilities(self) -> types.ServerCapabilities | None:
+        return None
+
     def ladder(self, tool: str, arguments: Mapping[str, Any]) -> Sequence[str | None]:
         return (None,)
 
@@ -158,6 +255,39 @@ class BackendBase:
 
     def tools(self) -> Sequence[types.Tool]:
         return ()
+
+    def resources(self) -> Sequence[types.Resource]:
+        return ()
+
+    def resource_templates(self) -> Sequence[types.ResourceTemplate]:
+        return ()
+
+    def prompts(self) -> Sequence[types.Prompt]:
+        return ()
+
+    async def request(self, request: Any, result_type: Any, *, progress: ProgressFn | None = None) -> Any:
+        raise self._no_session(request.method)
+
+    async def subscribe_resource(self, uri: str) -> None:
+        raise self._no_session("resources/subscribe")
+
+    async def unsubscribe_resource(self, uri: str) -> None:
+        return None
+
+    async def set_log_level(self, level: types.LoggingLevel | None) -> None:
+        return None
+
+    async def roots_changed(self, connection: Any) -> None:
+        return None
+
+    def process_statistics(self) -> ProcessStatistics | None:
+        return None
+
+    def estimates(self) -> Mapping[str, int]:
+        return {}
+
+    def _no_session(self, method: str) -> BackendError:
+        return BackendUnavailable(self._name, f"it is no MCP server, so it serves no {method}")
 
     def last_known_tools(self) -> Sequence[types.Tool]:
         if self._status.state in (BackendState.READY, BackendState.DEGRADED):

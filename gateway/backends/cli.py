@@ -54,7 +54,7 @@ from tenacity import AsyncRetrying, retry_if_result
 
 from gateway.backends import processes
 from gateway.backends.backoff import backoff, spread
-from gateway.backends.base import BackendBase, BackendState, BackendStatus, ProgressFn
+from gateway.backends.base import BackendBase, BackendState, BackendStatus, ProcessStatistics, ProgressFn
 from gateway.config import Adapter, AdapterTool, ThinWhen, VariantProbe, environ
 from gateway.errors import (
     BackendError,
@@ -355,6 +355,10 @@ class CliBackend(BackendBase):
         if self._status.state is BackendState.DISABLED:
             return ()
         return self._tools
+
+    def process_statistics(self) -> ProcessStatistics:
+        stats = self.statistics()
+        return ProcessStatistics(stats.live_processes, stats.running_calls, stats.waiting_calls)
 
     def statistics(self) -> CliStatistics:
         stats = self._limiter.statistics()

@@ -250,6 +250,10 @@ class McpBackend(BackendBase):
         return self._init
 
     @property
+    def serves_requests(self) -> bool:
+        return True
+
+    @property
     def capabilities(self) -> types.ServerCapabilities | None:
         """What the downstream offered at its last handshake (None before it connected)."""
         return self._init.capabilities if self._init is not None else None

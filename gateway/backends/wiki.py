@@ -376,6 +376,9 @@ class WikiBackend(BackendBase):
         while self._semantic_state in ("loading", "ready") and self._semantic_generation < generation:
             await self._semantic_changed.wait()
 
+    def estimates(self) -> Mapping[str, int]:
+        return self.measure() if self._status.state is BackendState.READY else {}
+
     def measure(self) -> dict[str, int]:
         """Estimate the output size, in tokens, of ``wiki_index`` and ``wiki_read_all`` (default arguments).
 
