@@ -38,7 +38,7 @@ from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, Authorizat
 from mcp.server.auth.provider import AccessToken
 from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http import StreamableHTTPServerTransport
-from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp_types import INVALID_REQUEST, ErrorData, JSONRPCError
 from starlette.applications import Starlette
@@ -57,6 +57,7 @@ from gateway.oauth import Refusal, ResourceServer
 from gateway.quotas import CallerLimits
 from gateway.runtime import VERSION, Gateway
 from gateway.server import build_server, session_digest
+from gateway.sessions import SealedSessions, session_seal
 from gateway.ui import UI_PATHS, build_ui
 
 __all__ = [
@@ -296,7 +297,7 @@ class _CallerAtCap(Exception):
     """Raised inside session admission: the caller's sessions are all busy and it is at its cap."""
 
 
-class CallerSessions(StreamableHTTPSessionManager):
+class CallerSessions(SealedSessions):
     """The SDK's session manager, shared fairly between callers (``gateway.limits``).
 
     A session belongs to the caller that opened it: the Guard puts the caller in ``scope["user"]`` and the SDK
@@ -319,8 +320,9 @@ class CallerSessions(StreamableHTTPSessionManager):
         self.evicted = 0
 
     def statistics(self) -> dict[str, int]:
-        """For ``/status``: sessions open now, and how many were evicted at their caller's cap since start."""
-        return {"open": len(self._server_instances), "evicted": self.evicted}
+        """For ``/status``: sessions open now, how many were evicted at their caller's cap, and how many were
+        re-created here from their sealed id (opened on another replica, or before a restart), since start."""
+        return {"open": len(self._server_instances), "evicted": self.evicted, "revived": self.revived}
 
     async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -377,7 +379,7 @@ def _caller(scope: Scope) -> str | None:
 class _SessionIdFilter(logging.Filter):
     """Rewrites the SDK's log lines about sessions so that no session id reaches the log, only its digest."""
 
-    _ID = re.compile(r"\b[0-9a-f]{32}\b")
+    _ID = re.compile(r"\b[0-9a-f]{32}\b|\bv1\.[A-Za-z0-9_-]{16,}")  # the SDK's ids, and sealed ones (sessions.py)
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
@@ -482,6 +484,7 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
     manager = CallerSessions(
         server,
         limits=gateway.config.gateway.limits,
+        seal=session_seal(gateway.config.gateway, str(gateway.config.source or "")),  # sessions.py
         json_response=json_response,
         # resumable streams (SEP-1699), bounded in events, age and bytes: see events.py
         event_store=RecentEvents(
