@@ -58,6 +58,7 @@ from gateway.quotas import CallerLimits
 from gateway.runtime import VERSION, Gateway
 from gateway.server import build_server, session_digest
 from gateway.sessions import SealedSessions, session_seal
+from gateway.shared_limits import SharedRates
 from gateway.ui import UI_PATHS, build_ui
 
 __all__ = [
@@ -533,10 +534,17 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
     async def metrics(request: Request) -> Response:
         return Response(gateway.metrics.exposition(), headers={"content-type": CONTENT_TYPE})
 
+    shared_settings = gateway.config.gateway.shared  # read at start: a reload does not change it
+    shared = SharedRates(shared_settings) if shared_settings.redis_url is not None else None
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with manager.run():
-            yield
+        try:
+            async with manager.run():
+                yield
+        finally:
+            if shared is not None:
+                await shared.aclose()
 
     app = Starlette(
         routes=[
@@ -546,7 +554,10 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
             Route("/metrics", metrics, methods=["GET"]),
             # Every POST body is checked before the SDK parses it (edge.py): one rule for both protocol eras.
             # Per-caller limits (quotas.py) after the edge, which hands them the parsed message.
-            Route("/mcp", endpoint=Edge(CallerLimits(mcp_app, gateway, limits), lambda: gateway.config.gateway.edge)),
+            Route(
+                "/mcp",
+                endpoint=Edge(CallerLimits(mcp_app, gateway, limits, shared), lambda: gateway.config.gateway.edge),
+            ),
             # the status page; signs people in itself, with the static tokens only (so with OAuth alone it is shut)
             Mount("/ui", app=build_ui(gateway, tokens, is_loopback(host) and oauth is None)),
             *metadata_routes,
