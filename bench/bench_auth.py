@@ -22,9 +22,9 @@ import jwt
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from starlette.types import Message, Receive, Scope, Send
 
+from gateway.auth.oauth import ResourceServer
 from gateway.config import OAuth
 from gateway.http import Guard, Tokens
-from gateway.oauth import ResourceServer
 
 RESOURCE = "http://127.0.0.1:8080/mcp"
 

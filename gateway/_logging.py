@@ -130,6 +130,9 @@ def config_secrets(config: Federation) -> list[str]:
             values += _env_values(server.env, server.secret_env)
         else:
             values += _header_values(server.headers, server.secret_headers)
+            exchange = getattr(server, "token_exchange", None)
+            if exchange is not None:
+                values.append(exchange.client_secret)
     for adapter in config.adapters.values():
         values += _env_values(adapter.env, adapter.secret_env)
         for name in adapter.pass_env:

@@ -30,11 +30,11 @@ import mcp_types as types
 
 from gateway.backends.base import Backend, BackendState
 from gateway.clients import note_without
-from gateway.config import TOOL_NAME_RE, Federation, RouteStep, SearchHitsResult
+from gateway.config import TOOL_NAME_RE, Federation, Policy, RouteStep, SearchHitsResult
 from gateway.costs import Cost, fill_placeholders
 from gateway.listings import Listings
 
-__all__ = ["Catalog", "CatalogEntry", "Provider"]
+__all__ = ["Catalog", "CatalogEntry", "Provider", "with_note"]
 
 STATIC_KINDS = frozenset({"adapter", "wiki"})
 """Backends whose tools are known without a connection: a route keeps their schema even while they are down."""
@@ -127,6 +127,12 @@ class Catalog:
     """The same list without the large-context tools (``clients.large_context_tools``); None when none is gated."""
     lists: Listings = field(default_factory=Listings)
     """Resources, resource templates and prompts, built and swapped with the tools (see listings.py)."""
+    notes: tuple[str, str] = ("", "")
+    """The router note as the full and the small list carry it (a policy's view drops the items naming tools its
+    callers cannot see, as the small list does for large-context tools)."""
+    policies: Mapping[str, Policy] = field(default_factory=dict)
+    """Who sees what of it (gateway/auth/policies.py): swapped with the catalog, so a reload that changes only a
+    policy is a change clients are told of."""
 
     @classmethod
     def empty(cls) -> Catalog:
@@ -149,6 +155,8 @@ class Catalog:
             changed.add("tools")
         if not self.lists.same_lists(previous.lists):
             changed.add("lists")
+        if self.policies != previous.policies:
+            changed.add("policies")
         return frozenset(changed)
 
     def __len__(self) -> int:
@@ -239,10 +247,19 @@ class Catalog:
         gated = set(config.clients.large_context_tools) & dumped.keys()
         small_note = note_without(note, gated)  # a small client is not told about the tools it cannot see
         small = (
-            {"tools": [_with_note(t, note, small_note) for n, t in dumped.items() if n not in gated]} if gated else None
+            {"tools": [with_note(t, note, small_note) for n, t in dumped.items() if n not in gated]} if gated else None
         )
         lists = Listings.build(config, backends)
-        return cls(entries, {"tools": list(dumped.values())}, tuple(problems) + lists.problems, small, lists)
+        problems += lists.problems
+        return cls(
+            entries,
+            {"tools": list(dumped.values())},
+            tuple(problems),
+            small,
+            lists,
+            (note, small_note),
+            dict(config.policies),
+        )
 
 
 def _provider(step: RouteStep) -> Provider:
@@ -320,7 +337,7 @@ def _adapter_audit(config: Federation, source: str) -> dict[str, int]:
     return {}
 
 
-def _with_note(tool: dict[str, Any], note: str, replacement: str) -> dict[str, Any]:
+def with_note(tool: Mapping[str, Any], note: str, replacement: str) -> Mapping[str, Any]:
     """A dumped tool whose description ends with ``note``, with ``replacement`` in its place."""
     description = tool.get("description")
     if not note or note == replacement or not isinstance(description, str) or not description.endswith(note):

@@ -26,6 +26,7 @@ import signal
 import sys
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -33,6 +34,7 @@ import structlog
 
 from gateway._logging import config_secrets, configure_logging, redactor
 from gateway.audit_report import add_audit_subcommands, run_audit
+from gateway.auth.policies import Identity, Views
 from gateway.backends.processes import become_subreaper, supervise
 from gateway.config import Federation, add_project_tools, environ, load_config
 from gateway.connections import edge_protocol, effective_max_connections, quiet_edge_logs, raise_open_files_limit
@@ -79,6 +81,9 @@ def _parser() -> argparse.ArgumentParser:
     config_arg(tools)
     tools.add_argument("--json", action="store_true", help="machine-readable output")
     tools.add_argument("--full", action="store_true", help="whole descriptions, not their first line")
+    tools.add_argument(
+        "--caller", metavar="NAME", help="only what this caller's policy shows (a static token's name, or ISSUER:SUB)"
+    )
 
     audit = add_audit_subcommands(sub, default_db=AUDIT_DB_FROM_CONFIG)
     config_arg(audit)
@@ -114,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "check":
             return anyio.run(_check, config, args.json)
         if args.command == "tools":
-            return anyio.run(_tools, config, args.json, args.full)
+            return anyio.run(_tools, config, args.json, args.full, args.caller)
         if args.command == "audit":
             audit = config.gateway.audit
             if args.audit_command == "copy":
@@ -331,11 +336,20 @@ async def _check(config: Federation, as_json: bool) -> int:
     return EXIT_OK
 
 
-async def _tools(config: Federation, as_json: bool, full: bool) -> int:
+async def _tools(config: Federation, as_json: bool, full: bool, caller: str | None = None) -> int:
     async with Gateway(config, audit=False).running() as gateway:
         await gateway.wait_settled(settle_budget(config))
         await gateway.refresh_costs()  # show {cost:TOOL} placeholders filled, as clients see them
-        entries = list(gateway.catalog.entries.values())
+        catalog = gateway.catalog
+        entries = list(catalog.entries.values())
+        view = Views().view(catalog, Identity(caller)) if caller is not None else None
+        if view is not None:  # that caller's view: its tools, their descriptions as it is shown them
+            shown = {tool["name"]: tool.get("description") for tool in view.list_result["tools"]}
+            entries = [
+                replace(e, tool=e.tool.model_copy(update={"description": shown[e.name]}))
+                for e in entries
+                if e.name in shown
+            ]
     if as_json:
         out: list[dict[str, Any]] = [
             {

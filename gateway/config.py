@@ -38,6 +38,10 @@ __all__ = [
     "CallBudget",
     "CallerLimit",
     "Federation",
+    "Policy",
+    "PolicyLimits",
+    "Selection",
+    "TokenExchange",
     "HttpServer",
     "OAuth",
     "OAuthIssuer",
@@ -240,8 +244,14 @@ class Auth(_Model):
     oauth: OAuth | None = None
     """JWT access tokens from trusted issuers, accepted beside the static tokens (see docs/security.md)."""
     caller_limits: tuple[CallerLimit, ...] = ()
-    """Per-caller request rate and concurrent calls; the first rule that matches a caller applies (the policies
-    section to come will carry these per policy)."""
+    """Per-caller request rate and concurrent calls; the first rule that matches a caller applies. A caller whose
+    policy (``policies:``) sets ``limits`` is limited by those instead."""
+    caller_secrets: str | None = None
+    """A YAML file of per-caller secrets, ``{CALLER: {NAME: VALUE}}``, that ``${caller.secret:NAME}`` in a server's
+    headers takes its value from (caller ``"*"``: the gateway's own session, which lists the tools). Read at start and
+    again when it changes; it must not be readable by group or others (docs/security.md)."""
+
+    _resolve_secrets = field_validator("caller_secrets")(_resolve)
 
 
 class AuditSettings(_Model):
@@ -514,6 +524,28 @@ class StdioServer(_Backend):
     _resolve_env = field_validator("env")(_resolve_env_paths)
 
 
+class TokenExchange(_Model):
+    """OAuth 2.0 Token Exchange (RFC 8693): each caller's own downstream token, minted from the caller's access
+    token by the identity provider (gateway/auth/exchange.py)."""
+
+    token_endpoint: str = Field(pattern=r"^https?://")
+    """The authorization server's token endpoint (``https``; plain ``http`` only on loopback)."""
+    client_id: str = Field(min_length=1)
+    client_secret: str = Field(min_length=1)
+    """The gateway's own client secret at the token endpoint (write ``${VAR}``; never logged)."""
+    audience: str | None = None
+    """The ``audience`` asked for (the downstream's name at the provider)."""
+    resource: str | None = None
+    """The ``resource`` asked for (RFC 8707: the downstream's URI)."""
+    scope: str | None = None
+    timeout_s: float = Field(default=10.0, gt=0, le=60)
+
+    @field_validator("token_endpoint")
+    @classmethod
+    def _endpoint_url(cls, value: str) -> str:
+        return _check_url(value, "token_endpoint")  # a caller's token must not travel in the clear
+
+
 class HttpServer(_Backend):
     transport: Literal["streamable_http"]
     url: str = Field(pattern=r"^https?://")
@@ -521,6 +553,8 @@ class HttpServer(_Backend):
     secret_headers: tuple[str, ...] = ()
     """Names in ``headers`` whose values are secrets, besides ``Authorization``, ``Cookie``, ``X-Api-Key`` and
     other names that already say so."""
+    token_exchange: TokenExchange | None = None
+    """Each caller's session carries ``Authorization: Bearer`` a token exchanged for the caller's own (RFC 8693)."""
 
 
 class SseServer(_Backend):
@@ -779,6 +813,59 @@ class Clients(_Model):
 # --------------------------------------------------------------------------------------------------- root
 
 
+# --------------------------------------------------------------------------------------------------- policies
+
+
+CALLER_SECRET_RE = re.compile(r"\$\{caller\.secret:([A-Za-z0-9_.-]{1,64})\}")
+"""``${caller.secret:NAME}`` in a server's header value: the calling caller's secret NAME (gateway/auth/secrets.py)."""
+
+
+class Selection(_Model):
+    """Names (or URIs) a policy lets its callers see, as globs (``*``, ``?``, ``[...]``): ``include`` (default:
+    everything), then ``exclude``."""
+
+    include: tuple[str, ...] | None = None
+    exclude: tuple[str, ...] = ()
+
+
+class PolicyLimits(_Model):
+    """Per-caller limits of a policy's callers (each caller its own bucket and count), as ``CallerLimit``'s."""
+
+    requests_per_s: float | None = Field(default=None, gt=0)
+    burst: int | None = Field(default=None, ge=1)
+    concurrent_calls: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _limits_something(self) -> PolicyLimits:
+        if self.requests_per_s is None and self.concurrent_calls is None:
+            raise ValueError("limits need requests_per_s, concurrent_calls or both")
+        if self.burst is not None and self.requests_per_s is None:
+            raise ValueError("burst is the size of the requests_per_s bucket: set requests_per_s too")
+        return self
+
+
+class Policy(_Model):
+    """Who (``callers``, ``claims``, ``scopes``: all must hold) sees and may call what (``backends``, ``tools``,
+    ``resources``, ``prompts``). The first policy whose conditions hold for a caller is its policy."""
+
+    callers: tuple[str, ...] = ("*",)
+    """Caller-name globs: static token names (``GATEWAY_TOKENS="alice=..."``) or ``ISSUER-NAME:SUBJECT`` of a JWT."""
+    claims: dict[str, str] = {}
+    """JWT claims the caller's token must carry with these values (a list claim must contain it)."""
+    scopes: tuple[str, ...] = ()
+    """Scopes the caller's JWT must all carry."""
+    backends: Selection = Selection()
+    """Backends whose tools, resources and prompts may be seen (a route: every provider's backend must be)."""
+    tools: Selection = Selection()
+    """Published tool names."""
+    resources: Selection = Selection()
+    """Published resource URIs and URI templates."""
+    prompts: Selection = Selection()
+    """Published prompt names."""
+    limits: PolicyLimits | None = None
+    """The request rate and concurrent calls allowed each of this policy's callers."""
+
+
 class Federation(_Model):
     version: Literal[1] = 1
     gateway: GatewaySettings = GatewaySettings()
@@ -787,6 +874,8 @@ class Federation(_Model):
     wiki: Wiki | None = None
     routes: dict[str, Route] = {}
     clients: Clients = Clients()
+    policies: dict[str, Policy] = {}
+    """Who sees and may call what, first match wins; none: every caller sees everything (gateway/auth/policies.py)."""
     _source: str = PrivateAttr(default="<memory>")
 
     @property
@@ -836,6 +925,24 @@ class Federation(_Model):
                     return ("routes", route), (
                         f"route {route!r} names {step.provider!r}, but {backend!r} has no tool {tool!r} "
                         f"(it has {sorted(known)})"
+                    )
+        for name, policy in self.policies.items():
+            for listed in (*(policy.backends.include or ()), *policy.backends.exclude):
+                if not any(ch in listed for ch in "*?[") and listed not in seen:
+                    return ("policies", name, "backends"), (
+                        f"policy {name!r} names backend {listed!r}, which is not declared"
+                    )
+        for name, server in self.servers.items():
+            headers = getattr(server, "headers", {})
+            for header, value in headers.items():
+                if "${caller." in value and not CALLER_SECRET_RE.search(value):
+                    return ("servers", name, "headers", header), (
+                        "a per-caller value is written ${caller.secret:NAME} (NAME: 1 to 64 of A-Z a-z 0-9 _ . -)"
+                    )
+                if CALLER_SECRET_RE.search(value) and self.gateway.auth.caller_secrets is None:
+                    return ("servers", name, "headers", header), (
+                        "${caller.secret:...} needs gateway.auth.caller_secrets, the file the per-caller values come "
+                        "from"
                     )
         return None
 

@@ -39,9 +39,11 @@ from mcp.server.request_state import AESGCMRequestStateCodec, InvalidRequestStat
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
+from gateway.backends.base import Backend
+from gateway.catalog import Catalog
 from gateway.errors import ConfigError
 
-__all__ = ["Continuation", "Continuations", "invalid_state", "load_key"]
+__all__ = ["Continuation", "Continuations", "invalid_state", "load_key", "may_ask_mid_call"]
 
 log = structlog.get_logger("gateway.continuation")
 
@@ -188,3 +190,16 @@ def load_key(env_name: str, env_value: str | None, ledger: str | None, *, file: 
         problem = f"the requestState key file {path} holds {len(key)} characters, fewer than {_MIN_KEY_CHARS}"
         raise ConfigError(file, "gateway.audit.path", None, problem)
     return [key.encode()], f"file {path.name} beside the audit ledger"
+
+
+def may_ask_mid_call(catalog: Catalog, backends: Mapping[str, Backend], name: str) -> bool:
+    """Whether a call of the published tool ``name`` may reach a backend that asks its client for input mid-call,
+    so that a stateless client's call must run bridged (its own task, able to wait for the client's retry). Any
+    other call runs in the request's own task, without the bridge's cost."""
+    entry = catalog.get(name)
+    if entry is None:
+        return False
+    return any(
+        (backend := backends.get(provider.backend)) is not None and backend.asks_mid_call
+        for provider in entry.providers
+    )

@@ -6,7 +6,7 @@ MCP work — then answers ``/healthz`` (no auth, no reasons), ``/status`` (auth,
 (Prometheus text format; auth unless ``gateway.auth.metrics_requires_token`` says otherwise — by default it is
 required unless the gateway is bound to loopback). ``/metrics`` holds names, states and counts only: no reasons,
 arguments or secrets. With ``gateway.auth.oauth`` a bearer that is no static token is verified as a JWT access token
-(``oauth.py``), the Protected Resource Metadata is served (public) at its well-known paths, and refusals carry the
+(``auth/oauth.py``), the Protected Resource Metadata is served (public) at its well-known paths, and refusals carry the
 RFC 6750 challenge naming it. Per-caller request rates and concurrent calls (``quotas.py``) sit between the edge and
 the SDK.
 
@@ -20,15 +20,13 @@ its first response belongs to a token holder (``connections.py`` relies on that 
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import ipaddress
 import json
 import logging
 import math
 import re
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import urlsplit
@@ -48,12 +46,13 @@ from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway._logging import redactor
+from gateway.auth.oauth import Refusal, ResourceServer
+from gateway.auth.tokens import Tokens
 from gateway.backends.cli import CliBackend
-from gateway.config import CallerLimit, Limits
+from gateway.config import CallerLimit, Limits, Policy
 from gateway.edge import Edge
 from gateway.events import RETRY_MS, RecentEvents
 from gateway.metrics import CONTENT_TYPE, AdapterSnapshot, BackendSnapshot, StateSnapshot
-from gateway.oauth import Refusal, ResourceServer
 from gateway.quotas import CallerLimits
 from gateway.runtime import VERSION, Gateway
 from gateway.server import build_server, session_digest
@@ -74,7 +73,6 @@ __all__ = [
 
 log = structlog.get_logger("gateway.http")
 
-_NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
 _LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 _PORT = re.compile(r"^[0-9]{1,5}$")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -88,43 +86,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
-
-
-class Tokens:
-    """Accepted bearer tokens. ``GATEWAY_TOKENS="alice=tok1,bob=tok2"`` names callers; a bare token is named by
-    its hash prefix. Tokens are compared in constant time and never logged or stored."""
-
-    def __init__(self, spec: str | None) -> None:
-        self._tokens: list[tuple[bytes, str]] = []
-        for item in (spec or "").split(","):
-            item = item.strip()
-            if not item:
-                continue
-            name, sep, token = (part.strip() for part in item.partition("="))
-            if not (sep and _NAME.fullmatch(name) and token.strip("=")):
-                name, token = "", item  # a bare token (which may itself contain '=', e.g. base64 padding)
-            digest = hashlib.sha256(token.encode()).hexdigest()[:12]
-            self._tokens.append((token.encode(), name or f"token-{digest}"))
-
-    def __bool__(self) -> bool:
-        return bool(self._tokens)
-
-    @property
-    def secrets(self) -> list[str]:
-        return [token.decode() for token, _ in self._tokens]
-
-    def identify(self, authorization: str | None) -> str | None:
-        """The caller's name for a valid ``Authorization: Bearer`` header, else None."""
-        if not authorization or not authorization[:7].lower() == "bearer ":
-            return None
-        offered = authorization[7:].strip().encode()
-        if not offered:
-            return None
-        found: str | None = None
-        for token, name in self._tokens:  # compare against every token: timing reveals nothing
-            if hmac.compare_digest(offered, token):
-                found = name
-        return found
 
 
 class Guard:
@@ -401,7 +362,11 @@ def _filter_session_ids() -> None:
 
 
 def status_document(
-    gateway: Gateway, *, connections: int | None = None, sessions: dict[str, int] | None = None
+    gateway: Gateway,
+    *,
+    connections: int | None = None,
+    sessions: dict[str, int] | None = None,
+    access: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``/status`` and ``gateway check --json``: every backend's state and reason, the catalog's size and problems.
 
@@ -441,6 +406,8 @@ def status_document(
         doc["connections"] = connections
     if sessions is not None:
         doc["sessions"] = sessions
+    if access is not None:
+        doc["access"] = access  # the policies, and per caller its policy and how many tools it sees
     if gateway.ledger is not None and not gateway.ledger.disabled:
         ledger = gateway.ledger.statistics()
         doc["ledger"] = {
@@ -516,7 +483,12 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
         return JSONResponse({"status": "ok" if gateway.healthy() else "degraded", "backends": states})
 
     async def status(request: Request) -> Response:
-        return JSONResponse(status_document(gateway, connections=len(connections), sessions=manager.statistics()))
+        return JSONResponse(
+            status_document(gateway, connections=len(connections), sessions=manager.statistics(), access=access())
+        )
+
+    def access() -> dict[str, Any]:
+        return connections.views.statistics(gateway.catalog, tokens.names)
 
     gateway.metrics.watch(lambda: state_snapshot(gateway))
     oauth_settings = gateway.config.gateway.auth.oauth  # read at start, like the tokens: a reload does not change it
@@ -528,6 +500,9 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
 
     def limits() -> tuple[CallerLimit, ...]:
         return gateway.config.gateway.auth.caller_limits
+
+    def policies() -> Mapping[str, Policy]:
+        return gateway.config.policies
 
     metadata_routes = [Route(p, resource_metadata, methods=["GET"]) for p in (oauth.metadata_paths if oauth else ())]
 
@@ -556,10 +531,12 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
             # Per-caller limits (quotas.py) after the edge, which hands them the parsed message.
             Route(
                 "/mcp",
-                endpoint=Edge(CallerLimits(mcp_app, gateway, limits, shared), lambda: gateway.config.gateway.edge),
+                endpoint=Edge(
+                    CallerLimits(mcp_app, gateway, limits, policies, shared=shared), lambda: gateway.config.gateway.edge
+                ),
             ),
             # the status page; signs people in itself, with the static tokens only (so with OAuth alone it is shut)
-            Mount("/ui", app=build_ui(gateway, tokens, is_loopback(host) and oauth is None)),
+            Mount("/ui", app=build_ui(gateway, tokens, is_loopback(host) and oauth is None, access)),
             *metadata_routes,
         ],
         lifespan=lifespan,

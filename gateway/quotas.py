@@ -30,9 +30,10 @@ import structlog
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.audit import AuditRecord, AuditStep, args_hash
-from gateway.config import CallerLimit
+from gateway.auth.oauth import Principal
+from gateway.auth.policies import Identity, policy_for
+from gateway.config import CallerLimit, Policy
 from gateway.edge import RPC
-from gateway.oauth import Principal
 from gateway.runtime import Gateway
 from gateway.server import session_digest
 from gateway.shared_limits import SharedRates
@@ -99,13 +100,16 @@ class CallerLimits:
         app: ASGIApp,
         gateway: Gateway,
         rules: Callable[[], tuple[CallerLimit, ...]],
+        policies: Callable[[], Mapping[str, Policy]] = dict,
         shared: SharedRates | None = None,
     ) -> None:
         self.app = app
         self.gateway = gateway
         self.rules = rules
+        self.policies = policies
         self.shared = shared
         self._callers: dict[str, _State] = {}
+        self._policy_rules: dict[int, tuple[Policy, CallerLimit]] = {}
 
     async def _take(self, state: _State, caller: str, rule: CallerLimit, now: float) -> float | None:
         """One token of the caller's rate: from Redis when shared, else (or when Redis is down and the
@@ -119,13 +123,36 @@ class CallerLimits:
             return state.take(now) if shared.fail_open else None
         return wait
 
-    def _rule(self, caller: str, principal: Principal | None) -> tuple[int, CallerLimit] | None:
+    def _rule(self, caller: str, principal: Principal | None) -> tuple[str, str, CallerLimit] | None:
+        """The limits that apply, and where they are written: the caller's policy's ``limits`` when it sets them
+        (auth/policies.py picks the policy), else the first ``gateway.auth.caller_limits`` rule that matches; with
+        the name /metrics counts its refusals under."""
+        policies = self.policies()
+        if policies:
+            identity = Identity(caller, principal.scopes, principal.claims) if principal else Identity(caller)
+            name = policy_for(policies, identity)
+            policy = policies.get(name)
+            if policy is not None and policy.limits is not None:
+                return f"policies.{name}.limits", f"policy:{name}", self._policy_rule(name, policy)
         for index, rule in enumerate(self.rules()):
             if any(fnmatch.fnmatchcase(caller, pattern) for pattern in rule.callers) and _claims_match(
                 rule.claims, principal.claims if principal is not None else None
             ):
-                return index, rule
+                return f"gateway.auth.caller_limits[{index}]", rule.name or f"rule-{index + 1}", rule
         return None
+
+    def _policy_rule(self, name: str, policy: Policy) -> CallerLimit:
+        """A policy's limits as a rule (built once per policy object: a reload makes new ones, and fresh buckets)."""
+        found = self._policy_rules.get(id(policy))
+        if found is not None and found[0] is policy:
+            return found[1]
+        limits = policy.limits
+        assert limits is not None
+        rule = CallerLimit(name=f"policy:{name}", **limits.model_dump())  # PolicyLimits validated the same way
+        if len(self._policy_rules) > 64:
+            self._policy_rules.clear()
+        self._policy_rules[id(policy)] = (policy, rule)
+        return rule
 
     def _state(self, caller: str, rule: CallerLimit, now: float) -> _State:
         state = self._callers.get(caller)
@@ -149,7 +176,7 @@ class CallerLimits:
         if found is None:
             await self.app(scope, receive, send)
             return
-        index, rule = found
+        where, rule_name, rule = found
         now = time.monotonic()
         state = self._state(caller, rule, now)
         call = message.get("method") == "tools/call"
@@ -159,23 +186,23 @@ class CallerLimits:
                 f"The request rate of caller {caller} cannot be counted: the shared limits' Redis "
                 "(gateway.shared.redis_url) does not answer and gateway.shared.redis_down is closed; retry shortly."
             )
-            await self._refuse(scope, send, message, caller, index, rule, "shared", text, 1.0, call, status=503)
+            await self._refuse(scope, send, message, caller, rule_name, "shared", text, 1.0, call, status=503)
             return
         if wait > 0:
             text = (
                 f"Too many requests for caller {caller}: the limit is {rule.requests_per_s:g} per second "
-                f"(burst {_burst(rule):g}, gateway.auth.caller_limits[{index}]); retry in {wait:.1f} s."
+                f"(burst {_burst(rule):g}, {where}); retry in {wait:.1f} s."
             )
-            await self._refuse(scope, send, message, caller, index, rule, "rate", text, wait, call)
+            await self._refuse(scope, send, message, caller, rule_name, "rate", text, wait, call)
             return
         limit = rule.concurrent_calls
         if call and limit is not None:
             if state.in_flight >= limit:
                 text = (
                     f"Too many concurrent tool calls for caller {caller}: {state.in_flight} in flight, the limit "
-                    f"(gateway.auth.caller_limits[{index}].concurrent_calls); retry when one has ended."
+                    f"({where}.concurrent_calls); retry when one has ended."
                 )
-                await self._refuse(scope, send, message, caller, index, rule, "concurrency", text, None, call)
+                await self._refuse(scope, send, message, caller, rule_name, "concurrency", text, None, call)
                 return
             state.in_flight += 1
             try:
@@ -191,8 +218,7 @@ class CallerLimits:
         send: Send,
         message: dict[str, Any],
         caller: str,
-        index: int,
-        rule: CallerLimit,
+        rule_name: str,
         limit: str,
         text: str,
         wait: float | None,
@@ -200,7 +226,6 @@ class CallerLimits:
         status: int = 429,
     ) -> None:
         retry = max(1, math.ceil(wait)) if wait is not None else CONCURRENCY_RETRY_S
-        rule_name = rule.name or f"rule-{index + 1}"
         log.info("caller.limited", caller=caller, limit=limit, rule=rule_name, method=message.get("method"))
         self.gateway.metrics.observe_limited(rule_name, limit)
         if call:

@@ -1,7 +1,8 @@
 """One ``tools/call``, start to finish: route -> provider -> ladder -> audit -> result. The single error policy.
 
 The policy, in one place:
-  * an unknown tool raises ``ToolNotFound`` (the server turns it into a JSON-RPC error, not a tool result);
+  * an unknown tool raises ``ToolNotFound`` (the server turns it into a JSON-RPC error, not a tool result); so does a
+    tool outside the caller's policy (``CallContext.visible``), with a ``refused`` row naming it;
   * arguments the gateway will not pass on (a lone surrogate, nesting beyond ``gateway.edge.max_argument_depth``;
     see inputs.py, and edge.py, which finds them before the SDK parses a body) raise ``InvalidArguments``: a
     JSON-RPC invalid-params error naming the argument; no backend is asked;
@@ -104,6 +105,8 @@ class CallContext:
     """The client's declared context window (clients.py); large-context-only tools are refused below the gate."""
     withheld: tuple[str, str] | None = None
     """(argument path, reason): what the transport's edge found in the arguments and did not pass on (edge.py)."""
+    visible: frozenset[str] | None = None
+    """The tools the caller's policy lets it call (gateway/auth/policies.py); None: every tool."""
 
 
 class _Exhausted(Exception):
@@ -208,6 +211,10 @@ class Router:
             structlog.contextvars.bound_contextvars(correlation_id=correlation_id, tool=name),
             self._call_span(name, correlation_id, ctx),
         ):
+            if ctx.visible is not None and name not in ctx.visible:  # answered as an unknown tool: no existence leak
+                step = AuditStep("gateway", None, "refused", "not in the caller's policy", 0.0)
+                await self._finish(entry.name, {}, arguments, ctx, correlation_id, started, [step], "refused", None)
+                raise ToolNotFound(name)
             invalid = ctx.withheld or argument_problem(arguments, self._max_depth())
             if invalid is not None:
                 refusal = InvalidArguments(name, *invalid)
@@ -291,6 +298,10 @@ class Router:
         audit = entry.audit if entry is not None else {}
         backend = self._backends().get(backend_name)
         if backend is None:
+            raise ToolNotFound(name)
+        if ctx.visible is not None and name not in ctx.visible:  # the policy changed since the first round
+            step = AuditStep("gateway", None, "refused", "not in the caller's policy", 0.0)
+            await self._finish(_ledger_name(name), {}, {}, ctx, correlation_id, started, [step], "refused", None)
             raise ToolNotFound(name)
         listed = entry.providers if entry is not None else ()
         provider = next(

@@ -30,6 +30,7 @@ import structlog
 from anyio.streams.memory import MemoryObjectSendStream
 
 from gateway.audit import ToolStats
+from gateway.auth.secrets import CallerSecrets
 from gateway.backends import processes
 from gateway.backends.base import Backend, BackendState, BackendStatus, DisabledBackend
 from gateway.backends.cli import CliBackend
@@ -79,8 +80,12 @@ def build_backends(
     """One backend object per declared server, adapter and wiki, in declaration order."""
     client_info = types.Implementation(name=config.gateway.name, version=VERSION)
     backends: dict[str, Backend] = {}
+    path = config.gateway.auth.caller_secrets
+    secrets = CallerSecrets(path) if path is not None else None  # ConfigError when it cannot be read or is open
     for name, server in config.servers.items():
-        backends[name] = McpBackend(name, server, http=http, client_info=client_info, on_notification=on_notification)
+        backends[name] = McpBackend(
+            name, server, http=http, client_info=client_info, on_notification=on_notification, secrets=secrets
+        )
     for name, adapter in config.adapters.items():
         backends[name] = CliBackend(name, adapter)
     if config.wiki is not None and not config.wiki.enabled:

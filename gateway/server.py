@@ -27,20 +27,21 @@ not declare (elicitation, sampling, sampling with tools, roots) is answered with
 handshake-era client cannot take an input-required result: the gateway asks it each input request on the call's own
 stream and retries for it within that call (``_answer_here``), each round still a row of its own.
 
-The other direction, bridged: a stateless client's ``tools/call`` runs in a task of the gateway's own
-(``spawn_bridged``, a ``Bridge``), so that a handshake-era downstream that sends ``elicitation/create``,
-``sampling/createMessage`` or ``roots/list`` mid-call can wait there: the client is answered an input-required
-result carrying that request (key ``input``) and a sealed state naming a key of the ``pending`` table; its retry hands
-``inputResponses.input`` to the waiting request and answers with what the call says next (``bridged``). That waiting
-call lives in this process only, bounded by ``gateway.continuation.bridge_ttl_s`` and ``bridge_max_pending``; a retry
-that finds no such call here (expired, another replica, a restart) or comes from another caller is refused with the
-same -32602. Each round that asked leaves a row (``Router.note_round``), the call its own when it ends.
+The other direction, bridged: a stateless client's ``tools/call`` that may reach a handshake-era downstream
+(``may_ask_mid_call``) runs in a task of the gateway's own (``spawn_bridged``, a ``Bridge``), so that the downstream
+that sends ``elicitation/create``, ``sampling/createMessage`` or ``roots/list`` mid-call can wait there: the client
+is answered an input-required result carrying that request (key ``input``) and a sealed state naming a key of the
+``pending`` table; its retry hands ``inputResponses.input`` to the waiting request and answers with what the call
+says next (``bridged``). That waiting call lives in this process only, bounded by
+``gateway.continuation.bridge_ttl_s`` and ``bridge_max_pending``; a retry that finds no such call here (expired,
+another replica, a restart) or comes from another caller is refused with the same -32602. Each round that asked
+leaves a row (``Router.note_round``), the call its own when it ends.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-import secrets
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -59,12 +60,14 @@ from mcp_types import methods as _methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
+from gateway.auth.policies import ANONYMOUS, Identity, View
 from gateway.backends.base import ProgressFn
 from gateway.backends.mcp import ROUND, McpBackend, Round
-from gateway.backends.relay import BRIDGES, Bridge, connection_of, forwarded_meta
+from gateway.backends.relay import Bridge, connection_of, forwarded_meta
+from gateway.bridges import Bridges, may_ask, require_capabilities
 from gateway.clients import ClientPolicy
 from gateway.config import environ
-from gateway.continuation import Continuation, Continuations, invalid_state, load_key
+from gateway.continuation import Continuation, Continuations, invalid_state, load_key, may_ask_mid_call
 from gateway.errors import (
     URI_CHARS,
     BackendError,
@@ -194,9 +197,28 @@ def _call_context(ctx: ServerRequestContext[Any], clients: ClientPolicy) -> Call
     )
 
 
+def _identity(ctx: ServerRequestContext[Any]) -> Identity:
+    """Who sent the request (HTTP: what the guard found; stdio: nobody in particular)."""
+    request = ctx.request
+    if request is None or not hasattr(request, "scope"):
+        return ANONYMOUS
+    return Identity.of(request.scope.get("state"))
+
+
 def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
     """The MCP server that fronts ``gateway``; pair it with a transport (HTTP app or stdio)."""
     upstreams = Upstreams(gateway.catalog, lambda: gateway.backends)
+    views = upstreams.views
+
+    def view(ctx: ServerRequestContext[Any]) -> View | None:
+        """The caller's view of the catalog (auth/policies.py); None: no policies, it sees everything."""
+        return views.view(gateway.catalog, _identity(ctx))
+
+    def listing(ctx: ServerRequestContext[Any]) -> Mapping[str, Any]:
+        large = gateway.clients.is_large(_call_context(ctx, gateway.clients).declared)
+        seen = view(ctx)
+        return seen.listing(large) if seen is not None else gateway.catalog.listing(large)
+
     startup_waited = anyio.Event()
 
     async def settled() -> None:
@@ -206,6 +228,7 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
 
     validated = _ValidatedLists()
     continuations = _continuations(gateway)
+    bridges = Bridges(gateway, continuations)
 
     async def asked(
         ctx: ServerRequestContext[Any],
@@ -223,7 +246,7 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
         (``again``), round after round, within this one request."""
         downstream = exc.result
         assert isinstance(downstream, types.InputRequiredResult)
-        _require_capabilities(ctx.session.client_capabilities, downstream.input_requests or {})
+        require_capabilities(ctx.session.client_capabilities, downstream.input_requests or {})
         if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
             return await _answer_here(ctx, exc, lambda r: again(Origin(exc.backend, exc.tool), r))
         state = continuations.seal(
@@ -237,84 +260,6 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
         )
         return downstream.model_copy(update={"request_state": state})
 
-    pending: dict[str, tuple[Bridge, float]] = {}
-    """Bridged calls waiting for a stateless client's retry, by the key sealed into its ``requestState``."""
-
-    def held(key: str, caller: str | None) -> Bridge:
-        """The bridged call a retry's state names, if this process holds it, for this caller, still waiting."""
-        now = anyio.current_time()
-        for stale in [k for k, (_, until) in pending.items() if until <= now]:
-            pending.pop(stale)[0].close()
-        entry = pending.get(key)
-        if entry is None:
-            invalid_state(
-                "tools/call",
-                "the waiting downstream call is not held by this process (expired, or another process or a restart)",
-            )
-        bridge = entry[0]
-        if bridge.caller != caller:  # the sealed principal already says so; never let another caller end it
-            invalid_state("tools/call", "the waiting downstream call is another caller's")
-        pending.pop(key, None)
-        if bridge.waiting is None:
-            invalid_state("tools/call", "the downstream call is no longer waiting")
-        return bridge
-
-    async def bridged(
-        ctx: ServerRequestContext[Any],
-        name: str,
-        arguments: Mapping[str, Any] | None,
-        caller: str | None,
-        bridge: Bridge,
-    ) -> Any:
-        """The next thing a bridged call has to say: its end (result, or the error it raised), or its downstream's
-        request for input as an input-required result, the call kept waiting under a key sealed into the state."""
-        try:
-            event, payload = await bridge.next_event()
-        except anyio.get_cancelled_exc_class():
-            bridge.scope.cancel()  # the client gave up on the call (or the gateway stops): so does its downstream
-            bridge.close()
-            raise
-        except anyio.EndOfStream:
-            raise MCPError(
-                types.INTERNAL_ERROR, "The call ended without an answer (the gateway is stopping)."
-            ) from None
-        if event == "done":
-            if isinstance(payload, BaseException):
-                raise payload
-            return payload
-        request, backend = payload
-        settings = gateway.config.gateway.continuation
-        try:
-            _require_capabilities(ctx.session.client_capabilities, {"input": request})
-        except MCPError:
-            bridge.answer(None)  # the downstream hears at once that nobody can answer
-            raise
-        now = anyio.current_time()
-        for stale in [k for k, (_, until) in pending.items() if until <= now]:
-            pending.pop(stale)[0].close()
-        if len(pending) >= settings.bridge_max_pending:
-            bridge.answer(None)
-            raise MCPError(
-                types.INTERNAL_ERROR,
-                f"The server behind {quote(name)} needs input ({request.method}) and this gateway already holds "
-                f"{len(pending)} waiting calls (gateway.continuation.bridge_max_pending).",
-            )
-        key = secrets.token_urlsafe(16)
-        pending[key] = (bridge, now + settings.bridge_ttl_s)
-        state = continuations.seal(
-            method="tools/call",
-            name=name,
-            arguments=arguments,
-            backend="",
-            local=name,
-            caller=caller,
-            state=_BRIDGE_STATE + key,
-        )
-        await gateway.router.note_round(
-            name, arguments, backend=backend, method=request.method, ctx=_call_context(ctx, gateway.clients)
-        )
-        return types.InputRequiredResult(input_requests={"input": request}, request_state=state)
-
     def reopen(
         method: str, name: str, arguments: Mapping[str, Any] | None, caller: str | None, token: object
     ) -> tuple[Continuation, McpBackend]:
@@ -324,6 +269,42 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
         if not isinstance(backend, McpBackend):
             invalid_state(method, "the backend that asked is no longer configured")
         return found, backend
+
+    async def bridge_round(
+        ctx: ServerRequestContext[Any],
+        method: str,
+        name: str,
+        arguments: Mapping[str, Any] | None,
+        caller: str | None,
+        params: types.GetPromptRequestParams | types.ReadResourceRequestParams,
+    ) -> Any:
+        """A stateless client's ``prompts/get`` or ``resources/read``, bridged when a handshake-era backend serves it
+        (its first round) or when its state names a waiting request (a later one); None when it is not bridged.
+        The bridged work is the request itself, served again by the same handler, inside the bridge."""
+        if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS or bridges.inside():
+            return None
+        if params.request_state is None:
+            lists = gateway.catalog.lists
+            origins = (lists.prompt(name),) if method == "prompts/get" else lists.resolve(name)
+            if not may_ask(gateway.backends, [o.backend for o in origins if o is not None]):
+                return None
+            plain = params.model_copy(update={"input_responses": None})
+            serve = get_prompt if method == "prompts/get" else read_resource
+
+            async def work() -> Any:
+                with _round(_ahead(params.input_responses)):
+                    return await serve(ctx, plain)  # type: ignore[arg-type]
+
+            bridge = bridges.start(ctx, caller, work)
+        else:
+            found = continuations.open(
+                params.request_state, method=method, name=name, arguments=arguments, caller=caller
+            )
+            reopened = bridges.reopened(found, method, caller, params.input_responses)
+            if reopened is None:
+                return None
+            bridge = reopened
+        return await bridges.next(ctx, bridge, method=method, name=name, arguments=arguments, caller=caller)
 
     async def middleware(ctx: ServerRequestContext[Any], call_next: CallNext) -> HandlerResult:
         try:
@@ -353,8 +334,7 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
             if connection is not None and connection.initialize_accepted:
                 # The SDK would validate and re-dump the whole list on every request (87% of a 2,500-tool
                 # tools/list); an answer validated once per catalog and protocol version is returned as is.
-                large = gateway.clients.is_large(_call_context(ctx, gateway.clients).declared)
-                answer = validated.answer(gateway.catalog.listing(large), ctx.protocol_version)
+                answer = validated.answer(listing(ctx), ctx.protocol_version)
 
                 async def cached(_: ServerRequestContext[Any]) -> HandlerResult:
                     return answer
@@ -366,10 +346,9 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
         if not startup_waited.is_set():
             await gateway.wait_settled(STARTUP_LIST_WAIT_S)
             startup_waited.set()
-        # Pre-serialised once per catalog (no per-request model work); large-context tools only for large clients.
-        return _enveloped(
-            ctx, gateway.catalog.listing(gateway.clients.is_large(_call_context(ctx, gateway.clients).declared))
-        )
+        # Pre-serialised once per catalog and policy (no per-request model work); large-context tools only for
+        # large clients.
+        return _enveloped(ctx, listing(ctx))
 
     async def call_tool(
         ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
@@ -384,6 +363,9 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
             await gateway.wait_settled(STARTUP_LIST_WAIT_S)
             startup_waited.set()
         call_ctx = _call_context(ctx, gateway.clients)
+        seen = view(ctx)
+        if seen is not None:
+            call_ctx = dataclasses.replace(call_ctx, visible=seen.tools)
 
         async def resume(origin: Origin, retry: Round) -> types.CallToolResult:
             with _round(retry):
@@ -401,8 +383,15 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
                 if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
                     bridge: Bridge | None = None
                     if params.request_state is None:
-                        bridge = Bridge(call_ctx.caller, gateway.config.gateway.continuation.bridge_ttl_s)
-                        spawn_bridged(ctx, bridge, params, call_ctx, progress)
+                        if may_ask_mid_call(gateway.catalog, gateway.backends, params.name):
+
+                            async def work() -> types.CallToolResult:
+                                with _round(_ahead(params.input_responses)):
+                                    return await gateway.router.call(
+                                        params.name, params.arguments, ctx=call_ctx, progress=_quiet(progress)
+                                    )
+
+                            bridge = bridges.start(ctx, call_ctx.caller, work)
                     else:
                         found = continuations.open(
                             params.request_state,
@@ -411,12 +400,22 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
                             arguments=params.arguments,
                             caller=call_ctx.caller,
                         )
-                        if found.backend == "" and (found.state or "").startswith(_BRIDGE_STATE):
-                            bridge = held(found.state[len(_BRIDGE_STATE) :], call_ctx.caller)  # type: ignore[index]
-                            bridge.answer((params.input_responses or {}).get("input"))
+                        bridge = bridges.reopened(found, "tools/call", call_ctx.caller, params.input_responses)
                     if bridge is not None:
-                        answer_now: types.CallToolResult | types.InputRequiredResult = await bridged(
-                            ctx, params.name, params.arguments, call_ctx.caller, bridge
+
+                        async def on_round(backend: str, method: str) -> None:
+                            await gateway.router.note_round(
+                                params.name, params.arguments, backend=backend, method=method, ctx=call_ctx
+                            )
+
+                        answer_now: types.CallToolResult | types.InputRequiredResult = await bridges.next(
+                            ctx,
+                            bridge,
+                            method="tools/call",
+                            name=params.name,
+                            arguments=params.arguments,
+                            caller=call_ctx.caller,
+                            on_round=on_round,
                         )
                         return answer_now
                 if params.request_state is None:
@@ -433,42 +432,6 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
             raise MCPError(INVALID_PARAMS, str(exc)) from exc
         except BackendRpcError as exc:
             raise MCPError(exc.code, exc.message, exc.data) from exc
-
-    def spawn_bridged(
-        ctx: ServerRequestContext[Any],
-        bridge: Bridge,
-        params: types.CallToolRequestParams,
-        call_ctx: CallContext,
-        progress: ProgressFn | None,
-    ) -> None:
-        """Run a stateless client's call in the gateway's own task, so that a handshake-era downstream that asks
-        for input mid-call can wait there while the client answers on a later request (``bridged``)."""
-
-        relayed = progress
-
-        async def quiet(progress: float, total: float | None, message: str | None) -> None:
-            if relayed is not None:
-                try:
-                    await relayed(progress, total, message)
-                except Exception:  # the request that asked for progress may have ended (a later round)
-                    pass
-
-        async def run() -> None:
-            BRIDGES[id(ctx)] = bridge
-            outcome: Any = None
-            try:
-                with bridge.scope, _round(_ahead(params.input_responses)):
-                    outcome = await gateway.router.call(
-                        params.name, params.arguments, ctx=call_ctx, progress=quiet if progress else None
-                    )
-            except Exception as exc:
-                outcome = exc
-            finally:
-                BRIDGES.pop(id(ctx), None)
-            with anyio.CancelScope(shield=True):
-                await bridge.finish(("done", outcome))
-
-        gateway.start_soon(run, name="bridged-call")
 
     def input_schema(name: str) -> Mapping[str, Any] | None:
         entry = gateway.catalog.get(name)
@@ -503,15 +466,29 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
             raise MCPError(types.INTERNAL_ERROR, str(failure)) from failure
         raise MCPError(types.INVALID_PARAMS, "No backend serves this request.")
 
+    def visible_origins(ctx: ServerRequestContext[Any], uri: str) -> tuple[Origin, ...]:
+        """The backends that may serve ``uri`` to this caller (none: answered as a resource that does not exist)."""
+        origins = gateway.catalog.lists.resolve(uri)
+        seen = view(ctx)
+        return seen.origins(uri, origins) if seen is not None else origins
+
+    def visible_prompt(ctx: ServerRequestContext[Any], name: str) -> Origin | None:
+        seen = view(ctx)
+        if seen is not None and name not in seen.prompts:
+            return None  # answered as an unknown prompt
+        return gateway.catalog.lists.prompt(name)
+
     async def list_resources(ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
         await settled()
-        return _enveloped(ctx, gateway.catalog.lists.resources_result)
+        seen = view(ctx)
+        return _enveloped(ctx, seen.resources_result if seen is not None else gateway.catalog.lists.resources_result)
 
     async def list_resource_templates(
         ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> Any:
         await settled()
-        return _enveloped(ctx, gateway.catalog.lists.templates_result)
+        seen = view(ctx)
+        return _enveloped(ctx, seen.templates_result if seen is not None else gateway.catalog.lists.templates_result)
 
     async def read_resource(ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams) -> Any:
         await settled()
@@ -522,6 +499,9 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
             with _round(retry):
                 return await read_from(ctx, params, (origin,), meta)
 
+        bridged = await bridge_round(ctx, "resources/read", params.uri, None, caller, params)
+        if bridged is not None:
+            return bridged
         try:
             return await read_round(ctx, params, caller)
         except InputRequired as exc:
@@ -538,12 +518,18 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
             origins = (Origin(found.backend, found.local),)
             retry = Round(params.input_responses, found.state)
         else:
-            origins = gateway.catalog.lists.resolve(params.uri)
+            origins = visible_origins(ctx, params.uri)
             retry = _ahead(params.input_responses)
+        not_found = MCPError(types.INVALID_PARAMS, "Resource not found", {"uri": clip(params.uri, URI_CHARS)})
         if not origins:
-            raise MCPError(types.INVALID_PARAMS, "Resource not found", {"uri": clip(params.uri, URI_CHARS)})
+            raise not_found
         with _round(retry):
-            return await read_from(ctx, params, origins, meta)
+            try:
+                return await read_from(ctx, params, origins, meta)
+            except MCPError as exc:
+                if exc.error.code in _NOT_FOUND_CODES and view(ctx) is not None:
+                    raise not_found from None  # with policies, a downstream's own "not found" is told as a hidden one
+                raise
 
     async def read_from(
         ctx: ServerRequestContext[Any],
@@ -568,7 +554,7 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
     async def subscribe(ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams) -> types.EmptyResult:
         await settled()
         failure: BackendError | None = None
-        for origin in gateway.catalog.lists.resolve(params.uri):
+        for origin in visible_origins(ctx, params.uri):
             backend = gateway.backends.get(origin.backend)
             if isinstance(backend, McpBackend):
                 try:
@@ -586,11 +572,15 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
 
     async def list_prompts(ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
         await settled()
-        return _enveloped(ctx, gateway.catalog.lists.prompts_result)
+        seen = view(ctx)
+        return _enveloped(ctx, seen.prompts_result if seen is not None else gateway.catalog.lists.prompts_result)
 
     async def get_prompt(ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams) -> Any:
         await settled()
         caller = _call_context(ctx, gateway.clients).caller
+        bridged = await bridge_round(ctx, "prompts/get", params.name, params.arguments, caller, params)
+        if bridged is not None:
+            return bridged
         origin: Origin | None
         retry: Round | None
         if params.request_state is not None:  # a later round: to the backend that asked, whatever the lists say
@@ -598,7 +588,7 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
             origin = Origin(found.backend, found.local)
             retry = Round(params.input_responses, found.state)
         else:
-            origin = gateway.catalog.lists.prompt(params.name)
+            origin = visible_prompt(ctx, params.name)
             retry = _ahead(params.input_responses)
         if origin is None:
             raise MCPError(types.INVALID_PARAMS, f"Unknown prompt: {quote(params.name)}")
@@ -624,9 +614,12 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
         ref = params.ref
         origin: Origin | None
         if isinstance(ref, types.PromptReference):
-            origin = lists.prompt(ref.name)
+            origin = visible_prompt(ctx, ref.name)
         else:
             origin = lists.template(ref.uri) or next(iter(lists.resolve(ref.uri)), None)
+            seen = view(ctx)
+            if origin is not None and seen is not None and not seen.origins(ref.uri, (origin,)):
+                origin = None
         if origin is None:
             raise MCPError(types.INVALID_PARAMS, "No backend offers this prompt or resource.")
         meta = forwarded_meta(params.meta)
@@ -697,6 +690,22 @@ def _continuations(gateway: Gateway) -> Continuations:
     return Continuations(keys, settings.ttl_s)
 
 
+def _quiet(progress: ProgressFn | None) -> ProgressFn | None:
+    """``progress`` for a bridged request, whose later rounds come on other requests: a relay to a request that has
+    ended is dropped."""
+    if progress is None:
+        return None
+    relayed = progress
+
+    async def quiet(progress: float, total: float | None, message: str | None) -> None:
+        try:
+            await relayed(progress, total, message)
+        except Exception:  # the request that asked for progress may have ended (a later round)
+            pass
+
+    return quiet
+
+
 def _ahead(responses: Mapping[str, Any] | None) -> Round | None:
     """Input responses sent without a state (a client answering ahead, or a stateless server's own flow) go to the
     backend as they are: the server decides what they are worth (SEP-2322: re-ask, or ignore what it does not know)."""
@@ -716,8 +725,8 @@ def _round(retry: Round | None) -> Iterator[None]:
         ROUND.reset(token)
 
 
-_BRIDGE_STATE = "mcp-gateway/bridge:"
-"""Marks a sealed state whose call waits in this process (a handshake-era downstream's request for input)."""
+_NOT_FOUND_CODES = frozenset({INVALID_PARAMS, -32002})
+"""A downstream's "no such resource" (-32002 is the code of the specification before SEP-2164)."""
 
 MAX_ROUNDS = 10
 """The most rounds the gateway answers for a handshake-era client (the SDK client's own default cap)."""
@@ -732,7 +741,7 @@ async def _answer_here(
         downstream = exc.result
         assert isinstance(downstream, types.InputRequiredResult)
         requests = downstream.input_requests or {}
-        _require_capabilities(ctx.session.client_capabilities, requests)
+        require_capabilities(ctx.session.client_capabilities, requests)
         responses: dict[str, Any] = {}
         for key, request in requests.items():
             try:
@@ -766,38 +775,10 @@ def _input_result_type(request: Any) -> Any:
     return types.CreateMessageResult
 
 
-def _require_capabilities(declared: types.ClientCapabilities | None, requests: Mapping[str, Any]) -> None:
-    """Refuse (-32021, with ``requiredCapabilities``) input requests the client did not declare it can answer."""
-    required: dict[str, Any] = {}
-    for request in requests.values():
-        if isinstance(request, types.ElicitRequest):
-            elicitation = declared.elicitation if declared is not None else None
-            if isinstance(request.params, types.ElicitRequestURLParams):
-                if elicitation is None or elicitation.url is None:
-                    required.setdefault("elicitation", {})["url"] = {}
-            elif elicitation is None or (elicitation.form is None and elicitation.url is not None):
-                required.setdefault("elicitation", {})["form"] = {}
-        elif isinstance(request, types.CreateMessageRequest):
-            sampling = declared.sampling if declared is not None else None
-            wants_tools = bool(request.params.tools)
-            if sampling is None or (wants_tools and sampling.tools is None):
-                required["sampling"] = {"tools": {}} if wants_tools else {}
-        elif isinstance(request, types.ListRootsRequest):
-            if declared is None or declared.roots is None:
-                required["roots"] = {}
-    if required:
-        names = ", ".join(sorted(required))
-        raise MCPError(
-            types.MISSING_REQUIRED_CLIENT_CAPABILITY,
-            f"The server behind this request needs input the client did not declare it can give: {names}",
-            {"requiredCapabilities": required},
-        )
-
-
 class _ValidatedLists:
     """``tools/list`` answers validated against the protocol version once, reused until the catalog changes."""
 
-    MAX = 8  # a catalog has two listings (large and small clients) per protocol version in use
+    MAX = 64  # a catalog has two listings (large and small clients) per policy and protocol version in use
 
     def __init__(self) -> None:
         # (id of the listing, version) -> (the listing, kept alive so its id cannot be reused; the answer)

@@ -22,16 +22,12 @@ naming another host (or none at all) is refused.
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
-import json
 import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import Any
 from urllib.parse import parse_qs
 
 import anyio
@@ -46,14 +42,13 @@ from starlette.types import ASGIApp
 
 from gateway._logging import redactor
 from gateway.audit import AuditRecord, ToolStats
+from gateway.auth.cookies import SESSION_TTL_S, SessionCookies
+from gateway.auth.tokens import Tokens
 from gateway.backends.base import BackendStatus
 from gateway.catalog import Catalog
 from gateway.errors import AuditError
 from gateway.ledgers import query, stats
 from gateway.runtime import VERSION, Gateway
-
-if TYPE_CHECKING:  # http.py imports this module to mount it; the import back is for types only
-    from gateway.http import Tokens
 
 __all__ = ["UI_PATHS", "build_ui"]
 
@@ -63,7 +58,6 @@ UI_PATHS = ("/ui", "/ui/", "/ui/login", "/ui/logout")
 """The paths the Guard lets past its bearer check (this app authenticates itself); ``/ui`` redirects to ``/ui/``."""
 
 COOKIE = "gateway_ui_session"
-SESSION_TTL_S = 12 * 3600.0  # a working day; the per-process key also ends every session at a restart
 REFRESH_S = 5  # the page reloads itself this often
 RECENT_CALLS = 25
 STATS_WINDOW_S = 24 * 3600.0
@@ -73,62 +67,21 @@ TEXT_LIMIT = 600  # characters of a reason or error shown (a stderr tail can be 
 DESCRIPTION_LIMIT = 160
 
 
-# ------------------------------------------------------------------------------------------------- sessions
-
-
-class _Sessions:
-    """Signed session values: ``base64url(json {"sub": caller, "exp": unix time}) "." base64url(hmac-sha256)``.
-
-    The key is random per instance (per process), so nothing a browser holds outlives the gateway process.
-    """
-
-    def __init__(self, ttl_s: float = SESSION_TTL_S, clock: Callable[[], float] = time.time) -> None:
-        self._key = secrets.token_bytes(32)
-        self._ttl_s = ttl_s
-        self._clock = clock
-
-    def _sign(self, payload: bytes) -> str:
-        return _b64(hmac.new(self._key, payload, hashlib.sha256).digest())
-
-    def issue(self, caller: str) -> str:
-        payload = _b64(json.dumps({"sub": caller, "exp": int(self._clock() + self._ttl_s)}).encode()).encode()
-        return f"{payload.decode()}.{self._sign(payload)}"
-
-    def verify(self, value: str | None) -> str | None:
-        """The caller a session value names, or None when it is missing, forged, altered or expired."""
-        if not value or value.count(".") != 1:
-            return None
-        payload, signature = value.split(".")
-        if not hmac.compare_digest(signature.encode(), self._sign(payload.encode()).encode()):
-            return None
-        try:
-            claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-        except ValueError:
-            return None
-        if not isinstance(claims, dict):
-            return None
-        caller, expiry = claims.get("sub"), claims.get("exp")
-        if not isinstance(caller, str) or not isinstance(expiry, int) or expiry <= self._clock():
-            return None
-        return caller
-
-
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
 # ------------------------------------------------------------------------------------------------- the app
 
 
-def build_ui(gateway: Gateway, tokens: Tokens, loopback: bool) -> ASGIApp:
+def build_ui(
+    gateway: Gateway, tokens: Tokens, loopback: bool, access: Callable[[], dict[str, Any]] | None = None
+) -> ASGIApp:
     """The status page's app, to be mounted at ``/ui`` behind the ``Guard``.
 
     Args:
         gateway: the running gateway whose state the page shows.
         tokens: the accepted bearer tokens; none configured means the page is open (on loopback only).
         loopback: whether the gateway is bound to loopback.
+        access: the policies and, per caller, how many tools it sees (``Views.statistics``), shown when given.
     """
-    sessions = _Sessions()
+    sessions = SessionCookies()
     allowed_origins = {o.lower() for o in gateway.config.gateway.allowed_origins}
     ledger_view = _LedgerView(gateway)
 
@@ -146,7 +99,14 @@ def build_ui(gateway: Gateway, tokens: Tokens, loopback: bool) -> ASGIApp:
             return _redirect(f"{base}/login")
         ledger = await ledger_view.read()
         nonce = secrets.token_urlsafe(16)
-        body = _render_page(gateway, ledger, caller=caller if tokens else None, base=base, nonce=nonce)
+        body = _render_page(
+            gateway,
+            ledger,
+            caller=caller if tokens else None,
+            base=base,
+            nonce=nonce,
+            access=access() if access else None,
+        )
         return _html(body, nonce)
 
     async def login_form(request: Request) -> Response:
@@ -373,7 +333,15 @@ def _tool_rows(catalog: Catalog) -> list[_ToolRow]:
     return rows
 
 
-def _render_page(gateway: Gateway, ledger: _LedgerData, *, caller: str | None, base: str, nonce: str) -> str:
+def _render_page(
+    gateway: Gateway,
+    ledger: _LedgerData,
+    *,
+    caller: str | None,
+    base: str,
+    nonce: str,
+    access: dict[str, Any] | None = None,
+) -> str:
     published = gateway.catalog.by_backend()
     backends = [_BackendRow(name, kind, status, published.get(name, 0)) for name, kind, status in gateway.statuses()]
     return _TEMPLATES.get_template("status.html").render(
@@ -392,4 +360,5 @@ def _render_page(gateway: Gateway, ledger: _LedgerData, *, caller: str | None, b
         ledger=ledger,
         recent_calls=RECENT_CALLS,
         description_limit=DESCRIPTION_LIMIT,
+        access=access,
     )

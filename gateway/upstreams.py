@@ -5,8 +5,8 @@
     to every handshake-era (2025-xx) connection, and as an event on ``bus``, which serves the stateless era's
     ``subscriptions/listen`` streams (the SDK's ``ListenHandler`` acknowledges, tags each frame with the stream's
     subscription id and delivers only the kinds that stream asked for). A listen stream's ``resourceSubscriptions``
-    are not honoured (the ack leaves them out, as the spec lets a server do): resource updates reach the handshake
-    era's subscribers, whose ``resources/subscribe`` subscribes the downstream;
+    subscribe the downstream that serves each URI (``resources/subscribe``) while the stream lasts, and its
+    ``notifications/resources/updated`` reach that stream as they reach the handshake era's subscribers;
   * keeps each client's ``logging/setLevel`` choice on its own connection, so a client's level changes what *that*
     client is sent and nothing else: a downstream's log message that belongs to a call goes to that call's client
     (on the call's own stream) when its level admits it; one that belongs to no call goes to the clients that asked
@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -29,8 +30,15 @@ from mcp.server.connection import allowed_log_levels
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
 from mcp.shared.exceptions import MCPError
-from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged, ServerEvent, ToolsListChanged
+from mcp.shared.subscriptions import (
+    PromptsListChanged,
+    ResourcesListChanged,
+    ResourceUpdated,
+    ServerEvent,
+    ToolsListChanged,
+)
 
+from gateway.auth.policies import Identity, Views, lists_changed
 from gateway.backends.mcp import McpBackend
 from gateway.backends.relay import (
     LOG_LEVELS,
@@ -47,6 +55,26 @@ from gateway.listings import Origin
 
 __all__ = ["Upstreams"]
 
+_NOTIFICATIONS = {
+    "tools": "notifications/tools/list_changed",
+    "resources": "notifications/resources/list_changed",
+    "prompts": "notifications/prompts/list_changed",
+}
+_EVENTS: dict[str, Callable[[], ServerEvent]] = {
+    "tools": ToolsListChanged,
+    "resources": ResourcesListChanged,
+    "prompts": PromptsListChanged,
+}
+_KINDS = ("tools", "resources", "prompts")
+_ANYONE = Identity(None)
+
+
+def _identity(ctx: Any) -> Identity:
+    request = getattr(ctx, "request", None)
+    scope = getattr(request, "scope", None)
+    return Identity.of(scope.get("state") if isinstance(scope, dict) else None)
+
+
 log = structlog.get_logger("gateway.upstreams")
 
 NOTIFY_TIMEOUT_S = 2.0
@@ -62,16 +90,63 @@ class Upstreams:
         self._announced = catalog
         self._backends = backends  # () -> Mapping[str, Backend]
         self._downstream_level: types.LoggingLevel | None = None
-        self.bus = InMemorySubscriptionBus()
-        """List changes for the 2026-07-28 era's ``subscriptions/listen`` streams."""
-        self._listen = ListenHandler(self.bus)
+        self.views = Views()
+        """Each caller's view of the catalog (auth/policies.py), shared with the server."""
+        self._identities: weakref.WeakKeyDictionary[Any, Identity] = weakref.WeakKeyDictionary()
+        self._buses: dict[str | None, tuple[Identity, InMemorySubscriptionBus, ListenHandler]] = {}
+        """List changes for the 2026-07-28 era's ``subscriptions/listen`` streams, one bus per caller (a change
+        reaches only the callers whose view it changed)."""
+        self._listened: dict[tuple[str, str], list[tuple[InMemorySubscriptionBus, str]]] = {}
+        """(backend, its URI) -> (the caller's bus, the URI) a listen stream subscribed it under, once per stream."""
 
     async def listen(
         self, ctx: ServerRequestContext[Any], params: types.SubscriptionsListenRequestParams
     ) -> types.SubscriptionsListenResult:
-        """Serves one ``subscriptions/listen`` stream: list changes only (see the module docstring)."""
-        lists_only = params.notifications.model_copy(update={"resource_subscriptions": None})
-        return await self._listen(ctx, params.model_copy(update={"notifications": lists_only}))
+        """Serves one ``subscriptions/listen`` stream (see the module docstring), on its caller's bus.
+
+        Each resource it names is subscribed downstream (``resources/subscribe``, counted with the handshake era's
+        subscribers) for as long as the stream lasts; one no backend takes is left out of the acknowledgement.
+        """
+        identity = _identity(ctx)
+        found = self._buses.get(identity.caller)
+        if found is None or found[0] != identity:
+            bus = found[1] if found is not None else InMemorySubscriptionBus()
+            found = self._buses[identity.caller] = (identity, bus, found[2] if found else ListenHandler(bus))
+        bus, handler = found[1], found[2]
+        held: list[tuple[str, Origin]] = []
+        try:
+            for uri in dict.fromkeys(params.notifications.resource_subscriptions or ()):
+                origin = await self._subscribe_any(uri, identity)
+                if origin is not None:
+                    held.append((uri, origin))
+                    self._listened.setdefault((origin.backend, origin.local), []).append((bus, uri))
+            honoured = params.notifications.model_copy(update={"resource_subscriptions": [u for u, _ in held] or None})
+            return await handler(ctx, params.model_copy(update={"notifications": honoured}))
+        finally:
+            with anyio.CancelScope(shield=True):  # the stream ended (or its client went): so do its subscriptions
+                for uri, origin in held:
+                    published = self._listened.get((origin.backend, origin.local), [])
+                    published.remove((bus, uri))
+                    if not published:
+                        self._listened.pop((origin.backend, origin.local), None)
+                    await self._release(origin)
+
+    async def _subscribe_any(self, uri: str, identity: Identity) -> Origin | None:
+        """Subscribe the first backend that serves ``uri`` (in the caller's view) and takes the subscription; None
+        when none does."""
+        backends = self._backends()
+        catalog = self._announced
+        origins = catalog.lists.resolve(uri)
+        view = self.views.view(catalog, identity)
+        for origin in view.origins(uri, origins) if view is not None else origins:
+            backend = backends.get(origin.backend)
+            if isinstance(backend, McpBackend):
+                try:
+                    await backend.subscribe_resource(origin.local)
+                    return origin
+                except BackendError as exc:
+                    log.info("upstream.listen_subscribe_failed", backend=origin.backend, error=str(exc))
+        return None
 
     def __len__(self) -> int:
         return len(self._live)
@@ -81,6 +156,8 @@ class Upstreams:
         connection = connection_of(ctx)
         if connection is not None:
             self._live.add(connection)
+            if connection not in self._identities:
+                self._identities[connection] = _identity(ctx)  # a session belongs to one caller (http.py)
         token = UPSTREAM.set(ctx)
         try:
             return await call_next(ctx)
@@ -90,28 +167,48 @@ class Upstreams:
     # -- list changes ---------------------------------------------------------------------------------------------
 
     async def announce(self, catalog: Catalog) -> None:
+        """Tell each client of the lists that changed as it sees them: with policies, only the callers whose view
+        changed hear of it (auth/policies.py)."""
         previous, self._announced = self._announced, catalog
-        lists, before = catalog.lists, previous.lists
-        sends: list[str] = []
-        events: list[ServerEvent] = []
-        if catalog.list_result != previous.list_result or catalog.list_result_small != previous.list_result_small:
-            sends.append("notifications/tools/list_changed")
-            events.append(ToolsListChanged())
-        if lists.resources_result != before.resources_result or lists.templates_result != before.templates_result:
-            sends.append("notifications/resources/list_changed")
-            events.append(ResourcesListChanged())
-        if lists.prompts_result != before.prompts_result:
-            sends.append("notifications/prompts/list_changed")
-            events.append(PromptsListChanged())
-        for event in events:
-            await self.bus.publish(event)  # in-process fan-out: never blocks on a slow stream
+        views = self.views
+        everyone = None if catalog.policies or previous.policies else lists_changed(previous, catalog, _ANYONE, views)
+        told: set[str] = set()
+        for identity, bus, _ in list(self._buses.values()):
+            kinds = everyone if everyone is not None else lists_changed(previous, catalog, identity, views)
+            if kinds:
+                told.add(identity.caller or "anonymous")
+            for kind in _KINDS:
+                if kind in kinds:
+                    await bus.publish(_EVENTS[kind]())  # in-process fan-out: never blocks on a slow stream
         for connection in list(self._live):
             if not connection.initialized.is_set():
                 continue
-            for method in sends:
+            identity = self._identities.get(connection, _ANYONE)
+            kinds = everyone if everyone is not None else lists_changed(previous, catalog, identity, views)
+            if kinds:
+                told.add(identity.caller or "anonymous")
+            for method in (_NOTIFICATIONS[kind] for kind in _KINDS if kind in kinds):
                 with anyio.move_on_after(NOTIFY_TIMEOUT_S):
                     try:
                         await connection.notify(method, None)
+                    except (anyio.BrokenResourceError, anyio.ClosedResourceError, MCPError, OSError):
+                        self._live.discard(connection)
+        if told:
+            log.info("lists.announced", callers=sorted(told))
+
+    async def _tell_unchanged(self, kind: str) -> None:
+        """A downstream announced a change of ``kind`` that left its list as it was: pass it on as it came (a client
+        of the downstream itself hears every announcement). With policies no caller's view changed, so none is told.
+        """
+        if self._announced.policies:
+            return
+        for _, bus, _ in list(self._buses.values()):
+            await bus.publish(_EVENTS[kind]())
+        for connection in list(self._live):
+            if connection.initialized.is_set():
+                with anyio.move_on_after(NOTIFY_TIMEOUT_S):
+                    try:
+                        await connection.notify(_NOTIFICATIONS[kind], None)
                     except (anyio.BrokenResourceError, anyio.ClosedResourceError, MCPError, OSError):
                         self._live.discard(connection)
 
@@ -200,6 +297,8 @@ class Upstreams:
             await backend.unsubscribe_resource(origin.local)
 
     async def _deliver_update(self, backend: str, uri: str) -> None:
+        for bus, published in dict.fromkeys(self._listened.get((backend, uri), ())):
+            await bus.publish(ResourceUpdated(uri=published))  # to the listen streams that asked for it
         for connection in list(self._live):
             state = getattr(connection, "state", None)
             subscriptions = state.get(_SUBSCRIPTIONS_KEY) if isinstance(state, dict) else None
@@ -218,5 +317,11 @@ class Upstreams:
                 await self._deliver_log(notification, upstream, owner)
             elif isinstance(notification, types.ResourceUpdatedNotification):
                 await self._deliver_update(backend.name, notification.params.uri)
+            elif isinstance(notification, types.ToolListChangedNotification):
+                await self._tell_unchanged("tools")  # announced, and the re-read list is as it was
+            elif isinstance(notification, types.PromptListChangedNotification):
+                await self._tell_unchanged("prompts")
+            elif isinstance(notification, types.ResourceListChangedNotification):
+                await self._tell_unchanged("resources")
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, MCPError, BackendError, OSError) as exc:
             log.debug("upstream.notify_failed", backend=backend.name, error=str(exc) or type(exc).__name__)

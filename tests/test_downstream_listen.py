@@ -6,6 +6,9 @@ client holds open. The downstream here is tests/fixtures/conformance_server.py o
 listen streams only, in that era). The gateway's client is a handshake-era one: it hears the change as
 `notifications/*/list_changed` and lists the new description.
 
+The downstream's listen streams come as SSE and, in a second run, as JSON lines in an `application/json` body (the
+fixture's `--json-lines`, the framing of the conformance suite's reference server): the gateway reads both.
+
 A listen stream that ends is reopened (backoff, the backend stays ready): tests/fixtures/listen_server.py closes its
 streams on command, and a change made after that still reaches the client.
 """
@@ -28,14 +31,18 @@ from tests.fixtures.waiting import eventually
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def downstream() -> Iterator[RunningServer]:
+@pytest.fixture(params=["sse", "json-lines"])
+def downstream(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
+    """The fixture downstream, its listen streams in SSE or, as some servers of that era send them (the conformance
+    suite's reference server among them), as JSON lines in an `application/json` body."""
     port = free_port()
-    with start_http_server(conformance_server_argv(port), port) as server:
+    extra = ("--json-lines",) if request.param == "json-lines" else ()
+    with start_http_server(conformance_server_argv(port, *extra), port) as server:
         yield server
 
 
-def _config(downstream: RunningServer) -> str:
+def _config(downstream: RunningServer, protocol: str = "2026-07-28") -> str:
+    era = f'\n    protocol: "{protocol}"' if protocol == "2026-07-28" else ""  # else the handshake, the default
     return f"""
 gateway:
   name: listen-gateway
@@ -44,8 +51,7 @@ gateway:
 servers:
   modern:
     transport: streamable_http
-    url: {downstream.url()}
-    protocol: "2026-07-28"
+    url: {downstream.url()}{era}
 """
 
 
@@ -81,6 +87,32 @@ async def test_a_modern_downstreams_list_changes_reach_the_catalog_and_the_clien
                 prompts = {prompt.name: prompt for prompt in (await session.list_prompts()).prompts}
                 assert "(version 1)" in (prompts["test_dynamic_prompt"].description or ""), prompts
     assert heard == ["notifications/tools/list_changed", "notifications/prompts/list_changed"]
+
+
+@pytest.mark.parametrize("protocol", ["2026-07-28", "2025-11-25"])
+async def test_an_announced_change_that_changes_nothing_still_reaches_the_clients(
+    protocol: str, tmp_path: Path
+) -> None:
+    # The downstream announces a tool list change and its list stays the same (as the conformance suite's reference
+    # server does): its direct client hears the announcement, so the gateway's client does too, although the
+    # catalog rebuilt from the re-read list is the same.
+    changed = anyio.Event()
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            changed.set()
+
+    port = free_port()
+    with (
+        start_http_server(conformance_server_argv(port), port) as downstream,
+        run_gateway(_config(downstream, protocol), tmp_path) as gateway,
+    ):
+        async with mcp_session(gateway.url(), message_handler=on_message) as session:
+            with anyio.fail_after(30):
+                before = (await session.list_tools()).tools
+                await session.call_tool("test_announce_unchanged_tools", {})
+                await changed.wait()
+                assert (await session.list_tools()).tools == before
 
 
 async def test_a_listen_stream_that_ends_is_reopened_and_still_carries_changes(tmp_path: Path) -> None:

@@ -67,6 +67,26 @@ async def test_elicitation_and_sampling_of_a_handshake_era_downstream_reach_a_st
     assert [row[3] for row in _rows(tmp_path)][::2] == [["fid:input_required"], ["fid:input_required"]]
 
 
+async def test_a_prompt_and_a_resource_that_ask_mid_request_are_bridged_too(tmp_path: Path) -> None:
+    # The downstream elicits while serving prompts/get (`greet` for the name `?`) and resources/read
+    # (`fid://item/ask`): the stateless client gets an input-required result for each and its retry is answered.
+    with run_gateway(_config(), tmp_path, tokens=TOKENS, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
+        answers = Said()
+        with anyio.fail_after(40):
+            async with client(gateway.url(), answers=answers) as c:
+                prompt = await c.get_prompt("greet", {"name": "?"})
+                read = await c.read_resource("fid://item/ask")
+                first = await c.session.get_prompt("greet", {"name": "?"}, allow_input_required=True)
+    (message,) = prompt.messages
+    assert isinstance(message.content, types.TextContent)
+    assert message.content.text == "Hello forty-two to Whom to greet?, from s."
+    (contents,) = read.contents
+    assert isinstance(contents, types.TextResourceContents)
+    assert contents.text == "item forty-two to Which item? of s"
+    assert isinstance(first, types.InputRequiredResult) and list(first.input_requests or {}) == ["input"]
+    assert answers.asked == ["elicit:Whom to greet?", "elicit:Which item?"]
+
+
 async def test_another_caller_cannot_answer_and_an_expired_wait_is_refused(tmp_path: Path) -> None:
     answer = {"input": types.ElicitResult(action="accept", content={"answer": "mine"})}
     with run_gateway(_config(bridge_ttl_s=1.0), tmp_path, tokens=TOKENS, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
@@ -133,7 +153,7 @@ async def test_the_table_is_bounded_and_a_restart_forgets_the_waiting_call(tmp_p
                     await c.session.call_tool("other__elicit", {"message": "B"}, allow_input_required=True)
     assert full.value.error.message == (
         "The server behind 'other__elicit' needs input (elicitation/create) and this gateway already holds 1 "
-        "waiting calls (gateway.continuation.bridge_max_pending)."
+        "waiting requests (gateway.continuation.bridge_max_pending)."
     )
     with run_gateway(two, tmp_path, tokens=TOKENS, env=env) as gateway:  # same key, same ledger: a restart
         with anyio.fail_after(40):

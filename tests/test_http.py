@@ -344,6 +344,7 @@ class StubGateway:
         self.catalog = Catalog.build(config, dict(self.backends))
         self.loaded_at = 1_700_000_000.0
         self.reload_error: str | None = None
+        self.ledger: Any = None  # status_document reads the ledger's state; the stub keeps none
 
     def statuses(self) -> list[tuple[str, str, Any]]:
         return [(b.name, b.kind, b.status) for b in self.backends.values()]

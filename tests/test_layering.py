@@ -18,14 +18,19 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
+    # auth: the identity family's docstring; tokens: the static bearer tokens; cookies: the status page's session
+    ("auth", "auth.tokens", "auth.cookies"),
     ("config", "inputs"),  # inputs: what a request's values must be before the gateway acts on them
     # metrics/tracing: instruments, fed by the router; ledgers: the ledger's engines behind one face (audit: SQLite,
     # ledger_pg: PostgreSQL with its local spool)
     ("_logging", "audit", "ledger_pg", "ledgers", "audit_report", "metrics", "tracing"),
-    # policies and conversions over config (costs reads audit's statistics); oauth: JWT access tokens -> principals
-    ("clients", "costs", "importer", "oauth"),
-    # "backends" is backends/__init__.py; answers: the answer limit; processes: no process escapes
-    ("backends", "backends.base", "backends.answers", "backends.processes", "backends.backoff"),
+    # policies and conversions over config (costs reads audit's statistics); auth.oauth: JWT access tokens ->
+    # principals; auth.secrets: per-caller values for a server's headers; auth.exchange: RFC 8693 downstream tokens;
+    # auth.credentials: both, for one caller's session
+    ("clients", "costs", "importer", "auth.oauth", "auth.secrets", "auth.exchange", "auth.credentials"),
+    # "backends" is backends/__init__.py; answers: the answer limit; framing: downstream bodies as the SDK reads
+    # them; processes: no process escapes
+    ("backends", "backends.base", "backends.answers", "backends.framing", "backends.processes", "backends.backoff"),
     ("backends.stdio", "backends.relay", "backends.wiki_index"),  # relay: back-channel context; wiki_index: pure index
     # failures: the foreign-error table and why a session failed; watch: a receive stream's end; pool: shared HTTP
     ("backends.failures", "backends.watch"),
@@ -36,9 +41,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("listings",),  # resources, templates, prompts: merged and named like the tools, built into the catalog
     ("catalog", "health", "reload", "budget", "results", "continuation"),  # budget: one deadline per call; results:
     # route shapes; continuation: the sealed requestState of multi-round-trip requests
+    ("auth.policies",),  # each caller's view of the catalog
     ("router",),
     ("runtime",),
-    ("upstreams",),  # the clients and what they are owed: list changes, log messages, resource updates
+    # upstreams: the clients and what they are owed (list changes, log messages, resource updates); bridges: a
+    # stateless client's request waiting in the gateway for its input
+    ("upstreams", "bridges"),
     ("server", "events"),  # the MCP face (low-level Server), transport-free; events: resumable SSE streams
     # the Starlette app around it: /mcp, /healthz, /status, /metrics, the guard; /ui, the status page; edge: a
     # request's body checked before the SDK parses it; connections: the uvicorn protocol under it (deadlines, the cap)

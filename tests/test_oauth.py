@@ -1,4 +1,4 @@
-"""The gateway as an OAuth 2.1 resource server (``gateway/oauth.py`` behind the guard of ``gateway/http.py``), against
+"""The gateway as an OAuth 2.1 resource server (``auth/oauth.py`` behind the guard of ``gateway/http.py``), against
 a real OpenID provider (npm ``oidc-provider`` on loopback, ``tests/fixtures/identity.py``) and a real ``gateway
 serve``: Protected Resource Metadata (RFC 9728) at both well-known paths, the ``WWW-Authenticate`` challenges of
 RFC 6750 section 3, and every bad token answered as the MCP authorization section says (expired, another audience,

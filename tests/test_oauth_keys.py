@@ -1,4 +1,4 @@
-"""How ``gateway/oauth.py`` fetches an issuer's keys, against a real loopback HTTP server that can be made to stall
+"""How ``gateway/auth/oauth.py`` fetches an issuer's keys, against a real loopback HTTP server that can be made to stall
 or fail: one fetch serves many requests, a fetch in progress never holds up a request whose key is held, a stalled
 fetch is cut at ``fetch_timeout_s``, an issuer that is down is not asked again by every request, and discovery reads
 ``jwks_uri`` from the issuer's metadata (which must name the same issuer)."""
@@ -18,8 +18,8 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
+from gateway.auth.oauth import Refusal, ResourceServer
 from gateway.config import OAuth
-from gateway.oauth import Refusal, ResourceServer
 
 pytestmark = pytest.mark.anyio
 

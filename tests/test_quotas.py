@@ -14,9 +14,9 @@ import httpx2
 import pytest
 
 from gateway.audit import query
+from gateway.auth.oauth import Principal
 from gateway.config import CallerLimit, parse_config
 from gateway.errors import ConfigError
-from gateway.oauth import Principal
 from gateway.quotas import CallerLimits
 from tests.fixtures.gateway_proc import PYTHON, echo_argv, run_gateway
 from tests.fixtures.waiting import eventually
@@ -195,7 +195,7 @@ def test_the_first_rule_matching_the_callers_name_and_its_tokens_claims_applies(
 
     def rule(caller: str, who: Principal | None) -> str | None:
         found = limits._rule(caller, who)
-        return found[1].name if found is not None else None
+        return found[1] if found is not None else None  # (where it is written, its name, the rule)
 
     assert rule("corp:svc", principal("svc", client_id="batch")) == "batch"
     assert rule("corp:ada", principal("ada", groups=["staff", "admins"])) == "admins"  # a list claim contains it

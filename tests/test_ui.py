@@ -9,7 +9,6 @@ screenshot kept at ``test-output/status-page.png``.
 
 from __future__ import annotations
 
-import ast
 import base64
 import json
 import shutil
@@ -24,10 +23,11 @@ import httpx2
 import pytest
 
 from gateway.audit import AuditRecord, AuditStep
+from gateway.auth.cookies import SessionCookies
 from gateway.config import parse_config
 from gateway.http import Tokens, build_app
 from gateway.runtime import Gateway
-from gateway.ui import COOKIE, _Sessions
+from gateway.ui import COOKIE
 from tests.fixtures.gateway_proc import PYTHON, echo_argv, mcp_session, run_gateway
 from tests.fixtures.procs import RunningServer
 from tests.fixtures.waiting import eventually
@@ -169,14 +169,15 @@ async def test_a_tampered_forged_or_foreign_cookie_is_refused(tmp_path: Path) ->
     async with served(tmp_path, tokens=f"tester={TOKEN}") as client:
         await sign_in(client)
         genuine = client.cookies[COOKIE]
-        payload, signature = genuine.split(".")
-        other_caller = base64.urlsafe_b64encode(json.dumps({"sub": "admin", "exp": 4102444800}).encode())
+        payload, stamp, signature = genuine.split(".")
+        other_caller = base64.urlsafe_b64encode(json.dumps({"sub": "admin"}, separators=(",", ":")).encode())
         forged = [
-            f"{other_caller.rstrip(b'=').decode()}.{signature}",  # another caller under the genuine signature
-            f"{payload}.{signature[:-2]}AA",  # an altered signature
-            f"{payload}.",  # no signature at all
+            f"{other_caller.rstrip(b'=').decode()}.{stamp}.{signature}",  # another caller under the genuine signature
+            f"{payload}.{stamp}.{signature[:-2]}AA",  # an altered signature
+            f"{payload}.{int(stamp == 'x')}.{signature}",  # another time under the genuine signature
+            f"{payload}.{stamp}.",  # no signature at all
             payload,
-            _Sessions().issue("tester"),  # signed with another process's key
+            SessionCookies().issue("tester"),  # signed with another process's key
             "",
         ]
         for value in forged:
@@ -190,7 +191,7 @@ async def test_a_tampered_forged_or_foreign_cookie_is_refused(tmp_path: Path) ->
 
 def test_a_session_expires_after_its_lifetime() -> None:
     now = [1_000_000.0]
-    sessions = _Sessions(ttl_s=60, clock=lambda: now[0])
+    sessions = SessionCookies(ttl_s=60, clock=lambda: now[0])
     value = sessions.issue("tester")
     assert sessions.verify(value) == "tester"
     now[0] += 61
@@ -352,16 +353,15 @@ async def test_the_page_says_when_the_ledger_is_off(tmp_path: Path) -> None:
     assert "No figures without the ledger." in response.text
 
 
-def test_only_http_imports_the_ui_module() -> None:
+def test_only_http_imports_the_ui_module_and_the_ui_never_imports_http() -> None:
     found = modules()
     known = set(found)
     importers = {
         name for name, path in found.items() if "ui" in {t for t, _ in imports_of(name, path.read_text(), known)}
     }
     assert importers == {"http"}
-    tree = ast.parse(found["ui"].read_text())
-    top_level = {node.module for node in tree.body if isinstance(node, ast.ImportFrom)}
-    assert "gateway.http" not in top_level  # only under TYPE_CHECKING: http imports ui at module level
+    # and never back, not even for types: tokens and the session cookie live in the auth family
+    assert "http" not in {t for t, _ in imports_of("ui", found["ui"].read_text(), known)}
 
 
 # ------------------------------------------------------------------------------------------------ the real process

@@ -99,6 +99,11 @@ class Backend(Protocol):
         """
         ...
 
+    @property
+    def asks_mid_call(self) -> bool:
+        """Whether a call may be interrupted by this backend's own request to the client (see BackendBase)."""
+        ...
+
     async def run(self, *, task_status: TaskStatus[None]) -> None: ...
 
     async def call_tool(
@@ -144,6 +149,12 @@ class BackendBase:
 
     def ladder(self, tool: str, arguments: Mapping[str, Any]) -> Sequence[str | None]:
         return (None,)
+
+    @property
+    def asks_mid_call(self) -> bool:
+        """Whether a call may be interrupted by this backend's own request to the client (sampling, elicitation,
+        roots) for the gateway to relay; only a handshake-era MCP session can send one."""
+        return False
 
     def tools(self) -> Sequence[types.Tool]:
         return ()

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import math
 import tempfile
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
@@ -66,6 +67,8 @@ from mcp.shared.exceptions import MCPError
 from pydantic import TypeAdapter
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
 
+from gateway.auth.credentials import CallerCredentials, NoCredential
+from gateway.auth.secrets import CallerSecrets
 from gateway.backends.answers import ANSWER_TOO_LARGE, answer_too_large
 from gateway.backends.backoff import backoff, spread
 from gateway.backends.base import BackendBase, BackendState, BackendStatus, ProgressFn
@@ -76,9 +79,11 @@ from gateway.backends.relay import (
     InFlight,
     Upstream,
     attribute,
+    caller_of,
     connection_of,
     forwarded_meta,
     relay_request,
+    subject_token_of,
 )
 from gateway.backends.stdio import StdioProcess, open_stdio
 from gateway.backends.watch import WatchedReceiveStream
@@ -97,6 +102,9 @@ __all__ = ["MODERN", "ROUND", "HttpPool", "McpBackend", "Round"]
 
 MODERN = "2026-07-28"
 """The stateless era's protocol version (``protocol:`` of a server)."""
+MAX_CALLER_SESSIONS = 64
+"""Per-caller sessions one server keeps open (``${caller.secret:...}`` headers); past it, a new caller's session
+closes the least recently used idle one (that caller's next request opens it again)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +200,7 @@ class McpBackend(BackendBase):
         http: HttpPool | None = None,
         client_info: types.Implementation | None = None,
         on_notification: NotificationHook | None = None,
+        secrets: CallerSecrets | None = None,
     ) -> None:
         super().__init__(
             name,
@@ -222,6 +231,10 @@ class McpBackend(BackendBase):
         self._log_level: types.LoggingLevel | None = None
         self._subscribed: dict[str, int] = {}
         self.connects = 0
+        # ${caller.secret:NAME} in the headers, or token_exchange: each caller gets a session of its own, with its
+        # own credentials (auth/credentials.py).
+        self._credentials = CallerCredentials.for_server(config, secrets)
+        self._callers: dict[str, _Lane] = {}
 
     # -- the Backend protocol (name, kind, status, ladder, subscribe: BackendBase) ---------------------------------
 
@@ -241,6 +254,10 @@ class McpBackend(BackendBase):
     @property
     def session(self) -> ClientSession | None:
         return self._session
+
+    @property
+    def asks_mid_call(self) -> bool:
+        return self._config.protocol != MODERN  # the stateless era asks with an input-required result instead
 
     def tools(self) -> Sequence[types.Tool]:
         return self._tools
@@ -304,7 +321,10 @@ class McpBackend(BackendBase):
         life = self._life
         session = self._require_session()
         inflight = self._inflight
-        if per_client and upstream is not None:
+        if self._credentials is not None:
+            own = await self._caller_lane(caller_of(upstream), subject_token_of(upstream))
+            session, inflight, life = own.session, own.inflight, own.life  # type: ignore[assignment]
+        elif per_client and upstream is not None:
             lane = await self._lane_for(upstream)
             if lane is not None and lane.session is not None:
                 session, inflight, life = lane.session, lane.inflight, lane.life
@@ -509,6 +529,66 @@ class McpBackend(BackendBase):
                 del self._lanes[lane.owner]
             log.info("backend.client_session", backend=self._name, state="closed", reason=lane.failure)
 
+    async def _caller_lane(self, caller: str | None, subject_token: str | None = None) -> _Lane:
+        """The caller's own session to this server (its headers carry the caller's credentials), opened on its
+        first request and kept while it stays up (and its credentials hold).
+
+        Raises:
+            BackendUnavailable: the caller has no such secret, or its session could not be opened.
+        """
+        key = caller or ""
+        lane = self._callers.pop(key, None)
+        if lane is not None and not lane.closed.is_set():
+            self._callers[key] = lane  # the most recently used last
+        else:
+            if self._lanes_tg is None:
+                raise BackendUnavailable(self._name, "not running")
+            idle = [k for k, other in self._callers.items() if not len(other.inflight)]
+            if len(self._callers) >= MAX_CALLER_SESSIONS and idle:
+                self._callers[idle[0]].life.mark_lost("closed: the least recently used of too many caller sessions")
+            lane = self._callers[key] = _Lane(key, InFlight())
+            contextvars.Context().run(self._lanes_tg.start_soon, self._caller_lifetime, lane, subject_token)
+        with anyio.move_on_after(self._config.connect_timeout_s):
+            await lane.ready.wait()
+        if lane.session is None:
+            raise BackendUnavailable(
+                self._name, f"no session for caller {caller or 'anonymous'}: {lane.failure or 'timed out opening it'}"
+            )
+        return lane
+
+    async def _caller_lifetime(self, lane: _Lane, subject_token: str | None) -> None:
+        """Own one caller's session to this server until it ends, its exchanged token expires, or the backend
+        stops."""
+        recorder = ResponseRecorder()
+        try:
+            assert self._credentials is not None
+            headers, lifetime = await self._credentials.for_caller(lane.owner or None, subject_token)
+            with tempfile.TemporaryFile() as stderr:
+                async with self._transport(recorder, stderr, lane.life, primary=False, headers=headers) as streams:
+                    watched = WatchedReceiveStream(streams[0], lambda: lane.life.mark_lost("the connection closed"))
+                    async with ClientSession(
+                        watched, streams[1], client_info=self._client_info, **self._back_channel(lane.inflight, None)
+                    ) as session:
+                        with anyio.fail_after(self._config.connect_timeout_s):
+                            await self._open(session)
+                        lane.session = session
+                        lane.ready.set()
+                        log.info("backend.caller_session", backend=self._name, caller=lane.owner, state="open")
+                        with anyio.move_on_after(lifetime if lifetime is not None else math.inf):
+                            await lane.closed.wait()
+                        lane.life.mark_lost("the exchanged token expired")  # the next request exchanges anew
+        except NoCredential as exc:
+            lane.failure = str(exc)
+        except Exception as exc:  # reported in plain words (never with a header value) to the caller's request
+            lane.failure = classify_failure(exc, config=self._config, http=recorder)
+        finally:
+            lane.session = None
+            lane.life.mark_lost(lane.failure or "closed")
+            lane.ready.set()
+            if self._callers.get(lane.owner) is lane:
+                del self._callers[lane.owner]
+            log.info("backend.caller_session", backend=self._name, caller=lane.owner, state="closed")
+
     async def roots_changed(self, connection: Any) -> None:
         """The client behind ``connection`` says its roots changed: tell its own session, if it has one (the shared
         session's roots are whoever's call is in flight, so nothing there to tell)."""
@@ -644,7 +724,13 @@ class McpBackend(BackendBase):
 
     @asynccontextmanager
     async def _transport(
-        self, recorder: ResponseRecorder, stderr: IO[bytes], life: _Life, *, primary: bool = True
+        self,
+        recorder: ResponseRecorder,
+        stderr: IO[bytes],
+        life: _Life,
+        *,
+        primary: bool = True,
+        headers: dict[str, str] | None = None,
     ) -> AsyncIterator[Any]:
         config = self._config
         if isinstance(config, StdioServer):
@@ -664,21 +750,34 @@ class McpBackend(BackendBase):
                 yield read, write
             return
         http = self._http or HttpPool()
+        if headers is None:
+            headers = dict(config.headers)
+            if self._credentials is not None:  # the gateway's own session: the "*" entry's secrets, if any
+                headers = self._credentials.gateway_headers()
         if isinstance(config, HttpServer):
             # A response stream may stay open as long as the longest call: never cut it before the call's timeout.
             limit = config.max_answer_bytes
             read_s = max(300.0, config.timeout_s + 30)
-            client = http.client(config.headers, config.connect_timeout_s, recorder, read_s, max_answer_bytes=limit)
+            client = http.client(
+                headers,
+                config.connect_timeout_s,
+                recorder,
+                read_s,
+                max_answer_bytes=limit,
+                json_lines=config.protocol == MODERN,  # the stateless era's servers stream JSON lines too
+            )
             async with streamable_http_client(
                 config.url, http_client=client, max_sse_event_size=limit + SSE_EVENT_MARGIN
             ) as streams:
                 yield streams
             return
 
+        sent = headers
+
         def factory(
             headers: dict[str, str] | None = None, timeout: httpx2.Timeout | None = None, auth: Any = None
         ) -> httpx2.AsyncClient:
-            merged = {**config.headers, **(headers or {})}
+            merged = {**sent, **(headers or {})}
             limit = min(config.max_answer_bytes, SSE_EVENT_CAP)
             client = http.client(merged, config.connect_timeout_s, recorder, max_answer_bytes=limit)
             if timeout is not None:
@@ -687,7 +786,7 @@ class McpBackend(BackendBase):
 
         async with sse_client(
             config.url,
-            headers=dict(config.headers),
+            headers=dict(sent),
             timeout=config.connect_timeout_s,
             httpx_client_factory=factory,
         ) as streams:
@@ -697,6 +796,7 @@ class McpBackend(BackendBase):
         """The handshake, or in the stateless era ``server/discover``, whose answer is told as a handshake's."""
         if self._config.protocol != MODERN:
             return await session.initialize()
+        _complete_by_default(session)
         found = await session.discover()
         _forward_capabilities(session)
         info = session.server_info or types.Implementation(name=self._name, version="")
@@ -845,11 +945,11 @@ class McpBackend(BackendBase):
             self._probe_now.set()  # is the session still alive? ping now rather than at the next interval
             return
         if isinstance(message, types.ToolListChangedNotification):
-            await self._refresh(("tools",))
+            await self._refresh(("tools",), message)
         elif isinstance(message, types.ResourceListChangedNotification):
-            await self._refresh(("resources", "resource_templates"))
+            await self._refresh(("resources", "resource_templates"), message)
         elif isinstance(message, types.PromptListChangedNotification):
-            await self._refresh(("prompts",))
+            await self._refresh(("prompts",), message)
         elif isinstance(message, types.LoggingMessageNotification | types.ResourceUpdatedNotification):
             if self._on_notification is not None:
                 upstream = (
@@ -857,8 +957,12 @@ class McpBackend(BackendBase):
                 )
                 await self._on_notification(self, message, upstream, None)
 
-    async def _refresh(self, kinds: Sequence[str]) -> None:
-        """Re-read the lists a ``list_changed`` names, then tell the listeners (the catalog is rebuilt)."""
+    async def _refresh(self, kinds: Sequence[str], announced: types.ServerNotification | None = None) -> None:
+        """Re-read the lists a ``list_changed`` names, then tell the listeners (the catalog is rebuilt).
+
+        A change the downstream ``announced`` that leaves the lists as they were is passed on as it came: the
+        rebuilt catalog would announce nothing, and a client of the downstream itself hears every announcement.
+        """
         session = self._session
         if session is None:
             return
@@ -870,6 +974,7 @@ class McpBackend(BackendBase):
             return
         if session is not self._session:
             return  # the session went away meanwhile; the next one lists afresh
+        unchanged = all(lists[kind] == self._listed(kind) for kind in kinds)
         self._tools = lists.get("tools", self._tools)
         self._resources = lists.get("resources", self._resources)
         self._templates = lists.get("resource_templates", self._templates)
@@ -883,6 +988,17 @@ class McpBackend(BackendBase):
                 last_error=self._status.last_error,
             )
         )
+        if unchanged and announced is not None and self._on_notification is not None:
+            await self._on_notification(self, announced, None, None)
+
+    def _listed(self, kind: str) -> Sequence[Any]:
+        lists: dict[str, Sequence[Any]] = {
+            "tools": self._tools,
+            "resources": self._resources,
+            "resource_templates": self._templates,
+            "prompts": self._prompts,
+        }
+        return lists[kind]
 
     def _mark_lost(self, reason: str) -> None:
         self._life.mark_lost(reason)
@@ -929,6 +1045,25 @@ def _with_round(params: Any) -> Any:
 
 
 _INPUT_RESPONSES: TypeAdapter[types.InputResponses] = TypeAdapter(types.InputResponses)
+
+
+def _complete_by_default(session: ClientSession) -> None:
+    """Read a stateless-era result without ``resultType`` as ``complete``, as SEP-2322 tells clients to.
+
+    The SDK validates each result against the era's schema, where the field is required, so a server that leaves it
+    out (the conformance suite's reference server does, on every tool result) failed every call through the gateway
+    although its client must take the result as complete.
+    """
+    dispatcher = session._dispatcher
+    send = dispatcher.send_raw_request
+
+    async def defaulting(method: str, params: Any, opts: Any = None) -> dict[str, Any]:
+        raw = await send(method, params, opts)
+        if isinstance(raw, dict) and "resultType" not in raw:
+            raw["resultType"] = "complete"
+        return raw
+
+    dispatcher.send_raw_request = defaulting  # type: ignore[method-assign]
 
 
 def _forward_capabilities(session: ClientSession) -> None:

@@ -16,6 +16,7 @@ import httpx2
 
 from gateway.backends.answers import LimitedTransport
 from gateway.backends.failures import FOREIGN, ResponseRecorder
+from gateway.backends.framing import JsonLinesTransport
 from gateway.backends.relay import UPSTREAM
 
 __all__ = ["HttpPool"]
@@ -112,9 +113,12 @@ class HttpPool:
         read_s: float = 300.0,
         *,
         max_answer_bytes: int,
+        json_lines: bool = False,
     ) -> httpx2.AsyncClient:
+        """``json_lines``: read an ``application/json`` answer as one message per line (backends/framing.py)."""
+        inner: httpx2.AsyncBaseTransport = JsonLinesTransport(self._transport) if json_lines else self._transport
         return httpx2.AsyncClient(
-            transport=LimitedTransport(self._transport, max_answer_bytes),
+            transport=LimitedTransport(inner, max_answer_bytes),
             headers=dict(headers),
             timeout=httpx2.Timeout(timeout_s, read=read_s),
             trust_env=False,

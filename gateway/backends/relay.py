@@ -75,6 +75,27 @@ def connection_of(upstream: Upstream) -> Any:
     return getattr(upstream.session, "_connection", None)
 
 
+def caller_of(upstream: Upstream | None) -> str | None:
+    """The caller (http.py's guard put its name in the request's scope state) an upstream request comes from."""
+    request = getattr(upstream, "request", None) if upstream is not None else None
+    scope = getattr(request, "scope", None)
+    caller = scope.get("state", {}).get("caller") if isinstance(scope, dict) else None
+    return caller if isinstance(caller, str) else None
+
+
+def subject_token_of(upstream: Upstream | None) -> str | None:
+    """The OAuth access token an upstream request was authenticated with (for a token exchange), or None when it
+    came with a static token or none; never logged, only handed to the token endpoint."""
+    request = getattr(upstream, "request", None) if upstream is not None else None
+    scope = getattr(request, "scope", None)
+    if not isinstance(scope, dict) or scope.get("state", {}).get("principal") is None:
+        return None
+    authorization = request.headers.get("authorization", "")  # type: ignore[union-attr]
+    if authorization[:7].lower() != "bearer ":
+        return None
+    return authorization[7:].strip() or None
+
+
 _HOP_META_PREFIX = "io.modelcontextprotocol/"
 
 

@@ -34,7 +34,7 @@ from gateway.config import OAuth, OAuthIssuer
 
 __all__ = ["Principal", "Refusal", "ResourceServer"]
 
-log = structlog.get_logger("gateway.oauth")
+log = structlog.get_logger("gateway.auth.oauth")
 
 METADATA_PATH = "/.well-known/oauth-protected-resource"
 MAX_DOCUMENT_BYTES = 512 * 1024
