@@ -466,8 +466,11 @@ frontend mcp
 backend replicas
     # round-robin without affinity: any replica serves any request, sessions included
     balance roundrobin
-    option httpchk GET /healthz
+    option httpchk
+    http-check send meth GET uri /healthz ver HTTP/1.1 hdr Host 127.0.0.1
     http-check expect status 200
+    # which replica answered (the tests check that the load really was spread)
+    http-response set-header X-Replica %s
 {servers}
 """
 

@@ -22,6 +22,7 @@ from gateway.continuation import Continuations
 from gateway.sessions import SessionSeal
 from tests.fixtures.gateway_proc import PYTHON, echo_argv, run_gateway
 from tests.fixtures.procs import RunningServer
+from tests.replicas import kill_replica
 from tests.test_sessions import INITIALIZE, VERSION, call_echo, echoed, headers, open_session
 
 pytestmark = pytest.mark.anyio
@@ -73,8 +74,7 @@ async def test_a_session_opened_on_one_replica_goes_on_at_another_without_initia
                 assert session.startswith("v1.")  # sealed, not the SDK's random hex
                 assert echoed(await call_echo(http, a.url(), "tok-alice", session, "on a")) == "on a"
 
-                a.process.send_signal(signal.SIGKILL)  # the replica that opened it dies
-                a.process.wait(timeout=10)
+                kill_replica(a)  # the replica that opened it dies (SIGKILL)
                 assert echoed(await call_echo(http, b.url(), "tok-alice", session, "on b")) == "on b"
                 assert echoed(await call_echo(http, b.url(), "tok-alice", session, "again")) == "again"
                 async with http.stream("GET", b.url(), headers=headers("tok-alice", session)) as stream:
