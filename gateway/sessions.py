@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import structlog
 from anyio.abc import TaskStatus
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, AuthorizationContext, authorization_context
 from mcp.server.connection import Connection
@@ -283,5 +284,12 @@ def session_seal(config: GatewaySettings, file: str = "") -> SessionSeal:
     """The seal of this gateway's session ids, under the ``gateway.continuation`` key (the one replicas share)."""
     settings = config.continuation
     ledger = config.audit.path if config.audit.enabled else None
-    keys, _ = load_key(settings.key_env, environ(settings.key_env), ledger, file=file)
+    keys, source = load_key(settings.key_env, environ(settings.key_env), ledger, file=file)
+    if not source.startswith("environment") and (config.audit.url or config.shared.redis_url):
+        # The signs of several replicas (a shared ledger, shared limits) without a shared key: say it once.
+        structlog.get_logger("gateway.sessions").warning(
+            "sessions.own_key",
+            note=f"{settings.key_env} is not set: this replica seals session ids with a key of its own ({source}), so "
+            "another replica answers 404 to its sessions; give every replica the same key",
+        )
     return SessionSeal(keys, config.shared.session_max_age_s)

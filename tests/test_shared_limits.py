@@ -118,3 +118,17 @@ async def test_with_redis_down_open_serves_and_closed_refuses_and_neither_hangs(
                 assert echoed(await call_echo(http, served.url(), "tok-alice", session, "still")) == "still"
                 assert (await call_echo(http, shut.url(), "tok-alice", session, "x")).status_code == 503
                 assert time.monotonic() - started < 2.0
+
+
+def test_the_redis_password_is_a_secret_the_log_never_shows() -> None:
+    from gateway._logging import config_secrets
+    from gateway.config import parse_config
+    from gateway.errors import ConfigError
+
+    config = parse_config(
+        "gateway:\n  shared: {redis_url: 'redis://:s3cret-pw@127.0.0.1:6379/0'}\n", file="federation.yaml", env={}
+    )
+    assert "s3cret-pw" in config_secrets(config)
+    with pytest.raises(ConfigError) as refused:
+        parse_config("gateway:\n  shared: {redis_url: 'http://x:pw-shown@h'}\n", file="federation.yaml", env={})
+    assert "must be a Redis URL" in str(refused.value) and "pw-shown" not in str(refused.value)
