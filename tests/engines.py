@@ -464,8 +464,8 @@ frontend mcp
     bind 127.0.0.1:{port}
     default_backend replicas
 backend replicas
-    # round-robin without affinity: any replica serves any request, sessions included
-    balance roundrobin
+    # by default round-robin without affinity: any replica serves any request, sessions included
+    {balance}
     option httpchk
     http-check send meth GET uri /healthz ver HTTP/1.1 hdr Host 127.0.0.1
     http-check expect status 200
@@ -476,9 +476,12 @@ backend replicas
 
 
 class HAProxy:
-    """A real HAProxy on 127.0.0.1 balancing round-robin over ``backends`` (ports on loopback), no affinity."""
+    """A real HAProxy on 127.0.0.1 balancing over ``backends`` (ports on loopback): round robin, no affinity, unless
+    ``balance`` (its config lines) says otherwise."""
 
-    def __init__(self, binary: Path, backends: Sequence[int], *, check_ms: int = 500) -> None:
+    def __init__(
+        self, binary: Path, backends: Sequence[int], *, check_ms: int = 500, balance: str = "balance roundrobin"
+    ) -> None:
         self.binary = binary
         self.root = Path(tempfile.mkdtemp(prefix="gateway-haproxy-"))
         self.port = free_port()
@@ -486,7 +489,7 @@ class HAProxy:
             f"    server r{i} 127.0.0.1:{port} check inter {check_ms} fall 1 rise 1" for i, port in enumerate(backends)
         )
         self.config = self.root / "haproxy.cfg"
-        self.config.write_text(HAPROXY_CONFIG.format(port=self.port, servers=servers))
+        self.config.write_text(HAPROXY_CONFIG.format(port=self.port, servers=servers, balance=balance))
         self._process: EngineProcess | None = None
 
     def start(self) -> None:

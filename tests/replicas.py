@@ -30,7 +30,10 @@ STATE_KEY = "replicas-" + "d" * 40
 CALL_TIMEOUT_S = 15.0
 
 
-def replica_config(pg_url: str | None, redis_url: str | None) -> str:
+FIDELITY = str(Path(__file__).resolve().parent / "fixtures" / "fidelity_server.py")
+
+
+def replica_config(pg_url: str | None, redis_url: str | None, *, fidelity: bool = False) -> str:
     audit = f"{{path: audit.db, url: '{pg_url}'}}" if pg_url else "{path: audit.db}"
     shared = f"{{redis_url: '{redis_url}'}}" if redis_url else "{}"
     return f"""
@@ -44,12 +47,26 @@ servers:
     transport: stdio
     command: {PYTHON}
     args: {json.dumps(echo_argv()[1:])}
+""" + (
+        f"""  f:
+    transport: stdio
+    command: {PYTHON}
+    args: [{json.dumps(FIDELITY)}, --stdio, --name, f]
 """
+        if fidelity
+        else ""
+    )
 
 
 @contextmanager
 def deployment(
-    root: Path, replicas: int, *, pg_url: str | None, redis_url: str | None
+    root: Path,
+    replicas: int,
+    *,
+    pg_url: str | None,
+    redis_url: str | None,
+    fidelity: bool = False,
+    balance: str = "balance roundrobin",
 ) -> Iterator[tuple[list[RunningServer], HAProxy]]:
     """``replicas`` gateway processes (each in its own folder: its spool and logs) behind one HAProxy."""
     with ExitStack() as stack:
@@ -58,9 +75,10 @@ def deployment(
             folder = root / f"replica{index}"
             folder.mkdir()
             env = {"GATEWAY_STATE_KEY": STATE_KEY}
-            config = replica_config(pg_url, redis_url)
+            config = replica_config(pg_url, redis_url, fidelity=fidelity)
             started.append(stack.enter_context(run_gateway(config, folder, tokens=TOKENS, env=env)))
-        balancer = HAProxy(haproxy_binary(), [int(server.url().split(":")[2].split("/")[0]) for server in started])
+        ports = [int(server.url().split(":")[2].split("/")[0]) for server in started]
+        balancer = HAProxy(haproxy_binary(), ports, balance=balance)
         stack.callback(balancer.close)
         balancer.start()
         yield started, balancer

@@ -22,7 +22,7 @@ from gateway.continuation import Continuations
 from gateway.sessions import SessionSeal
 from tests.fixtures.gateway_proc import PYTHON, echo_argv, run_gateway
 from tests.fixtures.procs import RunningServer
-from tests.replicas import kill_replica
+from tests.replicas import deployment, kill_replica
 from tests.test_sessions import INITIALIZE, VERSION, call_echo, echoed, headers, open_session
 
 pytestmark = pytest.mark.anyio
@@ -181,3 +181,58 @@ def test_a_sealed_id_opens_only_under_its_keys_and_until_it_expires() -> None:
     assert seal.open(state) is None  # a requestState under the same key is never a session id
     now[0] += 61
     assert seal.open(minted) is None
+
+
+async def sample_through(http: httpx2.AsyncClient, url: str, session: str, request_id: int, text: str) -> str:
+    """Call the downstream's ``sample`` tool; answer its sampling request with ``text`` by a POST of its own (as the
+    SDK's client does); the tool's answer and the replica that served the call."""
+    call = {
+        "jsonrpc": "2.0",
+        "id": request_id,
+        "method": "tools/call",
+        "params": {"name": "sample", "arguments": {"prompt": "p"}},
+    }
+    async with http.stream("POST", url, json=call, headers=headers("tok-alice", session)) as stream:
+        assert stream.status_code == 200
+        async for line in stream.aiter_lines():
+            if not line.startswith("data:") or not line[5:].strip():
+                continue
+            message = json.loads(line[5:])
+            if message.get("method") == "sampling/createMessage":
+                content = {"type": "text", "text": text}
+                answer = {"jsonrpc": "2.0", "id": message["id"], "result": {"role": "assistant", "content": content}}
+                answer["result"]["model"] = "m"
+                posted = await http.post(url, json=answer, headers=headers("tok-alice", session))
+                assert posted.status_code == 202, posted.text
+            elif message.get("id") == request_id:
+                return str(message["result"]["content"][0]["text"]) + " @" + stream.headers.get("x-replica", "")
+    raise AssertionError("the call's stream ended without its answer")
+
+
+async def test_hashing_on_the_session_id_keeps_a_calls_back_channel_on_its_replica_and_moves_it_when_that_dies(
+    tmp_path: Path,
+) -> None:
+    """HAProxy with ``balance hdr(mcp-session-id)`` (docs/deployment.md): the sampling answer, a POST of its own,
+    reaches the replica running the call; when that replica is killed, the session moves to the other one, which
+    re-creates it from its id, and the back-channel works there."""
+    init = {**INITIALIZE, "params": {**INITIALIZE["params"], "capabilities": {"sampling": {}}}}  # type: ignore[dict-item]
+    balance = "balance hdr(mcp-session-id)\n    hash-type consistent"
+    with deployment(tmp_path, 2, pg_url=None, redis_url=None, fidelity=True, balance=balance) as (servers, balancer):
+        with anyio.fail_after(60):
+            async with httpx2.AsyncClient(timeout=20) as http:
+                url = balancer.url()
+                opened = await http.post(url, json=init, headers=headers("tok-alice"))
+                session = opened.headers["mcp-session-id"]
+                done = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+                assert (await http.post(url, json=done, headers=headers("tok-alice", session))).status_code == 202
+                first = [await sample_through(http, url, session, 10 + i, f"answer {i}") for i in range(3)]
+                (replica,) = {text.rpartition(" @")[2] for text in first}  # one replica served them all
+                assert [text.rpartition(" @")[0] for text in first] == [f"sampled: answer {i} (m)" for i in range(3)]
+
+                kill_replica(servers[int(replica[1:])])
+                after = await sample_through(http, url, session, 20, "after the kill")
+                assert after.rpartition(" @") == (
+                    "sampled: after the kill (m)",
+                    " @",
+                    "r1" if replica == "r0" else "r0",
+                )
