@@ -1,11 +1,11 @@
 """What the gateway costs per call, against calling the downstream directly and against FastMCP's proxy.
 
-    .venv/bin/python bench/bench_gateway.py [--quick] [--only NAME]... [--json OUT] [--profile-dir DIR]
+    .venv/bin/python bench/bench_gateway.py [--quick] [--only NAME]... [--json OUT] [--profile-dir DIR] [--baseline DIR]
 
 Everything runs on loopback in one invocation, with every target up at the same time and measured in interleaved
 rounds (round r runs a block of calls against each target in turn, in an order rotated by r), so the noise of a
 busy machine falls on all targets alike and the ratios stay meaningful even when the absolute numbers move. Besides
-wall-clock latency it reads every process's CPU time (/proc/PID/task/*/schedstat) around each block, which the
+wall-clock latency it reads every process's CPU time (utime + stime, /proc/PID/stat) around each block, which the
 machine's other load hardly moves: CPU per call, split into client, front (gateway or proxy) and downstream.
 
 Sections (``--only`` takes a section name or part of a target key, repeatable or comma-separated; a target name alone
@@ -30,8 +30,14 @@ and 50 backends, one 2 s profile; FastMCP rows always get fewer calls (one backe
 Targets, for an HTTP downstream (``tests/fixtures/echo_server.py --http``) and a stdio one (``--stdio``):
 
   direct-http, direct-stdio   the benchmark's client talks to the echo server itself (for stdio it spawns it)
+  relay-http                  ``bare_relay.py``: a bare ASGI relay on uvicorn (parse, rename, forward over one
+                              pooled httpx2 client, stream back): the floor of a Python gateway; every HTTP row is
+                              also read as a ratio to it
   gateway-http                ``gateway serve`` (HTTP) in front of the HTTP downstream, audit ledger off
   gateway-http-ledger         the same with the audit ledger on (a SQLite file in a temporary directory)
+  gateway-http-ledger-uvloop  the same on uvloop (GATEWAY_UVLOOP=1); only when an --only name contains "uvloop"
+  gateway-http-ledger-baseline
+                              with --baseline DIR: that checkout's gateway, ledger on (before / after in one run)
   gateway-http-stdio          ``gateway serve`` (HTTP in) fronting a stdio downstream it spawns
   gateway-stdio-stdio         ``gateway serve --stdio`` spawned by the client, fronting a stdio downstream: the
                               apples-to-apples stdio comparison (stdio in, stdio out); ``-ledger``: ledger on
@@ -72,13 +78,14 @@ import anyio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.procs import LOOPBACK, Proc, children_of, descendants, free_port, say, vm_kb  # noqa: E402
+from bench.procs import LOOPBACK, Proc, children_of, cmdline, descendants, free_port, say, vm_kb  # noqa: E402
 from bench.procs import Procs as ProcsBase  # noqa: E402
 from bench.run_env import environment, load_average  # noqa: E402
 
 ECHO = ROOT / "tests" / "fixtures" / "echo_server.py"
 MULTI_ECHO = ROOT / "bench" / "multi_echo.py"
 FASTMCP_PROXY = ROOT / "bench" / "fastmcp_proxy.py"
+BARE_RELAY = ROOT / "bench" / "bare_relay.py"
 FASTMCP_PYTHON = ROOT / ".tools" / "bin" / "fastmcp-python"
 PY = sys.executable
 SECTIONS = ("calls", "throughput", "list", "profile")
@@ -87,7 +94,17 @@ STARTUP_TIMEOUT_S = 60.0  # many Python servers importing the SDK at once on 2 c
 STOP_GRACE_S = 3.0  # how long the servers have to exit on SIGTERM before they are SIGKILLed
 ARGS = {"text": "hello"}
 THROUGHPUT_SKIP = ("gateway-stdio-stdio-ledger",)  # the sequential rows measure the ledger over stdio
-HTTP_KEYS = ("direct-http", "gateway-http", "gateway-http-ledger", "fastmcp-http")
+HTTP_KEYS = (
+    "direct-http",
+    "relay-http",
+    "gateway-http",
+    "gateway-http-ledger",
+    "gateway-http-ledger-uvloop",
+    "gateway-http-ledger-baseline",
+    "fastmcp-http",
+)
+FRONT_CPU_BEFORE_MS = {"gateway-http": 5.01, "gateway-http-ledger": 6.05}  # docs/benchmarks.md before issue 17
+RELAY = "relay-http"  # the bare relay (bare_relay.py): the floor of a Python gateway, beside the direct floor
 STDIO_KEYS = (
     "direct-stdio",
     "gateway-http-stdio",
@@ -141,8 +158,9 @@ QUICK = Plan(
 
 
 def gateway_argv() -> list[str]:
-    script = Path(PY).with_name("gateway")
-    return [str(script)] if script.exists() else [PY, "-m", "gateway"]
+    """``python -m gateway``, run in the project root: the checkout's own code, whichever checkout the venv's
+    editable install points at (its ``gateway`` console script would import that one)."""
+    return [PY, "-m", "gateway"]
 
 
 class Procs(ProcsBase):
@@ -213,42 +231,51 @@ class Target:
 
     def roles(self) -> dict[str, list[int]]:
         """Whose CPU to count, by role: the client (this process), the front (gateway / proxy), the downstream."""
-        if self.proc is not None:
-            front = [self.proc.serving_pid]
+        if self.proc is not None:  # ``gateway serve`` is a supervisor and its forked child: count both
+            front = sorted({self.proc.pid, self.proc.serving_pid})
         elif self.key.startswith("direct-"):
             front = []
-        else:
-            front = list(self.spawned)  # gateway --stdio, spawned by the client
+        else:  # gateway --stdio, spawned by the client: the supervisor and its serving child (same command line)
+            tree = children_of()
+            front = [*self.spawned]
+            front += [c for pid in self.spawned for c in tree.get(pid, ()) if cmdline(c) == cmdline(pid)]
         if self.downstream == "http":
             down = list(self.down_pids)
         elif self.key.startswith("direct-"):
             down = list(self.spawned)
-        else:
-            down = [d for pid in front for d in descendants(pid)]
+        else:  # the processes the front spawned (the gateway's child's children), each counted once
+            tree = children_of()
+            roots = self.spawned if self.proc is None else front
+            down = sorted({d for pid in roots for d in descendants(pid, tree)} - set(front))
         return {"client": [os.getpid()], "front": front, "downstream": down}
 
 
 # ----------------------------------------------------------------------------------------------- CPU accounting
 
 
-def cpu_ns(pids: Iterable[int]) -> tuple[int, int]:
-    """(time on CPU, time runnable but waiting for a CPU) in ns, summed over every thread of ``pids``.
+CLOCK_TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
-    From /proc/PID/task/TID/schedstat: exact, and immune to the noise that moves wall-clock numbers; the wait
-    column says how much the machine's other load held these processes back."""
+
+def cpu_ns(pids: Iterable[int]) -> tuple[int, int]:
+    """(time on CPU, time runnable but waiting for a CPU) in ns, summed over ``pids``.
+
+    CPU time is utime + stime from /proc/PID/stat: the whole process, threads that have already exited included (a
+    sum over /proc/PID/task/* would lose a worker thread's time once it exits), in clock ticks (10 ms; a block of
+    calls is hundreds of ms). The wait column is from /proc/PID/task/TID/schedstat (live threads): how much the
+    machine's other load held these processes back."""
     run = wait = 0
     for pid in pids:
         try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+            run += (int(fields[11]) + int(fields[12])) * CLOCK_TICK_NS
             tasks = os.listdir(f"/proc/{pid}/task")
-        except OSError:
+        except (OSError, ValueError, IndexError):
             continue
         for tid in tasks:
             try:
-                fields = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
-            except OSError:
+                wait += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[1])
+            except (OSError, ValueError, IndexError):
                 continue
-            run += int(fields[0])
-            wait += int(fields[1])
     return run, wait
 
 
@@ -622,9 +649,37 @@ def verdicts(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
     def add(what: str, value: float | None, aim: str, ok: Callable[[float], bool], unit: str = "x") -> None:
         if value is not None:
-            shown = round(value, 3 if unit == "x" else 1)
+            shown = round(value, 3 if unit == "x" else 2 if unit == " ms" else 1)
             rows.append({"what": what, "value": shown, "unit": unit, "aim": aim, "met": ok(value)})
 
+    add(
+        "p50, HTTP downstream, ledger on (gateway / bare relay)",
+        ratio_of("gateway-http-ledger", RELAY, "seq", "p50_ms"),
+        "<= 1.15x",
+        lambda v: v <= 1.15,
+    )
+    add(
+        f"{doc['plan']['tp_sessions']}-session throughput, HTTP, ledger on (gateway / bare relay)",
+        ratio_of("gateway-http-ledger", RELAY, "throughput", "calls_per_s"),
+        ">= 0.9x",
+        lambda v: v >= 0.9,
+    )
+    for key in ("gateway-http", "gateway-http-ledger"):
+        front = calls.get(key, {}).get("seq", {}).get("cpu_per_call", {}).get("front_ms")
+        before = FRONT_CPU_BEFORE_MS[key]
+        add(
+            f"gateway CPU per call, {key} (ms; {before} before issue 17)",
+            front,
+            f"<= {before / 2:.2f} ms",
+            lambda v, b=before: v <= b / 2,
+            unit=" ms",
+        )
+    add(
+        "p50, stdio like-for-like (gateway --stdio / direct stdio), issue 17",
+        ratio_of("gateway-stdio-stdio", "direct-stdio", "seq", "p50_ms"),
+        "<= 1.3x",
+        lambda v: v <= 1.3,
+    )
     add(
         "p50, HTTP downstream (gateway / direct)",
         ratio_of("gateway-http", "direct-http", "seq", "p50_ms"),
@@ -698,11 +753,21 @@ def report(doc: dict[str, Any]) -> str:
     if calls:
         by_key = {t["key"]: t for t in doc["targets"]}
         out.append("## Calls (echo tool)\n")
+        relay = by_key.get(RELAY, {})
+
+        def vs_relay(t: dict[str, Any], section: str, field: str, sub: str | None = None) -> str:
+            if t["downstream"] != "http" or not relay or t["key"] == RELAY:
+                return "-"
+            a, b = t.get(section, {}), relay.get(section, {})
+            if sub is not None:
+                a, b = a.get(sub, {}), b.get(sub, {})
+            return ratio(a.get(field), b.get(field)) if a.get(field) else "-"
+
         out.append(
-            "| downstream | target | n | p50 ms | p99 ms | p50 vs direct | p99 vs direct | "
-            f"{doc['plan']['tp_sessions']}-session calls/s | vs direct |"
+            "| downstream | target | n | p50 ms | p99 ms | p50 vs direct | p99 vs direct | p50 vs relay | "
+            f"p99 vs relay | {doc['plan']['tp_sessions']}-session calls/s | vs direct | vs relay |"
         )
-        out.append("|---|---|---|---|---|---|---|---|---|")
+        out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for t in calls:
             floor = by_key.get(t["floor"] or t["key"], {})
             seq, fseq = t.get("seq", {}), floor.get("seq", {})
@@ -710,20 +775,24 @@ def report(doc: dict[str, Any]) -> str:
             out.append(
                 f"| {t['downstream']} | {t['label']} | {seq.get('n', '-')} | {fmt(seq.get('p50_ms'))} | "
                 f"{fmt(seq.get('p99_ms'))} | {ratio(seq.get('p50_ms'), fseq.get('p50_ms'))} | "
-                f"{ratio(seq.get('p99_ms'), fseq.get('p99_ms'))} | {fmt(tp.get('calls_per_s'), 0)} | "
-                f"{ratio(tp.get('calls_per_s'), ftp.get('calls_per_s'))} |"
+                f"{ratio(seq.get('p99_ms'), fseq.get('p99_ms'))} | {vs_relay(t, 'seq', 'p50_ms')} | "
+                f"{vs_relay(t, 'seq', 'p99_ms')} | {fmt(tp.get('calls_per_s'), 0)} | "
+                f"{ratio(tp.get('calls_per_s'), ftp.get('calls_per_s'))} | "
+                f"{vs_relay(t, 'throughput', 'calls_per_s')} |"
             )
         out.append("")
         out.append(
-            "CPU time per call (ms, from /proc schedstat, all threads): the client (this process), the front "
-            '(gateway or proxy) and the downstream; sequential calls, then the throughput run. "runq" is '
-            "time these processes were ready but waiting for a CPU (the machine's other load).\n"
+            "CPU time per call (ms, utime + stime from /proc/PID/stat): the client (this process), the front "
+            "(the gateway's supervisor and serving child, the relay or the proxy) and the downstream; sequential "
+            'calls, then the throughput run. "runq" is time these processes were ready but waiting for a CPU (the '
+            "machine's other load).\n"
         )
         out.append(
-            "| downstream | target | client | front | downstream | total | vs direct | runq | "
+            "| downstream | target | client | front | downstream | total | vs direct | front vs relay | "
+            f"total vs relay | runq | {doc['plan']['tp_sessions']}-session front | "
             f"{doc['plan']['tp_sessions']}-session total | vs direct |"
         )
-        out.append("|---|---|---|---|---|---|---|---|---|---|")
+        out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for t in calls:
             floor = by_key.get(t["floor"] or t["key"], {})
             c = t.get("seq", {}).get("cpu_per_call", {})
@@ -734,8 +803,10 @@ def report(doc: dict[str, Any]) -> str:
                 f"| {t['downstream']} | {t['label']} | {fmt(c.get('client_ms'))} | "
                 f"{fmt(c.get('front_ms')) if c.get('front_ms') else '-'} | {fmt(c.get('downstream_ms'))} | "
                 f"{fmt(c.get('total_ms'))} | {ratio(c.get('total_ms'), fc.get('total_ms'))} | "
-                f"{fmt(c.get('runqueue_wait_ms'))} | {fmt(tc.get('total_ms'))} | "
-                f"{ratio(tc.get('total_ms'), ftc.get('total_ms'))} |"
+                f"{vs_relay(t, 'seq', 'front_ms', 'cpu_per_call')} | "
+                f"{vs_relay(t, 'seq', 'total_ms', 'cpu_per_call')} | "
+                f"{fmt(c.get('runqueue_wait_ms'))} | {fmt(tc.get('front_ms')) if tc.get('front_ms') else '-'} | "
+                f"{fmt(tc.get('total_ms'))} | {ratio(tc.get('total_ms'), ftc.get('total_ms'))} |"
             )
         out.append("")
     ledger_rows = [t for t in calls if t["key"].endswith("-ledger") and "seq" in t]
@@ -853,13 +924,35 @@ async def run(args: argparse.Namespace, workdir: Path, procs: Procs) -> dict[str
     targets: list[Target] = []
     started: list[Proc] = []
 
-    def gateway(name: str, servers: dict[str, dict[str, Any]], ledger: bool) -> Proc:
+    def gateway(
+        name: str,
+        servers: dict[str, dict[str, Any]],
+        ledger: bool,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> Proc:
         port = free_port()
         db = workdir / f"{name}-audit.db" if ledger else None
         cfg = write_federation(workdir / f"{name}.yaml", servers, ledger=db)
         argv = [*gateway_argv(), "--log-level", "warning", "serve", "-c", str(cfg), "--port", str(port)]
-        proc = procs.start(name, argv, port, health=f"http://{LOOPBACK}:{port}/healthz")
+        proc = procs.start(
+            name,
+            argv,
+            port,
+            health=f"http://{LOOPBACK}:{port}/healthz",
+            env=None if env is None else os.environ | env,
+            cwd=cwd,
+        )
         proc.backends = len(servers)
+        started.append(proc)
+        return proc
+
+    def bare_relay(name: str, url: str) -> Proc:
+        port = free_port()
+        argv = [PY, str(BARE_RELAY), "--port", str(port), "--url", url]
+        if os.environ.get("BENCH_RELAY_UVLOOP"):
+            argv.append("--uvloop")
+        proc = procs.start(name, argv, port)
         started.append(proc)
         return proc
 
@@ -877,12 +970,20 @@ async def run(args: argparse.Namespace, workdir: Path, procs: Procs) -> dict[str
     # Which call targets run: those --only names, their direct floors, and what the profile needs.
     floors = {k: ("direct-http" if k in HTTP_KEYS else "direct-stdio") for k in (*HTTP_KEYS, *STDIO_KEYS)}
     measured = {k for k in floors if wanted(k, filters)} if sections & {"calls", "throughput"} else set()
+    if not any("uvloop" in f for f in filters):  # uvloop: measured only when an --only name asks for it
+        measured.discard("gateway-http-ledger-uvloop")
+    if args.baseline is None:
+        measured.discard("gateway-http-ledger-baseline")
     if not fastmcp:
         measured -= {"fastmcp-http", "fastmcp-http-stdio"}
     if args.quick:
         measured -= {"gateway-stdio-stdio-ledger"}
-    measured |= {k.removesuffix("-ledger") for k in measured}  # a ledger row is read against its ledger-off twin
+    measured |= {
+        k.removesuffix("-ledger") for k in measured if k.endswith("-ledger")
+    }  # a ledger row is read against its ledger-off twin
     measured |= {floors[k] for k in measured}
+    if measured & set(HTTP_KEYS):
+        measured.add(RELAY)  # every HTTP row is read against the bare relay too
     need = set(measured)
     if "profile" in sections:
         need |= {"gateway-http", "gateway-http-ledger"}
@@ -901,6 +1002,9 @@ async def run(args: argparse.Namespace, workdir: Path, procs: Procs) -> dict[str
 
         makers: dict[str, Callable[[], Target]] = {
             "direct-http": lambda: Target("direct-http", "direct", "http", url=echo_url),
+            "relay-http": lambda: _t(
+                "relay-http", "bare relay (uvicorn + httpx2)", "http", bare_relay("relay", echo_url)
+            ),
             "gateway-http": lambda: _t(
                 "gateway-http", "gateway (ledger off)", "http", gateway("gateway-http", http_down, ledger=False)
             ),
@@ -909,6 +1013,18 @@ async def run(args: argparse.Namespace, workdir: Path, procs: Procs) -> dict[str
                 "gateway (ledger on)",
                 "http",
                 gateway("gateway-http-ledger", http_down, ledger=True),
+            ),
+            "gateway-http-ledger-uvloop": lambda: _t(
+                "gateway-http-ledger-uvloop",
+                "gateway (ledger on, uvloop)",
+                "http",
+                gateway("gateway-http-ledger-uvloop", http_down, ledger=True, env={"GATEWAY_UVLOOP": "1"}),
+            ),
+            "gateway-http-ledger-baseline": lambda: _t(
+                "gateway-http-ledger-baseline",
+                f"gateway (ledger on), baseline {args.baseline_name}",
+                "http",
+                gateway("gateway-http-ledger-baseline", http_down, ledger=True, cwd=args.baseline),
             ),
             "fastmcp-http": lambda: _t(
                 "fastmcp-http", fm, "http", fastmcp_proxy("fastmcp-http", ["--url", echo_url]), slow=True
@@ -1099,7 +1215,19 @@ def main() -> int:
     )
     parser.add_argument("--json", metavar="OUT", help="write every number (and the raw samples) as JSON")
     parser.add_argument("--profile-dir", metavar="DIR", help="keep py-spy's raw stacks here")
+    parser.add_argument(
+        "--baseline",
+        metavar="DIR",
+        type=Path,
+        help="another checkout of the gateway (e.g. `git archive COMMIT | tar -x -C DIR`): its `gateway serve` is "
+        "one more HTTP target (ledger on), measured in the same rounds",
+    )
     args = parser.parse_args()
+    if args.baseline is not None:
+        args.baseline = args.baseline.resolve()
+        if not (args.baseline / "gateway" / "__main__.py").exists():
+            parser.error(f"--baseline {args.baseline}: no gateway/__main__.py there")
+        args.baseline_name = args.baseline.name
     args.fastmcp_version, args.fastmcp_problem = None, f"{FASTMCP_PYTHON.relative_to(ROOT)} is missing"
     if FASTMCP_PYTHON.exists():
         probe = subprocess.run(

@@ -153,6 +153,7 @@ class Procs:
         *,
         health: str | None = None,
         env: dict[str, str] | None = None,
+        cwd: Path | None = None,
     ) -> Proc:
         log = open(self.workdir / f"{name}.log", "a+b")  # closed in stop_all
         popen = subprocess.Popen(
@@ -161,7 +162,7 @@ class Procs:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            cwd=self.cwd,
+            cwd=self.cwd if cwd is None else cwd,
             env=env,
         )
         proc = Proc(name, popen, log, port, health)

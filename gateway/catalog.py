@@ -30,7 +30,7 @@ import mcp_types as types
 
 from gateway.backends.base import Backend, BackendState
 from gateway.clients import note_without
-from gateway.config import TOOL_NAME_RE, Federation, Policy, RouteStep, SearchHitsResult
+from gateway.config import TOOL_NAME_RE, Exposure, Federation, Policy, RouteStep, SearchHitsResult
 from gateway.costs import Cost, fill_placeholders
 from gateway.listings import Listings
 
@@ -133,6 +133,10 @@ class Catalog:
     policies: Mapping[str, Policy] = field(default_factory=dict)
     """Who sees what of it (gateway/auth/policies.py): swapped with the catalog, so a reload that changes only a
     policy is a change clients are told of."""
+    costs: Mapping[str, Cost] = field(default_factory=dict)
+    """The measured costs the catalog was built with (the tool search shows them as cost bands)."""
+    exposure: Exposure = field(default_factory=Exposure)
+    """How clients in search exposure see it (disclosure.py): a change of pins is a change of their list."""
 
     @classmethod
     def empty(cls) -> Catalog:
@@ -153,6 +157,8 @@ class Catalog:
         changed = set()
         if self.list_result != previous.list_result or self.list_result_small != previous.list_result_small:
             changed.add("tools")
+        if self.exposure != previous.exposure or self.notes != previous.notes:
+            changed.add("search")  # what search-exposure clients list (disclosure.py)
         if not self.lists.same_lists(previous.lists):
             changed.add("lists")
         if self.policies != previous.policies:
@@ -259,6 +265,8 @@ class Catalog:
             lists,
             (note, small_note),
             dict(config.policies),
+            costs,
+            config.exposure,
         )
 
 

@@ -34,6 +34,7 @@ from gateway.errors import ConfigError
 __all__ = [
     "Adapter",
     "Clients",
+    "Exposure",
     "AdapterTool",
     "CallBudget",
     "CallerLimit",
@@ -810,6 +811,50 @@ class Clients(_Model):
     """clientInfo ``name`` (or ``name@version``) glob patterns, case-insensitive -> context window in tokens."""
 
 
+# --------------------------------------------------------------------------------------------------- exposure
+
+
+ExposureMode = Literal["all", "search", "auto"]
+
+
+class Exposure(_Model):
+    """How the catalog is shown to clients: every tool, or a tool search (see gateway/disclosure.py)."""
+
+    mode: ExposureMode = "all"
+    """``all``: tools/list has every tool. ``search``: it has the search tool, the call tool and ``pinned``. ``auto``:
+    search when the catalog is over ``auto_tools`` tools or ``auto_tokens`` estimated tokens, or the client is below
+    the context gate (``clients.large_context_tokens``); all otherwise."""
+    clients: dict[str, ExposureMode] = {}
+    """clientInfo ``name`` (or ``name@version``) glob patterns, case-insensitive -> mode, overriding ``mode``."""
+    auto_tools: int = Field(default=60, gt=0)
+    """In ``auto``: a catalog with more tools than this is searched, not listed."""
+    auto_tokens: int = Field(default=20_000, gt=0)
+    """In ``auto``: a tools/list estimated above this many tokens (bytes / 4) is searched, not listed."""
+    pinned: tuple[str, ...] = ()
+    """Published tool names listed in search mode besides the search and call tools."""
+    search_tool: str = "find_tools"
+    """The search tool's name."""
+    call_tool: str = "call_tool"
+    """The call tool's name."""
+    results: int = Field(default=5, ge=1, le=50)
+    """How many tools a search returns when the caller does not say."""
+
+    _check_names = field_validator("search_tool", "call_tool")(_check_tool_name)
+
+    @field_validator("pinned")
+    @classmethod
+    def _pinned_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            _check_tool_name(name)
+        return value
+
+    @model_validator(mode="after")
+    def _distinct(self) -> Exposure:
+        if self.search_tool == self.call_tool:
+            raise ValueError(f"search_tool and call_tool must differ (both are {self.search_tool!r})")
+        return self
+
+
 # --------------------------------------------------------------------------------------------------- root
 
 
@@ -876,6 +921,7 @@ class Federation(_Model):
     clients: Clients = Clients()
     policies: dict[str, Policy] = {}
     """Who sees and may call what, first match wins; none: every caller sees everything (gateway/auth/policies.py)."""
+    exposure: Exposure = Exposure()
     _source: str = PrivateAttr(default="<memory>")
 
     @property

@@ -16,6 +16,11 @@ for its stream's budget is sent but not kept, together with its stream's earlier
 stream with a hole in it — it finds its event gone and the client starts over. A ``tools/list`` answer carries the same
 pre-serialised listing for every caller, so its JSON is made once and shared. (The store has no ``__len__``: the SDK
 tests it for truth, and an empty store must still count as one.)
+
+The SDK names a request's stream by its JSON-RPC id (``str(id)``) and hands one store to every session, so two
+sessions' requests ``5`` would be one stream, and a client resuming its own stream ``5`` would be replayed another
+session's answer (and another caller's). So each session gets its own view (``for_session``): its stream names
+carry the session's own prefix, and it replays only events of its own streams, while the budgets stay shared.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from typing import Any
 import mcp_types as types
 from mcp.server.streamable_http import EventCallback, EventId, EventMessage, EventStore, StreamId
 
-__all__ = ["RETRY_MS", "RecentEvents"]
+__all__ = ["RETRY_MS", "RecentEvents", "SessionEvents"]
 
 RETRY_MS = 1000
 """The ``retry`` a client is told to wait before resuming a stream (the SSE field, in milliseconds)."""
@@ -71,6 +76,11 @@ class RecentEvents(EventStore):
         self._stream_bytes: dict[StreamId, int] = {}
         self._bytes = 0
         self._shared: tuple[tuple[str, ...], tuple[Any, ...], str] | None = None  # a large result's keys, values, JSON
+        self._sessions = itertools.count(1)
+
+    def for_session(self) -> SessionEvents:
+        """A view of this store for one new session: its own streams, the shared budgets."""
+        return SessionEvents(self, f"s{next(self._sessions)}/")
 
     def statistics(self) -> tuple[int, int]:
         """(events kept, bytes counted)."""
@@ -98,14 +108,16 @@ class RecentEvents(EventStore):
             self._drop(next(iter(events)))
         return str(number)
 
-    async def replay_events_after(self, last_event_id: EventId, send_callback: EventCallback) -> StreamId | None:
+    async def replay_events_after(
+        self, last_event_id: EventId, send_callback: EventCallback, *, prefix: str = ""
+    ) -> StreamId | None:
         try:
             last = int(last_event_id)
         except ValueError:
             return None
         entry = self._events.get(last)
-        if entry is None:
-            return None  # unknown, or evicted: nothing to resume
+        if entry is None or not entry[0].startswith(prefix):
+            return None  # unknown, evicted, or another session's: nothing to resume
         stream_id = entry[0]
         later = [n for n in self._streams.get(stream_id, ()) if n > last]
         for number in later:
@@ -145,6 +157,21 @@ class RecentEvents(EventStore):
     def _forget_stream(self, stream_id: StreamId) -> None:
         for number in list(self._streams.get(stream_id, ())):
             self._drop(number)
+
+
+class SessionEvents(EventStore):
+    """One session's view of a ``RecentEvents``: stream names prefixed with the session's own, and a replay only of
+    the session's own streams."""
+
+    def __init__(self, store: RecentEvents, prefix: str) -> None:
+        self._store, self._prefix = store, prefix
+
+    async def store_event(self, stream_id: StreamId, message: types.JSONRPCMessage | None) -> EventId:
+        return await self._store.store_event(self._prefix + stream_id, message)
+
+    async def replay_events_after(self, last_event_id: EventId, send_callback: EventCallback) -> StreamId | None:
+        stream_id = await self._store.replay_events_after(last_event_id, send_callback, prefix=self._prefix)
+        return None if stream_id is None else stream_id.removeprefix(self._prefix)
 
 
 def _id_json(request_id: int | str) -> str:

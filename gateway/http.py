@@ -310,7 +310,12 @@ class CallerSessions(SealedSessions):
                 )
             self._evict(victim)
             log.info("session.evicted", caller=caller, session=session_digest(victim), limit=self.per_caller)
-        return super()._admit_session(requestor)
+        transport = super()._admit_session(requestor)
+        if transport is not None and isinstance(self.event_store, RecentEvents):
+            # The SDK hands every session the one store and names streams by request id: each session gets its own
+            # view, so a resume never replays another session's stream of the same id (events.py).
+            transport._event_store = self.event_store.for_session()
+        return transport
 
     def _least_recently_used_idle(self, sessions: list[str]) -> str | None:
         """Of ``sessions``, the one idle longest. A transport's idle deadline is its last request's end plus the

@@ -60,6 +60,11 @@ STARTUP_SETTLE_S = 30.0
 CatalogListener = Callable[[Catalog], Awaitable[None]]
 
 
+def _shows_costs(config: Federation) -> bool:
+    """Whether some client can be in search exposure, whose results show each tool's measured cost band."""
+    return config.exposure.mode != "all" or any(mode != "all" for mode in config.exposure.clients.values())
+
+
 def settle_budget(config: Federation) -> float:
     """How long the first outcome of every backend can take: the slowest handshake, plus a margin."""
     timeouts = [server.connect_timeout_s for server in config.servers.values() if server.enabled]
@@ -130,7 +135,7 @@ class Gateway:
         self.reload_error: str | None = None
         """Why the last edit of the file was refused (shown by /status); None once an edit applied."""
         self.loaded_at = time.time()
-        self._uses_costs = "{cost:" in config.model_dump_json()
+        self._uses_costs = "{cost:" in config.model_dump_json() or _shows_costs(config)
 
     # -- lifetime -------------------------------------------------------------------------------------------------
 
@@ -260,7 +265,7 @@ class Gateway:
             self.loaded_at = time.time()
             self.clients = ClientPolicy(config.clients)
             self.router.use_clients(self.clients)
-            self._uses_costs = self._uses_costs or "{cost:" in config.model_dump_json()
+            self._uses_costs = self._uses_costs or "{cost:" in config.model_dump_json() or _shows_costs(config)
             for name in plan.added + plan.changed:
                 self._start(backends[name])
             # The old generation keeps serving until the new one had its first outcome (ready or failed), so a

@@ -68,6 +68,7 @@ from gateway.bridges import Bridges, may_ask, require_capabilities
 from gateway.clients import ClientPolicy
 from gateway.config import environ
 from gateway.continuation import Continuation, Continuations, invalid_state, load_key, may_ask_mid_call
+from gateway.disclosure import Disclosure
 from gateway.errors import (
     URI_CHARS,
     BackendError,
@@ -207,16 +208,21 @@ def _identity(ctx: ServerRequestContext[Any]) -> Identity:
 
 def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
     """The MCP server that fronts ``gateway``; pair it with a transport (HTTP app or stdio)."""
-    upstreams = Upstreams(gateway.catalog, lambda: gateway.backends)
+    disclosure = Disclosure(lambda: gateway.config, lambda: gateway.catalog, lambda: gateway.backends)
+    upstreams = Upstreams(gateway.catalog, lambda: gateway.backends, disclosure.tools_changed_for)
     views = upstreams.views
+    disclosure.use_views(views)
 
     def view(ctx: ServerRequestContext[Any]) -> View | None:
         """The caller's view of the catalog (auth/policies.py); None: no policies, it sees everything."""
         return views.view(gateway.catalog, _identity(ctx))
 
     def listing(ctx: ServerRequestContext[Any]) -> Mapping[str, Any]:
-        large = gateway.clients.is_large(_call_context(ctx, gateway.clients).declared)
+        call_ctx = _call_context(ctx, gateway.clients)
+        large = gateway.clients.is_large(call_ctx.declared)
         seen = view(ctx)
+        if disclosure.searching(call_ctx.client_name, call_ctx.client_version, large, connection_of(ctx)):
+            return disclosure.listing(gateway.catalog, large, seen)  # search exposure: search, call, the pins
         return seen.listing(large) if seen is not None else gateway.catalog.listing(large)
 
     startup_waited = anyio.Event()
@@ -379,6 +385,17 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
                 )
 
         try:
+            large = gateway.clients.is_large(call_ctx.declared)
+            if disclosure.searching(call_ctx.client_name, call_ctx.client_version, large, connection_of(ctx)):
+                if params.name == disclosure.exposure.search_tool:
+                    visible = call_ctx.visible  # the caller's policy (None: every tool), less the gated ones if small
+                    if not large:
+                        visible = frozenset(visible if visible is not None else gateway.catalog.entries)
+                        visible -= gateway.clients.gated
+                    return await disclosure.search(params.arguments, visible)
+                if params.name == disclosure.exposure.call_tool:  # routed and audited as the real tool's own call
+                    name, arguments = disclosure.unwrap(params.arguments)
+                    params = params.model_copy(update={"name": name, "arguments": arguments})
             try:
                 if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
                     bridge: Bridge | None = None
@@ -435,7 +452,7 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
 
     def input_schema(name: str) -> Mapping[str, Any] | None:
         entry = gateway.catalog.get(name)
-        return entry.tool.input_schema if entry is not None else None
+        return entry.tool.input_schema if entry is not None else disclosure.input_schema(name)
 
     # -- resources, prompts, completion: forwarded to the backend that owns the name ---------------------------------
 
@@ -640,7 +657,7 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
         gateway,
         gateway.config.gateway.name,
         version=VERSION,
-        instructions=gateway.config.gateway.instructions,
+        instructions=disclosure.instructions(gateway.config.gateway.instructions),
         on_list_tools=list_tools,
         on_call_tool=call_tool,
         on_list_resources=list_resources,

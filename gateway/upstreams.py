@@ -85,8 +85,11 @@ _SUBSCRIPTIONS_KEY = "mcp-gateway/subscriptions"
 class Upstreams:
     """Every live client connection and the notifications it is owed (see the module docstring)."""
 
-    def __init__(self, catalog: Catalog, backends: Any) -> None:
+    def __init__(self, catalog: Catalog, backends: Any, tools_changed: Any = None) -> None:
         self._live: weakref.WeakSet[Any] = weakref.WeakSet()
+        # (connection, identity, previous, catalog) -> whether that connection's tools/list changed, or None when it
+        # lists the catalog's own list (a search-exposure connection lists another: disclosure.py)
+        self._tools_changed = tools_changed
         self._announced = catalog
         self._backends = backends  # () -> Mapping[str, Backend]
         self._downstream_level: types.LoggingLevel | None = None
@@ -185,6 +188,7 @@ class Upstreams:
                 continue
             identity = self._identities.get(connection, _ANYONE)
             kinds = everyone if everyone is not None else lists_changed(previous, catalog, identity, views)
+            kinds = self._with_search(kinds, connection, identity, previous, catalog)
             if kinds:
                 told.add(identity.caller or "anonymous")
             for method in (_NOTIFICATIONS[kind] for kind in _KINDS if kind in kinds):
@@ -211,6 +215,15 @@ class Upstreams:
                         await connection.notify(_NOTIFICATIONS[kind], None)
                     except (anyio.BrokenResourceError, anyio.ClosedResourceError, MCPError, OSError):
                         self._live.discard(connection)
+
+    def _with_search(
+        self, kinds: frozenset[str], connection: Any, identity: Identity, previous: Catalog, catalog: Catalog
+    ) -> frozenset[str]:
+        """``kinds`` with ``tools`` as a search-exposure connection sees it (its own list: disclosure.py)."""
+        found = self._tools_changed(connection, identity, previous, catalog) if self._tools_changed else None
+        if found is None:
+            return kinds
+        return (kinds - {"tools"}) | ({"tools"} if found else frozenset())
 
     # -- logging --------------------------------------------------------------------------------------------------
 

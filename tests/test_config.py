@@ -292,6 +292,8 @@ def test_an_unknown_key_is_named_by_its_key_path_and_line(text: str, key_path: s
         (STDIO + "    args: npx-args\n", "servers.mem.args", "args", "'npx-args'"),
         ("gateway:\n  naming: {mode: sometimes}\n", "gateway.naming.mode", "naming", "'sometimes'"),
         ("version: 2\n", "version", "version", "2"),
+        ("exposure:\n  mode: sometimes\n", "exposure.mode", "mode", "'sometimes'"),
+        ("exposure:\n  clients: {cursor: hidden}\n", "exposure.clients.cursor", "clients", "'hidden'"),
     ],
 )
 def test_a_value_of_the_wrong_type_is_named_with_what_was_given(
@@ -670,3 +672,15 @@ def test_env_values_written_as_relative_paths_resolve_against_the_files_folder()
     fed = parse_config(text, file="/srv/gw/federation.yaml", env={})
     assert fed.servers["m"].env == {"A": "/srv/gw/.cache/m.jsonl", "B": "plain", "C": "/abs"}
     assert fed.adapters["q"].env == {"X": "/srv/gw/../up"}
+
+
+def test_exposure_defaults_to_listing_every_tool_and_its_search_and_call_tools_must_differ() -> None:
+    assert parse_config("version: 1\n", file=FILE, env={}).exposure.mode == "all"
+    text = "exposure:\n  search_tool: find\n  call_tool: find\n"
+    err = config_error(text)
+    assert_names(err, "exposure", line_of(text, "exposure"))
+    assert "must differ" in err.message
+    text = "exposure:\n  pinned: [ok, 'not a name']\n"
+    err = config_error(text)
+    assert_names(err, "exposure.pinned", line_of(text, "pinned"))
+    assert "tool name 'not a name' is invalid" in err.message

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import anyio
+import httpx2
 import mcp_types as types
 import pytest
 from mcp.shared.exceptions import MCPError
@@ -24,6 +25,10 @@ from tests.test_input_required import KEY, TOKENS, Answers, _assert_refused, _ro
 pytestmark = pytest.mark.anyio
 
 FIDELITY = str(FIXTURES / "fidelity_server.py")
+
+
+async def _backend_ready(http: httpx2.AsyncClient, url: str) -> bool:
+    return (await http.get(url)).json()["backends"] == {"fid": "ready"}
 
 
 def _config(*, bridge_ttl_s: float = 30.0, bridge_max_pending: int = 256) -> str:
@@ -172,6 +177,10 @@ async def test_a_stateless_client_cancelling_its_call_cancels_it_downstream(tmp_
     # cancellation must still reach that task and the downstream's work.
     with run_gateway(_config(), tmp_path, tokens=TOKENS, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
         with anyio.fail_after(40):
+            # The call must reach the downstream before the client gives up: on a busy machine the backend's start
+            # can outlast the client's half second, and a call abandoned while it waits for its backend never runs.
+            async with httpx2.AsyncClient() as http:
+                await eventually(lambda: _backend_ready(http, gateway.url("/healthz")), within=20)
             async with client(gateway.url()) as c:
                 with pytest.raises(MCPError):
                     await c.session.call_tool("sleep", {"seconds": 60}, read_timeout_seconds=0.5)

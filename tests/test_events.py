@@ -6,7 +6,7 @@ from __future__ import annotations
 import anyio
 import mcp_types as types
 import pytest
-from mcp.server.streamable_http import EventMessage
+from mcp.server.streamable_http import EventMessage, EventStore
 
 from gateway.events import RecentEvents
 
@@ -19,7 +19,7 @@ def answer(request_id: int, text: str) -> types.JSONRPCResponse:
     return types.JSONRPCResponse(jsonrpc="2.0", id=request_id, result={"content": [{"type": "text", "text": text}]})
 
 
-async def replay(store: RecentEvents, after: str) -> tuple[str | None, list[tuple[str | None, types.JSONRPCMessage]]]:
+async def replay(store: EventStore, after: str) -> tuple[str | None, list[tuple[str | None, types.JSONRPCMessage]]]:
     sent: list[tuple[str | None, types.JSONRPCMessage]] = []
 
     async def collect(event: EventMessage) -> None:
@@ -83,3 +83,15 @@ async def test_a_large_result_shared_by_many_responses_is_serialised_once_and_re
     for priming, request_id in ((first, 7), (second, "req-\u00e9")):
         _, [(_, message)] = await replay(store, priming)
         assert message == types.JSONRPCResponse(jsonrpc="2.0", id=request_id, result=listing)
+
+
+async def test_each_sessions_view_replays_its_own_stream_of_an_id_and_nothing_of_another_sessions() -> None:
+    store = RecentEvents()
+    mine, other = store.for_session(), store.for_session()
+    priming = await mine.store_event("5", None)  # the SDK names a request's stream by its id, in every session
+    theirs = await other.store_event("5", answer(5, "the other session's"))
+    own = await mine.store_event("5", answer(5, "mine"))
+    assert await replay(mine, priming) == ("5", [(own, answer(5, "mine"))])
+    assert await replay(other, priming) == (None, [])  # another session's event id names nothing here
+    assert await replay(mine, theirs) == (None, [])
+    assert store.statistics()[0] == 3  # one store, one budget

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
+    ("ranking",),  # the one search engine's pure parts: BM25, the static embedding model, rank fusion
     # auth: the identity family's docstring; tokens: the static bearer tokens; cookies: the status page's session
     ("auth", "auth.tokens", "auth.cookies"),
     ("config", "inputs"),  # inputs: what a request's values must be before the gateway acts on them
@@ -28,10 +29,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # principals; auth.secrets: per-caller values for a server's headers; auth.exchange: RFC 8693 downstream tokens;
     # auth.credentials: both, for one caller's session
     ("clients", "costs", "importer", "auth.oauth", "auth.secrets", "auth.exchange", "auth.credentials"),
+    ("toolsearch",),  # the tool search index over tool definitions (ranking's BM25 + embeddings); pure, blocking
     # "backends" is backends/__init__.py; answers: the answer limit; framing: downstream bodies as the SDK reads
     # them; processes: no process escapes
     ("backends", "backends.base", "backends.answers", "backends.framing", "backends.processes", "backends.backoff"),
-    ("backends.stdio", "backends.relay", "backends.wiki_index"),  # relay: back-channel context; wiki_index: pure index
+    # relay: back-channel context; wiki_index: pure index; fastpath: a request straight on a streamable HTTP session
+    ("backends.stdio", "backends.relay", "backends.wiki_index", "backends.fastpath"),
     # failures: the foreign-error table and why a session failed; watch: a receive stream's end; pool: shared HTTP
     ("backends.failures", "backends.watch"),
     ("backends.pool",),
@@ -42,6 +45,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("catalog", "health", "reload", "budget", "results", "continuation"),  # budget: one deadline per call; results:
     # route shapes; continuation: the sealed requestState of multi-round-trip requests
     ("auth.policies",),  # each caller's view of the catalog
+    ("disclosure",),  # search exposure: the search and call tools, who sees them, the index per catalog
     ("router",),
     ("runtime",),
     # upstreams: the clients and what they are owed (list changes, log messages, resource updates); bridges: a

@@ -58,12 +58,13 @@ import httpx2
 import mcp_types as types
 import structlog
 from anyio.abc import TaskStatus
-from mcp.client.session import ClientRequestContext, ClientSession
+from mcp.client.session import ClientRequestContext, ClientSession, _later_revision_fields
 from mcp.client.sse import sse_client
 from mcp.client.stdio import get_default_environment
 from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import ListenNotSupportedError, listen
 from mcp.shared.exceptions import MCPError
+from mcp_types import methods as _methods
 from pydantic import TypeAdapter
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
 
@@ -73,6 +74,7 @@ from gateway.backends.answers import ANSWER_TOO_LARGE, answer_too_large
 from gateway.backends.backoff import backoff, spread
 from gateway.backends.base import BackendBase, BackendState, BackendStatus, ProgressFn
 from gateway.backends.failures import FOREIGN, ResponseRecorder, classify_failure, exit_detail, gateway_error
+from gateway.backends.fastpath import HttpLane
 from gateway.backends.pool import HttpPool
 from gateway.backends.relay import (
     UPSTREAM,
@@ -230,6 +232,7 @@ class McpBackend(BackendBase):
         self._lanes_tg: anyio.abc.TaskGroup | None = None
         self._log_level: types.LoggingLevel | None = None
         self._subscribed: dict[str, int] = {}
+        self._fast: HttpLane | None = None  # the shared streamable HTTP session, for calls sent straight on it
         self.connects = 0
         # ${caller.secret:NAME} in the headers, or token_exchange: each caller gets a session of its own, with its
         # own credentials (auth/credentials.py).
@@ -285,6 +288,11 @@ class McpBackend(BackendBase):
             meta = forwarded_meta(upstream.meta)
         params = types.CallToolRequestParams(name=tool, arguments=arguments, _meta=meta or None)  # type: ignore[arg-type]
         if self._config.protocol != MODERN:
+            lane = self._fast
+            # Only on the shared session: a per-client server's and a per-caller-credentials server's calls go on
+            # the caller's own session (_send), through the SDK.
+            if lane is not None and lane.ready and not self._per_client and self._credentials is None:
+                return await self._call_fast(lane, tool, arguments, meta, progress, upstream)
             request = types.CallToolRequest(params=params)
             return await self._send(request, types.CallToolResult, progress, upstream, per_client=self._per_client)  # type: ignore[no-any-return]
         request = types.CallToolRequest(params=_with_round(params))
@@ -292,6 +300,42 @@ class McpBackend(BackendBase):
         if isinstance(result, types.InputRequiredResult):
             raise InputRequired(result, backend=self._name, tool=tool)
         return result  # type: ignore[no-any-return]
+
+    async def _call_fast(
+        self,
+        lane: HttpLane,
+        tool: str,
+        arguments: dict[str, Any],
+        meta: dict[str, Any] | None,
+        progress: ProgressFn | None,
+        upstream: Upstream | None,
+    ) -> types.CallToolResult:
+        """A handshake-era ``tools/call`` on the shared streamable HTTP session, sent straight on it (fastpath.py):
+        the same request, errors and back-channel as ``_send``, without the SDK session's round trip."""
+        self._require_session()
+        life, inflight, name = self._life, self._inflight, self._name
+        params: dict[str, Any] = {"name": tool, "arguments": arguments}
+        if meta:
+            params["_meta"] = meta
+
+        async def answer(request: Any) -> Any:
+            return await relay_request(request, inflight, name)
+
+        key = inflight.enter(upstream) if upstream is not None else None
+        try:
+            with self.map_call_errors(life):
+                raw = await lane.request(
+                    "tools/call",
+                    params,
+                    timeout_s=self._config.timeout_s,
+                    progress=progress,
+                    answer=answer,
+                    notify=self._on_message,
+                )
+        finally:
+            if key is not None:
+                inflight.leave(key)
+        return _call_result(raw, lane.version or "")
 
     async def request(self, request: Any, result_type: Any, *, progress: ProgressFn | None = None) -> Any:
         """Forward any client request (resources, prompts, completion, ...) to this backend.
@@ -662,6 +706,8 @@ class McpBackend(BackendBase):
                     ) as session:
                         with anyio.fail_after(self._config.connect_timeout_s):
                             self._init = await self._open(session)
+                            if self._fast is not None:
+                                self._fast.version = self._init.protocol_version
                             lists = {kind: await self._list(session, kind) for kind in LIST_KINDS}
                         connected, ready_at = True, anyio.current_time()
                         self._session = session
@@ -766,10 +812,23 @@ class McpBackend(BackendBase):
                 max_answer_bytes=limit,
                 json_lines=config.protocol == MODERN,  # the stateless era's servers stream JSON lines too
             )
-            async with streamable_http_client(
-                config.url, http_client=client, max_sse_event_size=limit + SSE_EVENT_MARGIN
-            ) as streams:
-                yield streams
+            lane = HttpLane(client, config.url, max_event_size=limit + SSE_EVENT_MARGIN) if primary else None
+            if lane is not None:
+                client.event_hooks["response"].append(lane.see)
+            async with (
+                streamable_http_client(
+                    config.url, http_client=client, max_sse_event_size=limit + SSE_EVENT_MARGIN
+                ) as streams,
+                anyio.create_task_group() as closer,
+            ):
+                if lane is not None:
+                    lane.closer = closer
+                self._fast = lane
+                try:
+                    yield streams
+                finally:
+                    self._fast = None
+                    closer.cancel_scope.cancel()
             return
 
         sent = headers
@@ -1013,6 +1072,18 @@ class McpBackend(BackendBase):
 
     def _fail(self, reason: str) -> None:
         self._set_status(BackendStatus(BackendState.FAILED, reason, last_error=reason))
+
+
+def _call_result(raw: dict[str, Any], version: str) -> types.CallToolResult:
+    """A ``tools/call`` answer read off the wire, checked as the SDK's session checks it (``send_request``)."""
+    try:
+        _methods.validate_server_result("tools/call", version, raw)
+    except KeyError:
+        pass
+    foreign = _later_revision_fields("tools/call", version)
+    if not foreign.isdisjoint(raw):
+        raw = {key: value for key, value in raw.items() if key not in foreign}
+    return types.CallToolResult.model_validate(raw, by_name=False)
 
 
 def _takes_back_channel(caps: types.ClientCapabilities | None) -> bool:

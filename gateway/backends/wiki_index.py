@@ -18,13 +18,10 @@ fail, never reach the outside; links that stay inside the root keep working.
 from __future__ import annotations
 
 import errno
-import heapq
-import math
 import os
 import posixpath
 import re
 import stat
-from array import array
 from collections import Counter
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
@@ -34,11 +31,11 @@ from urllib.parse import unquote
 
 import yaml
 
+from gateway.ranking import Bm25 as _Bm25
+
 PAGE_SUFFIXES = (".md", ".markdown")
 EXCLUDED_DIRS = frozenset({"node_modules", "graphify-out"})
 _INDEX_MAX_BYTES_PER_PAGE = 4_000_000  # links and terms past this point of a (pathological) page are not indexed
-_BM25_K1 = 1.2
-_BM25_B = 0.75
 
 _YAML_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # safe_load's loader, in C when libyaml is there
 _WORD = re.compile(r"\w+")
@@ -73,40 +70,6 @@ class _Parsed:
     links: tuple[_Link, ...]
     counts: Counter[str]
     text: str  # the decoded page (up to _INDEX_MAX_BYTES_PER_PAGE), for the semantic index's sections
-
-
-class _Bm25:
-    """Okapi BM25 over per-page term counts (Lucene's non-negative idf); postings are compact arrays."""
-
-    __slots__ = ("_avg", "_lengths", "_n", "_postings")
-
-    def __init__(self, docs: Sequence[Counter[str]]) -> None:
-        lists: dict[str, tuple[list[int], list[int]]] = {}
-        for doc, counts in enumerate(docs):
-            for term, tf in counts.items():
-                entry = lists.get(term)
-                if entry is None:
-                    entry = lists[term] = ([], [])
-                entry[0].append(doc)
-                entry[1].append(tf)
-        self._postings = {term: (array("I", ids), array("I", tfs)) for term, (ids, tfs) in lists.items()}
-        self._lengths = array("I", (sum(c.values()) for c in docs))
-        self._n = len(docs)
-        self._avg = (sum(self._lengths) / self._n) if self._n else 1.0
-
-    def search(self, terms: Sequence[str], limit: int) -> list[tuple[int, float]]:
-        scores: dict[int, float] = {}
-        avg = self._avg or 1.0
-        for term in dict.fromkeys(terms):
-            entry = self._postings.get(term)
-            if entry is None:
-                continue
-            ids, tfs = entry
-            idf = math.log(1.0 + (self._n - len(ids) + 0.5) / (len(ids) + 0.5))
-            for doc, tf in zip(ids, tfs, strict=True):
-                norm = _BM25_K1 * (1.0 - _BM25_B + _BM25_B * self._lengths[doc] / avg)
-                scores[doc] = scores.get(doc, 0.0) + idf * tf * (_BM25_K1 + 1.0) / (tf + norm)
-        return heapq.nlargest(limit, scores.items(), key=lambda item: (item[1], -item[0]))
 
 
 @dataclass(slots=True)

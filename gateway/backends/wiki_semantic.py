@@ -1,13 +1,9 @@
 """Semantic and hybrid search over the wiki's sections, by pure, blocking functions (no async, no Backend protocol).
 
-The model is a *static* embedding model that ships inside a registry package: the wheel of ``wordllama`` carries
-``weights/l2_supercat_256.safetensors`` (a 32,000 x 256 float16 token table, 16 MB) and its tokenizer
-(``tokenizers/l2_supercat_tokenizer_config.json``). A text's vector is the mean of its tokens' rows, normalised, so
-embedding is a table lookup: no GPU, no torch, about a millisecond for a query. ``load_embedder`` opens those two
-files by their paths inside the installed package and nothing else: no hub, no cache folder, no network, ever (the
-library's own ``WordLlama.load`` looks for the tokenizer under ``tokenizer/`` rather than ``tokenizers/`` and would
-try to download it). When a file is missing or unreadable it raises ``SemanticUnavailable`` with the reason; the wiki
-then serves its semantic tools as thin answers naming that reason, and everything else as before.
+The model, BM25 and the fusion are the gateway's one search engine (``gateway/ranking.py``, shared with the tool
+search): a static embedding model loaded from the installed ``wordllama`` wheel's own files. When it cannot be
+loaded (``SemanticUnavailable``), the wiki serves its semantic tools as thin answers naming the reason, and
+everything else as before.
 
 What is indexed: each page is cut into *sections* at its headings (outside fenced code), and a section longer than
 ``SECTION_WORDS`` words into windows at paragraph boundaries; a window is embedded with its page title and heading in
@@ -24,20 +20,18 @@ starts at.
 
 from __future__ import annotations
 
-import heapq
 import re
-import threading
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
-from gateway.backends.wiki_index import _WORD, _Bm25, _front_matter, _Index, _Parsed, _tokens
+from gateway.backends.wiki_index import _WORD, _front_matter, _Index, _Parsed, _tokens
+from gateway.ranking import RRF_K, Embedder, SemanticUnavailable, Vectors, fuse, load_embedder, load_from, nearest
+from gateway.ranking import Bm25 as _Bm25
 
 __all__ = [
     "SECTION_WORDS",
@@ -53,8 +47,6 @@ __all__ = [
 
 SECTION_WORDS = 200
 """A section longer than this many words is cut into windows at paragraph boundaries (static vectors blur when long)."""
-RRF_K = 60
-"""The rank constant of reciprocal rank fusion (the value of the original paper; robust across collections)."""
 _FUSION_DEPTH = 50  # how far down each ranking hybrid search looks before fusing
 _MAX_SECTIONS_PER_PAGE = 2_000  # a pathological page cannot flood the index
 _SNIPPET_CHARS = 300
@@ -68,16 +60,6 @@ _STOPWORDS = frozenset(
 _HEADING_LINE = re.compile(r"^[ ]{0,3}(#{1,6})[ \t]+(.+?)(?:[ \t]+#+)?[ \t]*$")
 _FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})")
 
-Vectors = npt.NDArray[np.float32]
-
-
-class SemanticUnavailable(Exception):
-    """The embedding model cannot be loaded; ``reason`` says why (shown to callers and in the log)."""
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-        super().__init__(reason)
-
 
 @dataclass(frozen=True, slots=True)
 class Section:
@@ -88,97 +70,6 @@ class Section:
     line: int  # 1-based line of the window's first line in the file
     lines: tuple[str, ...]  # the window's lines, as in the file
     heading: str
-
-
-# --------------------------------------------------------------------------------------------------- the model
-
-
-class Embedder:
-    """The static embedding model: tokenizer + token table; ``embed`` returns unit vectors (float32, one row each)."""
-
-    def __init__(self, table: npt.NDArray[np.floating[Any]], tokenizer: Any, source: str, load_s: float) -> None:
-        self._table = table
-        self._tokenizer = tokenizer
-        self.source = source
-        self.load_s = load_s
-        self.dimensions = int(table.shape[1])
-
-    def embed(self, texts: Sequence[str]) -> Vectors:
-        out = np.zeros((len(texts), self.dimensions), dtype=np.float32)
-        for start in range(0, len(texts), 256):
-            batch = list(texts[start : start + 256])
-            for row, encoding in enumerate(self._tokenizer.encode_batch(batch, add_special_tokens=False)):
-                ids = encoding.ids
-                if ids:
-                    out[start + row] = self._table[np.asarray(ids, dtype=np.int64)].mean(axis=0, dtype=np.float32)
-        norms = np.linalg.norm(out, axis=1, keepdims=True)
-        np.divide(out, norms, out=out, where=norms > 0)
-        return out
-
-
-_MODEL_LOCK = threading.Lock()
-_MODEL: Embedder | SemanticUnavailable | None = None
-
-
-def load_embedder() -> Embedder:
-    """The model from the installed ``wordllama`` package's own files, loaded once per process. Blocking.
-
-    Raises:
-        SemanticUnavailable: the package, a file, or a library it needs is missing or unreadable (the outcome is
-            remembered: a second call raises the same reason at once).
-    """
-    global _MODEL
-    with _MODEL_LOCK:
-        if _MODEL is None:
-            try:
-                _MODEL = _load()
-            except SemanticUnavailable as exc:
-                _MODEL = exc
-        if isinstance(_MODEL, SemanticUnavailable):
-            raise _MODEL
-        return _MODEL
-
-
-def _load() -> Embedder:
-    try:
-        import importlib.util
-
-        spec = importlib.util.find_spec("wordllama")
-    except (ImportError, ValueError) as exc:
-        raise SemanticUnavailable(f"the wordllama package cannot be found: {exc}") from exc
-    if spec is None or spec.origin is None:
-        raise SemanticUnavailable("the wordllama package is not installed (it carries the embedding model)")
-    return load_from(Path(spec.origin).parent)  # found, not imported: importing it pulls in requests and a hub client
-
-
-def load_from(package: Path) -> Embedder:
-    """The model from the files of a ``wordllama`` package folder (not cached). Blocking.
-
-    Raises:
-        SemanticUnavailable: a file is missing or unreadable, or a library it needs is missing.
-    """
-    began = time.perf_counter()
-    weights = package / "weights" / "l2_supercat_256.safetensors"
-    tokenizer_file = package / "tokenizers" / "l2_supercat_tokenizer_config.json"
-    for needed in (weights, tokenizer_file):
-        if not needed.is_file():
-            raise SemanticUnavailable(f"the embedding model file {needed.name} is missing from the wordllama package")
-    try:
-        from safetensors import safe_open
-        from tokenizers import Tokenizer
-    except ImportError as exc:
-        raise SemanticUnavailable(f"a library the embedding model needs is missing: {exc.name}") from exc
-    try:
-        tokenizer = Tokenizer.from_file(str(tokenizer_file))
-        tokenizer.no_padding()
-        tokenizer.no_truncation()
-        with safe_open(str(weights), framework="np") as f:
-            table = np.ascontiguousarray(f.get_tensor("embedding.weight"))  # float16 as shipped: 16 MB, not 32
-    except Exception as exc:  # a corrupt file: any library error means "cannot load", with its words
-        raise SemanticUnavailable(f"the embedding model cannot be read: {type(exc).__name__}: {exc}") from exc
-    if table.ndim != 2 or table.shape[0] < tokenizer.get_vocab_size() or table.dtype.kind != "f":
-        raise SemanticUnavailable(f"the embedding table has an unexpected shape {table.shape}")
-    return Embedder(table, tokenizer, f"wordllama {weights.name}", time.perf_counter() - began)
 
 
 # --------------------------------------------------------------------------------------------------- sections
@@ -275,11 +166,7 @@ class SemanticIndex:
         """The ``limit`` sections nearest to ``query`` (cosine similarity), best first."""
         if not self.sections:
             return []
-        scores = self.matrix @ embedder.embed([query])[0]
-        count = min(limit, len(scores))
-        top = np.argpartition(-scores, count - 1)[:count]
-        ranked = sorted(top.tolist(), key=lambda i: (-float(scores[i]), i))
-        return [(i, float(scores[i])) for i in ranked]
+        return nearest(self.matrix, embedder.embed([query])[0], limit)
 
     def keyword(self, query: str, limit: int) -> list[tuple[int, float]]:
         """The ``limit`` sections with the highest BM25 score for ``query``'s words (stop words left out unless
@@ -290,11 +177,7 @@ class SemanticIndex:
     def hybrid(self, embedder: Embedder, query: str, limit: int) -> list[tuple[int, float]]:
         """BM25 and vector rankings fused by reciprocal rank fusion, best first."""
         depth = max(limit, _FUSION_DEPTH)
-        fused: dict[int, float] = {}
-        for ranking in (self.keyword(query, depth), self.vector(embedder, query, depth)):
-            for rank, (i, _) in enumerate(ranking, start=1):
-                fused[i] = fused.get(i, 0.0) + 1.0 / (RRF_K + rank)
-        return heapq.nlargest(limit, fused.items(), key=lambda item: (item[1], -item[0]))
+        return fuse((self.keyword(query, depth), self.vector(embedder, query, depth)), limit, RRF_K)
 
     def result(self, i: int, score: float, query: str) -> dict[str, Any]:
         """The documented result shape for section ``i``."""

@@ -1,0 +1,395 @@
+"""A request to a streamable HTTP downstream as one JSON-RPC POST, without the SDK client session's round trip.
+
+Through the SDK, a ``tools/call`` to a downstream goes from the caller's task through a memory stream to the
+session's dispatcher, on to the transport's writer task, which spawns a task per POST, parses each SSE event into a
+message and sends it back through another memory stream to the dispatcher, which wakes the caller. That machinery
+(task groups, cancel scopes, events, memory streams, each asking anyio which library runs) was the largest part of
+the gateway's CPU per call (docs/benchmarks.md, "Where the time goes"). ``HttpLane.request`` sends the same request
+on the same HTTP session (its ``Mcp-Session-Id``, its negotiated version, the same pooled client with the same
+answer limit) and reads the answer in the caller's own task. What travels on the wire is what the SDK would send and
+everything the downstream says on the call's stream is handled as the SDK handles it:
+
+  * ``notifications/progress`` for the call's token goes to the caller's progress function;
+  * a request of the server's (``elicitation/create``, ``sampling/createMessage``, ``roots/list``, ``ping``) is
+    answered through ``answer`` (the backend's back-channel, relay.py) and the answer POSTed back on the session;
+  * any other notification (a log message, a list change) goes to ``notify``, the session's message handler;
+  * the answer is the call's result, or ``MCPError`` with the downstream's error (an answer over the limit arrives
+    as answers.py's replacement error, as through the SDK);
+  * a stream that ends without the answer but with an event id is resumed with ``Last-Event-ID`` (SEP-1699), as
+    the SDK's transport does; one that cannot be resumed ends the call with the SDK's ``CONNECTION_CLOSED`` error;
+  * the call's time limit ends it with the SDK's request-timeout error, and a cancelled call (the client gave up,
+    a deadline) sends ``notifications/cancelled`` downstream before it unwinds, as the SDK's session does.
+
+Errors are the SDK's (``MCPError`` with its codes, httpx2's errors), so the backend maps them exactly as it maps
+the SDK path's (``McpBackend.map_call_errors``). Which requests take this path is the backend's choice (backends/mcp.py
+``McpBackend.call_tool``); everything else goes through the SDK session.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
+
+import anyio
+import anyio.abc
+import httpx2
+import mcp_types as types
+from mcp.shared.exceptions import MCPError
+from opentelemetry import propagate, trace
+from opentelemetry.trace import SpanKind
+
+__all__ = ["HttpLane"]
+
+REQUEST_TIMEOUT = -32001  # the SDK's code for a request that timed out (mcp.shared.exceptions.REQUEST_TIMEOUT)
+CONNECTION_CLOSED = -32000  # the SDK's code for a request whose answer can no longer come
+CANCEL_NOTICE_S = 2.0
+"""Bound on telling the downstream that a call was cancelled (the caller is not kept waiting longer)."""
+RESUME_ATTEMPTS = 2  # as the SDK's transport (MAX_RECONNECTION_ATTEMPTS)
+RESUME_DELAY_MS = 1000  # its default when the server names no retry interval
+
+ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
+AnswerFn = Callable[[Any], Awaitable[Any]]
+"""Answer a server's request (a ``types.ServerRequest``): its result model, or an ``ErrorData``."""
+NotifyFn = Callable[[Any], Awaitable[None]]
+
+_TRACER = trace.get_tracer("mcp-python-sdk")
+_SERVER_REQUEST: Any = None
+_SERVER_NOTIFICATION: Any = None
+
+
+def _adapters() -> tuple[Any, Any]:
+    global _SERVER_REQUEST, _SERVER_NOTIFICATION
+    if _SERVER_REQUEST is None:
+        from pydantic import TypeAdapter
+
+        _SERVER_REQUEST = TypeAdapter(types.ServerRequest)
+        _SERVER_NOTIFICATION = TypeAdapter(types.ServerNotification)
+    return _SERVER_REQUEST, _SERVER_NOTIFICATION
+
+
+class HttpLane:
+    """One streamable HTTP session to a downstream, for requests sent straight on it.
+
+    ``client`` is the backend's own client (shared pool, answer limit); the session id is taken from the
+    downstream's answers (``see``, an httpx2 response hook) and ``version`` is the protocol version the handshake
+    agreed, set once it completed.
+    """
+
+    def __init__(self, client: httpx2.AsyncClient, url: str, *, max_event_size: int) -> None:
+        self.client = client
+        self.url = url
+        self.max_event_size = max_event_size
+        self.session_id: str | None = None
+        self.version: str | None = None
+        self.closer: anyio.abc.TaskGroup | None = None  # where a read response is closed, off the caller's path
+        self._ids = itertools.count(1)
+
+    @property
+    def ready(self) -> bool:
+        return self.session_id is not None and self.version is not None
+
+    async def see(self, response: httpx2.Response) -> None:
+        """Response hook: remember the session id the downstream assigned (on its answer to ``initialize``)."""
+        if self.session_id is None:
+            found = response.headers.get("mcp-session-id")
+            if found:
+                self.session_id = found
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+        if self.session_id is not None:
+            headers["mcp-session-id"] = self.session_id
+        if self.version is not None:
+            headers["mcp-protocol-version"] = self.version
+        return headers
+
+    async def request(
+        self,
+        method: str,
+        params: dict[str, Any],
+        *,
+        timeout_s: float | None,
+        progress: ProgressFn | None,
+        answer: AnswerFn,
+        notify: NotifyFn,
+    ) -> dict[str, Any]:
+        """Send one request, return its result (the JSON object); raise ``MCPError`` for its error."""
+        rid = f"gw-{next(self._ids)}"  # never one of the SDK session's (integer) ids on the same session
+        meta = dict(params.get("_meta") or {})
+        if progress is not None:
+            meta["progressToken"] = rid
+        exchange = _Exchange(self, rid, progress, answer, notify)
+        target = params.get("name")
+        span_name = f"MCP send {method}{f' {target}' if isinstance(target, str) else ''}"
+        try:
+            # The SDK's client span (its tracer's name, the span's name and attributes) and the W3C trace context in
+            # `_meta` (SEP-414), as its session would send them (mcp.shared._otel, private to the SDK).
+            with _TRACER.start_as_current_span(
+                span_name, kind=SpanKind.CLIENT, attributes={"mcp.method.name": method, "jsonrpc.request.id": rid}
+            ):
+                propagate.inject(meta)
+                params = {**params, "_meta": meta} if meta else {k: v for k, v in params.items() if k != "_meta"}
+                message = {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
+                body = json.dumps(message, separators=(",", ":")).encode()
+                with anyio.fail_after(timeout_s):
+                    return await exchange.run(body)
+        except TimeoutError:
+            await self._cancel(rid, "timed out")
+            raise MCPError(
+                REQUEST_TIMEOUT, f"Timed out while waiting for response to {method}. Waited {timeout_s} seconds."
+            ) from None
+        except anyio.get_cancelled_exc_class():
+            if exchange.sent:
+                await self._cancel(rid, "the request was cancelled")
+            raise
+
+    async def _cancel(self, rid: str, reason: str) -> None:
+        note = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": rid, "reason": reason}}
+        with anyio.CancelScope(shield=True), anyio.move_on_after(CANCEL_NOTICE_S):
+            try:
+                await self._post_message(note)
+            except (httpx2.HTTPError, OSError):
+                pass  # the downstream is gone or unreachable: nothing is left to cancel there
+
+    async def _post_message(self, message: Mapping[str, Any]) -> None:
+        """POST a notification or a response (answered 202, or an error status that nobody waits for)."""
+        content = json.dumps(message, separators=(",", ":")).encode()
+        response = await self.client.post(self.url, content=content, headers=self._headers())
+        await response.aclose()
+
+
+class _Exchange:
+    """One request's POST and the stream that answers it (and its resumptions)."""
+
+    def __init__(self, lane: HttpLane, rid: str, progress: ProgressFn | None, answer: AnswerFn, notify: NotifyFn):
+        self.lane = lane
+        self.rid = rid
+        self.progress = progress
+        self.answer = answer
+        self.notify = notify
+        self.sent = False
+        self.serving: dict[str, anyio.CancelScope] = {}  # the server's requests being answered, by id
+
+    async def run(self, body: bytes) -> dict[str, Any]:
+        lane = self.lane
+        request = lane.client.build_request("POST", lane.url, content=body, headers=lane._headers())
+        self.sent = True
+        response = await lane.client.send(request, stream=True)
+        try:
+            outcome = await self._read(response)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await response.aclose()
+            raise
+        if lane.closer is not None:
+            # The answer is read: what is left of the stream (its end) is drained and the connection pooled after
+            # the caller has it, as the SDK's transport does in its own task (backends/pool.py).
+            lane.closer.start_soon(_close_quietly, response)
+        else:
+            await response.aclose()
+        return outcome
+
+    async def _read(self, response: httpx2.Response) -> dict[str, Any]:
+        status = response.status_code
+        content_type = response.headers.get("content-type", "").lower()
+        if status == 202:
+            raise MCPError(types.INVALID_REQUEST, "server answered a request with 202 Accepted")
+        if status >= 400:
+            if content_type.startswith("application/json"):
+                try:
+                    parsed = json.loads(await response.aread())
+                except (ValueError, httpx2.StreamError):
+                    parsed = None
+                if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
+                    raise _error(parsed["error"])
+            if status == 404:
+                raise MCPError(types.INVALID_REQUEST, "Session terminated")
+            raise MCPError(types.INTERNAL_ERROR, "Server returned an error response")
+        if 300 <= status < 400:
+            raise MCPError(types.INVALID_REQUEST, f"the server redirected the request (HTTP {status}); not followed")
+        if content_type.startswith("application/json"):
+            try:
+                message = json.loads(await response.aread())
+            except ValueError as exc:
+                raise MCPError(types.PARSE_ERROR, f"Failed to parse JSON response: {exc}") from None
+            outcome = await self._message(message)
+            if outcome is None:
+                raise MCPError(types.INVALID_REQUEST, "the JSON response was not the answer to the request")
+            return outcome
+        if not content_type.startswith("text/event-stream"):
+            raise MCPError(types.INVALID_REQUEST, f"Unexpected content type: {content_type}")
+        last_id, retry_ms, outcome = await self._events(response)
+        attempts = 0
+        while outcome is None:
+            if last_id is None or attempts >= RESUME_ATTEMPTS:
+                raise MCPError(CONNECTION_CLOSED, "SSE stream ended without a response")
+            await anyio.sleep((retry_ms if retry_ms is not None else RESUME_DELAY_MS) / 1000)
+            headers = {**self.lane._headers(), "last-event-id": last_id}
+            headers.pop("content-type", None)
+            resumed = self.lane.client.build_request("GET", self.lane.url, headers=headers)
+            again = await self.lane.client.send(resumed, stream=True)
+            try:
+                if again.status_code >= 400 or not again.headers.get("content-type", "").startswith(
+                    "text/event-stream"
+                ):
+                    attempts += 1
+                    continue
+                before = last_id
+                found_id, found_retry, outcome = await self._events(again)
+                last_id = found_id or last_id
+                retry_ms = found_retry if found_retry is not None else retry_ms
+                attempts = 0 if last_id != before else attempts + 1
+            finally:
+                await again.aclose()
+        return outcome
+
+    async def _events(self, response: httpx2.Response) -> tuple[str | None, int | None, dict[str, Any] | None]:
+        """Read one SSE stream until the answer: (last event id, retry interval, the result or None).
+
+        A request of the server's is answered in a task of its own while the stream is read on (the server may
+        cancel it, or say more, before it is answered): the task group is opened only when the first one comes."""
+        stream = _Stream(aiter(httpx2.EventSource(response, max_event_size=self.lane.max_event_size)))
+        first = await self._consume(stream, None)
+        if first is None:
+            return stream.last_id, stream.retry_ms, stream.outcome
+        failure: BaseException | None = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._serve, first)
+            try:
+                await self._consume(stream, tg)
+            except Exception as exc:  # raised after the task group, not wrapped in an exception group
+                failure = exc
+            tg.cancel_scope.cancel()  # answered (or failed): a request of the server's still open is moot
+        if failure is not None:
+            raise failure
+        return stream.last_id, stream.retry_ms, stream.outcome
+
+    async def _consume(self, stream: _Stream, tg: anyio.abc.TaskGroup | None) -> dict[str, Any] | None:
+        """Read ``stream`` until the answer or its end; without ``tg``, stop at the first request of the server's
+        and return it (the caller opens the task group to answer it in)."""
+        try:
+            while True:
+                try:
+                    sse = await anext(stream.events)
+                except StopAsyncIteration:
+                    return None
+                if sse.id:
+                    stream.last_id = sse.id
+                if sse.retry is not None:
+                    stream.retry_ms = sse.retry
+                if sse.event != "message" or not sse.data:
+                    continue  # a priming event (id only), or an event type MCP does not use
+                try:
+                    message = json.loads(sse.data)
+                except ValueError as exc:
+                    raise MCPError(types.PARSE_ERROR, f"Failed to parse SSE message: {exc}") from None
+                if isinstance(message, dict) and "method" in message and "id" in message:
+                    if tg is None:
+                        return message
+                    tg.start_soon(self._serve, message)
+                    continue
+                outcome = await self._message(message)
+                if outcome is not None:
+                    stream.outcome = outcome
+                    return None
+        except httpx2.SSEError as exc:
+            raise MCPError(CONNECTION_CLOSED, f"SSE stream failed: {exc}") from None
+        except (httpx2.ReadError, httpx2.RemoteProtocolError):
+            return None  # the stream broke off: resumed when it can be, as the SDK does
+
+    async def _message(self, message: Any) -> dict[str, Any] | None:
+        """Handle one message of the call's stream (not a request); the result when it is the answer."""
+        if not isinstance(message, dict):
+            return None
+        method = message.get("method")
+        if method is None:
+            if message.get("id") != self.rid:
+                return None  # an answer to something else (the SDK routes answers by id; none is ours here)
+            if isinstance(message.get("error"), dict):
+                raise _error(message["error"])
+            result = message.get("result")
+            if not isinstance(result, dict):
+                raise MCPError(types.INVALID_REQUEST, "the answer carried neither a result nor an error")
+            return result
+        params = message.get("params") or {}
+        if method == "notifications/progress" and params.get("progressToken") == self.rid:
+            if self.progress is not None:
+                await self.progress(params.get("progress", 0.0), params.get("total"), params.get("message"))
+            return None
+        if method == "notifications/cancelled":
+            scope = self.serving.get(_key(params.get("requestId")))
+            if scope is not None:
+                scope.cancel()  # the server gave up on its request: so does the relay (and the client is told)
+            return None
+        _, notifications = _adapters()
+        try:
+            notification = notifications.validate_python(message, by_name=False)
+        except ValueError:
+            return None  # a notification the SDK would not know either
+        await self.notify(notification)
+        return None
+
+    async def _serve(self, message: dict[str, Any]) -> None:
+        """Answer a request of the server's, made on the call's stream, and POST the answer back (none when the
+        server cancelled it, as the SDK does)."""
+        request_id = message["id"]
+        requests, _ = _adapters()
+        reply: dict[str, Any]
+        if message.get("method") == "ping":
+            reply = {"jsonrpc": "2.0", "id": request_id, "result": {}}
+        else:
+            try:
+                request = requests.validate_python(message, by_name=False)
+            except ValueError:
+                request = None
+            outcome: Any = types.ErrorData(code=types.METHOD_NOT_FOUND, message="Method not found")
+            if request is not None:
+                key = _key(request_id)
+                with anyio.CancelScope() as scope:
+                    self.serving[key] = scope
+                    try:
+                        outcome = await self.answer(request)
+                    finally:
+                        self.serving.pop(key, None)
+                if scope.cancelled_caught:
+                    return
+            if isinstance(outcome, types.ErrorData):
+                dumped = outcome.model_dump(by_alias=True, mode="json", exclude_none=True)
+                reply = {"jsonrpc": "2.0", "id": request_id, "error": dumped}
+            else:
+                result = outcome.model_dump(by_alias=True, mode="json", exclude_none=True)
+                reply = {"jsonrpc": "2.0", "id": request_id, "result": result}
+        try:
+            await self.lane._post_message(reply)
+        except (httpx2.HTTPError, OSError):
+            pass  # the server's stream goes on, or ends the call; either way it is read there
+
+
+class _Stream:
+    __slots__ = ("events", "last_id", "outcome", "retry_ms")
+
+    def __init__(self, events: AsyncIterator[Any]) -> None:
+        self.events = events
+        self.last_id: str | None = None
+        self.retry_ms: int | None = None
+        self.outcome: dict[str, Any] | None = None
+
+
+def _key(request_id: Any) -> str:
+    return json.dumps(request_id)  # "1" and 1 are different ids
+
+
+async def _close_quietly(response: httpx2.Response) -> None:
+    try:
+        await response.aclose()
+    except Exception:  # a read answer's stream that fails to close leaves nothing to do but drop it
+        pass  # (httpcore has already discarded the connection); it must not end the task group the session lives in
+
+
+def _error(error: Mapping[str, Any]) -> MCPError:
+    code = error.get("code")
+    return MCPError(
+        code if isinstance(code, int) else types.INTERNAL_ERROR, str(error.get("message", "")), error.get("data")
+    )

@@ -1,0 +1,271 @@
+"""The direct path (gateway/backends/fastpath.py) keeps every promise of the SDK path it replaces.
+
+A handshake-era ``tools/call`` routed to a ready streamable HTTP server on its shared session is sent straight on
+that session as one JSON-RPC POST. Real processes: the gateway (``python -m gateway serve``, audit ledger on) in
+front of tests/fixtures/fidelity_server.py and tests/fixtures/echo_server.py over streamable HTTP, both of which
+print the id of every ``tools/call`` they receive; the direct path's ids are strings (``gw-N``), the SDK session's
+integers, so each test first shows the call took the direct path, then that the promise held: the audit row is
+committed before the answer leaves, the ``_meta`` entry is added, progress is relayed, a cancelled call and a
+timed-out one are cancelled downstream, a downstream's elicitation and sampling reach the client (and its giving up
+reaches the client too), a log message sent during the call reaches its client, and an oversized answer fails that
+call alone. tests/test_fidelity.py runs the same promises through the same path (its ``h`` server) against a direct
+client, with stream resumption (SEP-1699) besides.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+from mcp.client.session import ClientRequestContext
+from mcp.shared.exceptions import MCPError
+
+from gateway.audit import query
+from gateway.router import META_KEY
+from tests.fixtures.gateway_proc import FIXTURES, PYTHON, echo_argv, mcp_session, run_gateway
+from tests.fixtures.procs import RunningServer, free_port, start_http_server
+from tests.fixtures.waiting import eventually
+
+pytestmark = pytest.mark.anyio
+
+FIDELITY = str(FIXTURES / "fidelity_server.py")
+WAIT = 10  # seconds: the bound on every wait for something another process sends
+LIMIT = 4096  # the echo server's max_answer_bytes
+
+
+@pytest.fixture(scope="module")
+def fid_http() -> Iterator[RunningServer]:
+    port = free_port()
+    with start_http_server([PYTHON, FIDELITY, "--http", str(port), "--name", "h"], port) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def echo_http() -> Iterator[RunningServer]:
+    port = free_port()
+    env = {**os.environ, "ECHO_LOG_IDS": "1"}
+    with start_http_server(echo_argv("--http", str(port)), port, env=env) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("fastpath-ledger") / "audit.db"
+
+
+@pytest.fixture(scope="module")
+def gateway(
+    fid_http: RunningServer, echo_http: RunningServer, ledger: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningServer]:
+    config = f"""
+gateway:
+  audit: {{enabled: true, path: {json.dumps(str(ledger))}}}
+  naming: {{mode: always}}
+servers:
+  h:
+    transport: streamable_http
+    url: {fid_http.url()}
+    timeout_s: 10
+  t:
+    transport: streamable_http
+    url: {fid_http.url()}
+    timeout_s: 1
+  e:
+    transport: streamable_http
+    url: {echo_http.url()}
+    max_answer_bytes: {LIMIT}
+"""
+    with run_gateway(config, tmp_path_factory.mktemp("fastpath")) as server:
+        yield server
+
+
+def ids_of(server: RunningServer, tool: str) -> list[str]:
+    """The ids of the ``tool`` calls ``server`` received so far, as it printed them (repr: 'gw-3' or 7)."""
+    return re.findall(rf"tools/call {re.escape(tool)} id=(\S+)", server.output())
+
+
+def direct_ids(server: RunningServer, tool: str) -> int:
+    return sum(1 for found in ids_of(server, tool) if found.startswith("'gw-"))
+
+
+def _text(result: types.CallToolResult) -> str:
+    block = result.content[0]
+    assert isinstance(block, types.TextContent), result
+    return block.text
+
+
+async def test_the_ledger_row_is_committed_before_the_answer_and_the_answer_carries_the_meta_entry(
+    gateway: RunningServer, echo_http: RunningServer, ledger: Path
+) -> None:
+    before = direct_ids(echo_http, "echo")
+    async with mcp_session(gateway.url()) as session:
+        for n in range(5):
+            with anyio.fail_after(WAIT):
+                result = await session.call_tool("e__echo", {"text": f"row {n}"})
+            assert _text(result) == f"row {n}" and result.structured_content == {"text": f"row {n}", "server": "echo"}
+            assert result.meta is not None
+            entry = result.meta[META_KEY]
+            rows = {r.correlation_id: r for r in query(ledger, limit=None)}  # read at once: no wait, no retry
+            assert entry["id"] in rows
+            row = rows[entry["id"]]
+            assert (row.tool, row.status) == ("e__echo", "ok")
+            assert [(step.provider, step.outcome) for step in row.chain] == [("e/echo", "ok")]
+    assert direct_ids(echo_http, "echo") == before + 5  # every one of them went the direct path
+
+
+async def test_progress_reaches_the_client_under_its_own_token(gateway: RunningServer, fid_http: RunningServer) -> None:
+    seen: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, total, message))
+
+    before = direct_ids(fid_http, "progress")
+    async with mcp_session(gateway.url()) as session:
+        with anyio.fail_after(WAIT):
+            result = await session.call_tool("h__progress", {"steps": 3}, progress_callback=on_progress)
+    assert _text(result) == "done"
+    assert seen == [(1, 3, "step 1"), (2, 3, "step 2"), (3, 3, "step 3")]
+    assert direct_ids(fid_http, "progress") == before + 1
+
+
+async def test_a_client_cancelling_its_call_cancels_it_downstream_and_the_row_says_cancelled(
+    gateway: RunningServer, fid_http: RunningServer, ledger: Path
+) -> None:
+    cancelled = fid_http.output().count("cancelled sleep")
+    before = direct_ids(fid_http, "sleep")
+    async with mcp_session(gateway.url()) as session:
+        with pytest.raises(MCPError):
+            await session.call_tool("h__sleep", {"seconds": 60}, read_timeout_seconds=0.5)
+        await eventually(lambda: fid_http.output().count("cancelled sleep") == cancelled + 1, within=WAIT)
+        # The session goes on: the next call on it is answered.
+        with anyio.fail_after(WAIT):
+            assert _text(await session.call_tool("h__progress", {"steps": 1})) == "done"
+    assert direct_ids(fid_http, "sleep") == before + 1
+    await eventually(lambda: any(r.status == "cancelled" and r.tool == "h__sleep" for r in query(ledger)), within=WAIT)
+
+
+async def test_a_call_past_its_timeout_is_cancelled_downstream_and_answered_as_timed_out(
+    gateway: RunningServer, fid_http: RunningServer, ledger: Path
+) -> None:
+    cancelled = fid_http.output().count("cancelled sleep")
+    before = direct_ids(fid_http, "sleep")
+    async with mcp_session(gateway.url()) as session:
+        with anyio.fail_after(WAIT):
+            result = await session.call_tool("t__sleep", {"seconds": 30})
+    assert direct_ids(fid_http, "sleep") == before + 1
+    assert result.is_error
+    assert "timed out after 1 s (cancellation sent downstream)" in _text(result)
+    await eventually(lambda: fid_http.output().count("cancelled sleep") == cancelled + 1, within=WAIT)
+    correlation = result.meta[META_KEY]["id"] if result.meta else None
+    assert {r.correlation_id: r.status for r in query(ledger, limit=None)}[correlation] == "timeout"
+
+
+async def test_a_downstreams_elicitation_and_sampling_during_a_call_reach_the_client(
+    gateway: RunningServer, fid_http: RunningServer
+) -> None:
+    async def elicitation(context: ClientRequestContext, params: types.ElicitRequestParams) -> Any:
+        return types.ElicitResult(action="accept", content={"answer": f"yes to {params.message}"})
+
+    async def sampling(context: ClientRequestContext, params: types.CreateMessageRequestParams) -> Any:
+        return types.CreateMessageResult(role="assistant", content=types.TextContent(text="hi"), model="m1")
+
+    before = direct_ids(fid_http, "elicit_twice") + direct_ids(fid_http, "sample")
+    async with mcp_session(gateway.url(), elicitation_callback=elicitation, sampling_callback=sampling) as session:
+        with anyio.fail_after(WAIT):
+            twice = await session.call_tool("h__elicit_twice", {"message": "go"})
+            sampled = await session.call_tool("h__sample", {"prompt": "say hi"})
+    assert _text(twice) == 'twice: {"answer": "yes to go 1"} {"answer": "yes to go 2"}'
+    assert _text(sampled) == "sampled: hi (m1)"
+    assert direct_ids(fid_http, "elicit_twice") + direct_ids(fid_http, "sample") == before + 2
+
+
+async def test_a_downstream_giving_up_on_its_request_cancels_it_at_the_client(
+    gateway: RunningServer, fid_http: RunningServer
+) -> None:
+    asked, cancelled = anyio.Event(), anyio.Event()
+
+    async def never_answer(context: ClientRequestContext, params: types.CreateMessageRequestParams) -> Any:
+        asked.set()
+        try:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
+            cancelled.set()
+            raise
+
+    before = direct_ids(fid_http, "sample_abandon")
+    async with mcp_session(gateway.url(), sampling_callback=never_answer) as session:
+        with anyio.fail_after(WAIT):
+            result = await session.call_tool("h__sample_abandon", {"seconds": 0.5})
+            await cancelled.wait()
+    assert asked.is_set() and _text(result) == "gave up"
+    assert direct_ids(fid_http, "sample_abandon") == before + 1
+
+
+async def test_an_oversized_answer_fails_that_call_alone_naming_size_and_limit(
+    gateway: RunningServer, echo_http: RunningServer
+) -> None:
+    before = direct_ids(echo_http, "echo")
+    async with mcp_session(gateway.url()) as session:
+        with anyio.fail_after(WAIT):
+            big = await session.call_tool("e__echo", {"text": "x" * (4 * LIMIT)})
+            small = await session.call_tool("e__echo", {"text": "still here"})
+    assert big.is_error
+    assert f"over this server's max_answer_bytes of {LIMIT:,}" in _text(big)
+    assert _text(small) == "still here"
+    assert direct_ids(echo_http, "echo") == before + 2
+
+
+async def test_a_log_message_sent_during_a_call_reaches_its_client(
+    gateway: RunningServer, fid_http: RunningServer
+) -> None:
+    arrived: list[Any] = []
+    got = anyio.Event()
+
+    async def inbox(message: Any) -> None:
+        if isinstance(message, types.LoggingMessageNotification):
+            arrived.append(message.params.data)
+            got.set()
+
+    before = direct_ids(fid_http, "log")
+    async with mcp_session(gateway.url(), message_handler=inbox) as session:
+        with anyio.fail_after(WAIT):
+            await session.call_tool("h__log", {"level": "error", "message": "in the call"})
+            await got.wait()
+    assert arrived == ["in the call"]
+    assert direct_ids(fid_http, "log") == before + 1
+
+
+async def test_the_direct_path_makes_the_sdks_client_span_under_the_step_in_the_calls_trace(
+    echo_http: RunningServer, tmp_path: Path
+) -> None:
+    from tests.test_observability import _spans_in, _stop
+
+    config = f"""
+gateway:
+  audit: {{enabled: false}}
+  tracing: {{exporter: console, service_name: traced-gateway}}
+servers:
+  e:
+    transport: streamable_http
+    url: {echo_http.url()}
+"""
+    before = direct_ids(echo_http, "echo")
+    with run_gateway(config, tmp_path) as traced:
+        async with mcp_session(traced.url()) as session:
+            with anyio.fail_after(WAIT):
+                result = await session.call_tool("echo", {"text": "traced"})
+        output = _stop(traced)
+    assert _text(result) == "traced" and direct_ids(echo_http, "echo") == before + 1
+    by_name = {span["name"]: span for span in _spans_in(output)}
+    call, step, send = by_name["tools/call echo"], by_name["step e/echo"], by_name["MCP send tools/call echo"]
+    assert step["parent_id"] == call["context"]["span_id"]
+    assert send["parent_id"] == step["context"]["span_id"]
+    assert send["kind"] == "SpanKind.CLIENT" and send["attributes"]["mcp.method.name"] == "tools/call"
+    assert send["context"]["trace_id"] == call["context"]["trace_id"]
