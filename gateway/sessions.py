@@ -36,12 +36,14 @@ from anyio.abc import TaskStatus
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, AuthorizationContext, authorization_context
 from mcp.server.connection import Connection
 from mcp.server.request_state import AESGCMRequestStateCodec, InvalidRequestState
-from mcp.server.runner import ServerRunner, serve_connection
+from mcp.server.runner import serve_connection
 from mcp.server.streamable_http import MCP_SESSION_ID_HEADER, StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 from mcp.shared.transport_context import TransportContext
-from mcp_types import InitializeRequestParams
+from mcp_types import INTERNAL_ERROR, ErrorData, InitializeRequestParams, JSONRPCError
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from gateway.config import GatewaySettings, environ
@@ -166,10 +168,11 @@ class SealedSessions(StreamableHTTPSessionManager):
         if not isinstance(message, dict) or message.get("method") != "initialize" or "id" not in message:
             return None  # not an opening request: the SDK refuses it
         params = message.get("params")
-        try:
-            _, negotiated = ServerRunner._negotiate_initialize(params if isinstance(params, dict) else None)
-        except ValueError:
+        if not isinstance(params, dict):
             return None  # invalid params: the SDK answers the error, and no session is kept
+        requested = params.get("protocolVersion")
+        # the SDK's negotiation (ServerRunner._negotiate_initialize): the client's version if it is one we speak
+        negotiated = requested if requested in HANDSHAKE_PROTOCOL_VERSIONS else LATEST_HANDSHAKE_VERSION
         minted = seal.mint(owner=_requestor(scope), protocol_version=negotiated, client_params=params)
         if minted is None:
             logger.warning("A client's initialize params are too large for a sealed session id: this replica only")
@@ -204,35 +207,41 @@ class SealedSessions(StreamableHTTPSessionManager):
         send: Send,
     ) -> None:
         """Re-create a session this replica has not seen from its sealed state, then serve the request on it."""
-        async with self._session_creation_lock:
+        async with self._session_creation_lock:  # so that two first requests of one id re-create it once
             transport = self._server_instances.get(session_id)
-            fresh = transport is None
-            if fresh:
+            if transport is None:
                 token = _MINTED.set(session_id)
                 try:
                     transport = self._admit_session(requestor)  # the caps apply as to an initialize
                 finally:
                     _MINTED.reset(token)
-                if transport is None:
-                    await super()._handle_stateful_request(scope, receive, send)  # at max_sessions: its 503
-                    return
-        if fresh:
-            try:
-                params = InitializeRequestParams.model_validate(opened.client_params, by_name=False)
-            except ValueError:
-                params = None
-            assert self._task_group is not None
-            try:
-                await self._task_group.start(self._run_revived, session_id, transport, opened, params)
-            except BaseException:
-                await self._discard_session(session_id, transport)
-                raise
-            self.revived += 1
-            logger.info(f"Re-created session {session_id} from its sealed state")
-        assert transport is not None
+                if transport is not None:
+                    await self._start_revived(session_id, transport, opened)
+        if transport is None:  # at max_sessions: the SDK's answer to a new session there (sent outside the lock)
+            error = ErrorData(code=INTERNAL_ERROR, message="Too many open sessions")
+            body = JSONRPCError(jsonrpc="2.0", id=None, error=error).model_dump_json(by_alias=True)
+            await Response(body, status_code=503, media_type="application/json")(scope, receive, send)
+            return
         await transport.handle_request(scope, receive, send)
         if transport.is_terminated:
             await self._discard_session(session_id, transport)
+
+    async def _start_revived(
+        self, session_id: str, transport: StreamableHTTPServerTransport, opened: SealedSession
+    ) -> None:
+        """Start a re-created session's server task (quick: it returns once the transport is connected)."""
+        try:
+            params = InitializeRequestParams.model_validate(opened.client_params, by_name=False)
+        except ValueError:
+            params = None
+        assert self._task_group is not None
+        try:
+            await self._task_group.start(self._run_revived, session_id, transport, opened, params)
+        except BaseException:
+            await self._discard_session(session_id, transport)
+            raise
+        self.revived += 1
+        logger.info(f"Re-created session {session_id} from its sealed state")
 
     async def _run_revived(
         self,

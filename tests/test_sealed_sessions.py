@@ -23,7 +23,7 @@ from gateway.sessions import SessionSeal
 from tests.fixtures.gateway_proc import PYTHON, echo_argv, run_gateway
 from tests.fixtures.procs import RunningServer
 from tests.replicas import deployment, kill_replica
-from tests.test_sessions import INITIALIZE, VERSION, call_echo, echoed, headers, open_session
+from tests.test_sessions import INITIALIZE, VERSION, call_echo, echoed, headers, messages, open_session
 
 pytestmark = pytest.mark.anyio
 
@@ -75,7 +75,24 @@ async def test_a_session_opened_on_one_replica_goes_on_at_another_without_initia
                 assert echoed(await call_echo(http, a.url(), "tok-alice", session, "on a")) == "on a"
 
                 kill_replica(a)  # the replica that opened it dies (SIGKILL)
-                assert echoed(await call_echo(http, b.url(), "tok-alice", session, "on b")) == "on b"
+                answers: list[str] = []
+
+                async def on_b(request_id: int) -> None:
+                    call = {
+                        "jsonrpc": "2.0",
+                        "id": request_id,
+                        "method": "tools/call",
+                        "params": {"name": "echo", "arguments": {"text": f"b{request_id}"}},
+                    }
+                    response = await http.post(b.url(), json=call, headers=headers("tok-alice", session))
+                    assert response.status_code == 200, response.text
+                    (answer,) = [m for m in messages(response) if m.get("id") == request_id]
+                    answers.append(answer["result"]["content"][0]["text"])
+
+                async with anyio.create_task_group() as tg:  # b's first requests for it, at once: one re-creation
+                    for request_id in (1, 2, 3):
+                        tg.start_soon(on_b, request_id)
+                assert sorted(answers) == ["b1", "b2", "b3"]
                 assert echoed(await call_echo(http, b.url(), "tok-alice", session, "again")) == "again"
                 async with http.stream("GET", b.url(), headers=headers("tok-alice", session)) as stream:
                     assert stream.status_code == 200  # its GET stream opens on the replica now serving it
@@ -96,9 +113,8 @@ async def test_a_session_opened_on_one_replica_goes_on_at_another_without_initia
     rows = query(tmp_path / "r1" / "audit.db")
     # The client's info came from the sealed id: b never saw its initialize.
     assert [(r.caller, r.tool, r.client_name, r.client_version, r.status) for r in rows] == [
-        ("alice", "echo", "raw", "1", "ok"),
-        ("alice", "echo", "raw", "1", "ok"),
-    ]
+        ("alice", "echo", "raw", "1", "ok")
+    ] * 4
     assert session not in log and session[:64] not in log
 
 
