@@ -372,6 +372,7 @@ def status_document(
     connections: int | None = None,
     sessions: dict[str, int] | None = None,
     access: dict[str, Any] | None = None,
+    shared: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``/status`` and ``gateway check --json``: every backend's state and reason, the catalog's size and problems.
 
@@ -413,6 +414,8 @@ def status_document(
         doc["sessions"] = sessions
     if access is not None:
         doc["access"] = access  # the policies, and per caller its policy and how many tools it sees
+    if shared is not None:
+        doc["shared_limits"] = shared  # the Redis of gateway.shared.redis_url: up or down, failures since start
     if gateway.ledger is not None and not gateway.ledger.disabled:
         ledger = gateway.ledger.statistics()
         doc["ledger"] = {
@@ -489,7 +492,13 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
 
     async def status(request: Request) -> Response:
         return JSONResponse(
-            status_document(gateway, connections=len(connections), sessions=manager.statistics(), access=access())
+            status_document(
+                gateway,
+                connections=len(connections),
+                sessions=manager.statistics(),
+                access=access(),
+                shared=shared.statistics() if shared is not None else None,
+            )
         )
 
     def access() -> dict[str, Any]:

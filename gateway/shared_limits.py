@@ -106,6 +106,14 @@ class SharedRates:
                 retry_s=RETRY_S,
             )
 
+    def statistics(self) -> dict[str, Any]:
+        """For ``/status``: whether Redis answered the last time it was asked, and how often it failed since start."""
+        return {
+            "redis": "down" if self.down else "up",
+            "failures": self.failures,
+            "on_redis_down": "open" if self.fail_open else "closed",
+        }
+
     async def aclose(self) -> None:
         with anyio.move_on_after(self.timeout * 2, shield=True):
             await self._redis.aclose()

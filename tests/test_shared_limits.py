@@ -100,6 +100,8 @@ async def test_with_redis_down_open_serves_and_closed_refuses_and_neither_hangs(
             async with httpx2.AsyncClient(timeout=10) as http:
                 session = await open_session(http, served.url(), "tok-alice")
                 assert echoed(await call_echo(http, shut.url(), "tok-alice", session, "up")) == "up"
+                status = (await http.get(shut.url("/status"), headers={"Authorization": "Bearer tok-alice"})).json()
+                assert status["shared_limits"] == {"redis": "up", "failures": 0, "on_redis_down": "closed"}
 
                 redis_server.pause()  # hung: connections stay open, nothing answers
                 try:
@@ -112,6 +114,10 @@ async def test_with_redis_down_open_serves_and_closed_refuses_and_neither_hangs(
                         assert "gateway.shared.redis_down" in refused.json()["error"]["message"]
                 finally:
                     redis_server.resume()
+
+                status = (await http.get(served.url("/status"), headers={"Authorization": "Bearer tok-alice"})).json()
+                assert status["shared_limits"]["redis"] == "down" and status["shared_limits"]["failures"] >= 1
+                assert status["shared_limits"]["on_redis_down"] == "open"
 
                 redis_server.kill()  # gone: connections refused
                 started = time.monotonic()
