@@ -141,6 +141,9 @@ def config_secrets(config: Federation) -> list[str]:
                 values.append(value)
     values += _header_values(config.gateway.tracing.headers, config.gateway.tracing.headers.keys())
     values += url_secrets(config.gateway.audit.url)
+    redis_url = config.gateway.shared.redis_url
+    if redis_url is not None:  # redis://[user]:password@host: the same userinfo rule as the ledger's URL
+        values += url_secrets("postgresql" + redis_url[redis_url.index(":") :])
     return values
 
 

@@ -398,6 +398,35 @@ class ContinuationSettings(_Model):
     is refused at once (as when no client can be asked)."""
 
 
+class SharedSettings(_Model):
+    """What several replicas behind one balancer share (docs/deployment.md, "Several replicas").
+
+    Sessions need nothing here: a session-era client's session travels sealed in its ``Mcp-Session-Id`` under the
+    ``gateway.continuation`` key (gateway/sessions.py), so every replica that holds the key serves it. The per-caller
+    rate limits (``gateway.auth.caller_limits``) are counted per replica unless ``redis_url`` is set."""
+
+    redis_url: str | None = None
+    """A Redis server (``redis://[:password@]host:port/db``, or ``rediss://``) where the per-caller request rates are
+    counted, so N replicas enforce one limit (gateway/shared_limits.py); its password is never shown (write
+    ``${VAR}``). Concurrent tool calls stay per replica."""
+    redis_timeout_s: float = Field(default=0.25, gt=0, le=10)
+    """The longest one request waits for Redis (connect and answer); then ``redis_down`` decides."""
+    redis_down: Literal["open", "closed"] = "open"
+    """When Redis cannot answer within ``redis_timeout_s``: ``open`` serves the request (counted by this replica
+    alone until Redis answers again), ``closed`` refuses it with HTTP 503."""
+    session_max_age_s: float = Field(default=86400.0, gt=0)
+    """How long a sealed session id is accepted after its ``initialize``, on any replica; then it answers 404 and
+    the client initializes again (a DELETE ends a session only on the replica that served it, so this bounds how
+    long an ended session's id could be revived elsewhere)."""
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must be a Redis URL, redis://host:port/db (the value is not shown)")
+        return value
+
+
 class GatewaySettings(_Model):
     name: str = "mcp-gateway"
     listen: Listen = Listen()
@@ -429,6 +458,8 @@ class GatewaySettings(_Model):
     """Every call's total deadline, shared by its rungs (see ``CallBudget``)."""
     continuation: ContinuationSettings = ContinuationSettings()
     """The key and lifetime of the ``requestState`` the gateway hands a client between rounds (SEP-2322)."""
+    shared: SharedSettings = SharedSettings()
+    """What replicas behind one balancer share: sealed sessions' lifetime, per-caller rate limits in Redis."""
 
 
 # --------------------------------------------------------------------------------------------------- servers

@@ -36,7 +36,7 @@ from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, Authorizat
 from mcp.server.auth.provider import AccessToken
 from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http import StreamableHTTPServerTransport
-from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp_types import INVALID_REQUEST, ErrorData, JSONRPCError
 from starlette.applications import Starlette
@@ -55,6 +55,8 @@ from gateway.metrics import CONTENT_TYPE, AdapterSnapshot, BackendSnapshot, Stat
 from gateway.quotas import CallerLimits
 from gateway.runtime import VERSION, Gateway
 from gateway.server import build_server, session_digest
+from gateway.sessions import SealedSessions, session_seal
+from gateway.shared_limits import SharedRates
 from gateway.ui import UI_PATHS, build_ui
 
 __all__ = [
@@ -256,7 +258,7 @@ class _CallerAtCap(Exception):
     """Raised inside session admission: the caller's sessions are all busy and it is at its cap."""
 
 
-class CallerSessions(StreamableHTTPSessionManager):
+class CallerSessions(SealedSessions):
     """The SDK's session manager, shared fairly between callers (``gateway.limits``).
 
     A session belongs to the caller that opened it: the Guard puts the caller in ``scope["user"]`` and the SDK
@@ -279,8 +281,9 @@ class CallerSessions(StreamableHTTPSessionManager):
         self.evicted = 0
 
     def statistics(self) -> dict[str, int]:
-        """For ``/status``: sessions open now, and how many were evicted at their caller's cap since start."""
-        return {"open": len(self._server_instances), "evicted": self.evicted}
+        """For ``/status``: sessions open now, how many were evicted at their caller's cap, and how many were
+        re-created here from their sealed id (opened on another replica, or before a restart), since start."""
+        return {"open": len(self._server_instances), "evicted": self.evicted, "revived": self.revived}
 
     async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -342,7 +345,7 @@ def _caller(scope: Scope) -> str | None:
 class _SessionIdFilter(logging.Filter):
     """Rewrites the SDK's log lines about sessions so that no session id reaches the log, only its digest."""
 
-    _ID = re.compile(r"\b[0-9a-f]{32}\b")
+    _ID = re.compile(r"\b[0-9a-f]{32}\b|\bv1\.[A-Za-z0-9_-]{16,}")  # the SDK's ids, and sealed ones (sessions.py)
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
@@ -368,6 +371,7 @@ def status_document(
     connections: int | None = None,
     sessions: dict[str, int] | None = None,
     access: dict[str, Any] | None = None,
+    shared: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``/status`` and ``gateway check --json``: every backend's state and reason, the catalog's size and problems.
 
@@ -409,6 +413,8 @@ def status_document(
         doc["sessions"] = sessions
     if access is not None:
         doc["access"] = access  # the policies, and per caller its policy and how many tools it sees
+    if shared is not None:
+        doc["shared_limits"] = shared  # the Redis of gateway.shared.redis_url: up or down, failures since start
     if gateway.ledger is not None and not gateway.ledger.disabled:
         ledger = gateway.ledger.statistics()
         doc["ledger"] = {
@@ -453,6 +459,7 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
     manager = CallerSessions(
         server,
         limits=gateway.config.gateway.limits,
+        seal=session_seal(gateway.config.gateway, str(gateway.config.source or "")),  # sessions.py
         json_response=json_response,
         # resumable streams (SEP-1699), bounded in events, age and bytes: see events.py
         event_store=RecentEvents(
@@ -484,7 +491,13 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
 
     async def status(request: Request) -> Response:
         return JSONResponse(
-            status_document(gateway, connections=len(connections), sessions=manager.statistics(), access=access())
+            status_document(
+                gateway,
+                connections=len(connections),
+                sessions=manager.statistics(),
+                access=access(),
+                shared=shared.statistics() if shared is not None else None,
+            )
         )
 
     def access() -> dict[str, Any]:
@@ -509,10 +522,17 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
     async def metrics(request: Request) -> Response:
         return Response(gateway.metrics.exposition(), headers={"content-type": CONTENT_TYPE})
 
+    shared_settings = gateway.config.gateway.shared  # read at start: a reload does not change it
+    shared = SharedRates(shared_settings) if shared_settings.redis_url is not None else None
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with manager.run():
-            yield
+        try:
+            async with manager.run():
+                yield
+        finally:
+            if shared is not None:
+                await shared.aclose()
 
     app = Starlette(
         routes=[
@@ -524,7 +544,9 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
             # Per-caller limits (quotas.py) after the edge, which hands them the parsed message.
             Route(
                 "/mcp",
-                endpoint=Edge(CallerLimits(mcp_app, gateway, limits, policies), lambda: gateway.config.gateway.edge),
+                endpoint=Edge(
+                    CallerLimits(mcp_app, gateway, limits, policies, shared=shared), lambda: gateway.config.gateway.edge
+                ),
             ),
             # the status page; signs people in itself, with the static tokens only (so with OAuth alone it is shut)
             Mount("/ui", app=build_ui(gateway, tokens, is_loopback(host) and oauth is None, access)),

@@ -10,7 +10,9 @@ Over a limit, the request is answered HTTP 429 with ``Retry-After`` and a JSON-R
 limit and when to retry, before the SDK sees it; a refused ``tools/call`` leaves a ``refused`` ledger row (the
 arguments only hashed) and every refusal is counted in ``/metrics`` (``mcp_gateway_caller_limited_total``, by rule and
 limit). The state is per process (a replica keeps its own buckets); callers idle with a full bucket are forgotten
-once more than ``MAX_TRACKED`` are held.
+once more than ``MAX_TRACKED`` are held. With ``gateway.shared.redis_url`` the request rate is counted in Redis
+instead, for all replicas at once (shared_limits.py); when Redis cannot answer, ``gateway.shared.redis_down`` says
+whether the request is counted here alone (``open``) or refused with HTTP 503 (``closed``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from gateway.config import CallerLimit, Policy
 from gateway.edge import RPC
 from gateway.runtime import Gateway
 from gateway.server import session_digest
+from gateway.shared_limits import SharedRates
 
 __all__ = ["LIMITED", "CallerLimits"]
 
@@ -98,13 +101,27 @@ class CallerLimits:
         gateway: Gateway,
         rules: Callable[[], tuple[CallerLimit, ...]],
         policies: Callable[[], Mapping[str, Policy]] = dict,
+        shared: SharedRates | None = None,
     ) -> None:
         self.app = app
         self.gateway = gateway
         self.rules = rules
         self.policies = policies
+        self.shared = shared
         self._callers: dict[str, _State] = {}
         self._policy_rules: dict[int, tuple[Policy, CallerLimit]] = {}
+
+    async def _take(self, state: _State, caller: str, rule: CallerLimit, now: float) -> float | None:
+        """One token of the caller's rate: from Redis when shared, else (or when Redis is down and the
+        configuration says ``open``) this replica's bucket; None: Redis is down and the configuration says
+        ``closed``."""
+        shared = self.shared
+        if shared is None or rule.requests_per_s is None:
+            return state.take(now)
+        wait = await shared.take(caller, rule, _burst(rule))
+        if wait is None:
+            return state.take(now) if shared.fail_open else None
+        return wait
 
     def _rule(self, caller: str, principal: Principal | None) -> tuple[str, str, CallerLimit] | None:
         """The limits that apply, and where they are written: the caller's policy's ``limits`` when it sets them
@@ -163,7 +180,14 @@ class CallerLimits:
         now = time.monotonic()
         state = self._state(caller, rule, now)
         call = message.get("method") == "tools/call"
-        wait = state.take(now)
+        wait = await self._take(state, caller, rule, now)
+        if wait is None:
+            text = (
+                f"The request rate of caller {caller} cannot be counted: the shared limits' Redis "
+                "(gateway.shared.redis_url) does not answer and gateway.shared.redis_down is closed; retry shortly."
+            )
+            await self._refuse(scope, send, message, caller, rule_name, "shared", text, 1.0, call, status=503)
+            return
         if wait > 0:
             text = (
                 f"Too many requests for caller {caller}: the limit is {rule.requests_per_s:g} per second "
@@ -199,6 +223,7 @@ class CallerLimits:
         text: str,
         wait: float | None,
         call: bool,
+        status: int = 429,
     ) -> None:
         retry = max(1, math.ceil(wait)) if wait is not None else CONCURRENCY_RETRY_S
         log.info("caller.limited", caller=caller, limit=limit, rule=rule_name, method=message.get("method"))
@@ -212,7 +237,7 @@ class CallerLimits:
             (b"content-length", str(len(body)).encode()),
             (b"retry-after", str(retry).encode()),
         ]
-        await send({"type": "http.response.start", "status": 429, "headers": headers})
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
     async def _record(self, scope: Scope, message: dict[str, Any], caller: str, text: str) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.engines import own_postgres, pg_url, postgres_server  # noqa: F401  # real engines on loopback
+from tests.engines import own_postgres, pg_url, postgres_server, redis_server  # noqa: F401  # real engines on loopback
 from tests.fixtures.procs import kill_pids
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,5 +1,4 @@
-"""Real engines for the tests, started on loopback by the tests themselves: PostgreSQL now (Redis and HAProxy can
-follow the same pattern: ``find_binary``, ``EngineProcess``).
+"""Real engines for the tests, started on loopback by the tests themselves: PostgreSQL, Redis and HAProxy.
 
 Each engine runs from a temporary folder of its own, listens on 127.0.0.1 on a free port and is stopped (and its
 whole process group killed if it lingers) when its fixture ends, so no process outlives the test session. Engines
@@ -24,6 +23,7 @@ import socket
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -366,3 +366,150 @@ def pg_url(postgres_server: PostgresServer, request: pytest.FixtureRequest) -> s
     """A fresh database on the session's server, named after the test; its URL (with the password)."""
     name = "t_" + re.sub(r"[^a-z0-9]+", "_", request.node.name.lower())[:40] + "_" + secrets.token_hex(3)
     return postgres_server.create_database(name)
+
+
+def wait_listening(port: int, process: EngineProcess, timeout: float = READY_TIMEOUT_S) -> None:
+    """Until something accepts TCP connections on 127.0.0.1:``port`` (for engines with no "ready" line of their own);
+    bounded, and failing at once when ``process`` died."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if process.proc.poll() is not None:
+            raise RuntimeError(f"{process.argv[0]} exited {process.proc.returncode}:\n" + "\n".join(process.log[-30:]))
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                process.kill()
+                raise RuntimeError(f"{process.argv[0]} did not listen on port {port} within {timeout:.0f} s") from None
+            threading.Event().wait(0.05)  # polling a port: the engine says nothing when it listens
+
+
+class RedisServer:
+    """A throwaway Redis on 127.0.0.1 with a random password, no persistence, in a temporary folder."""
+
+    def __init__(self, binary: Path) -> None:
+        self.binary = binary
+        self.root = Path(tempfile.mkdtemp(prefix="gateway-redis-"))
+        self.password = "pw-" + secrets.token_hex(12)
+        self.port = free_port()
+        self._process: EngineProcess | None = None
+
+    def start(self) -> None:
+        assert self._process is None or self._process.proc.poll() is not None
+        argv = [str(self.binary), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        argv += ["--dir", str(self.root), "--requirepass", self.password, "--daemonize", "no"]
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        self._process = EngineProcess(
+            argv, run_as=RunAs(), cwd=self.root, ready_pattern="Ready to accept connections", env=env
+        )
+        self._process.wait_ready()
+
+    def kill(self) -> None:
+        if self._process is not None:
+            self._process.kill()
+
+    def pause(self) -> None:
+        """SIGSTOP: connections stay open and nothing answers (a hung Redis)."""
+        assert self._process is not None
+        os.kill(self._process.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self._process is not None
+        os.kill(self._process.proc.pid, signal.SIGCONT)
+
+    def close(self) -> None:
+        if self._process is not None:
+            try:
+                self.resume()
+            except ProcessLookupError:
+                pass
+            self._process.kill()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    @property
+    def url(self) -> str:
+        return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    """A Redis server of the test's own (tests kill or pause it)."""
+    binary = find_binary("redis-server", folders=[Path("/usr/bin")])
+    if binary is None:
+        missing("Redis (the Debian package redis-server)")
+        raise AssertionError("unreachable")
+    server = RedisServer(binary)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
+
+
+HAPROXY_CONFIG = """\
+global
+    maxconn 2000
+defaults
+    mode http
+    timeout connect 2s
+    timeout client 60s
+    timeout server 60s
+    # an SSE stream may sit silent between events
+    timeout tunnel 60s
+    retries 2
+    # a request that found its server dead (connect refused) goes to another one; never one that was sent
+    option redispatch 1
+frontend mcp
+    bind 127.0.0.1:{port}
+    default_backend replicas
+backend replicas
+    # by default round-robin without affinity: any replica serves any request, sessions included
+    {balance}
+    option httpchk
+    http-check send meth GET uri /healthz ver HTTP/1.1 hdr Host 127.0.0.1
+    http-check expect status 200
+    # which replica answered (the tests check that the load really was spread)
+    http-response set-header X-Replica %s
+{servers}
+"""
+
+
+class HAProxy:
+    """A real HAProxy on 127.0.0.1 balancing over ``backends`` (ports on loopback): round robin, no affinity, unless
+    ``balance`` (its config lines) says otherwise."""
+
+    def __init__(
+        self, binary: Path, backends: Sequence[int], *, check_ms: int = 500, balance: str = "balance roundrobin"
+    ) -> None:
+        self.binary = binary
+        self.root = Path(tempfile.mkdtemp(prefix="gateway-haproxy-"))
+        self.port = free_port()
+        servers = "\n".join(
+            f"    server r{i} 127.0.0.1:{port} check inter {check_ms} fall 1 rise 1" for i, port in enumerate(backends)
+        )
+        self.config = self.root / "haproxy.cfg"
+        self.config.write_text(HAPROXY_CONFIG.format(port=self.port, servers=servers, balance=balance))
+        self._process: EngineProcess | None = None
+
+    def start(self) -> None:
+        argv = [str(self.binary), "-db", "-f", str(self.config)]
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        self._process = EngineProcess(argv, run_as=RunAs(), cwd=self.root, ready_pattern=r"^\b$", env=env)
+        wait_listening(self.port, self._process)
+
+    def close(self) -> None:
+        if self._process is not None:
+            self._process.kill()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def url(self, path: str = "/mcp") -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+
+def haproxy_binary() -> Path:
+    binary = find_binary("haproxy", folders=[Path("/usr/sbin")])
+    if binary is None:
+        missing("HAProxy (the Debian package haproxy)")
+        raise AssertionError("unreachable")
+    return binary

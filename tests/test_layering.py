@@ -55,7 +55,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # the Starlette app around it: /mcp, /healthz, /status, /metrics, the guard; /ui, the status page; edge: a
     # request's body checked before the SDK parses it; connections: the uvicorn protocol under it (deadlines, the cap)
     # quotas: per-caller request rate and concurrent calls, between the edge and the SDK
-    ("http", "ui", "edge", "connections", "quotas"),
+    # sessions: session ids that carry the session's state sealed, so any replica serves it; shared_limits: the
+    # per-caller request rate counted in Redis for all replicas
+    ("http", "ui", "edge", "connections", "quotas", "sessions", "shared_limits"),
     ("cli", "__main__", "__init__"),  # "__init__" is gateway/__init__.py: the public surface re-exports from any layer
 )
 LAYER = {module: level for level, modules in enumerate(LAYERS) for module in modules}

@@ -1,0 +1,119 @@
+"""Per-caller request rates counted in Redis (``gateway.shared.redis_url``), so N replicas enforce one limit.
+
+``SharedRates.take`` spends one token of a caller's bucket with one atomic Lua script (``EVALSHA``): the bucket is a
+Redis hash (tokens, stamp) refilled at the rule's ``requests_per_s`` up to its ``burst`` by Redis's own clock, so the
+replicas' clocks need not agree; it expires once it would be full again. The key names the rule's rate and burst, so
+a reload that changes a rule starts fresh buckets, as the per-replica ones do (quotas.py). Only the request rate is
+shared: concurrent tool calls stay counted per replica (a call's end on a replica that dies would never be counted).
+
+Redis may be slow or gone: every round trip is bounded by ``redis_timeout_s`` (connect and answer), and after a
+failure Redis is not asked again for ``RETRY_S``, so at most one request per ``RETRY_S`` waits that long; while Redis
+cannot answer, ``take`` answers None and ``gateway.shared.redis_down`` decides (quotas.py): ``open`` counts the
+request in this replica's own bucket, ``closed`` refuses it with HTTP 503. The URL, which may hold a password, is
+never logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Any
+
+import anyio
+import structlog
+
+from gateway.config import CallerLimit, SharedSettings
+
+__all__ = ["RETRY_S", "SharedRates"]
+
+log = structlog.get_logger("gateway.shared_limits")
+
+RETRY_S = 1.0
+"""After Redis failed to answer, how long requests do not ask it (each would otherwise wait the timeout)."""
+_PREFIX = "mcp-gateway:rate:"
+
+_TAKE = """
+local rate = tonumber(ARGV[1])
+local burst = tonumber(ARGV[2])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local held = redis.call('HMGET', KEYS[1], 'tokens', 'stamp')
+local tokens = tonumber(held[1]) or burst
+local stamp = tonumber(held[2]) or now
+tokens = math.min(burst, tokens + math.max(0, now - stamp) * rate)
+local wait = 0
+if tokens >= 1 then tokens = tokens - 1 else wait = (1 - tokens) / rate end
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'stamp', tostring(now))
+redis.call('PEXPIRE', KEYS[1], math.ceil((burst - tokens) / rate * 1000) + 1000)
+return tostring(wait)
+"""
+
+
+def _key(caller: str, rule: CallerLimit, burst: float) -> str:
+    digest = hashlib.sha256(caller.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+    return f"{_PREFIX}{rule.requests_per_s:g}:{burst:g}:{digest}"
+
+
+class SharedRates:
+    """Token buckets in Redis, one per caller and rule; see the module docstring."""
+
+    def __init__(self, settings: SharedSettings) -> None:
+        import redis.asyncio  # only when a URL is set
+
+        assert settings.redis_url is not None
+        self.timeout = settings.redis_timeout_s
+        self.fail_open = settings.redis_down == "open"
+        self._redis: Any = redis.asyncio.Redis.from_url(
+            settings.redis_url,
+            socket_timeout=self.timeout,
+            socket_connect_timeout=self.timeout,
+            retry_on_timeout=False,
+            health_check_interval=0,
+        )
+        self._script: Any = self._redis.register_script(_TAKE)
+        self._errors = (redis.RedisError, OSError, TimeoutError, ValueError)
+        self._down_until = 0.0
+        self.failures = 0
+        self.down = False
+
+    async def take(self, caller: str, rule: CallerLimit, burst: float) -> float | None:
+        """Spend one of the caller's tokens: 0.0 if there was one, else the seconds until there is; None when Redis
+        cannot answer now (then ``gateway.shared.redis_down`` decides)."""
+        assert rule.requests_per_s is not None
+        if time.monotonic() < self._down_until:
+            return None
+        try:
+            with anyio.fail_after(self.timeout * 2):  # connect + answer, each bounded by the client as well
+                answer = await self._script(keys=[_key(caller, rule, burst)], args=[rule.requests_per_s, burst])
+            wait = float(answer)
+        except self._errors as exc:  # whatever Redis failed with (its errors, the socket's, a timeout): no answer
+            self._failed(exc)
+            return None
+        if self.down:
+            self.down = False
+            log.info("shared_limits.redis_back")
+        return wait
+
+    def _failed(self, exc: BaseException) -> None:
+        self.failures += 1
+        self._down_until = time.monotonic() + RETRY_S
+        if not self.down:
+            self.down = True
+            log.warning(
+                "shared_limits.redis_down",
+                error=type(exc).__name__,
+                then="served, counted per replica" if self.fail_open else "refused with 503",
+                retry_s=RETRY_S,
+            )
+
+    def statistics(self) -> dict[str, Any]:
+        """For ``/status``: whether Redis answered the last time it was asked, and how often it failed since start."""
+        return {
+            "redis": "down" if self.down else "up",
+            "failures": self.failures,
+            "on_redis_down": "open" if self.fail_open else "closed",
+        }
+
+    async def aclose(self) -> None:
+        with anyio.move_on_after(self.timeout * 2, shield=True):
+            await self._redis.aclose()

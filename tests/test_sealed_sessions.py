@@ -1,0 +1,254 @@
+"""Sessions any replica can serve (``gateway/sessions.py``), over real gateway processes on loopback that share the
+``GATEWAY_STATE_KEY``: a session opened on one replica goes on at another without a new ``initialize`` (with the
+client's info and capabilities from its sealed id), also after the first one is killed; its caller binding holds
+there; a tampered id, or one from a deployment with another key, answers 404; a rotated key still opens it; and a
+call's back-channel (a sampling request on the call's own POST stream) works on the replica serving the call."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+
+from gateway.audit import query
+from gateway.continuation import Continuations
+from gateway.sessions import SessionSeal
+from tests.fixtures.gateway_proc import PYTHON, echo_argv, run_gateway
+from tests.fixtures.procs import RunningServer
+from tests.replicas import deployment, kill_replica
+from tests.test_sessions import INITIALIZE, VERSION, call_echo, echoed, headers, messages, open_session
+
+pytestmark = pytest.mark.anyio
+
+TOKENS = "alice=tok-alice,bob=tok-bob"
+KEY = "k1-" + "a" * 40
+OTHER_KEY = "k2-" + "b" * 40
+FIDELITY = str(Path(__file__).resolve().parent / "fixtures" / "fidelity_server.py")
+
+CONFIG = f"""
+gateway:
+  audit: {{path: audit.db}}
+servers:
+  e:
+    transport: stdio
+    command: {PYTHON}
+    args: {json.dumps(echo_argv()[1:])}
+  f:
+    transport: stdio
+    command: {PYTHON}
+    args: [{json.dumps(FIDELITY)}, --stdio, --name, f]
+"""
+
+
+@contextmanager
+def replicas(root: Path, *keys: str) -> Iterator[list[RunningServer]]:
+    """One gateway process per key (each with its own folder and ledger), all serving CONFIG."""
+    with ExitStack() as stack:
+        started = []
+        for index, key in enumerate(keys):
+            folder = root / f"r{index}"
+            folder.mkdir()
+            started.append(
+                stack.enter_context(run_gateway(CONFIG, folder, tokens=TOKENS, env={"GATEWAY_STATE_KEY": key}))
+            )
+        yield started
+
+
+def tampered(session: str) -> str:
+    middle = len(session) // 2
+    return session[:middle] + ("A" if session[middle] != "A" else "B") + session[middle + 1 :]
+
+
+async def test_a_session_opened_on_one_replica_goes_on_at_another_without_initialize(tmp_path: Path) -> None:
+    with replicas(tmp_path, KEY, KEY) as (a, b):
+        with anyio.fail_after(60):
+            async with httpx2.AsyncClient(timeout=10) as http:
+                session = await open_session(http, a.url(), "tok-alice")
+                assert session.startswith("v1.")  # sealed, not the SDK's random hex
+                assert echoed(await call_echo(http, a.url(), "tok-alice", session, "on a")) == "on a"
+
+                kill_replica(a)  # the replica that opened it dies (SIGKILL)
+                answers: list[str] = []
+
+                async def on_b(request_id: int) -> None:
+                    call = {
+                        "jsonrpc": "2.0",
+                        "id": request_id,
+                        "method": "tools/call",
+                        "params": {"name": "echo", "arguments": {"text": f"b{request_id}"}},
+                    }
+                    response = await http.post(b.url(), json=call, headers=headers("tok-alice", session))
+                    assert response.status_code == 200, response.text
+                    (answer,) = [m for m in messages(response) if m.get("id") == request_id]
+                    answers.append(answer["result"]["content"][0]["text"])
+
+                async with anyio.create_task_group() as tg:  # b's first requests for it, at once: one re-creation
+                    for request_id in (1, 2, 3):
+                        tg.start_soon(on_b, request_id)
+                assert sorted(answers) == ["b1", "b2", "b3"]
+                assert echoed(await call_echo(http, b.url(), "tok-alice", session, "again")) == "again"
+                async with http.stream("GET", b.url(), headers=headers("tok-alice", session)) as stream:
+                    assert stream.status_code == 200  # its GET stream opens on the replica now serving it
+                    assert stream.headers["content-type"].startswith("text/event-stream")
+
+                # The caller binding travels inside the id: bob gets 404, as for an unknown session.
+                assert (await call_echo(http, b.url(), "tok-bob", session, "x")).status_code == 404
+                assert (await call_echo(http, b.url(), "tok-alice", tampered(session), "x")).status_code == 404
+                status = (await http.get(b.url("/status"), headers=headers("tok-alice"))).json()
+                assert status["sessions"]["revived"] == 1
+
+                assert (await http.delete(b.url(), headers=headers("tok-alice", session))).status_code == 200
+                assert (await call_echo(http, b.url(), "tok-alice", session, "ended")).status_code == 404
+        b.process.send_signal(signal.SIGTERM)
+        b.process.wait(timeout=20)
+        log = b.output()
+
+    rows = query(tmp_path / "r1" / "audit.db")
+    # The client's info came from the sealed id: b never saw its initialize.
+    assert [(r.caller, r.tool, r.client_name, r.client_version, r.status) for r in rows] == [
+        ("alice", "echo", "raw", "1", "ok")
+    ] * 4
+    assert session not in log and session[:64] not in log
+
+
+async def test_an_id_from_another_deployment_is_404_and_a_rotated_key_still_opens_old_ids(tmp_path: Path) -> None:
+    with replicas(tmp_path, KEY, OTHER_KEY, f"{OTHER_KEY},{KEY}") as (old, other, rotated):
+        with anyio.fail_after(60):
+            async with httpx2.AsyncClient(timeout=10) as http:
+                session = await open_session(http, old.url(), "tok-alice")
+                refused = await call_echo(http, other.url(), "tok-alice", session, "x")
+                assert refused.status_code == 404, refused.text
+                assert refused.json()["error"]["message"] == "Session not found"
+                assert echoed(await call_echo(http, rotated.url(), "tok-alice", session, "rotated")) == "rotated"
+                # ... and the rotated replica seals with its first key, which the old deployment cannot open.
+                fresh = await open_session(http, rotated.url(), "tok-alice")
+                assert (await call_echo(http, old.url(), "tok-alice", fresh, "x")).status_code == 404
+                assert echoed(await call_echo(http, other.url(), "tok-alice", fresh, "new key")) == "new key"
+
+
+async def test_a_calls_back_channel_works_on_its_own_post_stream_at_the_replica_serving_it(tmp_path: Path) -> None:
+    """The session was opened on a; the call goes to b, whose downstream asks the client for sampling on the
+    call's own POST stream; the client's answer goes to b too (it must: a has no such request)."""
+    init = {**INITIALIZE, "params": {**INITIALIZE["params"], "capabilities": {"sampling": {}}}}  # type: ignore[dict-item]
+    with replicas(tmp_path, KEY, KEY) as (a, b):
+        with anyio.fail_after(60):
+            async with httpx2.AsyncClient(timeout=20) as http:
+                opened = await http.post(a.url(), json=init, headers=headers("tok-alice"))
+                session = opened.headers["mcp-session-id"]
+                done = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+                assert (await http.post(a.url(), json=done, headers=headers("tok-alice", session))).status_code == 202
+                call = {
+                    "jsonrpc": "2.0",
+                    "id": 9,
+                    "method": "tools/call",
+                    "params": {"name": "sample", "arguments": {"prompt": "hello"}},
+                }
+                result: dict[str, Any] | None = None
+                async with http.stream("POST", b.url(), json=call, headers=headers("tok-alice", session)) as stream:
+                    assert stream.status_code == 200
+                    async for line in stream.aiter_lines():
+                        if not line.startswith("data:") or not line[5:].strip():
+                            continue
+                        message = json.loads(line[5:])
+                        if message.get("method") == "sampling/createMessage":
+                            answer = {
+                                "jsonrpc": "2.0",
+                                "id": message["id"],
+                                "result": {
+                                    "role": "assistant",
+                                    "content": {"type": "text", "text": "from b's client"},
+                                    "model": "m",
+                                },
+                            }
+                            posted = await http.post(b.url(), json=answer, headers=headers("tok-alice", session))
+                            assert posted.status_code == 202, posted.text
+                        elif message.get("id") == 9:
+                            result = message
+                            break
+    assert result is not None
+    assert result["result"]["content"][0]["text"] == "sampled: from b's client (m)"
+
+
+def test_a_sealed_id_opens_only_under_its_keys_and_until_it_expires() -> None:
+    now = [1000.0]
+    seal = SessionSeal([KEY.encode()], 60, clock=lambda: now[0])
+    owner = {"client_id": "alice", "issuer": None, "subject": None}
+    minted = seal.mint(owner=owner, protocol_version=VERSION, client_params={"clientInfo": {"name": "c"}})  # type: ignore[arg-type]
+    assert minted is not None
+    opened = seal.open(minted)
+    assert (
+        opened is not None
+        and opened.protocol_version == VERSION
+        and opened.client_params["clientInfo"] == {"name": "c"}
+    )
+    assert SessionSeal([OTHER_KEY.encode()], 60).open(minted) is None
+    assert SessionSeal([OTHER_KEY.encode(), KEY.encode()], 60, clock=lambda: now[0]).open(minted) is not None
+    assert seal.open(tampered(minted)) is None
+    state = Continuations([KEY.encode()], 60).seal(
+        method="tools/call", name="t", arguments={}, backend="b", local="t", caller="alice", state=None
+    )
+    assert seal.open(state) is None  # a requestState under the same key is never a session id
+    now[0] += 61
+    assert seal.open(minted) is None
+
+
+async def sample_through(http: httpx2.AsyncClient, url: str, session: str, request_id: int, text: str) -> str:
+    """Call the downstream's ``sample`` tool; answer its sampling request with ``text`` by a POST of its own (as the
+    SDK's client does); the tool's answer and the replica that served the call."""
+    call = {
+        "jsonrpc": "2.0",
+        "id": request_id,
+        "method": "tools/call",
+        "params": {"name": "sample", "arguments": {"prompt": "p"}},
+    }
+    async with http.stream("POST", url, json=call, headers=headers("tok-alice", session)) as stream:
+        assert stream.status_code == 200
+        async for line in stream.aiter_lines():
+            if not line.startswith("data:") or not line[5:].strip():
+                continue
+            message = json.loads(line[5:])
+            if message.get("method") == "sampling/createMessage":
+                content = {"type": "text", "text": text}
+                answer = {"jsonrpc": "2.0", "id": message["id"], "result": {"role": "assistant", "content": content}}
+                answer["result"]["model"] = "m"
+                posted = await http.post(url, json=answer, headers=headers("tok-alice", session))
+                assert posted.status_code == 202, posted.text
+            elif message.get("id") == request_id:
+                return str(message["result"]["content"][0]["text"]) + " @" + stream.headers.get("x-replica", "")
+    raise AssertionError("the call's stream ended without its answer")
+
+
+async def test_hashing_on_the_session_id_keeps_a_calls_back_channel_on_its_replica_and_moves_it_when_that_dies(
+    tmp_path: Path,
+) -> None:
+    """HAProxy with ``balance hdr(mcp-session-id)`` (docs/deployment.md): the sampling answer, a POST of its own,
+    reaches the replica running the call; when that replica is killed, the session moves to the other one, which
+    re-creates it from its id, and the back-channel works there."""
+    init = {**INITIALIZE, "params": {**INITIALIZE["params"], "capabilities": {"sampling": {}}}}  # type: ignore[dict-item]
+    balance = "balance hdr(mcp-session-id)\n    hash-type consistent"
+    with deployment(tmp_path, 2, pg_url=None, redis_url=None, fidelity=True, balance=balance) as (servers, balancer):
+        with anyio.fail_after(60):
+            async with httpx2.AsyncClient(timeout=20) as http:
+                url = balancer.url()
+                opened = await http.post(url, json=init, headers=headers("tok-alice"))
+                session = opened.headers["mcp-session-id"]
+                done = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+                assert (await http.post(url, json=done, headers=headers("tok-alice", session))).status_code == 202
+                first = [await sample_through(http, url, session, 10 + i, f"answer {i}") for i in range(3)]
+                (replica,) = {text.rpartition(" @")[2] for text in first}  # one replica served them all
+                assert [text.rpartition(" @")[0] for text in first] == [f"sampled: answer {i} (m)" for i in range(3)]
+
+                kill_replica(servers[int(replica[1:])])
+                after = await sample_through(http, url, session, 20, "after the kill")
+                assert after.rpartition(" @") == (
+                    "sampled: after the kill (m)",
+                    " @",
+                    "r1" if replica == "r0" else "r0",
+                )

@@ -1,0 +1,140 @@
+"""Per-caller rate limits shared by replicas through a real Redis (``gateway/shared_limits.py``), over real gateway
+processes on loopback: two replicas with ``gateway.shared.redis_url`` enforce one bucket per caller between them
+(without it, each counts its own); when Redis is killed or hangs, ``redis_down: open`` serves the calls within the
+timeout, ``closed`` refuses them with 503 as quickly, and neither ever hangs a call."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import anyio
+import httpx2
+import pytest
+
+from tests.engines import RedisServer
+from tests.fixtures.gateway_proc import PYTHON, echo_argv, run_gateway
+from tests.fixtures.procs import RunningServer
+from tests.test_sessions import call_echo, echoed, open_session
+
+pytestmark = pytest.mark.anyio
+
+TOKENS = "alice=tok-alice,bob=tok-bob"
+KEY = "k1-" + "c" * 40
+BURST = 6
+
+
+def config(shared: str) -> str:
+    return f"""
+gateway:
+  audit: {{path: audit.db}}
+  auth:
+    caller_limits: [{{callers: ["*"], requests_per_s: 0.01, burst: {BURST}}}]
+  shared: {{{shared}}}
+servers:
+  e:
+    transport: stdio
+    command: {PYTHON}
+    args: {json.dumps(echo_argv()[1:])}
+"""
+
+
+@contextmanager
+def two_replicas(root: Path, shared: str) -> Iterator[list[RunningServer]]:
+    with ExitStack() as stack:
+        started = []
+        for name in ("a", "b"):
+            (root / name).mkdir()
+            env = {"GATEWAY_STATE_KEY": KEY}
+            started.append(stack.enter_context(run_gateway(config(shared), root / name, tokens=TOKENS, env=env)))
+        yield started
+
+
+async def spend(http: httpx2.AsyncClient, replicas: list[RunningServer], token: str, session: str, n: int) -> list[int]:
+    """``n`` calls, round-robin over the replicas; their HTTP statuses."""
+    statuses = []
+    for i in range(n):
+        response = await call_echo(http, replicas[i % len(replicas)].url(), token, session, f"c{i}")
+        statuses.append(response.status_code)
+    return statuses
+
+
+async def test_two_replicas_with_redis_enforce_one_limit_per_caller(tmp_path: Path, redis_server: RedisServer) -> None:
+    with two_replicas(tmp_path, f"redis_url: '{redis_server.url}'") as replicas:
+        with anyio.fail_after(60):
+            async with httpx2.AsyncClient(timeout=10) as http:
+                alice = await open_session(http, replicas[0].url(), "tok-alice")  # 1 token (initialize)
+                # 5 more requests fit the burst of 6, whichever replica serves them; the next is refused.
+                assert await spend(http, replicas, "tok-alice", alice, BURST) == [200] * (BURST - 1) + [429]
+                refused = await call_echo(http, replicas[0].url(), "tok-alice", alice, "x")
+                assert refused.status_code == 429 and "retry-after" in refused.headers
+                bob = await open_session(http, replicas[1].url(), "tok-bob")
+                assert echoed(await call_echo(http, replicas[0].url(), "tok-bob", bob, "bob's")) == "bob's"
+
+
+async def test_without_redis_each_replica_counts_its_own_bucket(tmp_path: Path) -> None:
+    with two_replicas(tmp_path, "") as replicas:
+        with anyio.fail_after(60):
+            async with httpx2.AsyncClient(timeout=10) as http:
+                alice = await open_session(http, replicas[0].url(), "tok-alice")
+                # a: initialize + 5 calls = its burst; b: 5 calls of its own burst of 6.
+                assert await spend(http, replicas, "tok-alice", alice, 10) == [200] * 10
+                assert await spend(http, replicas, "tok-alice", alice, 4) == [429, 200, 429, 429]
+
+
+async def test_with_redis_down_open_serves_and_closed_refuses_and_neither_hangs(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    shared = f"redis_url: '{redis_server.url}', redis_timeout_s: 0.2"
+    (tmp_path / "open").mkdir()
+    (tmp_path / "closed").mkdir()
+    env = {"GATEWAY_STATE_KEY": KEY}
+    with (
+        run_gateway(config(shared), tmp_path / "open", tokens=TOKENS, env=env) as served,
+        run_gateway(config(shared + ", redis_down: closed"), tmp_path / "closed", tokens=TOKENS, env=env) as shut,
+    ):
+        with anyio.fail_after(60):
+            async with httpx2.AsyncClient(timeout=10) as http:
+                session = await open_session(http, served.url(), "tok-alice")
+                assert echoed(await call_echo(http, shut.url(), "tok-alice", session, "up")) == "up"
+                status = (await http.get(shut.url("/status"), headers={"Authorization": "Bearer tok-alice"})).json()
+                assert status["shared_limits"] == {"redis": "up", "failures": 0, "on_redis_down": "closed"}
+
+                redis_server.pause()  # hung: connections stay open, nothing answers
+                try:
+                    for _ in range(2):
+                        started = time.monotonic()
+                        assert echoed(await call_echo(http, served.url(), "tok-alice", session, "open")) == "open"
+                        refused = await call_echo(http, shut.url(), "tok-alice", session, "closed")
+                        assert time.monotonic() - started < 2.0  # two requests, each within its bound
+                        assert refused.status_code == 503, refused.text
+                        assert "gateway.shared.redis_down" in refused.json()["error"]["message"]
+                finally:
+                    redis_server.resume()
+
+                status = (await http.get(served.url("/status"), headers={"Authorization": "Bearer tok-alice"})).json()
+                assert status["shared_limits"]["redis"] == "down" and status["shared_limits"]["failures"] >= 1
+                assert status["shared_limits"]["on_redis_down"] == "open"
+
+                redis_server.kill()  # gone: connections refused
+                started = time.monotonic()
+                assert echoed(await call_echo(http, served.url(), "tok-alice", session, "still")) == "still"
+                assert (await call_echo(http, shut.url(), "tok-alice", session, "x")).status_code == 503
+                assert time.monotonic() - started < 2.0
+
+
+def test_the_redis_password_is_a_secret_the_log_never_shows() -> None:
+    from gateway._logging import config_secrets
+    from gateway.config import parse_config
+    from gateway.errors import ConfigError
+
+    config = parse_config(
+        "gateway:\n  shared: {redis_url: 'redis://:s3cret-pw@127.0.0.1:6379/0'}\n", file="federation.yaml", env={}
+    )
+    assert "s3cret-pw" in config_secrets(config)
+    with pytest.raises(ConfigError) as refused:
+        parse_config("gateway:\n  shared: {redis_url: 'http://x:pw-shown@h'}\n", file="federation.yaml", env={})
+    assert "must be a Redis URL" in str(refused.value) and "pw-shown" not in str(refused.value)
