@@ -4,7 +4,7 @@ With an event store the SDK's streamable HTTP transport opens every POST stream 
 no data, and the ``retry`` interval a client waits before reconnecting), numbers every event, and answers a GET
 with ``Last-Event-ID`` by replaying what the stream sent after that event. A client whose connection dropped, or
 whose stream the gateway closed because the downstream closed its own mid-call (see ``backends/mcp.py``), resumes
-without losing a message.
+without losing a message; a replay tells a downstream resume waiting for it to go on (backends/polling.py).
 
 ``RecentEvents`` keeps, in memory, the events of the last ``max_age_s`` seconds, at most ``capacity`` of them and at
 most ``max_bytes`` across all streams, and at most ``max_stream_bytes`` for any one stream: resumption is for a
@@ -20,6 +20,7 @@ tests it for truth, and an empty store must still count as one.)
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import json
 import sys
@@ -30,7 +31,12 @@ from typing import Any
 import mcp_types as types
 from mcp.server.streamable_http import EventCallback, EventId, EventMessage, EventStore, StreamId
 
-__all__ = ["RETRY_MS", "RecentEvents"]
+from gateway.backends.polling import RESUMES
+
+__all__ = ["CALLER_SESSION", "RETRY_MS", "RecentEvents"]
+
+CALLER_SESSION: contextvars.ContextVar[str | None] = contextvars.ContextVar("gateway_caller_session", default=None)
+"""The session id of the client request being served (set by http.py): a replay tells who resumed which stream."""
 
 RETRY_MS = 1000
 """The ``retry`` a client is told to wait before resuming a stream (the SSE field, in milliseconds)."""
@@ -107,6 +113,7 @@ class RecentEvents(EventStore):
         if entry is None:
             return None  # unknown, or evicted: nothing to resume
         stream_id = entry[0]
+        RESUMES.resumed(CALLER_SESSION.get(), stream_id)  # a downstream call waiting for this resume goes on now
         later = [n for n in self._streams.get(stream_id, ()) if n > last]
         for number in later:
             kept = self._events.get(number)

@@ -51,7 +51,7 @@ from gateway.auth.tokens import Tokens
 from gateway.backends.cli import CliBackend
 from gateway.config import CallerLimit, Limits, Policy
 from gateway.edge import Edge
-from gateway.events import RETRY_MS, RecentEvents
+from gateway.events import CALLER_SESSION, RETRY_MS, RecentEvents
 from gateway.metrics import CONTENT_TYPE, AdapterSnapshot, BackendSnapshot, StateSnapshot
 from gateway.quotas import CallerLimits
 from gateway.runtime import VERSION, Gateway
@@ -284,6 +284,8 @@ class CallerSessions(StreamableHTTPSessionManager):
         return {"open": len(self._server_instances), "evicted": self.evicted}
 
     async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
+        session = dict(scope.get("headers") or ()).get(b"mcp-session-id")
+        token = CALLER_SESSION.set(session.decode("latin-1") if session is not None else None)  # events.py reads it
         try:
             await super()._handle_stateful_request(scope, receive, send)
         except _CallerAtCap as refusal:  # raised before anything was sent
@@ -292,6 +294,8 @@ class CallerSessions(StreamableHTTPSessionManager):
             response = Response(body.model_dump_json(by_alias=True, exclude_unset=True), status_code=429)
             response.headers["content-type"] = "application/json"
             await response(scope, receive, send)
+        finally:
+            CALLER_SESSION.reset(token)
 
     def _admit_session(self, requestor: AuthorizationContext | None) -> StreamableHTTPServerTransport | None:
         owners = self._session_owners

@@ -18,6 +18,7 @@ import anyio
 import httpx2
 import pytest
 
+from gateway.backends.polling import HeldRetries, HeldRetry, resume_key
 from tests.fixtures.gateway_proc import run_gateway
 from tests.fixtures.procs import RunningServer, conformance_server_argv, free_port, start_http_server
 
@@ -83,6 +84,55 @@ async def test_the_reference_like_server_keeps_the_result_only_for_a_prompt_resu
     assert result is not None and result["result"]["content"][0]["text"].startswith(DONE)
     late, _ = await _call_and_resume(polling.url(), resume_after_s=0.5)
     assert late is None
+
+
+async def test_a_client_resuming_at_once_through_the_gateway_gets_the_result(gateway: RunningServer) -> None:
+    result, seconds = await _call_and_resume(gateway.url())
+    assert result is not None and result["result"]["content"][0]["text"].startswith(DONE)
+    assert seconds < RESULT_WITHIN_S  # not after the downstream's 5 s retry
+
+
+async def test_the_gateway_resumes_the_downstream_no_sooner_than_its_client(gateway: RunningServer) -> None:
+    """A client that resumes late loses the result through the gateway as it does directly: had the gateway resumed
+    the downstream at once on its own, the result would wait in the gateway's event store for the late resume."""
+    late, _ = await _call_and_resume(gateway.url(), resume_after_s=0.5)
+    assert late is None
+
+
+class _Chunks(httpx2.AsyncByteStream):
+    def __init__(self, chunks: list[bytes]) -> None:
+        self._chunks = chunks
+
+    async def __aiter__(self) -> Any:
+        for chunk in self._chunks:
+            yield chunk
+
+
+async def test_the_downstreams_retry_is_zeroed_and_held_for_the_resume_whatever_the_chunking() -> None:
+    """The SDK is handed `retry: 0` (it resumes at once) and the pool keeps the 5000 ms for the resume from the last
+    event id the SDK saw; every other byte passes unchanged, a long data line without being held back."""
+    big = b"data: " + b"x" * 5000
+    body = b"id: 7\r\nretry: 5000\r\ndata:\r\n\r\nid: 8\ndata: {}\n\n" + big + b"\n\nid: 9\ndata:"
+    request = httpx2.Request("POST", "http://127.0.0.1:1/mcp", headers={"mcp-session-id": "abc"})
+    for size in (1, 3, 7, 64, 4096, len(body)):
+        held = HeldRetries()
+        chunks = [body[i : i + size] for i in range(0, len(body), size)]
+        out = b"".join([chunk async for chunk in HeldRetry(_Chunks(chunks), request, held, None)])
+        assert out == body.replace(b"retry: 5000", b"retry: 0"), size
+        assert held.get(resume_key(request, "8")) == 5000, size  # event 9 was never dispatched
+        assert held.get(resume_key(request, "9")) is None
+
+
+async def test_a_stream_read_only_to_its_answer_leaves_nothing_held() -> None:
+    body = [b"id: 1\nretry: 5000\ndata:\n\n", b'id: 2\ndata: {"result": {}}\n\n', b"id: 3\n\n"]
+    request = httpx2.Request("POST", "http://127.0.0.1:1/mcp")
+    held = HeldRetries()
+    stream = HeldRetry(_Chunks(body), request, held, None)
+    reading = stream.__aiter__()
+    await reading.__anext__()
+    await reading.__anext__()
+    await reading.aclose()  # type: ignore[attr-defined]
+    assert held.get(resume_key(request, "2")) is None and held.get(resume_key(request, "1")) is None
 
 
 def _sse(text: str) -> list[dict[str, str]]:
