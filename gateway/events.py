@@ -20,7 +20,6 @@ tests it for truth, and an empty store must still count as one.)
 
 from __future__ import annotations
 
-import contextvars
 import itertools
 import json
 import sys
@@ -33,10 +32,7 @@ from mcp.server.streamable_http import EventCallback, EventId, EventMessage, Eve
 
 from gateway.backends.polling import RESUMES
 
-__all__ = ["CALLER_SESSION", "RETRY_MS", "RecentEvents"]
-
-CALLER_SESSION: contextvars.ContextVar[str | None] = contextvars.ContextVar("gateway_caller_session", default=None)
-"""The session id of the client request being served (set by http.py): a replay tells who resumed which stream."""
+__all__ = ["RETRY_MS", "RecentEvents", "SessionEvents"]
 
 RETRY_MS = 1000
 """The ``retry`` a client is told to wait before resuming a stream (the SSE field, in milliseconds)."""
@@ -104,16 +100,18 @@ class RecentEvents(EventStore):
             self._drop(next(iter(events)))
         return str(number)
 
-    async def replay_events_after(self, last_event_id: EventId, send_callback: EventCallback) -> StreamId | None:
+    async def replay_events_after(
+        self, last_event_id: EventId, send_callback: EventCallback, *, within: str = ""
+    ) -> StreamId | None:
+        """``within``: only a stream whose id starts with it is replayed (a session's, see ``SessionEvents``)."""
         try:
             last = int(last_event_id)
         except ValueError:
             return None
         entry = self._events.get(last)
-        if entry is None:
-            return None  # unknown, or evicted: nothing to resume
+        if entry is None or not entry[0].startswith(within):
+            return None  # unknown, evicted, or another session's: nothing to resume
         stream_id = entry[0]
-        RESUMES.resumed(CALLER_SESSION.get(), stream_id)  # a downstream call waiting for this resume goes on now
         later = [n for n in self._streams.get(stream_id, ()) if n > last]
         for number in later:
             kept = self._events.get(number)
@@ -152,6 +150,30 @@ class RecentEvents(EventStore):
     def _forget_stream(self, stream_id: StreamId) -> None:
         for number in list(self._streams.get(stream_id, ())):
             self._drop(number)
+
+
+class SessionEvents(EventStore):
+    """One client session's view of the shared store. The SDK names a request's stream by the request's id, and every
+    session numbers its requests from 1, so in one store shared by all sessions a resume of session B's stream "2"
+    would replay what session A's request 2 was sent. Each session's streams are therefore stored under its session
+    id, and a resume finds only its own session's events. A replay also lets a downstream resume waiting for this
+    client go on (backends/polling.py)."""
+
+    def __init__(self, store: RecentEvents, session_id: str) -> None:
+        self._store = store
+        self._session_id = session_id
+        self._prefix = f"{session_id} "
+
+    async def store_event(self, stream_id: StreamId, message: types.JSONRPCMessage | None) -> EventId:
+        return await self._store.store_event(self._prefix + stream_id, message)
+
+    async def replay_events_after(self, last_event_id: EventId, send_callback: EventCallback) -> StreamId | None:
+        stream = await self._store.replay_events_after(last_event_id, send_callback, within=self._prefix)
+        if stream is None:
+            return None
+        stream_id = stream.removeprefix(self._prefix)
+        RESUMES.resumed(self._session_id, stream_id)  # a downstream call waiting for this resume goes on now
+        return stream_id
 
 
 def _id_json(request_id: int | str) -> str:

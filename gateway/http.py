@@ -51,7 +51,7 @@ from gateway.auth.tokens import Tokens
 from gateway.backends.cli import CliBackend
 from gateway.config import CallerLimit, Limits, Policy
 from gateway.edge import Edge
-from gateway.events import CALLER_SESSION, RETRY_MS, RecentEvents
+from gateway.events import RETRY_MS, RecentEvents, SessionEvents
 from gateway.metrics import CONTENT_TYPE, AdapterSnapshot, BackendSnapshot, StateSnapshot
 from gateway.quotas import CallerLimits
 from gateway.runtime import VERSION, Gateway
@@ -284,8 +284,6 @@ class CallerSessions(StreamableHTTPSessionManager):
         return {"open": len(self._server_instances), "evicted": self.evicted}
 
     async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
-        session = dict(scope.get("headers") or ()).get(b"mcp-session-id")
-        token = CALLER_SESSION.set(session.decode("latin-1") if session is not None else None)  # events.py reads it
         try:
             await super()._handle_stateful_request(scope, receive, send)
         except _CallerAtCap as refusal:  # raised before anything was sent
@@ -294,8 +292,6 @@ class CallerSessions(StreamableHTTPSessionManager):
             response = Response(body.model_dump_json(by_alias=True, exclude_unset=True), status_code=429)
             response.headers["content-type"] = "application/json"
             await response(scope, receive, send)
-        finally:
-            CALLER_SESSION.reset(token)
 
     def _admit_session(self, requestor: AuthorizationContext | None) -> StreamableHTTPServerTransport | None:
         owners = self._session_owners
@@ -311,7 +307,12 @@ class CallerSessions(StreamableHTTPSessionManager):
                 )
             self._evict(victim)
             log.info("session.evicted", caller=caller, session=session_digest(victim), limit=self.per_caller)
-        return super()._admit_session(requestor)
+        transport = super()._admit_session(requestor)
+        if transport is not None and isinstance(self.event_store, RecentEvents) and transport.mcp_session_id:
+            # Each session resumes only its own streams (events.py). The SDK hands every transport the manager's one
+            # store and has no parameter for a per-session one, so the transport's (private) attribute is set here.
+            transport._event_store = SessionEvents(self.event_store, transport.mcp_session_id)
+        return transport
 
     def _least_recently_used_idle(self, sessions: list[str]) -> str | None:
         """Of ``sessions``, the one idle longest. A transport's idle deadline is its last request's end plus the

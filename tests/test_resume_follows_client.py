@@ -99,6 +99,40 @@ async def test_the_gateway_resumes_the_downstream_no_sooner_than_its_client(gate
     assert late is None
 
 
+async def test_a_session_cannot_resume_another_sessions_stream(gateway: RunningServer) -> None:
+    """Every session numbers its requests from 1 and the SDK names a request's stream by its id: session B asking to
+    resume from an event of session A's request 2 must get nothing of A's, and its own stream 2 only its own."""
+    url = gateway.url()
+    async with httpx2.AsyncClient(timeout=httpx2.Timeout(10)) as http:
+        a, b = await _open(http, url), await _open(http, url)
+        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call"}
+        with anyio.fail_after(10):
+            mine = _sse((await http.post(url, headers=b, json={**call, "params": {"name": "test_simple_text"}})).text)
+            theirs = _sse(
+                (await http.post(url, headers=a, json={**call, "params": {"name": "test_error_handling"}})).text
+            )
+            replayed = {}
+            for start in (theirs[0]["id"], mine[0]["id"]):  # A's priming event, then B's own
+                replayed[start] = []
+                async with http.stream("GET", url, headers={**b, "last-event-id": start}) as resumed:
+                    async for line in resumed.aiter_lines():
+                        if line.startswith("data:") and line[5:].strip():
+                            replayed[start].append(json.loads(line[5:])["result"]["content"][0]["text"])
+                            break  # B's own replay stays open for what its stream sends next
+    assert replayed[theirs[0]["id"]] == []
+    assert replayed[mine[0]["id"]] == ["This is a simple text response for testing."]
+
+
+async def _open(http: httpx2.AsyncClient, url: str) -> dict[str, str]:
+    init = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}
+    opened = await http.post(
+        url, headers=HEADERS, json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init}
+    )
+    session = {**HEADERS, "mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
+    await http.post(url, headers=session, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+    return session
+
+
 class _Chunks(httpx2.AsyncByteStream):
     def __init__(self, chunks: list[bytes]) -> None:
         self._chunks = chunks
