@@ -4,7 +4,7 @@ With an event store the SDK's streamable HTTP transport opens every POST stream 
 no data, and the ``retry`` interval a client waits before reconnecting), numbers every event, and answers a GET
 with ``Last-Event-ID`` by replaying what the stream sent after that event. A client whose connection dropped, or
 whose stream the gateway closed because the downstream closed its own mid-call (see ``backends/mcp.py``), resumes
-without losing a message.
+without losing a message; a replay tells a downstream resume waiting for it to go on (backends/polling.py).
 
 ``RecentEvents`` keeps, in memory, the events of the last ``max_age_s`` seconds, at most ``capacity`` of them and at
 most ``max_bytes`` across all streams, and at most ``max_stream_bytes`` for any one stream: resumption is for a
@@ -34,6 +34,8 @@ from typing import Any
 
 import mcp_types as types
 from mcp.server.streamable_http import EventCallback, EventId, EventMessage, EventStore, StreamId
+
+from gateway.backends.polling import RESUMES
 
 __all__ = ["RETRY_MS", "RecentEvents", "SessionEvents"]
 
@@ -78,9 +80,10 @@ class RecentEvents(EventStore):
         self._shared: tuple[tuple[str, ...], tuple[Any, ...], str] | None = None  # a large result's keys, values, JSON
         self._sessions = itertools.count(1)
 
-    def for_session(self) -> SessionEvents:
-        """A view of this store for one new session: its own streams, the shared budgets."""
-        return SessionEvents(self, f"s{next(self._sessions)}/")
+    def for_session(self, session_id: str | None = None) -> SessionEvents:
+        """A view of this store for one new session (``session_id``: the client's, for backends/polling.py): its own
+        streams, the shared budgets."""
+        return SessionEvents(self, f"s{next(self._sessions)}/", session_id)
 
     def statistics(self) -> tuple[int, int]:
         """(events kept, bytes counted)."""
@@ -160,18 +163,26 @@ class RecentEvents(EventStore):
 
 
 class SessionEvents(EventStore):
-    """One session's view of a ``RecentEvents``: stream names prefixed with the session's own, and a replay only of
-    the session's own streams."""
+    """One session's view of a ``RecentEvents``. The SDK names a request's stream by the request's id, and every
+    session numbers its requests from 1, so in one store shared by all sessions a resume of session B's stream "2"
+    would replay what session A's request 2 was sent: each session's stream names carry its own prefix, and a replay
+    finds only its own streams. A replay also lets a downstream resume waiting for this client go on
+    (backends/polling.py)."""
 
-    def __init__(self, store: RecentEvents, prefix: str) -> None:
-        self._store, self._prefix = store, prefix
+    def __init__(self, store: RecentEvents, prefix: str, session_id: str | None = None) -> None:
+        self._store, self._prefix, self._session_id = store, prefix, session_id
 
     async def store_event(self, stream_id: StreamId, message: types.JSONRPCMessage | None) -> EventId:
         return await self._store.store_event(self._prefix + stream_id, message)
 
     async def replay_events_after(self, last_event_id: EventId, send_callback: EventCallback) -> StreamId | None:
-        stream_id = await self._store.replay_events_after(last_event_id, send_callback, prefix=self._prefix)
-        return None if stream_id is None else stream_id.removeprefix(self._prefix)
+        stream = await self._store.replay_events_after(last_event_id, send_callback, prefix=self._prefix)
+        if stream is None:
+            return None
+        stream_id = stream.removeprefix(self._prefix)
+        if self._session_id is not None:
+            RESUMES.resumed(self._session_id, stream_id)  # a downstream call waiting for this resume goes on now
+        return stream_id
 
 
 def _id_json(request_id: int | str) -> str:

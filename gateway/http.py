@@ -313,7 +313,7 @@ class CallerSessions(SealedSessions):
         if transport is not None and isinstance(self.event_store, RecentEvents):
             # The SDK hands every session the one store and names streams by request id: each session gets its own
             # view, so a resume never replays another session's stream of the same id (events.py).
-            transport._event_store = self.event_store.for_session()
+            transport._event_store = self.event_store.for_session(transport.mcp_session_id)
         return transport
 
     def _least_recently_used_idle(self, sessions: list[str]) -> str | None:

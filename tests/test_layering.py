@@ -36,7 +36,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # relay: back-channel context; wiki_index: pure index; fastpath: a request straight on a streamable HTTP session
     ("backends.stdio", "backends.relay", "backends.wiki_index", "backends.fastpath"),
     # failures: the foreign-error table and why a session failed; watch: a receive stream's end; pool: shared HTTP
-    ("backends.failures", "backends.watch"),
+    # polling: a downstream's closed stream resumed when the gateway's client resumes
+    ("backends.failures", "backends.watch", "backends.polling"),
     ("backends.pool",),
     ("backends.wiki_semantic",),  # sections, vectors and hybrid ranking over wiki_index's snapshot; pure, blocking
     ("backends.wiki_tools",),  # the wiki's tools: schemas and handlers over one index snapshot

@@ -1,7 +1,8 @@
 """The gateway's one HTTP connection pool, shared by every HTTP backend (streamable HTTP and SSE).
 
 Each backend borrows a cheap client view of it (its own headers, timeouts and answer limit) whose closing leaves the
-pool open; ``HttpPool.aclose`` closes it once, at shutdown. A POST's response closed early is drained (bounded) so its
+pool open; ``HttpPool.aclose`` closes it once, at shutdown. A downstream's closed SSE stream is resumed when the
+gateway's own client resumes (polling.py). A POST's response closed early is drained (bounded) so its
 connection is reused, and each view remembers the last error response, so a failed handshake can be told in plain
 words (backends/failures.py).
 """
@@ -17,6 +18,7 @@ import httpx2
 from gateway.backends.answers import LimitedTransport
 from gateway.backends.failures import FOREIGN, ResponseRecorder
 from gateway.backends.framing import JsonLinesTransport
+from gateway.backends.polling import RESUMES, HeldRetries, HeldRetry, resume_key
 from gateway.backends.relay import UPSTREAM
 
 __all__ = ["HttpPool"]
@@ -69,13 +71,23 @@ class _SharedTransport(httpx2.AsyncBaseTransport):
 
     def __init__(self) -> None:
         self._inner = httpx2.AsyncHTTPTransport()
+        self._held = HeldRetries()
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        if request.method == "GET" and "last-event-id" in request.headers:
-            await _mirror_stream_close()
+        last_event_id = request.headers.get("last-event-id") if request.method == "GET" else None
+        inherited = None
+        if last_event_id is not None:
+            inherited = self._held.get(resume_key(request, last_event_id))
+            await _resume_with_upstream(inherited)
         response = await self._inner.handle_async_request(request)
         if request.method == "POST" and isinstance(response.stream, httpx2.AsyncByteStream):
             response.stream = _DrainOnClose(response.stream)
+        if (
+            (request.method == "POST" or last_event_id is not None)
+            and isinstance(response.stream, httpx2.AsyncByteStream)
+            and response.headers.get("content-type", "").partition(";")[0].strip().lower() == "text/event-stream"
+        ):
+            response.stream = HeldRetry(response.stream, request, self._held, inherited)
         return response
 
     async def aclose(self) -> None:  # borrowed by per-backend clients; closed by HttpPool only
@@ -85,14 +97,27 @@ class _SharedTransport(httpx2.AsyncBaseTransport):
         await self._inner.aclose()
 
 
-async def _mirror_stream_close() -> None:
+async def _resume_with_upstream(held_ms: int | None) -> None:
     """A downstream closed a call's SSE stream mid-call (SEP-1699 polling) and the SDK is resuming it: close the
     upstream call's stream as well, so its client resumes from the gateway's event store (events.py) like it would
-    from the downstream's. The resuming GET runs in the context of the POST that carried the call, so ``UPSTREAM``
-    names that call (see relay.py); a resumed standalone stream has none and changes nothing upstream."""
+    from the downstream's, and send the resume when that client has resumed, or when the downstream's ``retry``
+    (``held_ms``, taken from the SDK by polling.py; None: the SDK waited it already) has passed. The resuming GET runs
+    in the context of the POST that carried the call, so ``UPSTREAM`` names that call (see relay.py); a resumed
+    standalone stream has none, changes nothing upstream and waits the downstream's ``retry``."""
     upstream = UPSTREAM.get()
-    if upstream is not None and upstream.close_sse_stream is not None:
-        await upstream.close_sse_stream()
+    close = upstream.close_sse_stream if upstream is not None else None
+    session = stream = None
+    if upstream is not None and close is not None:
+        request = getattr(upstream, "request", None)
+        headers = getattr(request, "headers", None)
+        session = headers.get("mcp-session-id") if headers is not None else None
+        stream = None if upstream.request_id is None else str(upstream.request_id)
+    with RESUMES.expecting(session, stream) as resumed:
+        if close is not None:
+            await close()
+        if held_ms:
+            with anyio.move_on_after(held_ms / 1000):
+                await resumed.wait()
 
 
 class HttpPool:
