@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from gateway.auth.policies import Identity, Views
 from gateway.backends.base import Backend
@@ -98,7 +99,11 @@ servers:
   b: {transport: stdio, command: x, unlisted_tools: [shared]}
 """
     backends: dict[str, Backend] = {"a": FakeBackend("a", ["echo", "search"]), "b": FakeBackend("b", ["search"])}
-    catalog = _catalog(servers, backends)
+    with capture_logs() as logs:
+        catalog = _catalog(servers, backends)
+        _catalog(servers, backends)  # rebuilt (a backend changed): the moot declaration is not logged again
+    moot = [entry for entry in logs if entry["event"] == "catalog.unlisted_moot"]
+    assert moot == [{"event": "catalog.unlisted_moot", "backend": "a", "tool": "echo", "log_level": "info"}]
     # conditional: as is unless the name is taken (two servers declare `shared`); `echo` is listed: moot
     assert set(catalog.unlisted) == {"trigger", "a__shared", "b__shared"}
     assert set(catalog.entries) == {"echo", "a__search", "b__search"}
