@@ -14,6 +14,10 @@ cache lists, and a tool that vanishes for the seconds of a reconnect would leave
 are gone, or never calling them again. Calls to them are answered at once with an ``isError`` naming the backend and
 why it is unavailable (router.py), and leave a row. A backend that is disabled, or removed by a reload, leaves.
 
+A server's declared ``unlisted_tools`` (tools it serves without listing them) are kept apart, in
+``Catalog.unlisted``: ``get`` finds them, so the router routes, audits, limits and polices their calls as any
+tool's, but no listing holds them.
+
 Problems found while building (a downstream tool whose name cannot be published, a collision under ``never``)
 never fail the build: the tool is left out and the problem is kept in ``Catalog.problems`` for ``gateway check``
 and ``/status``.
@@ -27,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mcp_types as types
+import structlog
 
 from gateway.backends.base import Backend, BackendState
 from gateway.clients import note_without
@@ -35,6 +40,8 @@ from gateway.costs import Cost, fill_placeholders
 from gateway.listings import Listings
 
 __all__ = ["Catalog", "CatalogEntry", "Provider", "with_note"]
+
+log = structlog.get_logger("gateway.catalog")
 
 """Backends whose tools are known without a connection: a route keeps their schema even while they are down."""
 
@@ -147,8 +154,13 @@ class Catalog:
             return self.list_result
         return self.list_result_small
 
+    unlisted: Mapping[str, CatalogEntry] = field(default_factory=dict)
+    """Tools served but not listed (``servers.NAME.unlisted_tools``): callable by name, never in a listing."""
+
     def get(self, name: str) -> CatalogEntry | None:
-        return self.entries.get(name)
+        """The entry a ``tools/call`` of ``name`` is routed by: a published tool, else a declared unlisted one."""
+        entry = self.entries.get(name)
+        return entry if entry is not None else self.unlisted.get(name)
 
     def changes(self, previous: Catalog) -> frozenset[str]:
         """What a client would see differently from ``previous``: any of ``tools`` (either listing), ``resources``
@@ -248,6 +260,7 @@ class Catalog:
             tool = _publish(cand.tool, public, description, note if cand.router else "")
             entries[public] = CatalogEntry(public, tool, (Provider(cand.backend, cand.local),), cand.audit)
 
+        unlisted = _unlisted(config, backends, known, entries, problems)
         dumped = {name: e.tool.model_dump(by_alias=True, mode="json", exclude_none=True) for name, e in entries.items()}
         gated = set(config.clients.large_context_tools) & dumped.keys()
         small_note = note_without(note, gated)  # a small client is not told about the tools it cannot see
@@ -266,7 +279,61 @@ class Catalog:
             dict(config.policies),
             costs,
             config.exposure,
+            unlisted,
         )
+
+
+_MOOT: set[str] = set()  # "backend/tool" declarations already logged as moot (once per process)
+
+_NO_SCHEMA: dict[str, Any] = {"type": "object"}
+
+
+def _unlisted(
+    config: Federation,
+    backends: Mapping[str, Backend],
+    known: Mapping[str, tuple[Backend, types.Tool]],
+    entries: Mapping[str, CatalogEntry],
+    problems: list[str],
+) -> dict[str, CatalogEntry]:
+    """The declared ``unlisted_tools`` of each present server, named by the rule its listed tools are named by
+    (``always``: prefixed; ``conditional``: prefixed when the name is taken; ``never``: as is). They never take a name
+    from a published tool: a listed tool wins."""
+    mode, sep = config.gateway.naming.mode, config.gateway.naming.separator
+    declared: list[tuple[str, str]] = []
+    for backend, server in config.servers.items():
+        if not server.unlisted_tools or backend not in backends:
+            continue
+        if backends[backend].status.state is BackendState.DISABLED:
+            continue
+        for local in server.unlisted_tools:
+            if f"{backend}/{local}" in known:
+                if f"{backend}/{local}" not in _MOOT:
+                    _MOOT.add(f"{backend}/{local}")
+                    log.info("catalog.unlisted_moot", backend=backend, tool=local)
+                continue  # the server lists it after all: published (or filtered) as any listed tool
+            declared.append((backend, local))
+    counts: dict[str, int] = {}
+    for _, local in declared:
+        counts[local] = counts.get(local, 0) + 1
+    out: dict[str, CatalogEntry] = {}
+    for backend, local in declared:
+        collides = counts[local] > 1 or local in entries
+        public = f"{backend}{sep}{local}" if mode == "always" or (mode == "conditional" and collides) else local
+        if public in entries or public in out:
+            problems.append(
+                f"unlisted tool {backend}/{local} is not served: the name {public!r} is already taken "
+                f"(naming mode {mode!r})"
+            )
+            continue
+        if not TOOL_NAME_RE.fullmatch(public):
+            problems.append(
+                f"unlisted tool {backend}/{local} is not served: {public!r} is not a valid tool name "
+                f"(1 to 64 characters from A-Z a-z 0-9 _ . -; it has {len(public)})"
+            )
+            continue
+        tool = types.Tool(name=public, input_schema=_NO_SCHEMA)
+        out[public] = CatalogEntry(public, tool, (Provider(backend, local),))
+    return out
 
 
 def _provider(step: RouteStep) -> Provider:

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -501,6 +502,10 @@ class _Backend(_Model):
     30 s), so a flapping server costs a few spawns per minute, not a tight loop."""
     router: bool = False
     tools: ToolFilter = ToolFilter()
+    unlisted_tools: tuple[Annotated[str, AfterValidator(_check_tool_name)], ...] = ()
+    """Tools this server serves without listing them in ``tools/list`` (its own names): not published, but a
+    ``tools/call`` of one (under the name the naming rule gives it) is routed here like a listed tool's. An explicit
+    escape hatch: unknown names are never forwarded blindly. A listed tool of the same name wins."""
     session: Literal["shared", "per_client"] = "shared"
     """``shared``: one session serves every client. ``per_client``: a client that can answer the server's own
     requests (sampling, elicitation, roots) gets its own session (for stdio, its own process), opened at its first

@@ -180,6 +180,11 @@ def build_view(catalog: Catalog, name: str, rule: Policy) -> View:
     )
     lists = catalog.lists
     hidden = [name for name in catalog.entries if name not in tools]
+    tools |= {  # callable, never listed: kept() lists only what the catalog's listings hold
+        entry.name
+        for entry in catalog.unlisted.values()
+        if _selected(rule.tools, entry.name) and all(_selected(backends, p.backend) for p in entry.providers)
+    }
 
     def kept(listing: Mapping[str, Any], note: str) -> Mapping[str, Any]:
         # The router note loses the items that name a hidden tool: a description is no clue either.
@@ -266,7 +271,7 @@ class Views:
                     "callers": list(rule.callers),
                     "claims": dict(rule.claims),
                     "scopes": list(rule.scopes),
-                    "tools": len(view.tools),
+                    "tools": len(view.tools - catalog.unlisted.keys()),
                     "limits": rule.limits.model_dump(exclude_none=True) if rule.limits is not None else None,
                 }
             )
@@ -276,7 +281,11 @@ class Views:
         for caller, name in self.seen.items():
             callers[caller] = name
         for caller, name in callers.items():
-            tools = len(self._named(catalog, name, policies[name]).tools) if name in policies else 0
+            tools = (
+                len(self._named(catalog, name, policies[name]).tools - catalog.unlisted.keys())
+                if name in policies
+                else 0
+            )
             out["callers"].append({"caller": caller, "policy": name or None, "tools": tools})
         return out
 
