@@ -30,10 +30,12 @@ import json
 import sys
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from typing import Any
 
 import mcp_types as types
 from mcp.server.streamable_http import EventCallback, EventId, EventMessage, EventStore, StreamId
+from mcp.shared.dispatcher import coerce_request_id
 
 __all__ = ["RETRY_MS", "RecentEvents", "SessionEvents"]
 
@@ -78,9 +80,10 @@ class RecentEvents(EventStore):
         self._shared: tuple[tuple[str, ...], tuple[Any, ...], str] | None = None  # a large result's keys, values, JSON
         self._sessions = itertools.count(1)
 
-    def for_session(self) -> SessionEvents:
-        """A view of this store for one new session: its own streams, the shared budgets."""
-        return SessionEvents(self, f"s{next(self._sessions)}/")
+    def for_session(self, on_answer: Callable[[str | int], None] | None = None) -> SessionEvents:
+        """A view of this store for one new session: its own streams, the shared budgets; ``on_answer`` is told the
+        id of every answer the session produces."""
+        return SessionEvents(self, f"s{next(self._sessions)}/", on_answer)
 
     def statistics(self) -> tuple[int, int]:
         """(events kept, bytes counted)."""
@@ -161,13 +164,21 @@ class RecentEvents(EventStore):
 
 class SessionEvents(EventStore):
     """One session's view of a ``RecentEvents``: stream names prefixed with the session's own, and a replay only of
-    the session's own streams."""
+    the session's own streams. Every message the SDK sends on the session passes here first, to a stream or to no
+    one, so ``on_answer`` learns of each answer (the id it answers, as the SDK correlates it) as it is produced."""
 
-    def __init__(self, store: RecentEvents, prefix: str) -> None:
-        self._store, self._prefix = store, prefix
+    def __init__(self, store: RecentEvents, prefix: str, on_answer: Callable[[str | int], None] | None = None) -> None:
+        self._store, self._prefix, self._on_answer = store, prefix, on_answer
 
     async def store_event(self, stream_id: StreamId, message: types.JSONRPCMessage | None) -> EventId:
-        return await self._store.store_event(self._prefix + stream_id, message)
+        event_id = await self._store.store_event(self._prefix + stream_id, message)
+        if (
+            self._on_answer is not None
+            and isinstance(message, types.JSONRPCResponse | types.JSONRPCError)
+            and message.id is not None
+        ):
+            self._on_answer(coerce_request_id(message.id))
+        return event_id
 
     async def replay_events_after(self, last_event_id: EventId, send_callback: EventCallback) -> StreamId | None:
         stream_id = await self._store.replay_events_after(last_event_id, send_callback, prefix=self._prefix)

@@ -227,6 +227,33 @@ async def test_an_abandoned_request_that_is_cancelled_frees_its_id(
     assert text(answers[-1]) == "reused"
 
 
+async def held(http: httpx2.AsyncClient, gateway: RunningServer) -> int:
+    with anyio.fail_after(WAIT):
+        return int((await http.get(gateway.url("/status"))).json()["sessions"]["ids_held"])
+
+
+async def test_an_abandoned_requests_id_is_held_no_longer_than_its_session(
+    http: httpx2.AsyncClient, gateway: RunningServer
+) -> None:
+    raw = await opened(http, gateway)
+    assert await held(http, gateway) == 0  # the earlier tests' abandoned calls were answered: nothing kept
+    async with streaming(raw, slow(raw, 31, seconds=3600, steps=1)) as first:
+        await first.wait_running()
+
+    async def holding() -> bool:
+        return await held(http, gateway) == 1
+
+    await eventually(holding, within=WAIT)  # the gateway noticed the client left; the call runs on
+    with anyio.fail_after(WAIT):
+        assert (await http.delete(raw.url, headers=raw.headers)).status_code == 200
+
+    async def free() -> bool:
+        return await held(http, gateway) == 0
+
+    await eventually(free, within=WAIT)  # nothing will answer it now: the hold ended with its session
+    assert (await raw.post(json.dumps(raw.call("echo", {"text": "x"}, 31))))[0] == 404
+
+
 async def test_responses_and_notifications_with_bogus_ids_are_accepted_and_harm_no_request(
     http: httpx2.AsyncClient, gateway: RunningServer
 ) -> None:
@@ -329,3 +356,40 @@ async def test_resuming_a_stream_replays_only_this_sessions_request_of_that_id_n
             assert resumed.status_code == 200
             replayed = await Stream(resumed.aiter_lines()).answer()
     assert replayed["id"] == 5 and text(replayed) == "slept"  # its own answer, not the other session's
+
+
+async def test_an_id_whose_post_ended_unanswered_is_held_until_its_answer_or_its_sessions_end_and_never_kept() -> None:
+    table = InFlight()
+    table.answers_known = True  # as CallerSessions sets it when it feeds ``answered``
+    first, second, third = ("c", "s", 7), ("c", "s", 8), ("c", "other", 7)
+    for key in (first, second, third):
+        assert await table.claim(key)
+    table.release(first, pending=True)  # its POST ended unanswered: held
+    assert len(table) == 3 and table.held == 1
+    with anyio.fail_after(RELEASE_GRACE_S + WAIT):
+        assert not await table.claim(first)  # a reuse is refused while the SDK still works on it
+    table.answered("other", 7)  # another session's 7 is not this one
+    assert table.held == 1
+    table.answered("s", 7)  # the SDK produced its answer (to no one): free
+    assert table.held == 0 and len(table) == 2
+    assert await table.claim(first)
+
+    table.answered("s", 8)  # answered while its POST is still sending it: freed when the POST ends, not held
+    table.release(second, pending=True)
+    assert len(table) == 2 and table.held == 0
+
+    table.release(first, pending=True)
+    table.release(third, pending=True)  # "other" answered its 7 above, before this POST ended: not held
+    assert table.held == 1
+    table.session_ended("s")  # its session ended: nothing will answer it any more
+    assert table.held == 0 and await table.claim(first)
+    table.session_ended("s")  # a POST still ending on an ended session is not held
+    table.release(first, pending=True)
+    assert await table.claim(second)
+    table.release(second, pending=False)  # refused before the SDK (a 404, 429, ...): never held
+    assert len(table) == 0 and table.held == 0
+
+    unfed = InFlight()  # nothing tells it of answers: it never holds what it could not free
+    assert await unfed.claim(first)
+    unfed.release(first, pending=True)
+    assert len(unfed) == 0
