@@ -21,7 +21,9 @@ serializer fails on them in a downstream session every caller shares. ``Edge`` g
     requests by id (the transport's streams by ``str(id)``, the dispatcher's table by ``coerce_request_id``, so
     ``7`` and ``"7"`` are one id), and a second request with the id takes over the first's answer stream, so the
     first is never answered. The first request goes on and is answered. A reuse of an id whose POST is just ending
-    waits for it (``RELEASE_GRACE_S``). See ``InFlight``.
+    waits for it (``RELEASE_GRACE_S``). An id whose POST ended before its answer (the client went away) stays in
+    flight until the SDK has produced that answer or the session has ended, so a reuse is never handed another
+    request's answer. See ``InFlight``.
 A body that is not JSON, or not one JSON object, is passed on untouched: the SDK's parse errors stand. The cost is
 one extra ``json.loads`` of each POST body (microseconds for a call; the SDK reads the whole body anyway).
 """
@@ -60,50 +62,107 @@ reuse an id as soon as it has read the answer, which reaches it a moment before 
 Key = tuple[str | None, str, str | int]
 
 
+class _Claim:
+    """One claimed id: set ``ended`` when it is free again."""
+
+    __slots__ = ("answered", "ended", "gone")
+
+    def __init__(self) -> None:
+        self.ended = anyio.Event()
+        self.answered = False  # the SDK produced its answer (events.py told us)
+        self.gone = False  # its session ended
+
+
 class InFlight:
     """The request ids in flight per session, so that a duplicate is refused before the SDK sees it.
 
     An id is claimed when its POST is handed to the SDK and released when that POST's ASGI call ends, however it
     ends: its answer sent, the request cancelled (the session era answers a cancelled request on its stream), the
-    client gone, the session ended or deleted (the SDK closes the session's streams). So the table holds at most one
-    entry per POST being served: it is bounded by the server's concurrent connections and cannot outlive them.
-    Holding the id until the POST has ended, not just until its answer was written, matters: the SDK's transport
-    drops the stream of whatever request holds the id when the old POST finishes, so a reuse in between would hang.
+    session ended or deleted (the SDK closes the session's streams), the SDK refused it (any status but 200). Holding
+    the id until the POST has ended, not just until its answer was written, matters: the SDK's transport drops the
+    stream of whatever request holds the id when the old POST finishes, so a reuse in between would hang.
+
+    A POST that ends while its request goes on — the client went away, or the SSE stream was closed for it to
+    resume later — keeps its id *held* until the SDK produces the request's answer (``answered``, from the session's
+    event view, events.py: every answer passes through it, to a stream or to no one) or its session ends
+    (``session_ended``, from ``CallerSessions``): the SDK keys the request by its id until then, and routes its answer
+    to whatever stream has that id, so a reuse would be handed the abandoned request's answer. A hold is bounded by
+    the call's own timeout (``servers.<name>.timeout_s``: the gateway answers a timed-out call), by a cancellation
+    (answered -32800), and by its session's end (DELETE, idle timeout, eviction); it holds only while something will
+    end it, so only when ``answers_known`` (the session manager feeds ``answered``) is it kept at all.
     Keys are (caller, session id, the SDK's correlation id): another caller naming this session id has keys of its
     own (and the SDK answers it 404), and the stateless era (told, as the SDK tells it, by the protocol version
-    header; each POST its own exchange) is not tracked. A POST the client abandons frees its id although the SDK
-    may still be working on it: the SDK then gives a later request reusing that id the abandoned one's answer if it
-    comes first, within the same session only.
+    header; each POST its own exchange) is not tracked. The table holds one entry per POST being served and per
+    request the SDK is still working on, so it cannot outlive the sessions that hold them.
     """
 
     def __init__(self) -> None:
-        self._ids: dict[Key, anyio.Event] = {}
+        self._ids: dict[Key, _Claim] = {}
+        self._sessions: dict[str, set[Key]] = {}  # session id -> its claimed keys
+        self._held: set[Key] = set()  # keys whose POST ended while the SDK still works on the request
+        self.answers_known = False
+        """True once something calls ``answered`` for every answer the SDK produces (``CallerSessions``)."""
 
     def __len__(self) -> int:
         return len(self._ids)
+
+    @property
+    def held(self) -> int:
+        """Ids held for requests whose POST ended before their answer."""
+        return len(self._held)
 
     async def claim(self, key: Key) -> bool:
         """Claim ``key``, waiting up to ``RELEASE_GRACE_S`` for its holder to end; False if it is still held."""
         held = self._ids.get(key)
         if held is not None:
             with anyio.move_on_after(RELEASE_GRACE_S):
-                await held.wait()
+                await held.ended.wait()
             if key in self._ids:  # still held, or taken by another request that waited too
                 return False
-        self._ids[key] = anyio.Event()
+        self._ids[key] = _Claim()
+        self._sessions.setdefault(key[1], set()).add(key)
         return True
 
-    def release(self, key: Key) -> None:
-        self._ids.pop(key).set()
+    def release(self, key: Key, *, pending: bool = False) -> None:
+        """The POST of ``key`` ended; ``pending``: the SDK took the request and may not have answered it yet."""
+        claim = self._ids[key]
+        if pending and self.answers_known and not (claim.answered or claim.gone):
+            self._held.add(key)
+        else:
+            self._drop(key)
+
+    def answered(self, session: str, request_id: str | int) -> None:
+        """The SDK produced the answer to ``request_id`` (its correlation id) on ``session``."""
+        for key in [k for k in self._sessions.get(session, ()) if k[2] == request_id]:
+            if key in self._held:
+                self._drop(key)
+            else:
+                self._ids[key].answered = True
+
+    def session_ended(self, session: str) -> None:
+        """``session`` ended: its held ids are free, and those of POSTs still ending are not held."""
+        for key in list(self._sessions.get(session, ())):
+            if key in self._held:
+                self._drop(key)
+            else:
+                self._ids[key].gone = True
+
+    def _drop(self, key: Key) -> None:
+        self._ids.pop(key).ended.set()
+        self._held.discard(key)
+        keys = self._sessions[key[1]]
+        keys.discard(key)
+        if not keys:
+            del self._sessions[key[1]]
 
 
 class Edge:
     """Pure ASGI middleware in front of the MCP app: refuses or withholds what must not reach the SDK or a backend."""
 
-    def __init__(self, app: ASGIApp, settings: Callable[[], EdgeSettings]) -> None:
+    def __init__(self, app: ASGIApp, settings: Callable[[], EdgeSettings], in_flight: InFlight | None = None) -> None:
         self.app = app
         self.settings = settings
-        self.in_flight = InFlight()
+        self.in_flight = in_flight if in_flight is not None else InFlight()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -148,10 +207,19 @@ class Edge:
                 if not await self.in_flight.claim(key):
                     await _reply(send, _duplicate(decoded["id"]))
                     return
+                status: list[int] = []
+
+                async def watched(message: Message) -> None:
+                    if message["type"] == "http.response.start":
+                        status.append(message["status"])
+                    await send(message)
+
                 try:
-                    await self.app(scope, _replay(body, receive), send)
+                    await self.app(scope, _replay(body, receive), watched)
                 finally:
-                    self.in_flight.release(key)
+                    # 200 (the SDK's stream or JSON answer) or nothing sent yet: the SDK took the request, and it
+                    # may run on unanswered; any other status is a refusal before it (404, 406, 429, ...)
+                    self.in_flight.release(key, pending=status in ([], [200]))
                 return
         await self.app(scope, _replay(body, receive), send)
 

@@ -30,10 +30,12 @@ import json
 import sys
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from typing import Any
 
 import mcp_types as types
 from mcp.server.streamable_http import EventCallback, EventId, EventMessage, EventStore, StreamId
+from mcp.shared.dispatcher import coerce_request_id
 
 from gateway.backends.polling import RESUMES
 
@@ -80,10 +82,12 @@ class RecentEvents(EventStore):
         self._shared: tuple[tuple[str, ...], tuple[Any, ...], str] | None = None  # a large result's keys, values, JSON
         self._sessions = itertools.count(1)
 
-    def for_session(self, session_id: str | None = None) -> SessionEvents:
-        """A view of this store for one new session (``session_id``: the client's, for backends/polling.py): its own
-        streams, the shared budgets."""
-        return SessionEvents(self, f"s{next(self._sessions)}/", session_id)
+    def for_session(
+        self, session_id: str | None = None, on_answer: Callable[[str | int], None] | None = None
+    ) -> SessionEvents:
+        """A view of this store for one new session: its own streams, the shared budgets. ``session_id``: the
+        client's (for backends/polling.py); ``on_answer`` is told the id of every answer the session produces."""
+        return SessionEvents(self, f"s{next(self._sessions)}/", session_id, on_answer)
 
     def statistics(self) -> tuple[int, int]:
         """(events kept, bytes counted)."""
@@ -167,13 +171,27 @@ class SessionEvents(EventStore):
     session numbers its requests from 1, so in one store shared by all sessions a resume of session B's stream "2"
     would replay what session A's request 2 was sent: each session's stream names carry its own prefix, and a replay
     finds only its own streams. A replay also lets a downstream resume waiting for this client go on
-    (backends/polling.py)."""
+    (backends/polling.py). Every message the SDK sends on the session passes here first, to a stream or to no one, so
+    ``on_answer`` learns of each answer (the id it answers, as the SDK correlates it) as it is produced."""
 
-    def __init__(self, store: RecentEvents, prefix: str, session_id: str | None = None) -> None:
-        self._store, self._prefix, self._session_id = store, prefix, session_id
+    def __init__(
+        self,
+        store: RecentEvents,
+        prefix: str,
+        session_id: str | None = None,
+        on_answer: Callable[[str | int], None] | None = None,
+    ) -> None:
+        self._store, self._prefix, self._session_id, self._on_answer = store, prefix, session_id, on_answer
 
     async def store_event(self, stream_id: StreamId, message: types.JSONRPCMessage | None) -> EventId:
-        return await self._store.store_event(self._prefix + stream_id, message)
+        event_id = await self._store.store_event(self._prefix + stream_id, message)
+        if (
+            self._on_answer is not None
+            and isinstance(message, types.JSONRPCResponse | types.JSONRPCError)
+            and message.id is not None
+        ):
+            self._on_answer(coerce_request_id(message.id))
+        return event_id
 
     async def replay_events_after(self, last_event_id: EventId, send_callback: EventCallback) -> StreamId | None:
         stream = await self._store.replay_events_after(last_event_id, send_callback, prefix=self._prefix)

@@ -28,6 +28,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -49,7 +50,7 @@ from gateway._logging import redactor
 from gateway.auth.oauth import Refusal, ResourceServer
 from gateway.auth.tokens import Tokens
 from gateway.config import CallerLimit, Limits, Policy
-from gateway.edge import Edge
+from gateway.edge import Edge, InFlight
 from gateway.events import RETRY_MS, RecentEvents
 from gateway.metrics import CONTENT_TYPE, AdapterSnapshot, BackendSnapshot, StateSnapshot
 from gateway.quotas import CallerLimits
@@ -275,15 +276,22 @@ class CallerSessions(SealedSessions):
     against concurrent ``initialize`` requests. SDK log lines are passed through ``_SessionIdFilter``.
     """
 
-    def __init__(self, app: Server[Any], *, limits: Limits, **kwargs: Any) -> None:
+    def __init__(self, app: Server[Any], *, limits: Limits, in_flight: InFlight | None = None, **kwargs: Any) -> None:
         super().__init__(app, session_idle_timeout=limits.session_idle_s, max_sessions=limits.max_sessions, **kwargs)
         self.per_caller = limits.sessions_per_caller
         self.evicted = 0
+        # The edge's ids in flight (edge.py) learn of each session's answers and ends here, so an id whose POST
+        # ended before its answer stays held until the answer is produced or the session ends.
+        self.in_flight = in_flight
+        if in_flight is not None and isinstance(self.event_store, RecentEvents):
+            in_flight.answers_known = True
 
     def statistics(self) -> dict[str, int]:
         """For ``/status``: sessions open now, how many were evicted at their caller's cap, and how many were
-        re-created here from their sealed id (opened on another replica, or before a restart), since start."""
-        return {"open": len(self._server_instances), "evicted": self.evicted, "revived": self.revived}
+        re-created here from their sealed id (opened on another replica, or before a restart), since start; and
+        ``ids_held``: request ids held now for requests whose POST ended before their answer (edge.py)."""
+        held = self.in_flight.held if self.in_flight is not None else 0
+        return {"open": len(self._server_instances), "evicted": self.evicted, "revived": self.revived, "ids_held": held}
 
     async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -313,8 +321,16 @@ class CallerSessions(SealedSessions):
         if transport is not None and isinstance(self.event_store, RecentEvents):
             # The SDK hands every session the one store and names streams by request id: each session gets its own
             # view, so a resume never replays another session's stream of the same id (events.py).
-            transport._event_store = self.event_store.for_session(transport.mcp_session_id)
+            in_flight, session = self.in_flight, transport.mcp_session_id
+            answered = partial(in_flight.answered, session) if in_flight is not None and session is not None else None
+            transport._event_store = self.event_store.for_session(session, answered)
         return transport
+
+    async def _discard_session(self, session_id: str, transport: StreamableHTTPServerTransport) -> None:
+        # Every way a session ends passes here (DELETE, idle timeout, eviction, a crash, shutdown).
+        if self.in_flight is not None:
+            self.in_flight.session_ended(session_id)
+        await super()._discard_session(session_id, transport)
 
     def _least_recently_used_idle(self, sessions: list[str]) -> str | None:
         """Of ``sessions``, the one idle longest. A transport's idle deadline is its last request's end plus the
@@ -456,9 +472,11 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
     """The gateway's HTTP app. Run it inside ``gateway.running()`` (the caller owns the gateway's lifetime)."""
     server, connections = build_server(gateway)
     _filter_session_ids()
+    in_flight = InFlight()  # the edge's request ids in flight, told of answers and session ends by the manager
     manager = CallerSessions(
         server,
         limits=gateway.config.gateway.limits,
+        in_flight=in_flight,
         seal=session_seal(gateway.config.gateway, str(gateway.config.source or "")),  # sessions.py
         json_response=json_response,
         # resumable streams (SEP-1699), bounded in events, age and bytes: see events.py
@@ -545,7 +563,9 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
             Route(
                 "/mcp",
                 endpoint=Edge(
-                    CallerLimits(mcp_app, gateway, limits, policies, shared=shared), lambda: gateway.config.gateway.edge
+                    CallerLimits(mcp_app, gateway, limits, policies, shared=shared),
+                    lambda: gateway.config.gateway.edge,
+                    in_flight,
                 ),
             ),
             # the status page; signs people in itself, with the static tokens only (so with OAuth alone it is shut)

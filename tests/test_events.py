@@ -95,3 +95,18 @@ async def test_each_sessions_view_replays_its_own_stream_of_an_id_and_nothing_of
     assert await replay(other, priming) == (None, [])  # another session's event id names nothing here
     assert await replay(mine, theirs) == (None, [])
     assert store.statistics()[0] == 3  # one store, one budget
+
+
+async def test_a_sessions_view_tells_of_every_answer_it_stores_by_the_id_the_sdk_correlates_and_of_nothing_else() -> (
+    None
+):
+    told: list[str | int] = []
+    view = RecentEvents().for_session(on_answer=told.append)
+    await view.store_event("7", None)  # a priming event
+    progress = types.JSONRPCNotification(jsonrpc="2.0", method="notifications/progress", params={"progress": 1})
+    await view.store_event("7", progress)
+    await view.store_event("7", answer(7, "seven"))
+    error = types.JSONRPCError(jsonrpc="2.0", id="07", error=types.ErrorData(code=-32800, message="Request cancelled"))
+    await view.store_event("07", error)
+    await view.store_event("x", types.JSONRPCError(jsonrpc="2.0", id="x", error=types.ErrorData(code=-1, message="")))
+    assert told == [7, 7, "x"]  # "07" is 7 to the SDK's dispatcher (coerce_request_id)

@@ -182,21 +182,76 @@ async def test_a_cancelled_request_frees_its_id_and_a_cancel_from_another_sessio
     assert text(await echo(raw, "reused", 11)) == "reused"
 
 
-async def test_a_request_whose_client_went_away_frees_its_id(http: httpx2.AsyncClient, gateway: RunningServer) -> None:
+async def reuse_until_served(raw: Raw, body: dict[str, Any]) -> list[dict[str, Any] | None]:
+    """Post ``body`` again and again (bounded) until it is served; every answer, in order."""
+    answers: list[dict[str, Any] | None] = []
+
+    async def served() -> bool:
+        answers.append((await raw.post(json.dumps(body)))[1])
+        return "result" in (answers[-1] or {})
+
+    await eventually(served, within=WAIT)
+    refused = [a for a in answers[:-1] if a is not None]
+    assert all(a["error"]["code"] == -32600 for a in refused), refused  # refused until then, never hung
+    return answers
+
+
+async def test_an_abandoned_request_holds_its_id_until_answered_so_a_reuse_gets_its_own_answer_never_the_old_one(
+    http: httpx2.AsyncClient, gateway: RunningServer
+) -> None:
+    """The reported misdelivery: the client drops a POST while the downstream works on it; the SDK goes on with the
+    request, and a new request reusing the id on the session was handed the abandoned one's answer ("done 1")."""
+    raw = await opened(http, gateway)
+    async with streaming(raw, slow(raw, 21, seconds=2.0, steps=1)) as first:  # progress at once, "done 1" at 2 s
+        await first.wait_running()
+    # The connection is closed while the call runs on. A reuse outlasting it must be answered its own "slept".
+    answers = await reuse_until_served(raw, raw.call("sleep", {"seconds": 3.0}, 21))
+    assert answers[-1] is not None and answers[-1]["id"] == 21 and text(answers[-1]) == "slept", answers
+    assert len(answers) > 1  # refused while the abandoned call ran: it was not over when the client left
+    assert text(await echo(raw, "after", 22)) == "after"
+
+
+async def test_an_abandoned_request_that_is_cancelled_frees_its_id(
+    http: httpx2.AsyncClient, gateway: RunningServer
+) -> None:
     raw = await opened(http, gateway)
     async with streaming(raw, slow(raw, 12, seconds=3600, steps=1)) as first:
         await first.wait_running()
-    # The connection is closed; the gateway notices on its own schedule, so poll (bounded) until the id is free.
-    answers: list[dict[str, Any] | None] = []
-
-    async def reused() -> bool:
-        answers.append(await echo(raw, "reused", 12))
-        return "result" in (answers[-1] or {})
-
-    await eventually(reused, within=WAIT)
+    # Gone, but the call runs on (for an hour, or the backend's timeout): the id stays held, refused at once...
+    status, answer = await raw.post(json.dumps(raw.call("echo", {"text": "too soon"}, 12)))
+    assert status == 400 and answer is not None and answer["error"]["code"] == -32600, answer
+    # ...until the call is answered, here by its cancellation (the SDK answers it -32800, to no one).
+    cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 12}}
+    assert await send(raw, cancel) == 202
+    answers = await reuse_until_served(raw, raw.call("echo", {"text": "reused"}, 12))
     assert text(answers[-1]) == "reused"
-    refused = [a for a in answers[:-1] if a is not None]
-    assert all(a["error"]["code"] == -32600 for a in refused), refused  # refused until then, never hung
+
+
+async def held(http: httpx2.AsyncClient, gateway: RunningServer) -> int:
+    with anyio.fail_after(WAIT):
+        return int((await http.get(gateway.url("/status"))).json()["sessions"]["ids_held"])
+
+
+async def test_an_abandoned_requests_id_is_held_no_longer_than_its_session(
+    http: httpx2.AsyncClient, gateway: RunningServer
+) -> None:
+    raw = await opened(http, gateway)
+    assert await held(http, gateway) == 0  # the earlier tests' abandoned calls were answered: nothing kept
+    async with streaming(raw, slow(raw, 31, seconds=3600, steps=1)) as first:
+        await first.wait_running()
+
+    async def holding() -> bool:
+        return await held(http, gateway) == 1
+
+    await eventually(holding, within=WAIT)  # the gateway noticed the client left; the call runs on
+    with anyio.fail_after(WAIT):
+        assert (await http.delete(raw.url, headers=raw.headers)).status_code == 200
+
+    async def free() -> bool:
+        return await held(http, gateway) == 0
+
+    await eventually(free, within=WAIT)  # nothing will answer it now: the hold ended with its session
+    assert (await raw.post(json.dumps(raw.call("echo", {"text": "x"}, 31))))[0] == 404
 
 
 async def test_responses_and_notifications_with_bogus_ids_are_accepted_and_harm_no_request(
@@ -301,3 +356,40 @@ async def test_resuming_a_stream_replays_only_this_sessions_request_of_that_id_n
             assert resumed.status_code == 200
             replayed = await Stream(resumed.aiter_lines()).answer()
     assert replayed["id"] == 5 and text(replayed) == "slept"  # its own answer, not the other session's
+
+
+async def test_an_id_whose_post_ended_unanswered_is_held_until_its_answer_or_its_sessions_end_and_never_kept() -> None:
+    table = InFlight()
+    table.answers_known = True  # as CallerSessions sets it when it feeds ``answered``
+    first, second, third = ("c", "s", 7), ("c", "s", 8), ("c", "other", 7)
+    for key in (first, second, third):
+        assert await table.claim(key)
+    table.release(first, pending=True)  # its POST ended unanswered: held
+    assert len(table) == 3 and table.held == 1
+    with anyio.fail_after(RELEASE_GRACE_S + WAIT):
+        assert not await table.claim(first)  # a reuse is refused while the SDK still works on it
+    table.answered("other", 7)  # another session's 7 is not this one
+    assert table.held == 1
+    table.answered("s", 7)  # the SDK produced its answer (to no one): free
+    assert table.held == 0 and len(table) == 2
+    assert await table.claim(first)
+
+    table.answered("s", 8)  # answered while its POST is still sending it: freed when the POST ends, not held
+    table.release(second, pending=True)
+    assert len(table) == 2 and table.held == 0
+
+    table.release(first, pending=True)
+    table.release(third, pending=True)  # "other" answered its 7 above, before this POST ended: not held
+    assert table.held == 1
+    table.session_ended("s")  # its session ended: nothing will answer it any more
+    assert table.held == 0 and await table.claim(first)
+    table.session_ended("s")  # a POST still ending on an ended session is not held
+    table.release(first, pending=True)
+    assert await table.claim(second)
+    table.release(second, pending=False)  # refused before the SDK (a 404, 429, ...): never held
+    assert len(table) == 0 and table.held == 0
+
+    unfed = InFlight()  # nothing tells it of answers: it never holds what it could not free
+    assert await unfed.claim(first)
+    unfed.release(first, pending=True)
+    assert len(unfed) == 0

@@ -148,7 +148,12 @@ async def test_a_caller_at_its_session_cap_loses_its_oldest_idle_session_and_oth
                 second = await open_session(http, url, "tok-bob")
                 assert echoed(await call_echo(http, url, "tok-bob", second, "again")) == "again"
                 status = (await http.get(gateway.url("/status"), headers=headers("tok-bob"))).json()
-                assert status["sessions"] == {"open": 5, "evicted": 5, "revived": 0}  # alice's 3, bob's 2
+                assert status["sessions"] == {
+                    "open": 5,
+                    "evicted": 5,
+                    "revived": 0,
+                    "ids_held": 0,
+                }  # alice's 3, bob's 2
             async with mcp_session(url, token="tok-bob") as session:  # the SDK's own client, too
                 assert (await session.call_tool("echo", {"text": "sdk"})).content[0].text == "sdk"  # type: ignore[union-attr]
         log = stop(gateway)
