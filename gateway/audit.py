@@ -312,6 +312,102 @@ class _Batch:
     error: str | None = None
 
 
+class _GroupCommit:
+    """Group commit, as both engines' write sides do it (see the module docstring): ``record()`` admits a row (at
+    most ``max_pending`` wait), joins it to the open batch or leads a new one, and returns once the batch committed.
+    An engine sets the state its ``__init__``/open calls for and supplies ``_commit_batch`` (write the rows in one
+    transaction under ``_writing``; return None or the error every caller of the batch gets)."""
+
+    _state: Literal["new", "open", "closing", "closed"]
+    _max_pending: int
+    _slots: anyio.Semaphore | None  # max_pending rows; a further record() waits (None: a disabled ledger)
+    _writing: anyio.Lock | None  # held while a batch commits
+    _batch: _Batch | None  # the batch new rows join, until its leader starts the commit
+    _drained: anyio.Event | None  # set on close once no row is pending
+    _pending: int
+    _peak_pending: int
+    _rows_written: int
+    _commits: int
+    _largest_commit: int
+    _rows_pruned: int
+
+    async def _commit_batch(self, rows: list[tuple[Any, ...]]) -> str | None:
+        raise NotImplementedError
+
+    def _batch_done(self) -> None:
+        """Called after each batch's callers are woken (the SQLite ledger's checkpoint trigger)."""
+
+    def _count_commit(self, rows: int) -> None:
+        self._rows_written += rows
+        self._commits += 1
+        self._largest_commit = max(self._largest_commit, rows)
+
+    def _statistics(self, **engine: Any) -> LedgerStatistics:
+        return LedgerStatistics(
+            pending=self._pending,
+            peak_pending=self._peak_pending,
+            max_pending=self._max_pending,
+            rows_written=self._rows_written,
+            commits=self._commits,
+            largest_commit=self._largest_commit,
+            rows_pruned=self._rows_pruned,
+            **engine,
+        )
+
+    async def record(self, rec: AuditRecord) -> None:
+        """Write one row; return once its transaction has committed.
+
+        Raises:
+            AuditError: the ledger is not open, the row is invalid, or the engine could not write it.
+        """
+        if self._state != "open":
+            raise AuditError(f"The audit ledger is {self._state}; rows can be recorded only while it is open.")
+        if self._slots is None:  # disabled
+            return
+        row = _encode(rec)
+        with anyio.CancelScope(shield=True):
+            await self._slots.acquire()  # fast_acquire: no checkpoint unless the ledger is full
+            if self._state != "open":
+                self._slots.release()
+                raise AuditError("The audit ledger closed before the row could be recorded.")
+            self._pending += 1
+            self._peak_pending = max(self._peak_pending, self._pending)
+            joined = self._batch
+            if joined is None or len(joined.rows) >= MAX_BATCH:
+                batch = self._batch = _Batch(rows=[row])
+                await self._lead(batch)
+            else:
+                batch = joined
+                batch.rows.append(row)
+                await batch.done.wait()
+        if batch.error is not None:
+            raise AuditError(batch.error)
+
+    async def _lead(self, batch: _Batch) -> None:
+        """Commit ``batch``: let the callers that are ready join it first, then write it in one transaction."""
+        assert self._writing is not None and self._slots is not None
+        await anyio.lowlevel.cancel_shielded_checkpoint()  # the one yield: concurrent callers join the batch
+        try:
+            async with self._writing:
+                if self._batch is batch:
+                    self._batch = None  # closed: later rows start the next batch
+                try:
+                    batch.error = await self._commit_batch(batch.rows)
+                except BaseException as exc:  # a bug, not a write error: fail the batch, then let it surface
+                    batch.error = f"The audit ledger could not commit: {exc!r}."
+                    raise
+        finally:
+            rows = len(batch.rows)
+            self._pending -= rows
+            for _ in range(rows):
+                self._slots.release()
+            batch.done.set()
+            if self._pending == 0 and self._state == "closing":
+                assert self._drained is not None
+                self._drained.set()
+            self._batch_done()
+
+
 def _is_busy(exc: sqlite3.Error) -> bool:
     return getattr(exc, "sqlite_errorcode", None) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
@@ -320,7 +416,7 @@ class _Busy(Exception):
     """Another connection holds the write lock: commit in a worker thread, where waiting for it blocks no one."""
 
 
-class Ledger(anyio.AsyncContextManagerMixin):
+class Ledger(_GroupCommit, anyio.AsyncContextManagerMixin):
     """The write side of the audit ledger; see the module docstring for its guarantee.
 
     Use it as ``async with Ledger(path, retention_days=30) as ledger: ... await ledger.record(rec)``. A ledger is
@@ -388,15 +484,7 @@ class Ledger(anyio.AsyncContextManagerMixin):
         return self._path
 
     def statistics(self) -> LedgerStatistics:
-        return LedgerStatistics(
-            pending=self._pending,
-            peak_pending=self._peak_pending,
-            max_pending=self._max_pending,
-            rows_written=self._rows_written,
-            commits=self._commits,
-            largest_commit=self._largest_commit,
-            rows_pruned=self._rows_pruned,
-        )
+        return self._statistics()
 
     @asynccontextmanager
     async def __asynccontextmanager__(self) -> AsyncGenerator[Self]:
@@ -433,35 +521,6 @@ class Ledger(anyio.AsyncContextManagerMixin):
                 await anyio.to_thread.run_sync(conn.close)
             self._state = "closed"
 
-    async def record(self, rec: AuditRecord) -> None:
-        """Write one row; return once its transaction has committed.
-
-        Raises:
-            AuditError: the ledger is not open, the row is invalid, or SQLite could not write it.
-        """
-        if self._state != "open":
-            raise AuditError(f"The audit ledger is {self._state}; rows can be recorded only while it is open.")
-        if self._slots is None:  # disabled
-            return
-        row = _encode(rec)
-        with anyio.CancelScope(shield=True):
-            await self._slots.acquire()  # fast_acquire: no checkpoint unless the ledger is full
-            if self._state != "open":
-                self._slots.release()
-                raise AuditError("The audit ledger closed before the row could be recorded.")
-            self._pending += 1
-            self._peak_pending = max(self._peak_pending, self._pending)
-            joined = self._batch
-            if joined is None or len(joined.rows) >= MAX_BATCH:
-                batch = self._batch = _Batch(rows=[row])
-                await self._lead(batch)
-            else:
-                batch = joined
-                batch.rows.append(row)
-                await batch.done.wait()
-        if batch.error is not None:
-            raise AuditError(batch.error)
-
     async def prune(self) -> int:
         """Apply retention now (in a worker thread, in chunks between commits); return how many rows were deleted."""
         if self._state != "open":
@@ -474,43 +533,23 @@ class Ledger(anyio.AsyncContextManagerMixin):
 
     # --- on the event loop ------------------------------------------------------------------------------------
 
-    async def _lead(self, batch: _Batch) -> None:
-        """Commit ``batch``: let the callers that are ready join it first, then write it in one transaction.
-
-        With ``synchronous=NORMAL`` a commit only appends to the WAL (no fsync; tens of microseconds), so it runs
+    async def _commit_batch(self, rows: list[tuple[Any, ...]]) -> str | None:
+        """With ``synchronous=NORMAL`` a commit only appends to the WAL (no fsync; tens of microseconds), so it runs
         right here on the event loop: no thread hand-off and no wake-up back. If another connection holds the write
         lock (retention, another process), the batch waits for it in a worker thread instead of blocking the loop.
         With ``FULL`` every commit fsyncs, so it always runs in a worker thread; rows arriving meanwhile gather in the
         next batch.
         """
-        assert self._writing is not None and self._conn is not None and self._slots is not None
-        await anyio.lowlevel.cancel_shielded_checkpoint()  # the one yield: concurrent callers join the batch
+        if self._synchronous == "FULL":
+            return await anyio.to_thread.run_sync(self._commit, rows)
         try:
-            async with self._writing:
-                if self._batch is batch:
-                    self._batch = None  # closed: later rows start the next batch
-                try:
-                    if self._synchronous == "FULL":
-                        batch.error = await anyio.to_thread.run_sync(self._commit, batch.rows)
-                    else:
-                        try:
-                            batch.error = self._commit(batch.rows, busy_wait=False)
-                        except _Busy:
-                            batch.error = await anyio.to_thread.run_sync(self._commit, batch.rows)
-                except BaseException as exc:  # a bug, not a write error: fail the batch, then let it surface
-                    batch.error = f"The audit ledger could not commit: {exc!r}."
-                    raise
-        finally:
-            rows = len(batch.rows)
-            self._pending -= rows
-            for _ in range(rows):
-                self._slots.release()
-            batch.done.set()
-            if self._pending == 0 and self._state == "closing":
-                assert self._drained is not None
-                self._drained.set()
-            if self._commits - self._checkpointed_commits >= CHECKPOINT_COMMITS:
-                self._maintenance_wake.set()
+            return self._commit(rows, busy_wait=False)
+        except _Busy:
+            return await anyio.to_thread.run_sync(self._commit, rows)
+
+    def _batch_done(self) -> None:
+        if self._commits - self._checkpointed_commits >= CHECKPOINT_COMMITS:
+            self._maintenance_wake.set()
 
     # --- SQLite (the event loop or a worker thread; never two at once on one connection) -----------------------
 
@@ -580,9 +619,7 @@ class Ledger(anyio.AsyncContextManagerMixin):
         finally:
             if busy_wait and self._synchronous == "NORMAL":
                 conn.execute("PRAGMA busy_timeout=0")
-        self._rows_written += len(rows)
-        self._commits += 1
-        self._largest_commit = max(self._largest_commit, len(rows))
+        self._count_commit(len(rows))
         return None
 
     def _prune_chunk(self, conn: sqlite3.Connection) -> int:

@@ -39,7 +39,6 @@ from typing import Any, Final, Literal, Self
 
 import anyio
 import anyio.abc
-import anyio.lowlevel
 import anyio.to_thread
 import psycopg
 import psycopg.conninfo
@@ -48,7 +47,7 @@ import psycopg_pool
 import structlog
 
 from gateway import audit
-from gateway.audit import MAX_BATCH, MIGRATIONS, AuditRecord, LedgerStatistics, ToolStats, _Batch, _encode
+from gateway.audit import MAX_BATCH, MIGRATIONS, AuditRecord, LedgerStatistics, ToolStats, _Batch, _GroupCommit
 from gateway.errors import AuditError
 from gateway.ledgers import redact_url, scrub_url
 
@@ -223,7 +222,7 @@ class _Spool:
 # --- the write side ---------------------------------------------------------------------------------------------
 
 
-class PgLedger(anyio.AsyncContextManagerMixin):
+class PgLedger(_GroupCommit, anyio.AsyncContextManagerMixin):
     """The write side of a PostgreSQL ledger; see the module docstring. Single-use, like ``audit.Ledger``.
 
     Args:
@@ -260,10 +259,11 @@ class PgLedger(anyio.AsyncContextManagerMixin):
         self._pool: psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
         self._spool: _Spool | None = None
         self._tg: anyio.abc.TaskGroup | None = None
-        self._slots = anyio.Semaphore(max_pending, fast_acquire=True)
-        self._writing = anyio.Lock(fast_acquire=True)  # held while a batch commits, and while replay switches back
+        self._slots: anyio.Semaphore = anyio.Semaphore(max_pending, fast_acquire=True)
+        # Held while a batch commits, and while replay switches back.
+        self._writing: anyio.Lock = anyio.Lock(fast_acquire=True)
         self._batch: _Batch | None = None
-        self._drained = anyio.Event()
+        self._drained: anyio.Event = anyio.Event()
         self._wake = anyio.Event()  # the replay task has work
         self._replaying = anyio.Lock()  # one replay at a time (the task's, or the last one at close)
         self._spooling = False
@@ -286,14 +286,7 @@ class PgLedger(anyio.AsyncContextManagerMixin):
         return self._spool_path
 
     def statistics(self) -> LedgerStatistics:
-        return LedgerStatistics(
-            pending=self._pending,
-            peak_pending=self._peak_pending,
-            max_pending=self._max_pending,
-            rows_written=self._rows_written,
-            commits=self._commits,
-            largest_commit=self._largest_commit,
-            rows_pruned=self._rows_pruned,
+        return self._statistics(
             engine="postgresql",
             spooling=self._spooling,
             spooled_rows=0 if self._spool is None else self._spool.count,
@@ -361,50 +354,7 @@ class PgLedger(anyio.AsyncContextManagerMixin):
                     )
             self._state = "closed"
 
-    async def record(self, rec: AuditRecord) -> None:
-        """Write one row; return once its transaction has committed (in PostgreSQL, or in the spool).
-
-        Raises:
-            AuditError: the ledger is not open, the row is invalid, or neither PostgreSQL nor the spool took it.
-        """
-        if self._state != "open":
-            raise AuditError(f"The audit ledger is {self._state}; rows can be recorded only while it is open.")
-        row = _encode(rec)
-        with anyio.CancelScope(shield=True):
-            await self._slots.acquire()
-            if self._state != "open":
-                self._slots.release()
-                raise AuditError("The audit ledger closed before the row could be recorded.")
-            self._pending += 1
-            self._peak_pending = max(self._peak_pending, self._pending)
-            joined = self._batch
-            if joined is None or len(joined.rows) >= MAX_BATCH:
-                batch = self._batch = _Batch(rows=[row])
-                await self._lead(batch)
-            else:
-                batch = joined
-                batch.rows.append(row)
-                await batch.done.wait()
-        if batch.error is not None:
-            raise AuditError(batch.error)
-
-    async def _lead(self, batch: _Batch) -> None:
-        await anyio.lowlevel.cancel_shielded_checkpoint()  # concurrent callers join the batch
-        try:
-            async with self._writing:
-                if self._batch is batch:
-                    self._batch = None
-                batch.error = await self._write(batch.rows)
-        finally:
-            rows = len(batch.rows)
-            self._pending -= rows
-            for _ in range(rows):
-                self._slots.release()
-            batch.done.set()
-            if self._pending == 0 and self._state == "closing":
-                self._drained.set()
-
-    async def _write(self, rows: list[tuple[Any, ...]]) -> str | None:
+    async def _commit_batch(self, rows: list[tuple[Any, ...]]) -> str | None:
         """Commit ``rows`` to PostgreSQL or, when spooling or when that fails or is slow, to the spool."""
         if not self._spooling and self._migrated:
             outcome: list[BaseException | None] = []
@@ -450,11 +400,6 @@ class PgLedger(anyio.AsyncContextManagerMixin):
             outcome.append(exc)
         finally:
             done.set()
-
-    def _count_commit(self, rows: int) -> None:
-        self._rows_written += rows
-        self._commits += 1
-        self._largest_commit = max(self._largest_commit, rows)
 
     def _enter_spooling(self, exc: BaseException | None, when: str) -> None:
         why = "the schema is not migrated yet" if exc is None else _why(exc, self._url)
