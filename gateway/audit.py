@@ -46,7 +46,7 @@ from collections.abc import AsyncGenerator, Callable, Generator, Mapping, Sequen
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Literal, Self
+from typing import Any, Final, Literal, Self, TypedDict, Unpack
 
 import anyio
 import anyio.lowlevel
@@ -707,28 +707,55 @@ def _connect_readonly(path: str | os.PathLike[str]) -> sqlite3.Connection:
     return conn
 
 
-def _where(
-    *,
-    tool: str | None,
-    status: str | None,
-    client: str | None,
-    since: float | None,
-    until: float | None,
-    kind: str | None = None,
-) -> tuple[str, list[Any]]:
+class TailFilters(TypedDict, total=False):
+    """What ``tail`` matches rows on (each exact; None or absent matches all), in either engine."""
+
+    tool: str | None
+    status: str | None
+    client: str | None
+    kind: str | None
+
+
+class Filters(TailFilters, total=False):
+    """What ``query`` and ``stats`` match rows on: ``TailFilters`` and ``since <= ts < until``."""
+
+    since: float | None
+    until: float | None
+
+
+def _where(**filters: Unpack[Filters]) -> tuple[str, list[Any]]:
+    """The ``WHERE`` clause (SQL both engines accept, ``?`` placeholders) and parameters of ``filters``."""
     clauses: list[str] = []
     params: list[Any] = []
-    for column, value in (("tool", tool), ("status", status), ("client_name", client), ("kind", kind)):
+    for column, key in (("tool", "tool"), ("status", "status"), ("client_name", "client"), ("kind", "kind")):
+        value = filters.get(key)
         if value is not None:
             clauses.append(f"{column} = ?")
             params.append(value)
+    since, until = filters.get("since"), filters.get("until")
     if since is not None:
         clauses.append("ts >= ?")
         params.append(since)
     if until is not None:
         clauses.append("ts < ?")
         params.append(until)
-    return (" AND ".join(clauses) or "1"), params
+    return (" AND ".join(clauses) or "1 = 1"), params
+
+
+def _query_sql(limit: int | None, **filters: Unpack[Filters]) -> tuple[str, list[Any]]:
+    """``query``'s statement (both engines'; ``?`` placeholders): the newest ``limit`` matching rows, newest first."""
+    where, params = _where(**filters)
+    sql = f"SELECT {_COLUMNS} FROM calls WHERE {where} ORDER BY ts DESC, id DESC"
+    if limit is not None:
+        sql += " LIMIT ?"
+        params.append(limit)
+    return sql, params
+
+
+def _stats_sql(**filters: Unpack[Filters]) -> tuple[str, list[Any]]:
+    """``stats``' statement (both engines'; ``?`` placeholders): the rows ``_tool_stats`` takes."""
+    where, params = _where(**filters)
+    return f"SELECT tool, status, duration_ms, result_bytes, kind FROM calls WHERE {where}", params
 
 
 def query(
@@ -754,11 +781,7 @@ def query(
     Raises:
         AuditError: the file is missing, is not a ledger, or has another schema version.
     """
-    where, params = _where(tool=tool, status=status, client=client, since=since, until=until, kind=kind)
-    sql = f"SELECT {_COLUMNS} FROM calls WHERE {where} ORDER BY ts DESC, id DESC"
-    if limit is not None:
-        sql += " LIMIT ?"
-        params.append(limit)
+    sql, params = _query_sql(limit, tool=tool, status=status, client=client, since=since, until=until, kind=kind)
     conn = _connect_readonly(path)
     try:
         rows = conn.execute(sql, params).fetchall()
@@ -789,7 +812,7 @@ def tail(
     Raises:
         AuditError: as ``query``.
     """
-    where, params = _where(tool=tool, status=status, client=client, since=None, until=None, kind=kind)
+    where, params = _where(tool=tool, status=status, client=client, kind=kind)
     conn = _connect_readonly(path)
     try:
         seen: int = conn.execute("SELECT coalesce(max(id), 0) FROM calls").fetchone()[0]
@@ -838,12 +861,10 @@ def stats(
     Raises:
         AuditError: as ``query``.
     """
-    where, params = _where(tool=tool, status=status, client=client, since=since, until=until, kind=kind)
+    sql, params = _stats_sql(tool=tool, status=status, client=client, since=since, until=until, kind=kind)
     conn = _connect_readonly(path)
     try:
-        rows = conn.execute(
-            f"SELECT tool, status, duration_ms, result_bytes, kind FROM calls WHERE {where}", params
-        ).fetchall()
+        rows = conn.execute(sql, params).fetchall()
     except sqlite3.Error as exc:
         raise AuditError(f"Cannot read the audit ledger at {path}: {exc}.") from exc
     finally:

@@ -35,7 +35,7 @@ import time
 from collections.abc import AsyncGenerator, Callable, Generator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Final, Literal, Self
+from typing import Any, Final, Literal, Self, Unpack
 
 import anyio
 import anyio.abc
@@ -47,7 +47,17 @@ import psycopg_pool
 import structlog
 
 from gateway import audit
-from gateway.audit import MAX_BATCH, MIGRATIONS, AuditRecord, LedgerStatistics, ToolStats, _Batch, _GroupCommit
+from gateway.audit import (
+    MAX_BATCH,
+    MIGRATIONS,
+    AuditRecord,
+    Filters,
+    LedgerStatistics,
+    TailFilters,
+    ToolStats,
+    _Batch,
+    _GroupCommit,
+)
 from gateway.errors import AuditError
 from gateway.ledgers import redact_url, scrub_url
 
@@ -510,72 +520,44 @@ def _connect(url: str) -> psycopg.Connection[Any]:
     return conn
 
 
-def _where(**filters: Any) -> tuple[str, list[Any]]:
-    where, params = audit._where(**filters)
-    return ("TRUE" if where == "1" else where.replace("?", "%s")), params
+def _pg(sql: str) -> str:
+    """A statement of ``audit``'s read side (``?`` placeholders) in psycopg's (``%s``); no ``?`` is ever literal."""
+    return sql.replace("?", "%s")
 
 
 def _read(url: str, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
     conn = _connect(url)
     try:
-        return conn.execute(sql, params).fetchall()
+        return conn.execute(_pg(sql), params).fetchall()
     except psycopg.Error as exc:
         raise AuditError(f"Cannot read the audit ledger at {redact_url(url)}: {_why(exc, url)}.") from None
     finally:
         conn.close()
 
 
-def query(
-    url: str,
-    *,
-    tool: str | None = None,
-    status: str | None = None,
-    client: str | None = None,
-    since: float | None = None,
-    until: float | None = None,
-    limit: int | None = 100,
-    kind: str | None = None,
-) -> list[AuditRecord]:
+def query(url: str, *, limit: int | None = 100, **filters: Unpack[Filters]) -> list[AuditRecord]:
     """``audit.query`` over a PostgreSQL ledger."""
-    where, params = _where(tool=tool, status=status, client=client, since=since, until=until, kind=kind)
-    sql = f"SELECT {audit._COLUMNS} FROM calls WHERE {where} ORDER BY ts DESC, id DESC"
-    if limit is not None:
-        sql += " LIMIT %s"
-        params.append(limit)
-    return [audit._decode(row) for row in reversed(_read(url, sql, params))]
+    return [audit._decode(row) for row in reversed(_read(url, *audit._query_sql(limit, **filters)))]
 
 
-def stats(
-    url: str,
-    *,
-    since: float | None = None,
-    until: float | None = None,
-    tool: str | None = None,
-    client: str | None = None,
-    status: str | None = None,
-    kind: str | None = None,
-) -> list[ToolStats]:
+def stats(url: str, **filters: Unpack[Filters]) -> list[ToolStats]:
     """``audit.stats`` over a PostgreSQL ledger."""
-    where, params = _where(tool=tool, status=status, client=client, since=since, until=until, kind=kind)
-    rows = _read(url, f"SELECT tool, status, duration_ms, result_bytes, kind FROM calls WHERE {where}", params)
-    return audit._tool_stats(rows)
+    return audit._tool_stats(_read(url, *audit._stats_sql(**filters)))
 
 
 def tail(
     url: str,
     *,
-    tool: str | None = None,
-    status: str | None = None,
-    client: str | None = None,
     last: int = 10,
     follow: bool = True,
     poll_interval: float = 0.5,
     sleep: Callable[[float], None] = time.sleep,
-    kind: str | None = None,
+    **filters: Unpack[TailFilters],
 ) -> Generator[AuditRecord]:
     """``audit.tail`` over a PostgreSQL ledger. Several writers (replicas) commit out of id order, so each poll also
     re-reads the ``TAIL_WINDOW`` ids below the highest seen and skips the rows it has yielded."""
-    where, params = _where(tool=tool, status=status, client=client, since=None, until=None, kind=kind)
+    where, params = audit._where(**filters)
+    where = _pg(where)
     conn = _connect(url)
     columns = f"id, {audit._COLUMNS}"
     try:
