@@ -318,18 +318,26 @@ class _GroupCommit:
     An engine sets the state its ``__init__``/open calls for and supplies ``_commit_batch`` (write the rows in one
     transaction under ``_writing``; return None or the error every caller of the batch gets)."""
 
-    _state: Literal["new", "open", "closing", "closed"]
-    _max_pending: int
     _slots: anyio.Semaphore | None  # max_pending rows; a further record() waits (None: a disabled ledger)
     _writing: anyio.Lock | None  # held while a batch commits
-    _batch: _Batch | None  # the batch new rows join, until its leader starts the commit
     _drained: anyio.Event | None  # set on close once no row is pending
-    _pending: int
-    _peak_pending: int
-    _rows_written: int
-    _commits: int
-    _largest_commit: int
-    _rows_pruned: int
+
+    def __init__(self, *, retention_days: float | None, max_pending: int, prune_interval_s: float) -> None:
+        if retention_days is not None and retention_days <= 0:
+            raise ValueError(
+                f"audit.retention_days must be more than 0 (or unset to keep every row), not {retention_days}."
+            )
+        if max_pending < 1:
+            raise ValueError(f"max_pending must be at least 1, not {max_pending}.")
+        if prune_interval_s <= 0:
+            raise ValueError(f"prune_interval_s must be more than 0, not {prune_interval_s}.")
+        self._retention_s = None if retention_days is None else retention_days * 86400.0
+        self._max_pending = max_pending
+        self._prune_interval_s = prune_interval_s
+        self._state: Literal["new", "open", "closing", "closed"] = "new"
+        self._batch: _Batch | None = None  # the batch new rows join, until its leader starts the commit
+        self._pending = self._peak_pending = 0
+        self._rows_written = self._commits = self._largest_commit = self._rows_pruned = 0
 
     async def _commit_batch(self, rows: list[tuple[Any, ...]]) -> str | None:
         raise NotImplementedError
@@ -440,34 +448,20 @@ class Ledger(_GroupCommit, anyio.AsyncContextManagerMixin):
         max_pending: int = DEFAULT_MAX_PENDING,
         prune_interval_s: float = PRUNE_INTERVAL_S,
     ) -> None:
-        if retention_days is not None and retention_days <= 0:
-            raise ValueError(
-                f"audit.retention_days must be more than 0 (or unset to keep every row), not {retention_days}."
-            )
         if synchronous not in ("NORMAL", "FULL"):
             raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', not {synchronous!r}.")
-        if max_pending < 1:
-            raise ValueError(f"max_pending must be at least 1, not {max_pending}.")
-        if prune_interval_s <= 0:
-            raise ValueError(f"prune_interval_s must be more than 0, not {prune_interval_s}.")
+        super().__init__(retention_days=retention_days, max_pending=max_pending, prune_interval_s=prune_interval_s)
         self._path = None if path is None else Path(path)
-        self._retention_s = None if retention_days is None else retention_days * 86400.0
         self._synchronous = synchronous
-        self._max_pending = max_pending
-        self._prune_interval_s = prune_interval_s
-        self._state: Literal["new", "open", "closing", "closed"] = "new"
         self._conn: sqlite3.Connection | None = None  # the write connection: used by one batch at a time
         self._slots: anyio.Semaphore | None = None  # max_pending rows; a further record() waits
         self._writing: anyio.Lock | None = None  # held while a batch commits
-        self._batch: _Batch | None = None  # the batch new rows join, until its leader starts the commit
         self._drained: anyio.Event | None = None  # set on close once no row is pending
         # The maintenance thread: checkpoints and retention, on its own connection, off the event loop.
         self._maintenance_conn: sqlite3.Connection | None = None
         self._maintenance_lock = threading.Lock()  # the maintenance connection is used by one thread at a time
         self._maintenance_wake = threading.Event()
         self._maintenance_stop = False
-        self._pending = self._peak_pending = 0
-        self._rows_written = self._commits = self._largest_commit = self._rows_pruned = 0
         self._checkpointed_commits = 0  # self._commits as of the last checkpoint
 
     @property

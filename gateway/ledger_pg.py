@@ -35,7 +35,7 @@ import time
 from collections.abc import AsyncGenerator, Callable, Generator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Final, Literal, Self, Unpack
+from typing import Any, Final, Self, Unpack
 
 import anyio
 import anyio.abc
@@ -55,7 +55,6 @@ from gateway.audit import (
     LedgerStatistics,
     TailFilters,
     ToolStats,
-    _Batch,
     _GroupCommit,
 )
 from gateway.errors import AuditError
@@ -254,33 +253,23 @@ class PgLedger(_GroupCommit, anyio.AsyncContextManagerMixin):
         write_timeout_s: float = WRITE_TIMEOUT_S,
         prune_interval_s: float = audit.PRUNE_INTERVAL_S,
     ) -> None:
-        if retention_days is not None and retention_days <= 0:
-            raise ValueError(f"audit.retention_days must be more than 0 (or unset), not {retention_days}.")
-        if max_pending < 1:
-            raise ValueError(f"max_pending must be at least 1, not {max_pending}.")
+        super().__init__(retention_days=retention_days, max_pending=max_pending, prune_interval_s=prune_interval_s)
         self._url = url
         self._conninfo = _conninfo(url)
         self._spool_path = Path(spool_path)
-        self._retention_s = None if retention_days is None else retention_days * 86400.0
-        self._max_pending = max_pending
         self._write_timeout_s = write_timeout_s
-        self._prune_interval_s = prune_interval_s
-        self._state: Literal["new", "open", "closing", "closed"] = "new"
         self._pool: psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
         self._spool: _Spool | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._slots: anyio.Semaphore = anyio.Semaphore(max_pending, fast_acquire=True)
         # Held while a batch commits, and while replay switches back.
         self._writing: anyio.Lock = anyio.Lock(fast_acquire=True)
-        self._batch: _Batch | None = None
         self._drained: anyio.Event = anyio.Event()
         self._wake = anyio.Event()  # the replay task has work
         self._replaying = anyio.Lock()  # one replay at a time (the task's, or the last one at close)
         self._spooling = False
         self._migrated = False
         self._problem: str | None = None
-        self._pending = self._peak_pending = 0
-        self._rows_written = self._commits = self._largest_commit = self._rows_pruned = 0
         self._rows_spooled = self._rows_replayed = 0
 
     @property
