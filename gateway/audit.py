@@ -391,6 +391,16 @@ class _GroupCommit:
         if batch.error is not None:
             raise AuditError(batch.error)
 
+    async def _drain(self) -> None:
+        """Start closing: no row is admitted any more, and the pending ones (promised to their callers: their leaders
+        commit them, ``record()`` is shielded) are waited for, even while being cancelled. No timeout: a row is never
+        abandoned."""
+        self._state = "closing"
+        with anyio.CancelScope(shield=True):
+            if self._pending:
+                assert self._drained is not None
+                await self._drained.wait()
+
     async def _lead(self, batch: _Batch) -> None:
         """Commit ``batch``: let the callers that are ready join it first, then write it in one transaction."""
         assert self._writing is not None and self._slots is not None
@@ -502,12 +512,8 @@ class Ledger(_GroupCommit, anyio.AsyncContextManagerMixin):
         try:
             yield self
         finally:
-            # Pending rows were promised to their callers: their leaders commit them (record() is shielded), and
-            # closing waits for that even while being cancelled. No timeout: a row is never abandoned.
-            self._state = "closing"
+            await self._drain()
             with anyio.CancelScope(shield=True):
-                if self._pending:
-                    await self._drained.wait()
                 self._maintenance_stop = True
                 self._maintenance_wake.set()
                 await anyio.to_thread.run_sync(maintenance.join)

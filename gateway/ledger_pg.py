@@ -329,10 +329,8 @@ class PgLedger(_GroupCommit, anyio.AsyncContextManagerMixin):
                 try:
                     yield self
                 finally:
-                    self._state = "closing"
+                    await self._drain()
                     with anyio.CancelScope(shield=True):
-                        if self._pending:
-                            await self._drained.wait()  # rows promised to their callers: never abandoned
                         if spool.count and not self._problem:
                             with anyio.move_on_after(CLOSE_REPLAY_S):
                                 try:
