@@ -46,7 +46,7 @@ from collections.abc import AsyncGenerator, Callable, Generator, Mapping, Sequen
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Literal, Self
+from typing import Any, Final, Literal, Self, TypedDict, Unpack
 
 import anyio
 import anyio.lowlevel
@@ -312,82 +312,45 @@ class _Batch:
     error: str | None = None
 
 
-def _is_busy(exc: sqlite3.Error) -> bool:
-    return getattr(exc, "sqlite_errorcode", None) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+class _GroupCommit:
+    """Group commit, as both engines' write sides do it (see the module docstring): ``record()`` admits a row (at
+    most ``max_pending`` wait), joins it to the open batch or leads a new one, and returns once the batch committed.
+    An engine sets the state its ``__init__``/open calls for and supplies ``_commit_batch`` (write the rows in one
+    transaction under ``_writing``; return None or the error every caller of the batch gets)."""
 
+    _slots: anyio.Semaphore | None  # max_pending rows; a further record() waits (None: a disabled ledger)
+    _writing: anyio.Lock | None  # held while a batch commits
+    _drained: anyio.Event | None  # set on close once no row is pending
 
-class _Busy(Exception):
-    """Another connection holds the write lock: commit in a worker thread, where waiting for it blocks no one."""
-
-
-class Ledger(anyio.AsyncContextManagerMixin):
-    """The write side of the audit ledger; see the module docstring for its guarantee.
-
-    Use it as ``async with Ledger(path, retention_days=30) as ledger: ... await ledger.record(rec)``. A ledger is
-    single-use. ``Ledger(None)`` is disabled: it opens nothing and ``record()`` returns at once, for measuring the
-    gateway with the ledger off.
-
-    Args:
-        path: the SQLite file (created, with its directory, if missing; mode 0600), or None to disable the ledger.
-        retention_days: rows older than this are deleted at open and every ``prune_interval_s``; None keeps all.
-        synchronous: "NORMAL" survives a process crash, "FULL" also survives power loss (slower; see module doc).
-        max_pending: how many rows may await their commit before ``record()`` makes callers wait.
-        prune_interval_s: how often retention runs while open.
-    """
-
-    def __init__(
-        self,
-        path: str | os.PathLike[str] | None,
-        *,
-        retention_days: float | None = None,
-        synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
-        max_pending: int = DEFAULT_MAX_PENDING,
-        prune_interval_s: float = PRUNE_INTERVAL_S,
-    ) -> None:
+    def __init__(self, *, retention_days: float | None, max_pending: int, prune_interval_s: float) -> None:
         if retention_days is not None and retention_days <= 0:
             raise ValueError(
                 f"audit.retention_days must be more than 0 (or unset to keep every row), not {retention_days}."
             )
-        if synchronous not in ("NORMAL", "FULL"):
-            raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', not {synchronous!r}.")
         if max_pending < 1:
             raise ValueError(f"max_pending must be at least 1, not {max_pending}.")
         if prune_interval_s <= 0:
             raise ValueError(f"prune_interval_s must be more than 0, not {prune_interval_s}.")
-        self._path = None if path is None else Path(path)
         self._retention_s = None if retention_days is None else retention_days * 86400.0
-        self._synchronous = synchronous
         self._max_pending = max_pending
         self._prune_interval_s = prune_interval_s
         self._state: Literal["new", "open", "closing", "closed"] = "new"
-        self._conn: sqlite3.Connection | None = None  # the write connection: used by one batch at a time
-        self._slots: anyio.Semaphore | None = None  # max_pending rows; a further record() waits
-        self._writing: anyio.Lock | None = None  # held while a batch commits
         self._batch: _Batch | None = None  # the batch new rows join, until its leader starts the commit
-        self._drained: anyio.Event | None = None  # set on close once no row is pending
-        # The maintenance thread: checkpoints and retention, on its own connection, off the event loop.
-        self._maintenance_conn: sqlite3.Connection | None = None
-        self._maintenance_lock = threading.Lock()  # the maintenance connection is used by one thread at a time
-        self._maintenance_wake = threading.Event()
-        self._maintenance_stop = False
         self._pending = self._peak_pending = 0
         self._rows_written = self._commits = self._largest_commit = self._rows_pruned = 0
-        self._checkpointed_commits = 0  # self._commits as of the last checkpoint
 
-    @property
-    def path(self) -> Path | None:
-        return self._path
+    async def _commit_batch(self, rows: list[tuple[Any, ...]]) -> str | None:
+        raise NotImplementedError
 
-    @property
-    def disabled(self) -> bool:
-        return self._path is None
+    def _batch_done(self) -> None:
+        """Called after each batch's callers are woken (the SQLite ledger's checkpoint trigger)."""
 
-    @property
-    def target(self) -> Path | None:
-        """What the read side (``query``, ``stats``) opens: the file."""
-        return self._path
+    def _count_commit(self, rows: int) -> None:
+        self._rows_written += rows
+        self._commits += 1
+        self._largest_commit = max(self._largest_commit, rows)
 
-    def statistics(self) -> LedgerStatistics:
+    def _statistics(self, **engine: Any) -> LedgerStatistics:
         return LedgerStatistics(
             pending=self._pending,
             peak_pending=self._peak_pending,
@@ -396,48 +359,14 @@ class Ledger(anyio.AsyncContextManagerMixin):
             commits=self._commits,
             largest_commit=self._largest_commit,
             rows_pruned=self._rows_pruned,
+            **engine,
         )
-
-    @asynccontextmanager
-    async def __asynccontextmanager__(self) -> AsyncGenerator[Self]:
-        if self._state != "new":
-            raise RuntimeError("A Ledger cannot be reopened once closed; create a new one.")
-        if self._path is None:
-            self._state = "open"
-            try:
-                yield self
-            finally:
-                self._state = "closed"
-            return
-        self._slots = anyio.Semaphore(self._max_pending, fast_acquire=True)
-        self._writing = anyio.Lock(fast_acquire=True)
-        self._drained = anyio.Event()
-        conn, self._maintenance_conn = await anyio.to_thread.run_sync(self._open, self._path)
-        self._conn = conn
-        maintenance = threading.Thread(target=self._maintain, name=f"audit-ledger:{self._path.name}", daemon=True)
-        maintenance.start()
-        self._state = "open"
-        try:
-            yield self
-        finally:
-            # Pending rows were promised to their callers: their leaders commit them (record() is shielded), and
-            # closing waits for that even while being cancelled. No timeout: a row is never abandoned.
-            self._state = "closing"
-            with anyio.CancelScope(shield=True):
-                if self._pending:
-                    await self._drained.wait()
-                self._maintenance_stop = True
-                self._maintenance_wake.set()
-                await anyio.to_thread.run_sync(maintenance.join)
-                # Closing the last connection checkpoints the WAL (an fsync): off the event loop too.
-                await anyio.to_thread.run_sync(conn.close)
-            self._state = "closed"
 
     async def record(self, rec: AuditRecord) -> None:
         """Write one row; return once its transaction has committed.
 
         Raises:
-            AuditError: the ledger is not open, the row is invalid, or SQLite could not write it.
+            AuditError: the ledger is not open, the row is invalid, or the engine could not write it.
         """
         if self._state != "open":
             raise AuditError(f"The audit ledger is {self._state}; rows can be recorded only while it is open.")
@@ -462,41 +391,26 @@ class Ledger(anyio.AsyncContextManagerMixin):
         if batch.error is not None:
             raise AuditError(batch.error)
 
-    async def prune(self) -> int:
-        """Apply retention now (in a worker thread, in chunks between commits); return how many rows were deleted."""
-        if self._state != "open":
-            raise AuditError(f"The audit ledger is {self._state}; it can be pruned only while it is open.")
-        if self._slots is None or self._retention_s is None:
-            return 0
+    async def _drain(self) -> None:
+        """Start closing: no row is admitted any more, and the pending ones (promised to their callers: their leaders
+        commit them, ``record()`` is shielded) are waited for, even while being cancelled. No timeout: a row is never
+        abandoned."""
+        self._state = "closing"
         with anyio.CancelScope(shield=True):
-            pruned = await anyio.to_thread.run_sync(self._prune_all)
-        return pruned
-
-    # --- on the event loop ------------------------------------------------------------------------------------
+            if self._pending:
+                assert self._drained is not None
+                await self._drained.wait()
 
     async def _lead(self, batch: _Batch) -> None:
-        """Commit ``batch``: let the callers that are ready join it first, then write it in one transaction.
-
-        With ``synchronous=NORMAL`` a commit only appends to the WAL (no fsync; tens of microseconds), so it runs
-        right here on the event loop: no thread hand-off and no wake-up back. If another connection holds the write
-        lock (retention, another process), the batch waits for it in a worker thread instead of blocking the loop.
-        With ``FULL`` every commit fsyncs, so it always runs in a worker thread; rows arriving meanwhile gather in the
-        next batch.
-        """
-        assert self._writing is not None and self._conn is not None and self._slots is not None
+        """Commit ``batch``: let the callers that are ready join it first, then write it in one transaction."""
+        assert self._writing is not None and self._slots is not None
         await anyio.lowlevel.cancel_shielded_checkpoint()  # the one yield: concurrent callers join the batch
         try:
             async with self._writing:
                 if self._batch is batch:
                     self._batch = None  # closed: later rows start the next batch
                 try:
-                    if self._synchronous == "FULL":
-                        batch.error = await anyio.to_thread.run_sync(self._commit, batch.rows)
-                    else:
-                        try:
-                            batch.error = self._commit(batch.rows, busy_wait=False)
-                        except _Busy:
-                            batch.error = await anyio.to_thread.run_sync(self._commit, batch.rows)
+                    batch.error = await self._commit_batch(batch.rows)
                 except BaseException as exc:  # a bug, not a write error: fail the batch, then let it surface
                     batch.error = f"The audit ledger could not commit: {exc!r}."
                     raise
@@ -509,8 +423,133 @@ class Ledger(anyio.AsyncContextManagerMixin):
             if self._pending == 0 and self._state == "closing":
                 assert self._drained is not None
                 self._drained.set()
-            if self._commits - self._checkpointed_commits >= CHECKPOINT_COMMITS:
+            self._batch_done()
+
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    return getattr(exc, "sqlite_errorcode", None) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+class _Busy(Exception):
+    """Another connection holds the write lock: commit in a worker thread, where waiting for it blocks no one."""
+
+
+class Ledger(_GroupCommit, anyio.AsyncContextManagerMixin):
+    """The write side of the audit ledger; see the module docstring for its guarantee.
+
+    Use it as ``async with Ledger(path, retention_days=30) as ledger: ... await ledger.record(rec)``. A ledger is
+    single-use. ``Ledger(None)`` is disabled: it opens nothing and ``record()`` returns at once, for measuring the
+    gateway with the ledger off.
+
+    Args:
+        path: the SQLite file (created, with its directory, if missing; mode 0600), or None to disable the ledger.
+        retention_days: rows older than this are deleted at open and every ``prune_interval_s``; None keeps all.
+        synchronous: "NORMAL" survives a process crash, "FULL" also survives power loss (slower; see module doc).
+        max_pending: how many rows may await their commit before ``record()`` makes callers wait.
+        prune_interval_s: how often retention runs while open.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None,
+        *,
+        retention_days: float | None = None,
+        synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
+        max_pending: int = DEFAULT_MAX_PENDING,
+        prune_interval_s: float = PRUNE_INTERVAL_S,
+    ) -> None:
+        if synchronous not in ("NORMAL", "FULL"):
+            raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', not {synchronous!r}.")
+        super().__init__(retention_days=retention_days, max_pending=max_pending, prune_interval_s=prune_interval_s)
+        self._path = None if path is None else Path(path)
+        self._synchronous = synchronous
+        self._conn: sqlite3.Connection | None = None  # the write connection: used by one batch at a time
+        self._slots: anyio.Semaphore | None = None  # max_pending rows; a further record() waits
+        self._writing: anyio.Lock | None = None  # held while a batch commits
+        self._drained: anyio.Event | None = None  # set on close once no row is pending
+        # The maintenance thread: checkpoints and retention, on its own connection, off the event loop.
+        self._maintenance_conn: sqlite3.Connection | None = None
+        self._maintenance_lock = threading.Lock()  # the maintenance connection is used by one thread at a time
+        self._maintenance_wake = threading.Event()
+        self._maintenance_stop = False
+        self._checkpointed_commits = 0  # self._commits as of the last checkpoint
+
+    @property
+    def path(self) -> Path | None:
+        return self._path
+
+    @property
+    def disabled(self) -> bool:
+        return self._path is None
+
+    @property
+    def target(self) -> Path | None:
+        """What the read side (``query``, ``stats``) opens: the file."""
+        return self._path
+
+    def statistics(self) -> LedgerStatistics:
+        return self._statistics()
+
+    @asynccontextmanager
+    async def __asynccontextmanager__(self) -> AsyncGenerator[Self]:
+        if self._state != "new":
+            raise RuntimeError("A Ledger cannot be reopened once closed; create a new one.")
+        if self._path is None:
+            self._state = "open"
+            try:
+                yield self
+            finally:
+                self._state = "closed"
+            return
+        self._slots = anyio.Semaphore(self._max_pending, fast_acquire=True)
+        self._writing = anyio.Lock(fast_acquire=True)
+        self._drained = anyio.Event()
+        conn, self._maintenance_conn = await anyio.to_thread.run_sync(self._open, self._path)
+        self._conn = conn
+        maintenance = threading.Thread(target=self._maintain, name=f"audit-ledger:{self._path.name}", daemon=True)
+        maintenance.start()
+        self._state = "open"
+        try:
+            yield self
+        finally:
+            await self._drain()
+            with anyio.CancelScope(shield=True):
+                self._maintenance_stop = True
                 self._maintenance_wake.set()
+                await anyio.to_thread.run_sync(maintenance.join)
+                # Closing the last connection checkpoints the WAL (an fsync): off the event loop too.
+                await anyio.to_thread.run_sync(conn.close)
+            self._state = "closed"
+
+    async def prune(self) -> int:
+        """Apply retention now (in a worker thread, in chunks between commits); return how many rows were deleted."""
+        if self._state != "open":
+            raise AuditError(f"The audit ledger is {self._state}; it can be pruned only while it is open.")
+        if self._slots is None or self._retention_s is None:
+            return 0
+        with anyio.CancelScope(shield=True):
+            pruned = await anyio.to_thread.run_sync(self._prune_all)
+        return pruned
+
+    # --- on the event loop ------------------------------------------------------------------------------------
+
+    async def _commit_batch(self, rows: list[tuple[Any, ...]]) -> str | None:
+        """With ``synchronous=NORMAL`` a commit only appends to the WAL (no fsync; tens of microseconds), so it runs
+        right here on the event loop: no thread hand-off and no wake-up back. If another connection holds the write
+        lock (retention, another process), the batch waits for it in a worker thread instead of blocking the loop.
+        With ``FULL`` every commit fsyncs, so it always runs in a worker thread; rows arriving meanwhile gather in the
+        next batch.
+        """
+        if self._synchronous == "FULL":
+            return await anyio.to_thread.run_sync(self._commit, rows)
+        try:
+            return self._commit(rows, busy_wait=False)
+        except _Busy:
+            return await anyio.to_thread.run_sync(self._commit, rows)
+
+    def _batch_done(self) -> None:
+        if self._commits - self._checkpointed_commits >= CHECKPOINT_COMMITS:
+            self._maintenance_wake.set()
 
     # --- SQLite (the event loop or a worker thread; never two at once on one connection) -----------------------
 
@@ -580,9 +619,7 @@ class Ledger(anyio.AsyncContextManagerMixin):
         finally:
             if busy_wait and self._synchronous == "NORMAL":
                 conn.execute("PRAGMA busy_timeout=0")
-        self._rows_written += len(rows)
-        self._commits += 1
-        self._largest_commit = max(self._largest_commit, len(rows))
+        self._count_commit(len(rows))
         return None
 
     def _prune_chunk(self, conn: sqlite3.Connection) -> int:
@@ -670,28 +707,55 @@ def _connect_readonly(path: str | os.PathLike[str]) -> sqlite3.Connection:
     return conn
 
 
-def _where(
-    *,
-    tool: str | None,
-    status: str | None,
-    client: str | None,
-    since: float | None,
-    until: float | None,
-    kind: str | None = None,
-) -> tuple[str, list[Any]]:
+class TailFilters(TypedDict, total=False):
+    """What ``tail`` matches rows on (each exact; None or absent matches all), in either engine."""
+
+    tool: str | None
+    status: str | None
+    client: str | None
+    kind: str | None
+
+
+class Filters(TailFilters, total=False):
+    """What ``query`` and ``stats`` match rows on: ``TailFilters`` and ``since <= ts < until``."""
+
+    since: float | None
+    until: float | None
+
+
+def _where(**filters: Unpack[Filters]) -> tuple[str, list[Any]]:
+    """The ``WHERE`` clause (SQL both engines accept, ``?`` placeholders) and parameters of ``filters``."""
     clauses: list[str] = []
     params: list[Any] = []
-    for column, value in (("tool", tool), ("status", status), ("client_name", client), ("kind", kind)):
+    for column, key in (("tool", "tool"), ("status", "status"), ("client_name", "client"), ("kind", "kind")):
+        value = filters.get(key)
         if value is not None:
             clauses.append(f"{column} = ?")
             params.append(value)
+    since, until = filters.get("since"), filters.get("until")
     if since is not None:
         clauses.append("ts >= ?")
         params.append(since)
     if until is not None:
         clauses.append("ts < ?")
         params.append(until)
-    return (" AND ".join(clauses) or "1"), params
+    return (" AND ".join(clauses) or "1 = 1"), params
+
+
+def _query_sql(limit: int | None, **filters: Unpack[Filters]) -> tuple[str, list[Any]]:
+    """``query``'s statement (both engines'; ``?`` placeholders): the newest ``limit`` matching rows, newest first."""
+    where, params = _where(**filters)
+    sql = f"SELECT {_COLUMNS} FROM calls WHERE {where} ORDER BY ts DESC, id DESC"
+    if limit is not None:
+        sql += " LIMIT ?"
+        params.append(limit)
+    return sql, params
+
+
+def _stats_sql(**filters: Unpack[Filters]) -> tuple[str, list[Any]]:
+    """``stats``' statement (both engines'; ``?`` placeholders): the rows ``_tool_stats`` takes."""
+    where, params = _where(**filters)
+    return f"SELECT tool, status, duration_ms, result_bytes, kind FROM calls WHERE {where}", params
 
 
 def query(
@@ -717,11 +781,7 @@ def query(
     Raises:
         AuditError: the file is missing, is not a ledger, or has another schema version.
     """
-    where, params = _where(tool=tool, status=status, client=client, since=since, until=until, kind=kind)
-    sql = f"SELECT {_COLUMNS} FROM calls WHERE {where} ORDER BY ts DESC, id DESC"
-    if limit is not None:
-        sql += " LIMIT ?"
-        params.append(limit)
+    sql, params = _query_sql(limit, tool=tool, status=status, client=client, since=since, until=until, kind=kind)
     conn = _connect_readonly(path)
     try:
         rows = conn.execute(sql, params).fetchall()
@@ -752,7 +812,7 @@ def tail(
     Raises:
         AuditError: as ``query``.
     """
-    where, params = _where(tool=tool, status=status, client=client, since=None, until=None, kind=kind)
+    where, params = _where(tool=tool, status=status, client=client, kind=kind)
     conn = _connect_readonly(path)
     try:
         seen: int = conn.execute("SELECT coalesce(max(id), 0) FROM calls").fetchone()[0]
@@ -801,12 +861,10 @@ def stats(
     Raises:
         AuditError: as ``query``.
     """
-    where, params = _where(tool=tool, status=status, client=client, since=since, until=until, kind=kind)
+    sql, params = _stats_sql(tool=tool, status=status, client=client, since=since, until=until, kind=kind)
     conn = _connect_readonly(path)
     try:
-        rows = conn.execute(
-            f"SELECT tool, status, duration_ms, result_bytes, kind FROM calls WHERE {where}", params
-        ).fetchall()
+        rows = conn.execute(sql, params).fetchall()
     except sqlite3.Error as exc:
         raise AuditError(f"Cannot read the audit ledger at {path}: {exc}.") from exc
     finally:

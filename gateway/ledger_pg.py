@@ -35,11 +35,10 @@ import time
 from collections.abc import AsyncGenerator, Callable, Generator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Final, Literal, Self
+from typing import Any, Final, Self, Unpack
 
 import anyio
 import anyio.abc
-import anyio.lowlevel
 import anyio.to_thread
 import psycopg
 import psycopg.conninfo
@@ -48,7 +47,16 @@ import psycopg_pool
 import structlog
 
 from gateway import audit
-from gateway.audit import MAX_BATCH, MIGRATIONS, AuditRecord, LedgerStatistics, ToolStats, _Batch, _encode
+from gateway.audit import (
+    MAX_BATCH,
+    MIGRATIONS,
+    AuditRecord,
+    Filters,
+    LedgerStatistics,
+    TailFilters,
+    ToolStats,
+    _GroupCommit,
+)
 from gateway.errors import AuditError
 from gateway.ledgers import redact_url, scrub_url
 
@@ -223,7 +231,7 @@ class _Spool:
 # --- the write side ---------------------------------------------------------------------------------------------
 
 
-class PgLedger(anyio.AsyncContextManagerMixin):
+class PgLedger(_GroupCommit, anyio.AsyncContextManagerMixin):
     """The write side of a PostgreSQL ledger; see the module docstring. Single-use, like ``audit.Ledger``.
 
     Args:
@@ -245,32 +253,23 @@ class PgLedger(anyio.AsyncContextManagerMixin):
         write_timeout_s: float = WRITE_TIMEOUT_S,
         prune_interval_s: float = audit.PRUNE_INTERVAL_S,
     ) -> None:
-        if retention_days is not None and retention_days <= 0:
-            raise ValueError(f"audit.retention_days must be more than 0 (or unset), not {retention_days}.")
-        if max_pending < 1:
-            raise ValueError(f"max_pending must be at least 1, not {max_pending}.")
+        super().__init__(retention_days=retention_days, max_pending=max_pending, prune_interval_s=prune_interval_s)
         self._url = url
         self._conninfo = _conninfo(url)
         self._spool_path = Path(spool_path)
-        self._retention_s = None if retention_days is None else retention_days * 86400.0
-        self._max_pending = max_pending
         self._write_timeout_s = write_timeout_s
-        self._prune_interval_s = prune_interval_s
-        self._state: Literal["new", "open", "closing", "closed"] = "new"
         self._pool: psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
         self._spool: _Spool | None = None
         self._tg: anyio.abc.TaskGroup | None = None
-        self._slots = anyio.Semaphore(max_pending, fast_acquire=True)
-        self._writing = anyio.Lock(fast_acquire=True)  # held while a batch commits, and while replay switches back
-        self._batch: _Batch | None = None
-        self._drained = anyio.Event()
+        self._slots: anyio.Semaphore = anyio.Semaphore(max_pending, fast_acquire=True)
+        # Held while a batch commits, and while replay switches back.
+        self._writing: anyio.Lock = anyio.Lock(fast_acquire=True)
+        self._drained: anyio.Event = anyio.Event()
         self._wake = anyio.Event()  # the replay task has work
         self._replaying = anyio.Lock()  # one replay at a time (the task's, or the last one at close)
         self._spooling = False
         self._migrated = False
         self._problem: str | None = None
-        self._pending = self._peak_pending = 0
-        self._rows_written = self._commits = self._largest_commit = self._rows_pruned = 0
         self._rows_spooled = self._rows_replayed = 0
 
     @property
@@ -286,14 +285,7 @@ class PgLedger(anyio.AsyncContextManagerMixin):
         return self._spool_path
 
     def statistics(self) -> LedgerStatistics:
-        return LedgerStatistics(
-            pending=self._pending,
-            peak_pending=self._peak_pending,
-            max_pending=self._max_pending,
-            rows_written=self._rows_written,
-            commits=self._commits,
-            largest_commit=self._largest_commit,
-            rows_pruned=self._rows_pruned,
+        return self._statistics(
             engine="postgresql",
             spooling=self._spooling,
             spooled_rows=0 if self._spool is None else self._spool.count,
@@ -337,10 +329,8 @@ class PgLedger(anyio.AsyncContextManagerMixin):
                 try:
                     yield self
                 finally:
-                    self._state = "closing"
+                    await self._drain()
                     with anyio.CancelScope(shield=True):
-                        if self._pending:
-                            await self._drained.wait()  # rows promised to their callers: never abandoned
                         if spool.count and not self._problem:
                             with anyio.move_on_after(CLOSE_REPLAY_S):
                                 try:
@@ -361,50 +351,7 @@ class PgLedger(anyio.AsyncContextManagerMixin):
                     )
             self._state = "closed"
 
-    async def record(self, rec: AuditRecord) -> None:
-        """Write one row; return once its transaction has committed (in PostgreSQL, or in the spool).
-
-        Raises:
-            AuditError: the ledger is not open, the row is invalid, or neither PostgreSQL nor the spool took it.
-        """
-        if self._state != "open":
-            raise AuditError(f"The audit ledger is {self._state}; rows can be recorded only while it is open.")
-        row = _encode(rec)
-        with anyio.CancelScope(shield=True):
-            await self._slots.acquire()
-            if self._state != "open":
-                self._slots.release()
-                raise AuditError("The audit ledger closed before the row could be recorded.")
-            self._pending += 1
-            self._peak_pending = max(self._peak_pending, self._pending)
-            joined = self._batch
-            if joined is None or len(joined.rows) >= MAX_BATCH:
-                batch = self._batch = _Batch(rows=[row])
-                await self._lead(batch)
-            else:
-                batch = joined
-                batch.rows.append(row)
-                await batch.done.wait()
-        if batch.error is not None:
-            raise AuditError(batch.error)
-
-    async def _lead(self, batch: _Batch) -> None:
-        await anyio.lowlevel.cancel_shielded_checkpoint()  # concurrent callers join the batch
-        try:
-            async with self._writing:
-                if self._batch is batch:
-                    self._batch = None
-                batch.error = await self._write(batch.rows)
-        finally:
-            rows = len(batch.rows)
-            self._pending -= rows
-            for _ in range(rows):
-                self._slots.release()
-            batch.done.set()
-            if self._pending == 0 and self._state == "closing":
-                self._drained.set()
-
-    async def _write(self, rows: list[tuple[Any, ...]]) -> str | None:
+    async def _commit_batch(self, rows: list[tuple[Any, ...]]) -> str | None:
         """Commit ``rows`` to PostgreSQL or, when spooling or when that fails or is slow, to the spool."""
         if not self._spooling and self._migrated:
             outcome: list[BaseException | None] = []
@@ -450,11 +397,6 @@ class PgLedger(anyio.AsyncContextManagerMixin):
             outcome.append(exc)
         finally:
             done.set()
-
-    def _count_commit(self, rows: int) -> None:
-        self._rows_written += rows
-        self._commits += 1
-        self._largest_commit = max(self._largest_commit, rows)
 
     def _enter_spooling(self, exc: BaseException | None, when: str) -> None:
         why = "the schema is not migrated yet" if exc is None else _why(exc, self._url)
@@ -565,72 +507,44 @@ def _connect(url: str) -> psycopg.Connection[Any]:
     return conn
 
 
-def _where(**filters: Any) -> tuple[str, list[Any]]:
-    where, params = audit._where(**filters)
-    return ("TRUE" if where == "1" else where.replace("?", "%s")), params
+def _pg(sql: str) -> str:
+    """A statement of ``audit``'s read side (``?`` placeholders) in psycopg's (``%s``); no ``?`` is ever literal."""
+    return sql.replace("?", "%s")
 
 
 def _read(url: str, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
     conn = _connect(url)
     try:
-        return conn.execute(sql, params).fetchall()
+        return conn.execute(_pg(sql), params).fetchall()
     except psycopg.Error as exc:
         raise AuditError(f"Cannot read the audit ledger at {redact_url(url)}: {_why(exc, url)}.") from None
     finally:
         conn.close()
 
 
-def query(
-    url: str,
-    *,
-    tool: str | None = None,
-    status: str | None = None,
-    client: str | None = None,
-    since: float | None = None,
-    until: float | None = None,
-    limit: int | None = 100,
-    kind: str | None = None,
-) -> list[AuditRecord]:
+def query(url: str, *, limit: int | None = 100, **filters: Unpack[Filters]) -> list[AuditRecord]:
     """``audit.query`` over a PostgreSQL ledger."""
-    where, params = _where(tool=tool, status=status, client=client, since=since, until=until, kind=kind)
-    sql = f"SELECT {audit._COLUMNS} FROM calls WHERE {where} ORDER BY ts DESC, id DESC"
-    if limit is not None:
-        sql += " LIMIT %s"
-        params.append(limit)
-    return [audit._decode(row) for row in reversed(_read(url, sql, params))]
+    return [audit._decode(row) for row in reversed(_read(url, *audit._query_sql(limit, **filters)))]
 
 
-def stats(
-    url: str,
-    *,
-    since: float | None = None,
-    until: float | None = None,
-    tool: str | None = None,
-    client: str | None = None,
-    status: str | None = None,
-    kind: str | None = None,
-) -> list[ToolStats]:
+def stats(url: str, **filters: Unpack[Filters]) -> list[ToolStats]:
     """``audit.stats`` over a PostgreSQL ledger."""
-    where, params = _where(tool=tool, status=status, client=client, since=since, until=until, kind=kind)
-    rows = _read(url, f"SELECT tool, status, duration_ms, result_bytes, kind FROM calls WHERE {where}", params)
-    return audit._tool_stats(rows)
+    return audit._tool_stats(_read(url, *audit._stats_sql(**filters)))
 
 
 def tail(
     url: str,
     *,
-    tool: str | None = None,
-    status: str | None = None,
-    client: str | None = None,
     last: int = 10,
     follow: bool = True,
     poll_interval: float = 0.5,
     sleep: Callable[[float], None] = time.sleep,
-    kind: str | None = None,
+    **filters: Unpack[TailFilters],
 ) -> Generator[AuditRecord]:
     """``audit.tail`` over a PostgreSQL ledger. Several writers (replicas) commit out of id order, so each poll also
     re-reads the ``TAIL_WINDOW`` ids below the highest seen and skips the rows it has yielded."""
-    where, params = _where(tool=tool, status=status, client=client, since=None, until=None, kind=kind)
+    where, params = audit._where(**filters)
+    where = _pg(where)
     conn = _connect(url)
     columns = f"id, {audit._COLUMNS}"
     try:

@@ -20,7 +20,7 @@ import threading
 import time
 from array import array
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,19 +59,24 @@ class Bm25:
         self.k1 = k1
         self.b = b
 
+    def _matches(self, terms: Sequence[str]) -> Iterator[tuple[array[int], array[int], float]]:
+        """Each distinct term of ``terms`` that some document holds, once: its postings (document ids and term
+        frequencies) and its idf (Lucene's non-negative one)."""
+        for term in dict.fromkeys(terms):
+            entry = self._postings.get(term)
+            if entry is not None:
+                ids, tfs = entry
+                yield ids, tfs, math.log(1.0 + (self._n - len(ids) + 0.5) / (len(ids) + 0.5))
+
     def dense(self, terms: Sequence[str]) -> npt.NDArray[np.float64]:
         """Every document's score for ``terms`` as one array (0 where none matches): the same sums as ``scores``,
         by numpy, for a caller that ranks or masks the whole collection."""
         out = np.zeros(self._n, dtype=np.float64)
         avg = self._avg or 1.0
         k1, b = self.k1, self.b
-        for term in dict.fromkeys(terms):
-            entry = self._postings.get(term)
-            if entry is None:
-                continue
-            ids = np.frombuffer(entry[0], dtype=np.uint32)
-            tfs = np.frombuffer(entry[1], dtype=np.uint32).astype(np.float64)
-            idf = math.log(1.0 + (self._n - len(ids) + 0.5) / (len(ids) + 0.5))
+        for postings, term_tfs, idf in self._matches(terms):
+            ids = np.frombuffer(postings, dtype=np.uint32)
+            tfs = np.frombuffer(term_tfs, dtype=np.uint32).astype(np.float64)
             norm = k1 * (1.0 - b + b * self._dense_lengths[ids] / avg)
             out[ids] += idf * tfs * (k1 + 1.0) / (tfs + norm)  # a term lists each document once
         return out
@@ -81,12 +86,7 @@ class Bm25:
         scores: dict[int, float] = {}
         avg = self._avg or 1.0
         k1, b = self.k1, self.b
-        for term in dict.fromkeys(terms):
-            entry = self._postings.get(term)
-            if entry is None:
-                continue
-            ids, tfs = entry
-            idf = math.log(1.0 + (self._n - len(ids) + 0.5) / (len(ids) + 0.5))
+        for ids, tfs, idf in self._matches(terms):
             for doc, tf in zip(ids, tfs, strict=True):
                 norm = k1 * (1.0 - b + b * self._lengths[doc] / avg)
                 scores[doc] = scores.get(doc, 0.0) + idf * tf * (k1 + 1.0) / (tf + norm)

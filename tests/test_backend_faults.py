@@ -24,7 +24,7 @@ from gateway.config import HttpServer, ServerConfig, SseServer, StdioServer, par
 from gateway.errors import BackendAnswerTooLarge, BackendError, BackendUnavailable
 from gateway.health import BreakerState
 from gateway.runtime import Gateway
-from tests.fixtures.gateway_proc import FIXTURES, PYTHON
+from tests.fixtures.gateway_proc import FIXTURES, PYTHON, first_text
 from tests.fixtures.procs import RunningServer, free_port, start_http_server
 from tests.fixtures.waiting import eventually
 
@@ -77,12 +77,6 @@ def faults_sse() -> Iterator[RunningServer]:
         yield server
 
 
-def _text(result: types.CallToolResult) -> str:
-    block = result.content[0]
-    assert isinstance(block, types.TextContent)
-    return block.text
-
-
 # ------------------------------------------------------------------------------------------------ A: big answers
 
 
@@ -94,12 +88,12 @@ async def _big_answer_with_a_bystander(backend: McpBackend, size: int) -> tuple[
     async def bystander() -> None:
         call = backend.call_tool("sleep", {"seconds": 1.0})
         in_flight.set()
-        outcome["bystander"] = _text(await call)
+        outcome["bystander"] = first_text(await call)
 
     async def big() -> None:
         await in_flight.wait()
         try:
-            outcome["big"] = len(_text(await backend.call_tool("big", {"bytes": size})))
+            outcome["big"] = len(first_text(await backend.call_tool("big", {"bytes": size})))
         except BackendError as exc:
             outcome["big"] = exc
 
@@ -147,7 +141,7 @@ async def _fails_alone(backend: McpBackend, size: int, limit: int) -> None:
     assert size < big.size < size + 200  # the text and the JSON-RPC frame around it
     assert f"the answer is {big.size:,} bytes, over this server's max_answer_bytes of {limit:,}" in big.reason
     assert bystander == "slept"  # the same session kept serving the bystander
-    assert _text(await backend.call_tool("echo", {"text": "after"})) == "after"
+    assert first_text(await backend.call_tool("echo", {"text": "after"})) == "after"
     assert backend.connects == 1 and backend.status.state is BackendState.READY
 
 
@@ -170,7 +164,7 @@ async def test_over_sse_an_answer_over_the_sdks_1_mib_event_cap_fails_alone(faul
 
 async def test_a_server_that_stops_reading_is_declared_failed_within_the_timeout_and_restarted() -> None:
     async with serving(stdio(timeout_s=2)) as backend:
-        assert _text(await backend.call_tool("stop_reading", {})) == "stopped"
+        assert first_text(await backend.call_tool("stop_reading", {})) == "stopped"
         outcome: dict[str, Any] = {}
 
         async def call(name: str, text: str) -> None:
@@ -193,7 +187,7 @@ async def test_a_server_that_stops_reading_is_declared_failed_within_the_timeout
         assert backend.status.state is BackendState.FAILED  # declared at once, not after a health ping
         assert "stopped reading its stdin" in (backend.status.reason or ""), backend.status
         await _reconnected(backend, 2)
-        assert _text(await backend.call_tool("echo", {"text": "fresh"})) == "fresh"
+        assert first_text(await backend.call_tool("echo", {"text": "fresh"})) == "fresh"
 
 
 # ------------------------------------------------------------------------------------------------ D: flapping
@@ -277,8 +271,8 @@ async def test_eight_calls_lost_to_one_crash_count_as_one_failure_and_calls_flow
         assert breaker.state is BreakerState.CLOSED and breaker.failures == 1
         await _ready(gateway, 2)
         after = await gateway.router.call("echo", {"text": "back"})
-        assert not after.is_error, _text(after)
-        assert _text(after) == "back"
+        assert not after.is_error, first_text(after)
+        assert first_text(after) == "back"
 
 
 async def test_a_successful_reconnect_closes_an_open_breaker() -> None:
@@ -291,7 +285,7 @@ async def test_a_successful_reconnect_closes_an_open_breaker() -> None:
         assert gateway.router.breakers["f"].state is BreakerState.OPEN
         await _ready(gateway, 3)
         after = await gateway.router.call("echo", {"text": "back"})
-        assert _text(after) == "back" and not after.is_error
+        assert first_text(after) == "back" and not after.is_error
         assert gateway.router.breakers["f"].state is BreakerState.CLOSED
 
 
@@ -301,7 +295,7 @@ async def test_a_cancelled_trial_call_hands_the_trial_back() -> None:
         await _ready(gateway, 1)
         backend = gateway.backends["f"]
         timed_out = await gateway.router.call("sleep", {"seconds": 5})
-        assert timed_out.is_error and "timed out" in _text(timed_out)
+        assert timed_out.is_error and "timed out" in first_text(timed_out)
         breaker = gateway.router.breakers["f"]
         assert breaker.state is BreakerState.OPEN
         await anyio.sleep(0.3)  # the cooldown itself
@@ -312,5 +306,5 @@ async def test_a_cancelled_trial_call_hands_the_trial_back() -> None:
                 assert breaker.state is BreakerState.HALF_OPEN
                 tg.cancel_scope.cancel()  # the trial's caller goes away
         after = await gateway.router.call("echo", {"text": "next"})
-        assert not after.is_error, _text(after)
+        assert not after.is_error, first_text(after)
         assert breaker.state is BreakerState.CLOSED

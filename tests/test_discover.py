@@ -22,7 +22,7 @@ import anyio
 import httpx2
 import pytest
 
-from tests.fixtures.gateway_proc import FIXTURES, PYTHON, run_gateway
+from tests.fixtures.gateway_proc import FIXTURES, PYTHON, one_backend_config, run_gateway
 
 pytestmark = pytest.mark.anyio
 
@@ -40,16 +40,7 @@ def _discover_body(request_id: int) -> dict[str, Any]:
 def _config(start_delay_s: float) -> str:
     fixture = shlex.join([PYTHON, str(FIXTURES / "conformance_server.py"), "--stdio"])
     command = f"sleep {start_delay_s} && exec {fixture}" if start_delay_s else f"exec {fixture}"
-    return f"""
-gateway:
-  name: discover-gateway
-  audit: {{enabled: false}}
-servers:
-  slow:
-    transport: stdio
-    command: sh
-    args: ["-c", {command!r}]
-"""
+    return one_backend_config("discover-gateway", "slow", transport="stdio", command="sh", args=["-c", command])
 
 
 async def _discover(http: httpx2.AsyncClient, url: str, request_id: int) -> dict[str, Any]:

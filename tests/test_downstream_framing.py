@@ -17,7 +17,7 @@ import anyio
 import mcp_types as types
 import pytest
 
-from tests.fixtures.gateway_proc import mcp_session, run_gateway
+from tests.fixtures.gateway_proc import mcp_session, one_backend_config, run_gateway
 from tests.fixtures.procs import RunningServer, conformance_server_argv, free_port, start_http_server
 
 pytestmark = pytest.mark.anyio
@@ -31,16 +31,9 @@ def downstream() -> Iterator[RunningServer]:
 
 
 def _config(downstream: RunningServer) -> str:
-    return f"""
-gateway:
-  name: framing-gateway
-  audit: {{enabled: false}}
-servers:
-  modern:
-    transport: streamable_http
-    url: {downstream.url()}
-    protocol: "2026-07-28"
-"""
+    return one_backend_config(
+        "framing-gateway", "modern", transport="streamable_http", url=downstream.url(), protocol="2026-07-28"
+    )
 
 
 async def test_results_without_result_type_and_json_lines_answers_pass_through(

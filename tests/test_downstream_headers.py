@@ -15,7 +15,7 @@ import anyio
 import mcp_types as types
 import pytest
 
-from tests.fixtures.gateway_proc import mcp_session, run_gateway
+from tests.fixtures.gateway_proc import mcp_session, one_backend_config, run_gateway
 from tests.fixtures.procs import conformance_server_argv, free_port, start_http_server
 
 pytestmark = pytest.mark.anyio
@@ -24,16 +24,9 @@ pytestmark = pytest.mark.anyio
 async def test_declared_argument_headers_reach_a_modern_downstream(tmp_path: Path) -> None:
     port = free_port()
     with start_http_server(conformance_server_argv(port), port) as downstream:
-        config = f"""
-gateway:
-  name: headers-gateway
-  audit: {{enabled: false}}
-servers:
-  modern:
-    transport: streamable_http
-    url: {downstream.url()}
-    protocol: "2026-07-28"
-"""
+        config = one_backend_config(
+            "headers-gateway", "modern", transport="streamable_http", url=downstream.url(), protocol="2026-07-28"
+        )
         with run_gateway(config, tmp_path) as gateway:
             async with mcp_session(gateway.url()) as session:  # a handshake-era client: it sends no such headers
                 with anyio.fail_after(30):

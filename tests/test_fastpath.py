@@ -29,7 +29,15 @@ from mcp.shared.exceptions import MCPError
 
 from gateway.audit import query
 from gateway.router import META_KEY
-from tests.fixtures.gateway_proc import FIXTURES, PYTHON, echo_argv, mcp_session, run_gateway
+from tests.fixtures.gateway_proc import (
+    FIXTURES,
+    PYTHON,
+    call_abandoning_sampling,
+    echo_argv,
+    first_text,
+    mcp_session,
+    run_gateway,
+)
 from tests.fixtures.procs import RunningServer, free_port, start_http_server
 from tests.fixtures.waiting import eventually
 
@@ -95,12 +103,6 @@ def direct_ids(server: RunningServer, tool: str) -> int:
     return sum(1 for found in ids_of(server, tool) if found.startswith("'gw-"))
 
 
-def _text(result: types.CallToolResult) -> str:
-    block = result.content[0]
-    assert isinstance(block, types.TextContent), result
-    return block.text
-
-
 async def test_the_ledger_row_is_committed_before_the_answer_and_the_answer_carries_the_meta_entry(
     gateway: RunningServer, echo_http: RunningServer, ledger: Path
 ) -> None:
@@ -109,7 +111,10 @@ async def test_the_ledger_row_is_committed_before_the_answer_and_the_answer_carr
         for n in range(5):
             with anyio.fail_after(WAIT):
                 result = await session.call_tool("e__echo", {"text": f"row {n}"})
-            assert _text(result) == f"row {n}" and result.structured_content == {"text": f"row {n}", "server": "echo"}
+            assert first_text(result) == f"row {n}" and result.structured_content == {
+                "text": f"row {n}",
+                "server": "echo",
+            }
             assert result.meta is not None
             entry = result.meta[META_KEY]
             rows = {r.correlation_id: r for r in query(ledger, limit=None)}  # read at once: no wait, no retry
@@ -130,7 +135,7 @@ async def test_progress_reaches_the_client_under_its_own_token(gateway: RunningS
     async with mcp_session(gateway.url()) as session:
         with anyio.fail_after(WAIT):
             result = await session.call_tool("h__progress", {"steps": 3}, progress_callback=on_progress)
-    assert _text(result) == "done"
+    assert first_text(result) == "done"
     assert seen == [(1, 3, "step 1"), (2, 3, "step 2"), (3, 3, "step 3")]
     assert direct_ids(fid_http, "progress") == before + 1
 
@@ -146,7 +151,7 @@ async def test_a_client_cancelling_its_call_cancels_it_downstream_and_the_row_sa
         await eventually(lambda: fid_http.output().count("cancelled sleep") == cancelled + 1, within=WAIT)
         # The session goes on: the next call on it is answered.
         with anyio.fail_after(WAIT):
-            assert _text(await session.call_tool("h__progress", {"steps": 1})) == "done"
+            assert first_text(await session.call_tool("h__progress", {"steps": 1})) == "done"
     assert direct_ids(fid_http, "sleep") == before + 1
     await eventually(lambda: any(r.status == "cancelled" and r.tool == "h__sleep" for r in query(ledger)), within=WAIT)
 
@@ -161,7 +166,7 @@ async def test_a_call_past_its_timeout_is_cancelled_downstream_and_answered_as_t
             result = await session.call_tool("t__sleep", {"seconds": 30})
     assert direct_ids(fid_http, "sleep") == before + 1
     assert result.is_error
-    assert "timed out after 1 s (cancellation sent downstream)" in _text(result)
+    assert "timed out after 1 s (cancellation sent downstream)" in first_text(result)
     await eventually(lambda: fid_http.output().count("cancelled sleep") == cancelled + 1, within=WAIT)
     correlation = result.meta[META_KEY]["id"] if result.meta else None
     assert {r.correlation_id: r.status for r in query(ledger, limit=None)}[correlation] == "timeout"
@@ -181,30 +186,17 @@ async def test_a_downstreams_elicitation_and_sampling_during_a_call_reach_the_cl
         with anyio.fail_after(WAIT):
             twice = await session.call_tool("h__elicit_twice", {"message": "go"})
             sampled = await session.call_tool("h__sample", {"prompt": "say hi"})
-    assert _text(twice) == 'twice: {"answer": "yes to go 1"} {"answer": "yes to go 2"}'
-    assert _text(sampled) == "sampled: hi (m1)"
+    assert first_text(twice) == 'twice: {"answer": "yes to go 1"} {"answer": "yes to go 2"}'
+    assert first_text(sampled) == "sampled: hi (m1)"
     assert direct_ids(fid_http, "elicit_twice") + direct_ids(fid_http, "sample") == before + 2
 
 
 async def test_a_downstream_giving_up_on_its_request_cancels_it_at_the_client(
     gateway: RunningServer, fid_http: RunningServer
 ) -> None:
-    asked, cancelled = anyio.Event(), anyio.Event()
-
-    async def never_answer(context: ClientRequestContext, params: types.CreateMessageRequestParams) -> Any:
-        asked.set()
-        try:
-            await anyio.sleep_forever()
-        except anyio.get_cancelled_exc_class():
-            cancelled.set()
-            raise
-
     before = direct_ids(fid_http, "sample_abandon")
-    async with mcp_session(gateway.url(), sampling_callback=never_answer) as session:
-        with anyio.fail_after(WAIT):
-            result = await session.call_tool("h__sample_abandon", {"seconds": 0.5})
-            await cancelled.wait()
-    assert asked.is_set() and _text(result) == "gave up"
+    result = await call_abandoning_sampling(gateway.url(), "h__sample_abandon", within=WAIT)
+    assert first_text(result) == "gave up"
     assert direct_ids(fid_http, "sample_abandon") == before + 1
 
 
@@ -217,8 +209,8 @@ async def test_an_oversized_answer_fails_that_call_alone_naming_size_and_limit(
             big = await session.call_tool("e__echo", {"text": "x" * (4 * LIMIT)})
             small = await session.call_tool("e__echo", {"text": "still here"})
     assert big.is_error
-    assert f"over this server's max_answer_bytes of {LIMIT:,}" in _text(big)
-    assert _text(small) == "still here"
+    assert f"over this server's max_answer_bytes of {LIMIT:,}" in first_text(big)
+    assert first_text(small) == "still here"
     assert direct_ids(echo_http, "echo") == before + 2
 
 
@@ -262,7 +254,7 @@ servers:
             with anyio.fail_after(WAIT):
                 result = await session.call_tool("echo", {"text": "traced"})
         output = _stop(traced)
-    assert _text(result) == "traced" and direct_ids(echo_http, "echo") == before + 1
+    assert first_text(result) == "traced" and direct_ids(echo_http, "echo") == before + 1
     by_name = {span["name"]: span for span in _spans_in(output)}
     call, step, send = by_name["tools/call echo"], by_name["step e/echo"], by_name["MCP send tools/call echo"]
     assert step["parent_id"] == call["context"]["span_id"]

@@ -27,7 +27,15 @@ from mcp.client.session import ClientRequestContext, ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 
-from tests.fixtures.gateway_proc import FIXTURES, PYTHON, echo_argv, mcp_session, run_gateway
+from tests.fixtures.gateway_proc import (
+    FIXTURES,
+    PYTHON,
+    call_abandoning_sampling,
+    echo_argv,
+    first_text,
+    mcp_session,
+    run_gateway,
+)
 from tests.fixtures.procs import RunningServer, conformance_server_argv, free_port, start_http_server
 from tests.fixtures.waiting import eventually
 
@@ -159,12 +167,6 @@ async def answer_elicitation(context: ClientRequestContext, params: types.Elicit
     return types.ElicitResult(action="accept", content={"answer": f"yes to {params.message}"})
 
 
-def _text(result: types.CallToolResult) -> str:
-    block = result.content[0]
-    assert isinstance(block, types.TextContent), result
-    return block.text
-
-
 # ------------------------------------------------------------------------------------------------ capabilities
 
 
@@ -221,7 +223,7 @@ servers:
         async with ClientSession(read, write, sampling_callback=answer_sampling("over stdio")) as session:
             with anyio.fail_after(WAIT * 2):
                 caps = (await session.initialize()).capabilities
-                sampled = _text(await session.call_tool("sample", {"prompt": "hi"}))
+                sampled = first_text(await session.call_tool("sample", {"prompt": "hi"}))
     assert caps.prompts is not None and caps.resources is not None and caps.logging is not None
     assert sampled == "sampled: over stdio (test-model)"
 
@@ -338,19 +340,21 @@ async def test_subscribers_hear_updates_under_the_uri_they_subscribed_and_the_do
                 await session.send_request(
                     types.SubscribeRequest(params=types.SubscribeRequestParams(uri=published)), types.EmptyResult
                 )
-            assert _text(await alice.call_tool("h__touch", {"uri": uri})) == "touched 1"  # one downstream subscriber
+            assert (
+                first_text(await alice.call_tool("h__touch", {"uri": uri})) == "touched 1"
+            )  # one downstream subscriber
             for inbox in (alice_inbox, bob_inbox):
                 update = await inbox.wait_for(lambda m: isinstance(m, types.ResourceUpdatedNotification))
                 assert update.params.uri == published
             await alice.send_request(
                 types.UnsubscribeRequest(params=types.UnsubscribeRequestParams(uri=published)), types.EmptyResult
             )
-            assert _text(await alice.call_tool("h__touch", {"uri": uri})) == "touched 1"  # bob still holds it
+            assert first_text(await alice.call_tool("h__touch", {"uri": uri})) == "touched 1"  # bob still holds it
             await bob_inbox.wait_for(lambda m: len(bob_inbox.of(types.ResourceUpdatedNotification)) == 2)
         # Bob left without unsubscribing: his subscription ends with his session, and with it the downstream's.
 
         async def released() -> bool:
-            return _text(await alice.call_tool("h__touch", {"uri": uri})) == "touched 0"
+            return first_text(await alice.call_tool("h__touch", {"uri": uri})) == "touched 0"
 
         await eventually(released, within=WAIT)
     assert len(alice_inbox.of(types.ResourceUpdatedNotification)) == 1
@@ -465,7 +469,7 @@ async def test_progress_reaches_the_client_under_its_own_token(
         async with context as session:
             name = "progress" if target == "direct" else f"{backend}__progress"
             result = await session.call_tool(name, {"steps": 3}, progress_callback=on_progress)
-        assert _text(result) == "done"
+        assert first_text(result) == "done"
         runs.append(seen)
     assert runs[0] == runs[1] == [(1, 3, "step 1"), (2, 3, "step 2"), (3, 3, "step 3")]
 
@@ -483,21 +487,8 @@ async def test_a_client_cancelling_its_call_cancels_it_downstream(
 async def test_a_downstream_giving_up_on_its_request_cancels_it_at_the_client(
     backend: str, gateway: RunningServer
 ) -> None:
-    asked, cancelled = anyio.Event(), anyio.Event()
-
-    async def never_answer(context: ClientRequestContext, params: types.CreateMessageRequestParams) -> Any:
-        asked.set()
-        try:
-            await anyio.sleep_forever()
-        except anyio.get_cancelled_exc_class():
-            cancelled.set()
-            raise
-
-    async with mcp_session(gateway.url(), sampling_callback=never_answer) as session:
-        with anyio.fail_after(WAIT):
-            result = await session.call_tool(f"{backend}__sample_abandon", {"seconds": 0.5})
-            await cancelled.wait()
-    assert asked.is_set() and _text(result) == "gave up"
+    result = await call_abandoning_sampling(gateway.url(), f"{backend}__sample_abandon", within=WAIT)
+    assert first_text(result) == "gave up"
 
 
 async def test_a_stream_the_downstream_closes_mid_call_is_closed_and_resumed_through_the_gateway(
@@ -565,9 +556,9 @@ async def test_sampling_elicitation_and_roots_round_trips_match_the_downstream(
             prefix = "" if target == "direct" else f"{backend}__"
             texts.append(
                 [
-                    _text(await session.call_tool(prefix + "sample", {"prompt": "hello"})),
-                    _text(await session.call_tool(prefix + "elicit", {"message": "proceed?"})),
-                    _text(await session.call_tool(prefix + "roots", {})),
+                    first_text(await session.call_tool(prefix + "sample", {"prompt": "hello"})),
+                    first_text(await session.call_tool(prefix + "elicit", {"message": "proceed?"})),
+                    first_text(await session.call_tool(prefix + "roots", {})),
                 ]
             )
     assert (
@@ -603,7 +594,7 @@ async def test_concurrent_callers_each_answer_their_own_sampling_request(backend
 
     async def call(name: str) -> None:
         async with mcp_session(gateway.url(), sampling_callback=answer_as(name)) as session:
-            results[name] = _text(await session.call_tool(f"{backend}__sample", {"prompt": f"{name}'s question"}))
+            results[name] = first_text(await session.call_tool(f"{backend}__sample", {"prompt": f"{name}'s question"}))
 
     with anyio.fail_after(WAIT * 2):
         async with anyio.create_task_group() as tg:
@@ -619,13 +610,13 @@ async def test_a_client_that_can_be_asked_gets_its_own_process_which_ends_with_i
     gateway: RunningServer,
 ) -> None:
     async with mcp_session(gateway.url()) as plain:
-        shared = _text(await plain.call_tool("p__pid", {}))
+        shared = first_text(await plain.call_tool("p__pid", {}))
         async with mcp_session(gateway.url(), sampling_callback=answer_sampling("x")) as capable:
-            own = _text(await capable.call_tool("p__pid", {}))
-            assert _text(await capable.call_tool("p__pid", {})) == own  # the same session for the client's calls
+            own = first_text(await capable.call_tool("p__pid", {}))
+            assert first_text(await capable.call_tool("p__pid", {})) == own  # the same session for the client's calls
         assert own != shared and _alive(int(own))
         await eventually(lambda: not _alive(int(own)), within=WAIT)
-        assert _text(await plain.call_tool("p__pid", {})) == shared
+        assert first_text(await plain.call_tool("p__pid", {})) == shared
 
 
 async def test_a_clients_roots_change_reaches_its_own_session(gateway: RunningServer) -> None:
@@ -633,12 +624,12 @@ async def test_a_clients_roots_change_reaches_its_own_session(gateway: RunningSe
         return types.ListRootsResult(roots=[types.Root(uri="file:///work/c")])
 
     async with mcp_session(gateway.url(), list_roots_callback=roots) as session:
-        assert _text(await session.call_tool("p__roots", {})) == "file:///work/c"  # opens the client's own session
-        assert _text(await session.call_tool("p__roots_changes", {})) == "0"
+        assert first_text(await session.call_tool("p__roots", {})) == "file:///work/c"  # opens the client's own session
+        assert first_text(await session.call_tool("p__roots_changes", {})) == "0"
         await session.send_notification(types.RootsListChangedNotification())
 
         async def heard() -> bool:
-            return _text(await session.call_tool("p__roots_changes", {})) == "1"
+            return first_text(await session.call_tool("p__roots_changes", {})) == "1"
 
         await eventually(heard, within=WAIT)
 
@@ -662,12 +653,12 @@ async def test_an_ambiguous_request_on_a_shared_stdio_session_is_refused_at_once
 
     async def first_answers_after_a_second_call(context: ClientRequestContext, params: Any) -> Any:
         async with mcp_session(gateway.url(), sampling_callback=answer_sampling("never used")) as other:
-            second["text"] = _text(await other.call_tool("s__sample", {"prompt": "me too"}))
+            second["text"] = first_text(await other.call_tool("s__sample", {"prompt": "me too"}))
         return types.CreateMessageResult(role="assistant", content=types.TextContent(text="first"), model="m")
 
     async with mcp_session(gateway.url(), sampling_callback=first_answers_after_a_second_call) as session:
         with anyio.fail_after(WAIT * 2):
-            first = _text(await session.call_tool("s__sample", {"prompt": "first"}))
+            first = first_text(await session.call_tool("s__sample", {"prompt": "first"}))
     assert first == "sampled: first (m)"
     assert second["text"].startswith("sample failed:") and "2 calls from clients are in flight" in second["text"]
 
@@ -679,7 +670,7 @@ async def test_a_client_without_the_capability_is_not_asked_and_the_downstream_h
     async with mcp_session(gateway.url()) as session:  # declares no sampling capability
         with anyio.fail_after(WAIT):
             result = await session.call_tool(f"{backend}__sample", {"prompt": "anyone?"})
-    assert result.is_error and "does not support sampling/createMessage" in _text(result)
+    assert result.is_error and "does not support sampling/createMessage" in first_text(result)
 
 
 @pytest.mark.parametrize("backend", ["h", "s"])
@@ -691,4 +682,4 @@ async def test_a_stateless_2026_client_is_asked_through_an_input_required_result
     async with Client(gateway.url(), mode="2026-07-28", sampling_callback=answer_sampling("bridged")) as client:
         with anyio.fail_after(WAIT):
             result = await client.call_tool(f"{backend}__sample", {"prompt": "anyone?"})
-    assert not result.is_error and _text(result) == "sampled: bridged (test-model)"
+    assert not result.is_error and first_text(result) == "sampled: bridged (test-model)"

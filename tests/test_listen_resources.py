@@ -16,7 +16,7 @@ import pytest
 from mcp.client.subscriptions import listen
 from mcp.shared.subscriptions import ResourceUpdated
 
-from tests.fixtures.gateway_proc import run_gateway
+from tests.fixtures.gateway_proc import one_backend_config, run_gateway
 from tests.fixtures.procs import conformance_server_argv, free_port, start_http_server
 from tests.fixtures.waiting import eventually
 from tests.test_input_required import KEY, TOKENS, _text, client
@@ -29,15 +29,7 @@ WATCHED = "test://watched-resource"
 async def test_a_listen_streams_resource_subscription_subscribes_a_handshake_era_downstream(tmp_path: Path) -> None:
     port = free_port()
     with start_http_server(conformance_server_argv(port), port) as downstream:
-        config = f"""
-gateway:
-  name: listen-resources
-  audit: {{enabled: false}}
-servers:
-  classic:
-    transport: streamable_http
-    url: {downstream.url()}
-"""
+        config = one_backend_config("listen-resources", "classic", transport="streamable_http", url=downstream.url())
         with run_gateway(config, tmp_path, tokens=TOKENS, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
             async with client(gateway.url()) as c:
                 with anyio.fail_after(30):

@@ -28,17 +28,10 @@ from gateway.errors import ConfigError
 from tests.fixtures.gateway_proc import PYTHON, echo_argv, mcp_session, run_gateway
 from tests.fixtures.identity import IdentityProvider, start_identity_provider
 from tests.fixtures.procs import RunningServer, free_port
+from tests.fixtures.raw_http import ACCEPT, INITIALIZE, headers
 from tests.fixtures.waiting import eventually
 
 pytestmark = pytest.mark.anyio
-
-VERSION = "2025-06-18"
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {"protocolVersion": VERSION, "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}},
-}
 
 
 def config(issuer: str, resource: str, extra: str = "") -> str:
@@ -97,18 +90,11 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         yield world
 
 
-def bearer(token: str, session: str | None = None) -> dict[str, str]:
-    out = {"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"}
-    if session is not None:
-        out |= {"Mcp-Session-Id": session, "Mcp-Protocol-Version": VERSION}
-    return out
-
-
 async def initialize(url: str, token: str | None) -> httpx2.Response:
-    headers = bearer(token) if token is not None else {"Accept": "application/json, text/event-stream"}
+    sent = headers(token) if token is not None else {"Accept": ACCEPT}
     with anyio.fail_after(15):
         async with httpx2.AsyncClient(timeout=10) as http:
-            return await http.post(url, json=INITIALIZE, headers=headers)
+            return await http.post(url, json=INITIALIZE, headers=sent)
 
 
 def challenge(response: httpx2.Response) -> dict[str, str]:
@@ -289,10 +275,10 @@ async def test_a_valid_token_calls_a_tool_and_the_ledger_names_the_caller_never_
                 assert result.content[0].text == "from ada"  # type: ignore[union-attr]
 
             async with httpx2.AsyncClient(timeout=10) as http:
-                opened = await http.post(world.url, json=INITIALIZE, headers=bearer(alpha))
+                opened = await http.post(world.url, json=INITIALIZE, headers=headers(alpha))
                 session_id = opened.headers["mcp-session-id"]
                 done = {"jsonrpc": "2.0", "method": "notifications/initialized"}
-                assert (await http.post(world.url, json=done, headers=bearer(alpha, session_id))).status_code == 202
+                assert (await http.post(world.url, json=done, headers=headers(alpha, session_id))).status_code == 202
                 call = {
                     "jsonrpc": "2.0",
                     "id": 7,
@@ -300,10 +286,10 @@ async def test_a_valid_token_calls_a_tool_and_the_ledger_names_the_caller_never_
                     "params": {"name": "echo", "arguments": {"text": "x"}},
                 }
                 # Another OAuth caller (another subject of the same issuer) cannot use alpha's session ...
-                assert (await http.post(world.url, json=call, headers=bearer(beta, session_id))).status_code == 404
-                assert (await http.delete(world.url, headers=bearer(beta, session_id))).status_code == 404
+                assert (await http.post(world.url, json=call, headers=headers(beta, session_id))).status_code == 404
+                assert (await http.delete(world.url, headers=headers(beta, session_id))).status_code == 404
                 # ... while alpha's renewed token (same issuer and subject) still can.
-                renewed = await http.post(world.url, json=call, headers=bearer(alpha_again, session_id))
+                renewed = await http.post(world.url, json=call, headers=headers(alpha_again, session_id))
                 assert renewed.status_code == 200, renewed.text
 
         ledger = tmp_path / "audit.db"
@@ -384,8 +370,8 @@ async def test_a_stateless_2026_07_28_request_is_authenticated_the_same_way(worl
     era = {"mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call", "mcp-name": "echo"}
     with anyio.fail_after(15):
         async with httpx2.AsyncClient(timeout=10) as http:
-            refused = await http.post(world.url, json=request, headers={**bearer("expired.or.bad"), **era})
-            answered = await http.post(world.url, json=request, headers={**bearer(token), **era})
+            refused = await http.post(world.url, json=request, headers={**headers("expired.or.bad"), **era})
+            answered = await http.post(world.url, json=request, headers={**headers(token), **era})
     assert refused.status_code == 401 and challenge(refused)["error"] == "invalid_token"
     assert answered.status_code == 200, answered.text
     if answered.headers["content-type"].startswith("text/event-stream"):

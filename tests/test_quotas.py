@@ -19,19 +19,13 @@ from gateway.config import CallerLimit, parse_config
 from gateway.errors import ConfigError
 from gateway.quotas import CallerLimits
 from tests.fixtures.gateway_proc import PYTHON, echo_argv, run_gateway
+from tests.fixtures.raw_http import headers, open_session
 from tests.fixtures.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 
 TOKENS = "alice=tok-alice,bob=tok-bob"
 N = 40
-VERSION = "2025-06-18"
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {"protocolVersion": VERSION, "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}},
-}
 
 
 def config(limits: str) -> str:
@@ -46,22 +40,6 @@ servers:
     command: {PYTHON}
     args: {json.dumps(echo_argv()[1:])}
 """
-
-
-def headers(token: str, session: str | None = None) -> dict[str, str]:
-    out = {"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"}
-    if session is not None:
-        out |= {"Mcp-Session-Id": session, "Mcp-Protocol-Version": VERSION}
-    return out
-
-
-async def open_session(http: httpx2.AsyncClient, url: str, token: str) -> str:
-    response = await http.post(url, json=INITIALIZE, headers=headers(token))
-    assert response.status_code == 200, response.text
-    session = response.headers["mcp-session-id"]
-    done = {"jsonrpc": "2.0", "method": "notifications/initialized"}  # a notification: never counted
-    assert (await http.post(url, json=done, headers=headers(token, session))).status_code == 202
-    return session
 
 
 async def call(

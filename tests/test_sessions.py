@@ -9,7 +9,6 @@ import hashlib
 import json
 import signal
 from pathlib import Path
-from typing import Any
 
 import anyio
 import httpx2
@@ -20,17 +19,11 @@ from gateway.config import parse_config
 from gateway.errors import ConfigError
 from tests.fixtures.gateway_proc import PYTHON, echo_argv, mcp_session, run_gateway
 from tests.fixtures.procs import RunningServer
+from tests.fixtures.raw_http import INITIALIZE, headers, messages, open_session
 
 pytestmark = pytest.mark.anyio
 
 TOKENS = "alice=tok-alice,bob=tok-bob"
-VERSION = "2025-06-18"
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {"protocolVersion": VERSION, "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}},
-}
 
 
 def config(limits: str = "") -> str:
@@ -44,32 +37,6 @@ servers:
     command: {PYTHON}
     args: {json.dumps(echo_argv()[1:])}
 """
-
-
-def headers(token: str, session: str | None = None) -> dict[str, str]:
-    out = {"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"}
-    if session is not None:
-        out |= {"Mcp-Session-Id": session, "Mcp-Protocol-Version": VERSION}
-    return out
-
-
-def messages(response: httpx2.Response) -> list[dict[str, Any]]:
-    """The JSON-RPC messages of a response, whether plain JSON or an SSE stream."""
-    if response.headers.get("content-type", "").startswith("application/json"):
-        return [response.json()]
-    return [json.loads(line[5:]) for line in response.text.splitlines() if line.startswith("data:") and line[5:]]
-
-
-async def open_session(http: httpx2.AsyncClient, url: str, token: str) -> str:
-    """Initialize a session the raw way (so the test holds its id) and send ``initialized``."""
-    response = await http.post(url, json=INITIALIZE, headers=headers(token))
-    assert response.status_code == 200, response.text
-    session = response.headers["mcp-session-id"]
-    done = await http.post(
-        url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers(token, session)
-    )
-    assert done.status_code == 202, done.text
-    return session
 
 
 async def call_echo(http: httpx2.AsyncClient, url: str, token: str, session: str, text: str) -> httpx2.Response:

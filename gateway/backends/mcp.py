@@ -71,7 +71,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 from gateway.auth.credentials import CallerCredentials, NoCredential
 from gateway.auth.secrets import CallerSecrets
 from gateway.backends.answers import ANSWER_TOO_LARGE, answer_too_large
-from gateway.backends.backoff import backoff, spread
+from gateway.backends.backoff import backoff, spread, supervise
 from gateway.backends.base import BackendBase, BackendState, BackendStatus, ProgressFn
 from gateway.backends.failures import FOREIGN, ResponseRecorder, classify_failure, exit_detail, gateway_error
 from gateway.backends.fastpath import HttpLane
@@ -662,28 +662,15 @@ class McpBackend(BackendBase):
             task_status.started()
             await anyio.sleep_forever()
 
-        started = False
-
-        def first_outcome() -> None:
-            nonlocal started
-            if not started:
-                started = True
-                task_status.started()
-
         async with anyio.create_task_group() as lanes:
             self._lanes_tg = lanes
             try:
-                while True:
-                    retrying = AsyncRetrying(
-                        retry=retry_if_exception_type(_ConnectFailed),
-                        wait=wait_exponential_jitter(multiplier=0.5, max=30.0, jitter=0.5),
-                        sleep=anyio.sleep,
-                        before_sleep=lambda state: first_outcome(),
-                        reraise=True,
-                    )
-                    async for attempt in retrying:
-                        with attempt:
-                            await self._session_lifetime(first_outcome)
+                await supervise(
+                    self._session_lifetime,
+                    retry=_ConnectFailed,
+                    wait=wait_exponential_jitter(multiplier=0.5, max=30.0, jitter=0.5),
+                    task_status=task_status,
+                )
             finally:
                 self._lanes_tg = None
 

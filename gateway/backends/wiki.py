@@ -48,8 +48,9 @@ import mcp_types as types
 import structlog
 import watchfiles
 from anyio.abc import TaskStatus
-from tenacity import AsyncRetrying, retry_if_exception_type, wait_fixed
+from tenacity import wait_fixed
 
+from gateway.backends.backoff import supervise
 from gateway.backends.base import BackendBase, BackendState, BackendStatus, ProgressFn
 from gateway.backends.wiki_index import EXCLUDED_DIRS, _build_index, _Index, _is_page_name
 from gateway.backends.wiki_semantic import Embedder, SemanticIndex, SemanticUnavailable, build_semantic, load_embedder
@@ -223,25 +224,7 @@ class WikiBackend(BackendBase):
         """Watch and index the root until cancelled; ``task_status.started()`` at the first outcome (READY, or the
         first failure). A watch that could not start, or ended within ``_ROOT_RETRY_S``, is tried again after
         ``_ROOT_RETRY_S``; one that ran longer is replaced at once."""
-        started = False
-
-        def first_outcome() -> None:
-            nonlocal started
-            if not started:
-                started = True
-                task_status.started()
-
-        while True:
-            retrying = AsyncRetrying(
-                retry=retry_if_exception_type(_NotWatching),
-                wait=wait_fixed(_ROOT_RETRY_S),
-                sleep=anyio.sleep,
-                before_sleep=lambda state: first_outcome(),
-                reraise=True,
-            )
-            async for attempt in retrying:
-                with attempt:
-                    await self._serve_root(first_outcome)
+        await supervise(self._serve_root, retry=_NotWatching, wait=wait_fixed(_ROOT_RETRY_S), task_status=task_status)
 
     async def _serve_root(self, on_ready: Callable[[], None]) -> None:
         """One watch of the root (natively, else by polling), the index built once it is installed and rebuilt after

@@ -462,10 +462,26 @@ def _snippet(index: _Index, path: str, terms: set[str]) -> tuple[int, str]:
     return (best + 1 if lines else 0), snippet
 
 
+def _path_reader(
+    name: str,
+    title: str,
+    description: str,
+    *,
+    path: str,
+    max_bytes: dict[str, Any],
+    handler: Callable[[_Index, dict[str, Any]], types.CallToolResult],
+) -> WikiTool:
+    """A read-only tool that reads files (in a worker thread) from a required ``path`` and an optional
+    ``max_bytes``; ``path`` and ``max_bytes`` are those arguments' descriptions and schema."""
+    path_arg = {"type": "string", "minLength": 1, "maxLength": 4096, "description": path}
+    schema = _schema({"path": path_arg, "max_bytes": max_bytes}, required=["path"])
+    tool = types.Tool(name=name, title=title, description=description, input_schema=schema, annotations=_READ_ONLY)
+    return WikiTool(tool, handler, blocking=True)
+
+
 def tool_specs(default: int, read_all: int, semantic: SemanticView) -> dict[str, WikiTool]:
     """Every tool the wiki can expose, by name: ``default`` caps ``files_read`` and ``files_neighbors``, ``read_all``
     caps ``wiki_read_all``, and ``semantic`` gives the semantic tools the snapshot ``call_tool`` made current."""
-    path_arg = {"type": "string", "minLength": 1, "maxLength": 4096}
     search_schema = _search_schema("What to look for.")
     return {
         "wiki_index": WikiTool(
@@ -493,50 +509,24 @@ def tool_specs(default: int, read_all: int, semantic: SemanticView) -> dict[str,
             _wiki_index,
             blocking=False,
         ),
-        "files_read": WikiTool(
-            types.Tool(
-                name="files_read",
-                title="Read a wiki file",
-                description=(
-                    "Read one file by its path relative to the wiki root (as listed by the index or a search): "
-                    "the first max_bytes bytes, with a note if truncated. Use when you know the path."
-                ),
-                input_schema=_schema(
-                    {
-                        "path": {**path_arg, "description": 'Relative to the wiki root, e.g. "notes/a.md".'},
-                        "max_bytes": _max_bytes(
-                            default, "Most bytes of the file to return (a note says when it was cut)."
-                        ),
-                    },
-                    required=["path"],
-                ),
-                annotations=_READ_ONLY,
-            ),
-            _files_read,
-            blocking=True,
+        "files_read": _path_reader(
+            "files_read",
+            "Read a wiki file",
+            "Read one file by its path relative to the wiki root (as listed by the index or a search): the first "
+            "max_bytes bytes, with a note if truncated. Use when you know the path.",
+            path='Relative to the wiki root, e.g. "notes/a.md".',
+            max_bytes=_max_bytes(default, "Most bytes of the file to return (a note says when it was cut)."),
+            handler=_files_read,
         ),
-        "files_neighbors": WikiTool(
-            types.Tool(
-                name="files_neighbors",
-                title="Read a page and its links",
-                description=(
-                    "Read a page plus every page it links to and every page linking to it ([[wikilinks]] and "
-                    "relative markdown links), each under a path header, capped at max_bytes; broken links are "
-                    "listed. Use after a search hit to expand it into its context."
-                ),
-                input_schema=_schema(
-                    {
-                        "path": {**path_arg, "description": "The page's path, file name or title."},
-                        "max_bytes": _max_bytes(
-                            default, "Cap on the whole output in bytes; a note names the pages cut or left out."
-                        ),
-                    },
-                    required=["path"],
-                ),
-                annotations=_READ_ONLY,
-            ),
-            _files_neighbors,
-            blocking=True,
+        "files_neighbors": _path_reader(
+            "files_neighbors",
+            "Read a page and its links",
+            "Read a page plus every page it links to and every page linking to it ([[wikilinks]] and relative "
+            "markdown links), each under a path header, capped at max_bytes; broken links are listed. Use after a "
+            "search hit to expand it into its context.",
+            path="The page's path, file name or title.",
+            max_bytes=_max_bytes(default, "Cap on the whole output in bytes; a note names the pages cut or left out."),
+            handler=_files_neighbors,
         ),
         "wiki_read_all": WikiTool(
             types.Tool(
