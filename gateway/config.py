@@ -451,6 +451,8 @@ class GatewaySettings(_Model):
     allowed_hosts: tuple[str, ...] = ()
     """Extra Host header values accepted besides loopback names (e.g. a reverse proxy's public name)."""
     allowed_origins: tuple[str, ...] = ()
+    """Extra Origin values accepted besides loopback ones (exhaustive off loopback), and the only origins a
+    browser-based client may talk to ``/mcp`` from across origins (CORS; docs/security.md)."""
     limits: Limits = Limits()
     """Connection and session limits at the HTTP edge."""
     costs_refresh_s: float = Field(default=60.0, gt=0)

@@ -1,8 +1,9 @@
 """Progressive disclosure: a client in ``search`` exposure sees a tool search instead of the whole catalog.
 
 ``Disclosure`` decides each client's exposure (``exposure.mode``, overridden by ``exposure.clients`` patterns on
-its clientInfo; ``auto`` means search when the catalog is over ``auto_tools`` tools or ``auto_tokens`` estimated
-tokens, or when the client is below the context gate), and serves what search mode adds:
+its clientInfo, the initialize's or, for a 2026-07-28 client, its request's ``_meta``'s; ``auto`` means search
+when the catalog is over ``auto_tools`` tools or ``auto_tokens`` estimated tokens, or when the client is below the
+context gate), and serves what search mode adds:
 
 * the ``tools/list`` of search mode: the search tool, the call tool and the operator's ``pinned`` tools, pre-serialised
   once per catalog. The search tool's description carries the router note, so a model still reads one routing
@@ -188,6 +189,11 @@ class Disclosure:
         lists the catalog itself)."""
         if connection not in self._searching:
             return None
+        return self.search_list_changed(identity, previous, catalog)
+
+    def search_list_changed(self, identity: Identity, previous: Catalog, catalog: Catalog) -> bool:
+        """Whether the search-exposure tools/list of ``identity`` changed between the catalogs (the pins or the router
+        note, as its policy sees them)."""
         if self._views is None:
             return self.tools_changed(previous, catalog)
         old, new = self._views.view(previous, identity), self._views.view(catalog, identity)

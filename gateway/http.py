@@ -7,8 +7,9 @@ MCP work — then answers ``/healthz`` (no auth, no reasons), ``/status`` (auth,
 required unless the gateway is bound to loopback). ``/metrics`` holds names, states and counts only: no reasons,
 arguments or secrets. With ``gateway.auth.oauth`` a bearer that is no static token is verified as a JWT access token
 (``auth/oauth.py``), the Protected Resource Metadata is served (public) at its well-known paths, and refusals carry the
-RFC 6750 challenge naming it. Per-caller request rates and concurrent calls (``quotas.py``) sit between the edge and
-the SDK.
+RFC 6750 challenge naming it. CORS for browser-based clients (``_Cors``, after the Host/Origin checks): the
+metadata for any admitted origin, ``/mcp`` for the origins of ``gateway.allowed_origins`` only. Per-caller
+request rates and concurrent calls (``quotas.py``) sit between the edge and the SDK.
 
 Host and Origin are parsed, never prefix-matched: a Host must be exactly ``name[:port]`` and an Origin exactly
 ``scheme://host[:port]``, and the parsed host is compared whole (``http://localhost:1.evil.example.com`` is refused).
@@ -41,6 +42,8 @@ from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp_types import INVALID_REQUEST, ErrorData, JSONRPCError
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
@@ -111,6 +114,11 @@ class Guard:
         self.allowed_origins = {o.lower() for o in allowed_origins}
         self.allowed_origin_parts = {p for p in map(_split_origin, self.allowed_origins) if p is not None}
         self.public_paths = set(public_paths)
+        # CORS (browser-based clients on another origin): /mcp for the configured origins only, never for the
+        # loopback ones the Origin check lets through by default; the public metadata for every origin it admits.
+        self.mcp_cors = _Cors(self._authenticated, origins=self.allowed_origin_parts)
+        self.metadata_cors = _Cors(self._authenticated, origins=None)
+        self.metadata_paths = set(oauth.metadata_paths if oauth is not None else ())
 
     def _host_ok(self, host: str) -> bool:
         parsed = _split_host(host)
@@ -143,6 +151,19 @@ class Guard:
         if origin is not None and not self._origin_ok(origin):
             await _plain(send, 403, "Forbidden: Origin not allowed.")
             return
+        path = scope["path"]
+        cors = self.mcp_cors if path == "/mcp" else self.metadata_cors if path in self.metadata_paths else None
+        if cors is None:
+            await self._authenticated(scope, receive, send)
+        elif _preflight(scope, origin, headers):
+            # Browsers send no credentials on a preflight: it is answered here, before auth, and does no work. The
+            # caller holds no token, so the connection closes with the answer (connections.py counts on it).
+            await cors(scope, receive, _closing(send))
+        else:
+            await cors(scope, receive, send)  # the actual request: auth as ever, CORS headers on whatever answers
+
+    async def _authenticated(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         authorization = headers.get("authorization")
         caller = self.tokens.identify(authorization) if self.tokens else None
         public = scope["path"] in self.public_paths
@@ -189,6 +210,61 @@ class Guard:
 
 
 _REFUSED = {401: "Unauthorized", 403: "Forbidden", 503: "Service unavailable"}
+
+# What a browser-based MCP client may send to /mcp (the request headers of both protocol eras; Mcp-Param-* is a
+# family) and read of the answer (the session id, the 401/403 challenge, how long to back off).
+CORS_METHODS = ("GET", "POST", "DELETE")
+CORS_HEADERS = frozenset(
+    {
+        "authorization",
+        "content-type",
+        "accept",
+        "mcp-session-id",
+        "mcp-protocol-version",
+        "last-event-id",
+        "mcp-method",
+        "mcp-name",
+    }
+)
+CORS_HEADER_PREFIX = "mcp-param-"
+CORS_EXPOSED = ("Mcp-Session-Id", "WWW-Authenticate", "Retry-After")
+
+
+def _preflight(scope: Scope, origin: str | None, headers: Mapping[str, str]) -> bool:
+    return origin is not None and scope["method"] == "OPTIONS" and "access-control-request-method" in headers
+
+
+class _Cors(CORSMiddleware):
+    """Starlette's CORS middleware, with two rules it cannot be configured for: an origin is compared parsed, as
+    the Guard compares it (``https://a.example`` is ``https://a.example:443``), and a preflight's requested headers
+    are echoed only if each is one of ``CORS_HEADERS`` or an ``Mcp-Param-*`` (a family no fixed list can name).
+    ``origins=None``: every origin (``Access-Control-Allow-Origin: *``, for the public metadata)."""
+
+    def __init__(self, app: ASGIApp, *, origins: set[tuple[str, str, int]] | None) -> None:
+        super().__init__(
+            app,
+            allow_origins=("*",) if origins is None else (),
+            allow_methods=CORS_METHODS if origins is not None else ("GET",),
+            allow_headers=("*",),  # echoed, once preflight_response has checked every one of them
+            # the Origin check has admitted the page already: on a loopback bind, a loopback or a configured one
+            allow_private_network=True,
+            expose_headers=CORS_EXPOSED if origins is not None else (),
+        )
+        self.origins = origins
+
+    def is_allowed_origin(self, origin: str) -> bool:
+        if self.origins is None:
+            return True
+        parsed = _split_origin(origin)
+        return parsed is not None and parsed in self.origins
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        requested = request_headers.get("access-control-request-headers", "")
+        names = [name.strip().lower() for name in requested.split(",") if name.strip()]
+        refused = [n for n in names if n not in CORS_HEADERS and not n.startswith(CORS_HEADER_PREFIX)]
+        if refused:
+            return Response(f"Disallowed CORS headers: {', '.join(refused)}", status_code=400, media_type="text/plain")
+        return super().preflight_response(request_headers)
 
 
 def _bearer(authorization: str | None) -> str | None:

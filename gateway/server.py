@@ -210,13 +210,27 @@ def _identity(ctx: ServerRequestContext[Any]) -> Identity:
 def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
     """The MCP server that fronts ``gateway``; pair it with a transport (HTTP app or stdio)."""
     disclosure = Disclosure(lambda: gateway.config, lambda: gateway.catalog, lambda: gateway.backends)
-    upstreams = Upstreams(gateway.catalog, lambda: gateway.backends, disclosure.tools_changed_for)
+    upstreams = Upstreams(
+        gateway.catalog,
+        lambda: gateway.backends,
+        disclosure.tools_changed_for,
+        searching=lambda ctx: searching(ctx),
+        search_list_changed=disclosure.search_list_changed,
+    )
     views = upstreams.views
     disclosure.use_views(views)
 
     def view(ctx: ServerRequestContext[Any]) -> View | None:
         """The caller's view of the catalog (auth/policies.py); None: no policies, it sees everything."""
         return views.view(gateway.catalog, _identity(ctx))
+
+    def searching(ctx: ServerRequestContext[Any]) -> bool:
+        """Whether the request's client is in search exposure, by its clientInfo: the initialize's in the handshake
+        era, the request's own ``_meta`` in the stateless one (the SDK's ``Connection.from_envelope`` puts it in
+        ``client_params`` either way)."""
+        call_ctx = _call_context(ctx, gateway.clients)
+        large = gateway.clients.is_large(call_ctx.declared)
+        return disclosure.searching(call_ctx.client_name, call_ctx.client_version, large, connection_of(ctx))
 
     def listing(ctx: ServerRequestContext[Any]) -> Mapping[str, Any]:
         call_ctx = _call_context(ctx, gateway.clients)

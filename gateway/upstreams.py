@@ -84,20 +84,34 @@ _SUBSCRIPTIONS_KEY = "mcp-gateway/subscriptions"
 class Upstreams:
     """Every live client connection and the notifications it is owed (see the module docstring)."""
 
-    def __init__(self, catalog: Catalog, backends: Any, tools_changed: Any = None) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        backends: Any,
+        tools_changed: Any = None,
+        *,
+        searching: Callable[[ServerRequestContext[Any]], bool] | None = None,
+        search_list_changed: Callable[[Identity, Catalog, Catalog], bool] | None = None,
+    ) -> None:
         self._live: weakref.WeakSet[Any] = weakref.WeakSet()
         # (connection, identity, previous, catalog) -> whether that connection's tools/list changed, or None when it
         # lists the catalog's own list (a search-exposure connection lists another: disclosure.py)
         self._tools_changed = tools_changed
+        # The same for the stateless era, whose listen streams are no connection that ever listed: whether a request's
+        # client is in search exposure (its clientInfo rides in the request's _meta), and whether a search-exposure
+        # list of a caller changed between two catalogs.
+        self._searching = searching
+        self._search_list_changed = search_list_changed
         self._announced = catalog
         self._backends = backends  # () -> Mapping[str, Backend]
         self._downstream_level: types.LoggingLevel | None = None
         self.views = Views()
         """Each caller's view of the catalog (auth/policies.py), shared with the server."""
         self._identities: weakref.WeakKeyDictionary[Any, Identity] = weakref.WeakKeyDictionary()
-        self._buses: dict[str | None, tuple[Identity, InMemorySubscriptionBus, ListenHandler]] = {}
-        """List changes for the 2026-07-28 era's ``subscriptions/listen`` streams, one bus per caller (a change
-        reaches only the callers whose view it changed)."""
+        self._buses: dict[tuple[str | None, bool], tuple[Identity, InMemorySubscriptionBus, ListenHandler]] = {}
+        """List changes for the 2026-07-28 era's ``subscriptions/listen`` streams, one bus per caller and exposure
+        (a change reaches only the callers whose view it changed; a search-exposure stream hears of ``tools`` only
+        when its own list, the search and call tools and the pins, changed)."""
         self._listened: dict[tuple[str, str], list[tuple[InMemorySubscriptionBus, str]]] = {}
         """(backend, its URI) -> (the caller's bus, the URI) a listen stream subscribed it under, once per stream."""
 
@@ -110,10 +124,11 @@ class Upstreams:
         subscribers) for as long as the stream lasts; one no backend takes is left out of the acknowledgement.
         """
         identity = _identity(ctx)
-        found = self._buses.get(identity.caller)
+        key = (identity.caller, self._searching is not None and self._searching(ctx))
+        found = self._buses.get(key)
         if found is None or found[0] != identity:
             bus = found[1] if found is not None else InMemorySubscriptionBus()
-            found = self._buses[identity.caller] = (identity, bus, found[2] if found else ListenHandler(bus))
+            found = self._buses[key] = (identity, bus, found[2] if found else ListenHandler(bus))
         bus, handler = found[1], found[2]
         held: list[tuple[str, Origin]] = []
         try:
@@ -171,8 +186,11 @@ class Upstreams:
         views = self.views
         everyone = None if catalog.policies or previous.policies else lists_changed(previous, catalog, _ANYONE, views)
         told: set[str] = set()
-        for identity, bus, _ in list(self._buses.values()):
+        for (_, searching), (identity, bus, _) in list(self._buses.items()):
             kinds = everyone if everyone is not None else lists_changed(previous, catalog, identity, views)
+            if searching and self._search_list_changed is not None:
+                changed = self._search_list_changed(identity, previous, catalog)
+                kinds = (kinds - {"tools"}) | ({"tools"} if changed else frozenset())
             if kinds:
                 told.add(identity.caller or "anonymous")
             for kind in _KINDS:

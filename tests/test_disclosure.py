@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx2
 import mcp_types as types
 import pytest
@@ -297,3 +298,111 @@ policies:
             assert names == ["find_tools", "call_tool", "get_current_time", "create_entities"]
             found = _payload(await ops.call_tool("find_tools", {"query": "add entities to the knowledge graph"}))
             assert "create_entities" in [t["name"] for t in found["tools"]]
+
+
+async def test_a_stateless_2026_client_named_like_a_search_mode_client_gets_the_search_list(tmp_path: Path) -> None:
+    """A 2026-07-28 client never sends initialize: its clientInfo rides in every request's ``_meta``, and that is what
+    picks its exposure (``exposure.clients``), as the initialize does for a client of an earlier era."""
+    from mcp.client import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    config = f"""
+exposure:
+  clients: {{searcher: search}}
+servers:
+  e:
+    transport: stdio
+    command: {json.dumps(echo_argv()[0])}
+    args: {json.dumps(echo_argv()[1:])}
+"""
+
+    def client(http: httpx2.AsyncClient, url: str, name: str) -> Client:
+        info = types.Implementation(name=name, version="1")
+        return Client(streamable_http_client(url, http_client=http), mode="2026-07-28", client_info=info, cache=None)
+
+    with run_gateway(config, tmp_path, tokens=TOKEN) as gateway:
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(20)) as http:
+            async with (
+                client(http, gateway.url(), "searcher") as searcher,
+                client(http, gateway.url(), "lister") as lister,
+            ):
+                assert [t.name for t in (await searcher.list_tools()).tools] == ["find_tools", "call_tool"]
+                assert "echo" in {t.name for t in (await lister.list_tools()).tools}
+                found = _payload(await searcher.call_tool("find_tools", {"query": "echo"}))
+                assert "echo" in [hit["name"] for hit in found["tools"]]
+                called = await searcher.call_tool("call_tool", {"name": "echo", "arguments": {"text": "hi"}})
+                assert not called.is_error and called.structured_content == {"text": "hi", "server": "echo"}
+
+
+async def test_a_stateless_2026_search_mode_clients_listen_stream_hears_of_its_own_list_changes_only(
+    tmp_path: Path,
+) -> None:
+    """The stateless era's ``subscriptions/listen``: a backend joining is announced on an all-mode client's stream,
+    not on a search-mode one's (its list, the search and call tools, did not change); a reload that pins a tool is
+    announced on the search-mode stream. The mode comes from the clientInfo of the listen request's ``_meta``."""
+    port = free_port()
+
+    def config(pinned: str) -> str:
+        return f"""
+exposure:
+  clients: {{searcher: search}}
+  pinned: {pinned}
+servers:
+  e:
+    transport: stdio
+    command: {json.dumps(echo_argv()[0])}
+    args: {json.dumps(echo_argv()[1:])}
+  late:
+    transport: streamable_http
+    url: http://127.0.0.1:{port}/mcp
+    connect_timeout_s: 2
+"""
+
+    heard: dict[str, list[str]] = {"searcher": [], "lister": []}
+    acknowledged: set[str] = set()
+
+    async def listen(http: httpx2.AsyncClient, url: str, name: str) -> None:
+        meta = {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": {"name": name, "version": "1"},
+        }
+        body = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "subscriptions/listen",
+            "params": {"_meta": meta, "notifications": {"toolsListChanged": True}},
+        }
+        headers = {
+            "Authorization": f"Bearer {TOKEN}",
+            "MCP-Protocol-Version": "2026-07-28",
+            "Mcp-Method": "subscriptions/listen",
+            "Accept": "application/json, text/event-stream",
+        }
+        async with http.stream("POST", url, json=body, headers=headers) as response:
+            assert response.status_code == 200
+            async for line in response.aiter_lines():
+                if line.startswith("data:") and line[5:].strip():
+                    method = json.loads(line[5:])["method"]
+                    if method == "notifications/subscriptions/acknowledged":
+                        acknowledged.add(name)
+                    else:
+                        heard[name].append(method)
+
+    tools = "notifications/tools/list_changed"
+    with run_gateway(config("[]"), tmp_path, tokens=TOKEN) as gateway:
+        async with httpx2.AsyncClient(timeout=httpx2.Timeout(60)) as http, anyio.create_task_group() as streams:
+            streams.start_soon(listen, http, gateway.url(), "searcher")
+            streams.start_soon(listen, http, gateway.url(), "lister")
+            await eventually(lambda: acknowledged == {"searcher", "lister"}, within=20)
+            late = echo_argv("--http", str(port), "--name", "late", "--prefix", "late_")
+            with start_http_server(late, port):
+                await eventually(lambda: heard["lister"] == [tools], within=40)  # the backend joined
+                before = len(heard["searcher"])
+                (tmp_path / "federation.yaml").write_text(config("[echo]"))
+                await eventually(lambda: len(heard["searcher"]) == before + 1, within=20)  # the pins changed
+                # In order on one stream: had the join been announced to the searcher, it would have come first.
+                assert heard["searcher"] == [tools]
+                assert heard["lister"] == [tools]  # the pins are not part of the all-mode list
+            streams.cancel_scope.cancel()
