@@ -393,6 +393,12 @@ servers:
     tools = "notifications/tools/list_changed"
     with run_gateway(config("[]"), tmp_path, tokens=TOKEN) as gateway:
         async with httpx2.AsyncClient(timeout=httpx2.Timeout(60)) as http, anyio.create_task_group() as streams:
+
+            async def e_ready() -> bool:
+                return (await http.get(gateway.url("/healthz"))).json()["backends"]["e"] == "ready"
+
+            # Streams opened while `e` still starts would hear `e` join as well as `late` (a busy machine's order).
+            await eventually(e_ready, within=20)
             streams.start_soon(listen, http, gateway.url(), "searcher")
             streams.start_soon(listen, http, gateway.url(), "lister")
             await eventually(lambda: acknowledged == {"searcher", "lister"}, within=20)
