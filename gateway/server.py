@@ -345,9 +345,10 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
 
     async def serve(ctx: ServerRequestContext[Any], call_next: CallNext) -> HandlerResult:
         # A client that connects while the backends are still connecting would be offered too little (no
-        # resources, no prompts): the first handshake (or, stateless, the first `server/discover`) waits, bounded,
-        # for every backend's first outcome.
-        if ctx.method in ("initialize", "server/discover") and not startup_waited.is_set():
+        # resources, no prompts): the first handshake (or, stateless, the first `server/discover`, or a listen stream,
+        # whose resource subscriptions need the backends that serve them) waits, bounded, for every backend's first
+        # outcome.
+        if ctx.method in ("initialize", "server/discover", "subscriptions/listen") and not startup_waited.is_set():
             await settled()
         if (
             ctx.method == "tools/list"
