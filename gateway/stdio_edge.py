@@ -29,7 +29,7 @@ import stat
 import sys
 from collections import deque
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import mcp_types as types
@@ -118,8 +118,8 @@ class _LineReader(asyncio.Protocol):
         self.paused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.ReadTransport)
-        self.transport = transport
+        # uvloop's pipe transports do not derive from asyncio's classes: typed, not checked
+        self.transport = cast(asyncio.ReadTransport, transport)
 
     def data_received(self, data: bytes) -> None:
         start = 0

@@ -98,9 +98,12 @@ class Raw:
 
 
 @contextlib.asynccontextmanager
-async def raw_gateway(tmp_path: Path) -> Any:
+async def raw_gateway(tmp_path: Path, env: dict[str, str] | None = None) -> Any:
     process = await anyio.open_process(
-        [PYTHON, "-m", "gateway", "serve", "--stdio", "-c", str(config(tmp_path))], cwd=tmp_path, start_new_session=True
+        [PYTHON, "-m", "gateway", "serve", "--stdio", "-c", str(config(tmp_path))],
+        cwd=tmp_path,
+        start_new_session=True,
+        env=None if env is None else os.environ | env,
     )
     try:
         yield Raw(process)
@@ -144,8 +147,9 @@ def cmdline(pid: int) -> str:
     return ""
 
 
-async def test_partial_lines_invalid_utf8_and_a_huge_line_are_read_as_before(tmp_path: Path) -> None:
-    async with raw_gateway(tmp_path) as gw:
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+async def test_partial_lines_invalid_utf8_and_a_huge_line_are_read_as_before(tmp_path: Path, loop: str) -> None:
+    async with raw_gateway(tmp_path, {"GATEWAY_UVLOOP": "1" if loop == "uvloop" else "0"}) as gw:
         with anyio.fail_after(WAIT):
             await gw.handshake()
             # one message in three writes, the newline in the last one
