@@ -40,7 +40,8 @@ Targets, for an HTTP downstream (``tests/fixtures/echo_server.py --http``) and a
                               with --baseline DIR: that checkout's gateway, ledger on (before / after in one run)
   gateway-http-stdio          ``gateway serve`` (HTTP in) fronting a stdio downstream it spawns
   gateway-stdio-stdio         ``gateway serve --stdio`` spawned by the client, fronting a stdio downstream: the
-                              apples-to-apples stdio comparison (stdio in, stdio out); ``-ledger``: ledger on
+                              apples-to-apples stdio comparison (stdio in, stdio out); ``-ledger``: ledger on;
+                              ``-baseline``: with --baseline DIR, that checkout's (ledger off)
   fastmcp-http, fastmcp-http-stdio
                               ``fastmcp.server.create_proxy`` served over streamable HTTP (``fastmcp_proxy.py``),
                               run with ``.tools/bin/fastmcp-python`` (made by ``scripts/install``); skipped with a
@@ -110,6 +111,7 @@ STDIO_KEYS = (
     "gateway-http-stdio",
     "gateway-stdio-stdio",
     "gateway-stdio-stdio-ledger",
+    "gateway-stdio-stdio-baseline",
     "fastmcp-http-stdio",
 )
 
@@ -221,6 +223,7 @@ class Target:
     downstream: str  # "http" | "stdio"
     url: str | None = None  # a streamable HTTP endpoint ...
     argv: list[str] | None = None  # ... or a command the client spawns over stdio
+    cwd: Path = ROOT  # where that command runs (--baseline: the other checkout)
     floor: str | None = None  # the direct target this one is compared with
     proc: Proc | None = None  # the process whose memory / profile we take (None: spawned by the client)
     slow: bool = False  # FastMCP: fewer calls
@@ -339,7 +342,7 @@ class Client:
             from mcp.client.stdio import StdioServerParameters, stdio_client
 
             assert target.argv is not None
-            params = StdioServerParameters(command=target.argv[0], args=target.argv[1:], cwd=str(ROOT))
+            params = StdioServerParameters(command=target.argv[0], args=target.argv[1:], cwd=str(target.cwd))
             before = set(children_of().get(os.getpid(), ()))
             read, write = await self.stack.enter_async_context(stdio_client(params, errlog=self.errlog))
             target.spawned += [pid for pid in children_of().get(os.getpid(), ()) if pid not in before]
@@ -973,7 +976,7 @@ async def run(args: argparse.Namespace, workdir: Path, procs: Procs) -> dict[str
     if not any("uvloop" in f for f in filters):  # uvloop: measured only when an --only name asks for it
         measured.discard("gateway-http-ledger-uvloop")
     if args.baseline is None:
-        measured.discard("gateway-http-ledger-baseline")
+        measured -= {"gateway-http-ledger-baseline", "gateway-stdio-stdio-baseline"}
     if not fastmcp:
         measured -= {"fastmcp-http", "fastmcp-http-stdio"}
     if args.quick:
@@ -1049,6 +1052,13 @@ async def run(args: argparse.Namespace, workdir: Path, procs: Procs) -> dict[str
                 "gateway --stdio (ledger on)",
                 "stdio",
                 argv=stdio_gateway("gateway-stdio-ledger", stdio_down, ledger=True),
+            ),
+            "gateway-stdio-stdio-baseline": lambda: Target(
+                "gateway-stdio-stdio-baseline",
+                f"gateway --stdio (ledger off), baseline {args.baseline_name}",
+                "stdio",
+                argv=stdio_gateway("gateway-stdio-baseline", stdio_down, ledger=False),
+                cwd=args.baseline,
             ),
             "fastmcp-http-stdio": lambda: _t(
                 "fastmcp-http-stdio",

@@ -274,7 +274,7 @@ async def _stop_http(server: Any, gateway: Gateway, hurry: anyio.Event) -> None:
 
 
 async def _serve_stdio(config: Federation) -> int:
-    from mcp.server.stdio import stdio_server
+    from gateway.stdio_edge import stdio_edge  # the SDK's stdio_server() where stdin/stdout are not pipes
 
     async with Gateway(config).running() as gateway:
         server, _ = build_server(gateway)
@@ -287,7 +287,7 @@ async def _serve_stdio(config: Federation) -> int:
 
             tg.start_soon(_stop_on_signals, gateway, stop)
             tg.start_soon(watch_config, config.source, _reloader(gateway))
-            async with stdio_server() as (read, write):
+            async with stdio_edge() as (read, write):
                 await server.run(read, write, server.create_initialization_options())
             tg.cancel_scope.cancel()  # the client closed stdin: shut down
     return EXIT_OK

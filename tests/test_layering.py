@@ -58,7 +58,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # quotas: per-caller request rate and concurrent calls, between the edge and the SDK
     # sessions: session ids that carry the session's state sealed, so any replica serves it; shared_limits: the
     # per-caller request rate counted in Redis for all replicas
-    ("http", "ui", "edge", "connections", "quotas", "sessions", "shared_limits"),
+    # stdio_edge: the client-facing stdio transport of serve --stdio, on the event loop
+    ("http", "ui", "edge", "connections", "quotas", "sessions", "shared_limits", "stdio_edge"),
     ("cli", "__main__", "__init__"),  # "__init__" is gateway/__init__.py: the public surface re-exports from any layer
 )
 LAYER = {module: level for level, modules in enumerate(LAYERS) for module in modules}

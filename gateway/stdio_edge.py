@@ -1,0 +1,254 @@
+"""The client-facing stdio transport of ``gateway serve --stdio``, on the event loop.
+
+The SDK's ``mcp.server.stdio.stdio_server()`` reads stdin and writes stdout through ``anyio.wrap_file``: every line
+read and every flush is a hop to a worker thread and back (a py-spy profile of ``serve --stdio`` put 20% and 14% of
+its samples there, docs/benchmarks.md section 8). When stdin and stdout are pipes or sockets (what a client that
+spawns the gateway hands it), :func:`stdio_edge` serves them as non-blocking pipes on the event loop instead
+(``loop.connect_read_pipe`` / ``connect_write_pipe``) and yields the same pair of memory object streams:
+
+- one JSON-RPC message per line, UTF-8 (invalid bytes replaced, as the SDK's text layer does); a line that does not
+  parse is delivered on the read stream as the exception, and reading goes on; a line may be of any length;
+- end of file ends the read stream; an unterminated last line is parsed as a line (the SDK's line iterator yields it);
+- a broken stdout (the client went away) ends both streams cleanly: nothing is left to answer to;
+- while serving, fd 0 reads the null device and fd 1 writes to stderr, so a handler or child that touches them
+  cannot read or tear the wire; both are restored on exit (the SDK does the same).
+
+Anything else (a terminal, a regular file, streams replaced in ``sys``) falls back to the SDK's transport.
+
+Known difference: the SDK's text layer also ends a line at a lone ``\\r``; here only ``\\n`` does (a ``\\r`` before it
+is JSON whitespace, so CRLF framing is read alike).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import stat
+import sys
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any, cast
+
+import anyio
+import mcp_types as types
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from mcp.server.stdio import stdio_server
+from mcp.shared.message import SessionMessage
+
+# Lines parsed but not yet taken by the session before stdin is paused: bounds the memory a fast writer can fill.
+READ_AHEAD_LINES = 64
+WRITE_HIGH_WATER = 256 * 1024  # stdout bytes queued in the transport before a send waits for the pipe to drain
+FLUSH_ON_EXIT_S = 2.0  # how long the answers already written may take to reach the client on exit (then dropped)
+
+Streams = tuple[MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]]
+
+
+def _is_pipe(fd: int) -> bool:
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
+def _backed_by(stream: Any, fd: int) -> bool:
+    try:
+        return bool(stream.buffer.fileno() == fd)
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def _on_asyncio() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # another anyio backend (trio)
+        return False
+    return True
+
+
+def can_serve() -> bool:
+    """Whether stdin and stdout are pipes or sockets this transport can serve (else the SDK's is used)."""
+    return _backed_by(sys.stdin, 0) and _backed_by(sys.stdout, 1) and _is_pipe(0) and _is_pipe(1)
+
+
+@contextlib.asynccontextmanager
+async def stdio_edge() -> AsyncIterator[Streams]:
+    """Serve MCP over the process's stdin and stdout; the SDK's ``stdio_server()`` where they are not pipes."""
+    if not can_serve() or not _on_asyncio():
+        async with stdio_server() as streams:
+            yield streams
+        return
+    async with _claimed() as (wire_in, wire_out):
+        async with _serve(wire_in, wire_out) as streams:
+            yield streams
+
+
+@contextlib.asynccontextmanager
+async def _claimed() -> AsyncIterator[tuple[int, int]]:
+    """Move the wire to private descriptors and point fd 0 at the null device, fd 1 at stderr, until exit."""
+    sys.stdout.flush()
+    wire_in = fcntl.fcntl(0, fcntl.F_DUPFD_CLOEXEC, 3)
+    wire_out = fcntl.fcntl(1, fcntl.F_DUPFD_CLOEXEC, 3)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.dup2(2, 1)
+    try:
+        yield wire_in, wire_out
+    finally:
+        for fd, wire in ((0, wire_in), (1, wire_out)):
+            with contextlib.suppress(OSError):
+                os.set_blocking(wire, True)  # the flag is the pipe's (shared with fd 0/1 once restored)
+                os.dup2(wire, fd)
+            with contextlib.suppress(OSError):
+                os.close(wire)
+
+
+class _LineReader(asyncio.Protocol):
+    """Splits stdin into lines in ``data_received``; pauses the pipe while the session has enough unread."""
+
+    def __init__(self) -> None:
+        self.lines: deque[bytes] = deque()
+        self.partial = bytearray()
+        self.eof = False
+        self.ready = asyncio.Event()
+        self.transport: asyncio.ReadTransport | None = None
+        self.paused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's pipe transports do not derive from asyncio's classes: typed, not checked
+        self.transport = cast(asyncio.ReadTransport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        start = 0
+        end = data.find(b"\n")
+        while end >= 0:
+            if self.partial:
+                self.partial += data[start:end]
+                self.lines.append(bytes(self.partial))
+                self.partial.clear()
+            else:
+                self.lines.append(data[start:end])
+            start = end + 1
+            end = data.find(b"\n", start)
+        if start < len(data):
+            self.partial += data[start:]
+        if self.lines:
+            self.ready.set()
+            if len(self.lines) >= READ_AHEAD_LINES and self.transport is not None and not self.paused:
+                self.paused = True
+                self.transport.pause_reading()
+
+    def eof_received(self) -> bool | None:
+        self._end()
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end()
+
+    def _end(self) -> None:
+        if not self.eof:
+            self.eof = True
+            if self.partial:
+                self.lines.append(bytes(self.partial))
+                self.partial.clear()
+            self.ready.set()
+
+    async def next_line(self) -> bytes | None:
+        """The next line, or None at end of file."""
+        while not self.lines:
+            if self.eof:
+                return None
+            self.ready.clear()
+            if self.paused and self.transport is not None:
+                self.paused = False
+                self.transport.resume_reading()
+            await self.ready.wait()
+        return self.lines.popleft()
+
+
+class _Writer(asyncio.Protocol):
+    """Flow control for stdout: ``pause_writing`` / ``resume_writing`` from the transport, and its loss."""
+
+    def __init__(self) -> None:
+        self.can_write = asyncio.Event()
+        self.can_write.set()
+        self.lost = asyncio.Event()
+
+    def pause_writing(self) -> None:
+        self.can_write.clear()
+
+    def resume_writing(self) -> None:
+        self.can_write.set()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost.set()
+        self.can_write.set()
+
+
+def _parse(line: bytes) -> SessionMessage | Exception:
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        text = line.decode("utf-8", errors="replace")  # what the SDK's text layer (errors="replace") hands on
+    try:
+        return SessionMessage(types.jsonrpc_message_adapter.validate_json(text, by_name=False))
+    except Exception as exc:  # delivered to the session as the SDK's transport delivers it
+        return exc
+
+
+@contextlib.asynccontextmanager
+async def _serve(wire_in: int, wire_out: int) -> AsyncIterator[Streams]:
+    loop = asyncio.get_running_loop()
+    reader = _LineReader()
+    writer = _Writer()
+    # The transports own (and close) these file objects; the descriptors are private duplicates of the wire.
+    read_transport, _ = await loop.connect_read_pipe(
+        lambda: reader, os.fdopen(wire_in, "rb", buffering=0, closefd=False)
+    )
+    write_transport, _ = await loop.connect_write_pipe(
+        lambda: writer, os.fdopen(wire_out, "wb", buffering=0, closefd=False)
+    )
+    write_transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+    read_send, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    write_stream, write_receive = anyio.create_memory_object_stream[SessionMessage](0)
+
+    async def stdin_reader() -> None:
+        async with read_send:
+            while (line := await reader.next_line()) is not None:
+                if writer.lost.is_set():
+                    return
+                try:
+                    await read_send.send(_parse(line))
+                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    return
+
+    async def stdout_writer() -> None:
+        async with write_receive:
+            async for session_message in write_receive:
+                if writer.lost.is_set():
+                    continue  # the client is gone: what the session still says is dropped, so it can finish
+                data = session_message.message.model_dump_json(by_alias=True, exclude_unset=True)
+                write_transport.write(data.encode() + b"\n")
+                await writer.can_write.wait()
+
+    async def watch_stdout() -> None:
+        await writer.lost.wait()
+        read_send.close()  # ends the session's read loop: no answer can reach the client any more
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(stdin_reader)
+            tg.start_soon(stdout_writer)
+            tg.start_soon(watch_stdout)
+            try:
+                yield read_stream, write_stream
+            finally:
+                tg.cancel_scope.cancel()
+    finally:
+        read_transport.close()
+        write_transport.close()  # writes what is buffered, then reports the connection lost
+        with anyio.CancelScope(shield=True), anyio.move_on_after(FLUSH_ON_EXIT_S):
+            await writer.lost.wait()
