@@ -331,9 +331,9 @@ class PostgresServer:
         return "" if self._process is None else "\n".join(self._process.log)
 
 
-@pytest.fixture(scope="session")
-def postgres_server() -> Iterator[PostgresServer]:
-    """One PostgreSQL server for the session; each test takes a database of its own (``pg_url``)."""
+def _started_postgres() -> Iterator[PostgresServer]:
+    """A started PostgreSQL server, stopped afterwards (skipped, or failed under GATEWAY_REQUIRE_ENGINES, without
+    the binaries)."""
     bindir = postgres_bindir()
     if bindir is None:
         missing("PostgreSQL (the Debian package postgresql)")
@@ -344,21 +344,18 @@ def postgres_server() -> Iterator[PostgresServer]:
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One PostgreSQL server for the session; each test takes a database of its own (``pg_url``)."""
+    yield from _started_postgres()
 
 
 @pytest.fixture
 def own_postgres() -> Iterator[PostgresServer]:
     """A PostgreSQL server of the test's own, for tests that stop, pause or crash it."""
-    bindir = postgres_bindir()
-    if bindir is None:
-        missing("PostgreSQL (the Debian package postgresql)")
-        raise AssertionError("unreachable")
-    server = PostgresServer(bindir)
-    try:
-        server.start()
-        yield server
-    finally:
-        server.close()
+    yield from _started_postgres()
 
 
 @pytest.fixture
