@@ -22,8 +22,9 @@ from gateway.continuation import Continuations
 from gateway.sessions import SessionSeal
 from tests.fixtures.gateway_proc import PYTHON, echo_argv, run_gateway
 from tests.fixtures.procs import RunningServer
+from tests.fixtures.raw_http import INITIALIZE, VERSION, headers, messages, open_session
 from tests.replicas import deployment, kill_replica
-from tests.test_sessions import INITIALIZE, VERSION, call_echo, echoed, headers, messages, open_session
+from tests.test_sessions import call_echo, echoed
 
 pytestmark = pytest.mark.anyio
 

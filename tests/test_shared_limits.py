@@ -18,7 +18,8 @@ import pytest
 from tests.engines import RedisServer
 from tests.fixtures.gateway_proc import PYTHON, echo_argv, run_gateway
 from tests.fixtures.procs import RunningServer
-from tests.test_sessions import call_echo, echoed, open_session
+from tests.fixtures.raw_http import open_session
+from tests.test_sessions import call_echo, echoed
 
 pytestmark = pytest.mark.anyio
 
