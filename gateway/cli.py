@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import importlib.util
 import json
 import math
 import signal
@@ -118,6 +119,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             # GATEWAY_UVLOOP=1: serve on uvloop, a measurement switch (docs/benchmarks.md, section 8): 3-13% less
             # CPU per call in interleaved runs, not yet the default.
             uvloop = environ("GATEWAY_UVLOOP") == "1"
+            if uvloop and importlib.util.find_spec("uvloop") is None:
+                print("gateway: GATEWAY_UVLOOP=1 needs the uvloop package (pip install uvloop)", file=sys.stderr)
+                return 2
             return anyio.run(_serve, config, args, backend_options={"use_uvloop": uvloop})
         if args.command == "check":
             return anyio.run(_check, config, args.json)
