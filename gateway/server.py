@@ -216,6 +216,7 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
         disclosure.tools_changed_for,
         searching=lambda ctx: searching(ctx),
         search_list_changed=disclosure.search_list_changed,
+        current=lambda: gateway.catalog,
     )
     views = upstreams.views
     disclosure.use_views(views)

@@ -92,6 +92,7 @@ class Upstreams:
         *,
         searching: Callable[[ServerRequestContext[Any]], bool] | None = None,
         search_list_changed: Callable[[Identity, Catalog, Catalog], bool] | None = None,
+        current: Callable[[], Catalog] | None = None,
     ) -> None:
         self._live: weakref.WeakSet[Any] = weakref.WeakSet()
         # (connection, identity, previous, catalog) -> whether that connection's tools/list changed, or None when it
@@ -103,6 +104,7 @@ class Upstreams:
         self._searching = searching
         self._search_list_changed = search_list_changed
         self._announced = catalog
+        self._current = current  # () -> the gateway's current catalog (resolving a listen's resources)
         self._backends = backends  # () -> Mapping[str, Backend]
         self._downstream_level: types.LoggingLevel | None = None
         self.views = Views()
@@ -152,7 +154,9 @@ class Upstreams:
         """Subscribe the first backend that serves ``uri`` (in the caller's view) and takes the subscription; None
         when none does."""
         backends = self._backends()
-        catalog = self._announced
+        # The gateway's current catalog, not the last one announced: the announcement follows a change
+        # asynchronously, and a stream opened just after startup would miss a backend that is already ready.
+        catalog = self._current() if self._current is not None else self._announced
         origins = catalog.lists.resolve(uri)
         view = self.views.view(catalog, identity)
         for origin in view.origins(uri, origins) if view is not None else origins:
