@@ -75,7 +75,8 @@ async def test_the_first_discovery_waits_for_a_slow_backend_and_offers_what_it_o
     assert again["capabilities"] == capabilities, again
 
 
-async def test_a_listen_stream_is_acknowledged_with_the_list_changes_only(tmp_path: Path) -> None:
+async def test_a_listen_stream_is_acknowledged_with_what_the_gateway_delivers(tmp_path: Path) -> None:
+    # List changes, and the resource subscription: the backend serves the URI and takes resources/subscribe.
     watched = "test://watched-resource"
     body = {
         "jsonrpc": "2.0",
@@ -103,5 +104,9 @@ async def test_a_listen_stream_is_acknowledged_with_the_list_changes_only(tmp_pa
                             break
     assert first is not None
     assert first["method"] == "notifications/subscriptions/acknowledged", first
-    assert first["params"]["notifications"] == {"toolsListChanged": True, "promptsListChanged": True}, first
+    assert first["params"]["notifications"] == {
+        "toolsListChanged": True,
+        "promptsListChanged": True,
+        "resourceSubscriptions": [watched],
+    }, first
     assert first["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == 7, first
