@@ -189,6 +189,18 @@ def _children(parent: int) -> list[tuple[int, str]]:
     return found
 
 
+def _signal(processes: Sequence[tuple[int, str]], sig: signal.Signals) -> None:
+    """Send ``sig`` to each (pid, start time) still running as that process: a backend that exits between the
+    listing and the signal (a connection closing) is skipped, and a pid reused since is never signalled."""
+    for pid, started in processes:
+        if _start_time(pid) != started:
+            continue
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
 class PostgresServer:
     """A throwaway PostgreSQL cluster on 127.0.0.1: a superuser ``gateway`` with a random password (password auth
     over TCP, so the tests see a DSN with a password), data and unix socket in a temporary folder.
@@ -284,27 +296,20 @@ class PostgresServer:
         finally:
             self._process.kill()  # the postmaster has exited; this reaps it
             self._process = None
-            for pid, started in children:  # backends run in sessions of their own; they exit with the postmaster
-                if _start_time(pid) == started:  # still that process, not a new one that reused its pid
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+            _signal(children, signal.SIGKILL)  # backends run in sessions of their own; they exit with the postmaster
 
-    def _processes(self) -> list[int]:
+    def _processes(self) -> list[tuple[int, str]]:
         """The postmaster and its children (each backend is in a session of its own, so no process group has all)."""
         assert self._process is not None
         leader = self._process.proc.pid
-        return [leader, *(pid for pid, _ in _children(leader))]
+        return [(leader, _start_time(leader) or ""), *_children(leader)]
 
     def pause(self) -> None:
         """SIGSTOP the server and all its processes: connections stay open and nothing answers (a hung server)."""
-        for pid in self._processes():
-            os.kill(pid, signal.SIGSTOP)
+        _signal(self._processes(), signal.SIGSTOP)
 
     def resume(self) -> None:
-        for pid in self._processes():
-            os.kill(pid, signal.SIGCONT)
+        _signal(self._processes(), signal.SIGCONT)
 
     def close(self) -> None:
         try:
