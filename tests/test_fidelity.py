@@ -37,6 +37,7 @@ from tests.fixtures.gateway_proc import (
     run_gateway,
 )
 from tests.fixtures.procs import RunningServer, conformance_server_argv, free_port, start_http_server
+from tests.fixtures.raw_http import sse_events
 from tests.fixtures.waiting import eventually
 
 pytestmark = pytest.mark.anyio
@@ -507,7 +508,7 @@ async def test_a_stream_the_downstream_closes_mid_call_is_closed_and_resumed_thr
         call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "test_reconnection"}}
         with anyio.fail_after(WAIT):
             first = await http.post(gateway.url(), headers=session, json=call)
-            events = _sse(first.text)
+            events = sse_events(first.text)
             assert events[0]["data"] == "" and "retry" in events[0]  # the priming event: an id, a retry interval
             assert not any('"id":2' in event["data"] for event in events)  # closed before the result
             resume = {**session, "last-event-id": events[-1]["id"]}
@@ -517,19 +518,6 @@ async def test_a_stream_the_downstream_closes_mid_call_is_closed_and_resumed_thr
                         result = json.loads(line.removeprefix("data:"))
                         break
     assert result["result"]["content"][0]["text"].startswith("Reconnection test completed successfully")
-
-
-def _sse(text: str) -> list[dict[str, str]]:
-    events = []
-    for block in text.replace("\r\n", "\n").split("\n\n"):
-        fields: dict[str, str] = {}
-        for line in block.splitlines():
-            name, _, value = line.partition(":")
-            fields[name] = value.removeprefix(" ")
-        if "id" in fields:
-            fields.setdefault("data", "")
-            events.append(fields)
-    return events
 
 
 # ------------------------------------------------------------------------------------------------ back-channel

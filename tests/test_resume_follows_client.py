@@ -21,6 +21,7 @@ import pytest
 from gateway.backends.polling import HeldRetries, HeldRetry, resume_key
 from tests.fixtures.gateway_proc import run_gateway
 from tests.fixtures.procs import RunningServer, conformance_server_argv, free_port, start_http_server
+from tests.fixtures.raw_http import sse_events
 
 pytestmark = pytest.mark.anyio
 
@@ -66,7 +67,7 @@ async def _call_and_resume(url: str, *, resume_after_s: float = 0.0) -> tuple[di
         with anyio.fail_after(10):
             first = await http.post(url, headers=session, json=call)
         closed = time.monotonic()
-        events = _sse(first.text)
+        events = sse_events(first.text)
         assert events and not any('"id":2' in event["data"] for event in events)  # closed before the result
         await anyio.sleep(resume_after_s)  # the client's own pace, not a synchronisation
         resume = {**session, "last-event-id": events[-1]["id"]}
@@ -107,8 +108,10 @@ async def test_a_session_cannot_resume_another_sessions_stream(gateway: RunningS
         a, b = await _open(http, url), await _open(http, url)
         call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call"}
         with anyio.fail_after(10):
-            mine = _sse((await http.post(url, headers=b, json={**call, "params": {"name": "test_simple_text"}})).text)
-            theirs = _sse(
+            mine = sse_events(
+                (await http.post(url, headers=b, json={**call, "params": {"name": "test_simple_text"}})).text
+            )
+            theirs = sse_events(
                 (await http.post(url, headers=a, json={**call, "params": {"name": "test_error_handling"}})).text
             )
             replayed = {}
@@ -167,16 +170,3 @@ async def test_a_stream_read_only_to_its_answer_leaves_nothing_held() -> None:
     await reading.__anext__()
     await reading.aclose()  # type: ignore[attr-defined]
     assert held.get(resume_key(request, "2")) is None and held.get(resume_key(request, "1")) is None
-
-
-def _sse(text: str) -> list[dict[str, str]]:
-    events = []
-    for block in text.replace("\r\n", "\n").split("\n\n"):
-        fields: dict[str, str] = {}
-        for line in block.splitlines():
-            name, _, value = line.partition(":")
-            fields[name] = value.removeprefix(" ")
-        if "id" in fields:
-            fields.setdefault("data", "")
-            events.append(fields)
-    return events
