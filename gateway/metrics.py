@@ -14,7 +14,7 @@ The names and labels are the contract documented in docs/operations.md, "Metrics
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -41,6 +41,7 @@ __all__ = [
     "AdapterSnapshot",
     "BackendSnapshot",
     "GatewayMetrics",
+    "SharedStoreSnapshot",
     "StateSnapshot",
 ]
 
@@ -75,6 +76,15 @@ class AdapterSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class SharedStoreSnapshot:
+    """The shared limits' Redis (``gateway.shared.redis_url``): whether it answered when last asked, and its failed
+    round trips since start by reason (a fixed set of names, shared_limits.FAILURE_REASONS)."""
+
+    up: bool
+    failures: Mapping[str, int]
+
+
+@dataclass(frozen=True, slots=True)
 class StateSnapshot:
     """What the gateway is doing now, as a scrape reads it."""
 
@@ -82,6 +92,7 @@ class StateSnapshot:
     adapters: Sequence[AdapterSnapshot] = ()
     ledger: LedgerStatistics | None = None  # None: the ledger is off
     catalog_tools: int = 0
+    shared_store: SharedStoreSnapshot | None = None  # None: no gateway.shared.redis_url
 
 
 class _Step(Protocol):
@@ -157,6 +168,22 @@ class _StateCollector(Collector):
                 "Audit rows in the local spool waiting to be replayed into PostgreSQL.",
                 ledger.spooled_rows,
             )
+        shared = snapshot.shared_store
+        if shared is not None:
+            yield GaugeMetricFamily(
+                f"{PREFIX}_shared_store_up",
+                "1 while the shared limits' Redis answers (when last asked: a request, or the probe every few "
+                "seconds), 0 while it does not.",
+                int(shared.up),
+            )
+            failures = CounterMetricFamily(
+                f"{PREFIX}_shared_store_failures",
+                "Round trips to the shared limits' Redis that failed, by reason.",
+                labels=["reason"],
+            )
+            for reason, count in shared.failures.items():
+                failures.add_metric([reason], count)
+            yield failures
 
 
 class _Timed:
