@@ -6,8 +6,8 @@ tests, keep separate figures). The per-call cost is one ``Counter.inc`` and one 
 children cached by ``(tool, provider, status)``; a failed-over step adds one ``Counter.inc``. Label values come only
 from the catalog (tool and provider names), the fixed status set and the backends' error outcomes, so the number of
 series is bounded by the configuration, never by what clients send: a call naming an unknown tool is counted without
-its name. Gauges (backend states, live adapter processes, the ledger's queue) are collected at scrape time from a
-``StateSnapshot`` callback, so nothing is kept up to date between scrapes.
+its name. Gauges (backend states, live adapter processes, the ledger's queue, the shared Redis) are collected at
+scrape time from a ``StateSnapshot`` callback, so nothing is kept up to date between scrapes.
 
 The names and labels are the contract documented in docs/operations.md, "Metrics".
 """
