@@ -5,7 +5,10 @@ Usage: ``python -m bench.bench_auth [-n 5000]``
 Each way drives the real ``Guard`` (gateway/http.py) in memory with a trivial app behind it, N sequential requests
 after a warm-up, and reports p50 / p99 in microseconds: the guard with no credential check at all (no tokens, on
 loopback: the floor), with one static token, and with an RS256 and an ES256 JWT from an issuer whose keys it fetched
-once from a loopback JWKS endpoint (served here).
+once from a loopback JWKS endpoint (served here). Each JWT is measured in the same run with the verified-token cache
+off (``token_cache_s: 0``: every request verifies in full, as before the cache) and on (the default: every request
+after the first is a hit); the last row sends a new RS256 token on every request (every one a miss, remembered and,
+past ``token_cache_size``, evicting the oldest), the cache's cost when it never helps.
 """
 
 from __future__ import annotations
@@ -53,14 +56,20 @@ async def request(guard: Guard, authorization: str | None) -> int:
     return status
 
 
-async def measure(guard: Guard, authorization: str | None, n: int) -> tuple[float, float]:
-    for _ in range(200):
-        assert await request(guard, authorization) == 200
+WARM_UP = 200
+
+
+async def measure(guard: Guard, authorization: str | None | list[str], n: int) -> tuple[float, float]:
+    """p50 and p99 of ``n`` requests after a warm-up; a list gives each request its own authorization."""
+    each = authorization if isinstance(authorization, list) else [authorization] * (WARM_UP + n)
+    for value in each[:WARM_UP]:
+        assert await request(guard, value) == 200
     samples = []
-    for _ in range(n):
+    for value in each[WARM_UP : WARM_UP + n]:
         t0 = time.perf_counter()
-        await request(guard, authorization)
+        status = await request(guard, value)
         samples.append((time.perf_counter() - t0) * 1e6)
+        assert status == 200
     samples.sort()
     return statistics.median(samples), samples[int(len(samples) * 0.99) - 1]
 
@@ -90,33 +99,42 @@ async def main(n: int) -> None:
     issuer = f"http://127.0.0.1:{port}"
     async with listener, anyio.create_task_group() as tg:
         tg.start_soon(listener.serve, serve)
-        settings = OAuth.model_validate(
-            {
-                "resource": RESOURCE,
-                "required_scopes": ["mcp:tools"],
-                "issuers": {"idp": {"issuer": issuer, "jwks_uri": f"{issuer}/jwks"}},
-            }
-        )
+        settings: dict[str, Any] = {
+            "resource": RESOURCE,
+            "required_scopes": ["mcp:tools"],
+            "issuers": {"idp": {"issuer": issuer, "jwks_uri": f"{issuer}/jwks"}},
+        }
         now = int(time.time())
         claims = {"iss": issuer, "aud": RESOURCE, "sub": "svc", "scope": "mcp:tools", "iat": now, "exp": now + 3600}
         rs256 = jwt.encode(claims, rsa_key, algorithm="RS256", headers={"kid": "r"})
         es256 = jwt.encode(claims, ec_key, algorithm="ES256", headers={"kid": "e"})
+        fresh = [  # one token per request: a cache miss every time
+            "Bearer " + jwt.encode({**claims, "jti": str(i)}, rsa_key, algorithm="RS256", headers={"kid": "r"})
+            for i in range(WARM_UP + n)
+        ]
         static = "s3cr3t-" + "x" * 40
-        ways = [
+        ways: list[tuple[str, Guard, str | None | list[str]]] = [
             ("no credential check (no tokens, loopback)", Guard(app, tokens=Tokens(""), loopback=True), None),
             ("static token", Guard(app, tokens=Tokens(f"ops={static}"), loopback=True), f"Bearer {static}"),
         ]
-        oauth = ResourceServer(settings)
-        guarded = Guard(app, tokens=Tokens(f"ops={static}"), loopback=True, oauth=oauth)
+        uncached = ResourceServer(OAuth.model_validate({**settings, "token_cache_s": 0}))
+        cached = ResourceServer(OAuth.model_validate(settings))
+        full = Guard(app, tokens=Tokens(f"ops={static}"), loopback=True, oauth=uncached)
+        remembered = Guard(app, tokens=Tokens(f"ops={static}"), loopback=True, oauth=cached)
         ways += [
-            ("JWT RS256 (keys cached)", guarded, f"Bearer {rs256}"),
-            ("JWT ES256 (keys cached)", guarded, f"Bearer {es256}"),
+            ("JWT RS256, token cache off", full, f"Bearer {rs256}"),
+            ("JWT RS256, token cache on (hits)", remembered, f"Bearer {rs256}"),
+            ("JWT ES256, token cache off", full, f"Bearer {es256}"),
+            ("JWT ES256, token cache on (hits)", remembered, f"Bearer {es256}"),
+            ("JWT RS256, a new token per request (misses)", remembered, fresh),
         ]
         print(f"{'way':45} {'p50 us':>8} {'p99 us':>8}")
         for label, guard, authorization in ways:
             p50, p99 = await measure(guard, authorization, n)
             print(f"{label:45} {p50:8.1f} {p99:8.1f}")
-        print(f"JWKS fetches: {oauth.statistics()}")
+        print(f"JWKS fetches: cache off {uncached.statistics()}, cache on {cached.statistics()}")
+        assert cached.token_cache is not None
+        print(f"token cache: {cached.token_cache.statistics()}")
         tg.cancel_scope.cancel()
 
 

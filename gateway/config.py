@@ -178,6 +178,11 @@ class OAuth(_Model):
     """A token naming an unknown key refetches the issuer's keys at most once per this many seconds."""
     fetch_timeout_s: float = Field(default=5.0, gt=0, le=60)
     """The longest a request waits for an issuer's metadata or keys."""
+    token_cache_s: float = Field(default=60.0, ge=0, le=300)
+    """How long a verified token is remembered (by its SHA-256 digest), so its next requests skip the signature
+    check; never past its ``exp``, and forgotten when its key leaves the issuer's JWKS. 0: every request verifies."""
+    token_cache_size: int = Field(default=4096, ge=1, le=1_000_000)
+    """The most verified tokens remembered at once; the least recently used is forgotten first."""
 
     @field_validator("resource")
     @classmethod

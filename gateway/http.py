@@ -33,6 +33,7 @@ from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
+import anyio
 import structlog
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, AuthorizationContext
 from mcp.server.auth.provider import AccessToken
@@ -55,7 +56,7 @@ from gateway.auth.tokens import Tokens
 from gateway.config import CallerLimit, Limits, Policy
 from gateway.edge import Edge, InFlight
 from gateway.events import RETRY_MS, RecentEvents
-from gateway.metrics import CONTENT_TYPE, AdapterSnapshot, BackendSnapshot, StateSnapshot
+from gateway.metrics import CONTENT_TYPE, AdapterSnapshot, BackendSnapshot, SharedStoreSnapshot, StateSnapshot
 from gateway.quotas import CallerLimits
 from gateway.runtime import VERSION, Gateway
 from gateway.server import build_server, session_digest
@@ -520,8 +521,9 @@ def status_document(
     return doc
 
 
-def state_snapshot(gateway: Gateway) -> StateSnapshot:
-    """What ``/metrics`` reports of the gateway's current state: backend states, adapter processes, the ledger."""
+def state_snapshot(gateway: Gateway, shared: SharedRates | None = None) -> StateSnapshot:
+    """What ``/metrics`` reports of the gateway's current state: backend states, adapter processes, the ledger, the
+    shared limits' Redis."""
     catalog = gateway.catalog
     backends = [
         BackendSnapshot(name, kind, str(status.state), status.tool_count) for name, kind, status in gateway.statuses()
@@ -534,7 +536,10 @@ def state_snapshot(gateway: Gateway) -> StateSnapshot:
                 AdapterSnapshot(backend.name, stats.live_processes, stats.running_calls, stats.waiting_calls)
             )
     ledger = gateway.ledger.statistics() if gateway.ledger is not None and not gateway.ledger.disabled else None
-    return StateSnapshot(backends=backends, adapters=adapters, ledger=ledger, catalog_tools=len(catalog))
+    store = SharedStoreSnapshot(not shared.down, dict(shared.failures_by_reason)) if shared is not None else None
+    return StateSnapshot(
+        backends=backends, adapters=adapters, ledger=ledger, catalog_tools=len(catalog), shared_store=store
+    )
 
 
 def metrics_need_token(gateway: Gateway, host: str) -> bool:
@@ -597,7 +602,7 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
     def access() -> dict[str, Any]:
         return connections.views.statistics(gateway.catalog, tokens.names)
 
-    gateway.metrics.watch(lambda: state_snapshot(gateway))
+    gateway.metrics.watch(lambda: state_snapshot(gateway, shared))
     oauth_settings = gateway.config.gateway.auth.oauth  # read at start, like the tokens: a reload does not change it
     oauth = ResourceServer(oauth_settings, name=gateway.config.gateway.name) if oauth_settings is not None else None
 
@@ -622,8 +627,12 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         try:
-            async with manager.run():
-                yield
+            async with anyio.create_task_group() as tasks:
+                if shared is not None:
+                    tasks.start_soon(shared.watch)  # pings Redis, so /metrics knows it answers while no one asks
+                async with manager.run():
+                    yield
+                tasks.cancel_scope.cancel()
         finally:
             if shared is not None:
                 await shared.aclose()

@@ -6,15 +6,15 @@ tests, keep separate figures). The per-call cost is one ``Counter.inc`` and one 
 children cached by ``(tool, provider, status)``; a failed-over step adds one ``Counter.inc``. Label values come only
 from the catalog (tool and provider names), the fixed status set and the backends' error outcomes, so the number of
 series is bounded by the configuration, never by what clients send: a call naming an unknown tool is counted without
-its name. Gauges (backend states, live adapter processes, the ledger's queue) are collected at scrape time from a
-``StateSnapshot`` callback, so nothing is kept up to date between scrapes.
+its name. Gauges (backend states, live adapter processes, the ledger's queue, the shared Redis) are collected at
+scrape time from a ``StateSnapshot`` callback, so nothing is kept up to date between scrapes.
 
 The names and labels are the contract documented in docs/operations.md, "Metrics".
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -41,6 +41,7 @@ __all__ = [
     "AdapterSnapshot",
     "BackendSnapshot",
     "GatewayMetrics",
+    "SharedStoreSnapshot",
     "StateSnapshot",
 ]
 
@@ -75,6 +76,15 @@ class AdapterSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class SharedStoreSnapshot:
+    """The shared limits' Redis (``gateway.shared.redis_url``): whether it answered when last asked, and its failed
+    round trips since start by reason (a fixed set of names, shared_limits.FAILURE_REASONS)."""
+
+    up: bool
+    failures: Mapping[str, int]
+
+
+@dataclass(frozen=True, slots=True)
 class StateSnapshot:
     """What the gateway is doing now, as a scrape reads it."""
 
@@ -82,6 +92,7 @@ class StateSnapshot:
     adapters: Sequence[AdapterSnapshot] = ()
     ledger: LedgerStatistics | None = None  # None: the ledger is off
     catalog_tools: int = 0
+    shared_store: SharedStoreSnapshot | None = None  # None: no gateway.shared.redis_url
 
 
 class _Step(Protocol):
@@ -157,6 +168,22 @@ class _StateCollector(Collector):
                 "Audit rows in the local spool waiting to be replayed into PostgreSQL.",
                 ledger.spooled_rows,
             )
+        shared = snapshot.shared_store
+        if shared is not None:
+            yield GaugeMetricFamily(
+                f"{PREFIX}_shared_store_up",
+                "1 while the shared limits' Redis answers (when last asked: a request, or the probe every few "
+                "seconds), 0 while it does not.",
+                int(shared.up),
+            )
+            failures = CounterMetricFamily(
+                f"{PREFIX}_shared_store_failures",
+                "Round trips to the shared limits' Redis that failed, by reason.",
+                labels=["reason"],
+            )
+            for reason, count in shared.failures.items():
+                failures.add_metric([reason], count)
+            yield failures
 
 
 class _Timed:

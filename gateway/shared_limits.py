@@ -9,8 +9,10 @@ shared: concurrent tool calls stay counted per replica (a call's end on a replic
 Redis may be slow or gone: every round trip is bounded by ``redis_timeout_s`` (connect and answer), and after a
 failure Redis is not asked again for ``RETRY_S``, so at most one request per ``RETRY_S`` waits that long; while Redis
 cannot answer, ``take`` answers None and ``gateway.shared.redis_down`` decides (quotas.py): ``open`` counts the
-request in this replica's own bucket, ``closed`` refuses it with HTTP 503. The URL, which may hold a password, is
-never logged.
+request in this replica's own bucket, ``closed`` refuses it with HTTP 503. ``watch`` pings Redis every ``PROBE_S``
+(every ``RETRY_S`` while it is down), so whether it answers is known even while no request asks it. Each failure is
+counted under one of ``FAILURE_REASONS`` (for /metrics: a fixed set, never the error's text). The URL, which may hold
+a password, is never logged.
 """
 
 from __future__ import annotations
@@ -24,12 +26,18 @@ import structlog
 
 from gateway.config import CallerLimit, SharedSettings
 
-__all__ = ["RETRY_S", "SharedRates"]
+__all__ = ["FAILURE_REASONS", "PROBE_S", "RETRY_S", "SharedRates", "failure_reason"]
 
 log = structlog.get_logger("gateway.shared_limits")
 
 RETRY_S = 1.0
 """After Redis failed to answer, how long requests do not ask it (each would otherwise wait the timeout)."""
+PROBE_S = 5.0
+"""How often Redis is pinged while it answers (a PING costs it microseconds; an outage is seen within this)."""
+FAILURE_REASONS = ("timeout", "connection", "auth", "response", "other")
+"""What a failed round trip is counted as: no answer in time; no connection (refused, reset, closed, loading);
+the password or the user refused; Redis answered an error (out of memory, read-only replica, script error) or
+something that is not a number; anything else."""
 _PREFIX = "mcp-gateway:rate:"
 
 _TAKE = """
@@ -54,6 +62,21 @@ def _key(caller: str, rule: CallerLimit, burst: float) -> str:
     return f"{_PREFIX}{rule.requests_per_s:g}:{burst:g}:{digest}"
 
 
+def failure_reason(exc: BaseException) -> str:
+    """The one of ``FAILURE_REASONS`` a failed round trip counts as."""
+    import redis.exceptions as errors
+
+    if isinstance(exc, (errors.AuthenticationError, errors.AuthorizationError, errors.NoPermissionError)):
+        return "auth"
+    if isinstance(exc, (errors.TimeoutError, TimeoutError)):  # the client's socket timeout, or fail_after's
+        return "timeout"
+    if isinstance(exc, (errors.ConnectionError, OSError)):
+        return "connection"
+    if isinstance(exc, (errors.ResponseError, errors.InvalidResponse, ValueError)):
+        return "response"
+    return "other"
+
+
 class SharedRates:
     """Token buckets in Redis, one per caller and rule; see the module docstring."""
 
@@ -74,6 +97,7 @@ class SharedRates:
         self._errors = (redis.RedisError, OSError, TimeoutError, ValueError)
         self._down_until = 0.0
         self.failures = 0
+        self.failures_by_reason = dict.fromkeys(FAILURE_REASONS, 0)
         self.down = False
 
     async def take(self, caller: str, rule: CallerLimit, burst: float) -> float | None:
@@ -89,19 +113,43 @@ class SharedRates:
         except self._errors as exc:  # whatever Redis failed with (its errors, the socket's, a timeout): no answer
             self._failed(exc)
             return None
+        self._answered()
+        return wait
+
+    async def ping(self) -> bool:
+        """Ask Redis whether it answers (bounded like ``take``); a failure counts as one."""
+        try:
+            with anyio.fail_after(self.timeout * 2):
+                await self._redis.ping()
+        except self._errors as exc:
+            self._failed(exc)
+            return False
+        self._answered()
+        return True
+
+    async def watch(self) -> None:
+        """Ping Redis every ``PROBE_S``, every ``RETRY_S`` while it is down (so requests go back to it as soon as it
+        answers). Runs until cancelled."""
+        while True:
+            await anyio.sleep(RETRY_S if self.down else PROBE_S)
+            await self.ping()
+
+    def _answered(self) -> None:
+        self._down_until = 0.0
         if self.down:
             self.down = False
             log.info("shared_limits.redis_back")
-        return wait
 
     def _failed(self, exc: BaseException) -> None:
         self.failures += 1
+        self.failures_by_reason[failure_reason(exc)] += 1
         self._down_until = time.monotonic() + RETRY_S
         if not self.down:
             self.down = True
             log.warning(
                 "shared_limits.redis_down",
                 error=type(exc).__name__,
+                reason=failure_reason(exc),
                 then="served, counted per replica" if self.fail_open else "refused with 503",
                 retry_s=RETRY_S,
             )

@@ -1,7 +1,8 @@
 """Per-caller rate limits shared by replicas through a real Redis (``gateway/shared_limits.py``), over real gateway
 processes on loopback: two replicas with ``gateway.shared.redis_url`` enforce one bucket per caller between them
 (without it, each counts its own); when Redis is killed or hangs, ``redis_down: open`` serves the calls within the
-timeout, ``closed`` refuses them with 503 as quickly, and neither ever hangs a call."""
+timeout, ``closed`` refuses them with 503 as quickly, and neither ever hangs a call; ``/metrics`` says whether Redis
+answers now (probed while no request asks) and counts its failures by a fixed set of reasons, never its URL."""
 
 from __future__ import annotations
 
@@ -14,11 +15,14 @@ from pathlib import Path
 import anyio
 import httpx2
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.shared_limits import FAILURE_REASONS
 from tests.engines import RedisServer
 from tests.fixtures.gateway_proc import PYTHON, echo_argv, run_gateway
 from tests.fixtures.procs import RunningServer
 from tests.fixtures.raw_http import open_session
+from tests.fixtures.waiting import eventually
 from tests.test_sessions import call_echo, echoed
 
 pytestmark = pytest.mark.anyio
@@ -125,6 +129,66 @@ async def test_with_redis_down_open_serves_and_closed_refuses_and_neither_hangs(
                 assert echoed(await call_echo(http, served.url(), "tok-alice", session, "still")) == "still"
                 assert (await call_echo(http, shut.url(), "tok-alice", session, "x")).status_code == 503
                 assert time.monotonic() - started < 2.0
+
+
+async def store_metrics(http: httpx2.AsyncClient, gateway: RunningServer) -> tuple[float, dict[str, float], str]:
+    """``mcp_gateway_shared_store_up``, the failures by reason, and the whole scrape, over HTTP."""
+    text = (await http.get(gateway.url("/metrics"))).text
+    up, failures = -1.0, {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "mcp_gateway_shared_store_up":
+                up = sample.value
+            elif sample.name == "mcp_gateway_shared_store_failures_total":
+                failures[sample.labels["reason"]] = sample.value
+    return up, failures, text
+
+
+async def test_metrics_say_whether_redis_answers_and_count_its_failures_by_reason(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    shared = f"redis_url: '{redis_server.url}', redis_timeout_s: 0.2"
+    wrong = redis_server.url.replace(redis_server.password, "not-the-password")
+    (tmp_path / "right").mkdir()
+    (tmp_path / "wrong").mkdir()
+    env = {"GATEWAY_STATE_KEY": KEY}
+    zero = dict.fromkeys(FAILURE_REASONS, 0.0)
+    with (
+        run_gateway(config(shared), tmp_path / "right", tokens=TOKENS, env=env) as gateway,
+        run_gateway(config(f"redis_url: '{wrong}'"), tmp_path / "wrong", tokens=TOKENS, env=env) as refused,
+    ):
+        with anyio.fail_after(60):
+            async with httpx2.AsyncClient(timeout=10) as http:
+                session = await open_session(http, gateway.url(), "tok-alice")
+                up, failures, _ = await store_metrics(http, gateway)
+                assert (up, failures) == (1.0, zero)
+
+                # A replica whose password Redis refuses counts it as such, and its scrape holds no URL or password.
+                other = await open_session(http, refused.url(), "tok-bob")
+                assert echoed(await call_echo(http, refused.url(), "tok-bob", other, "served")) == "served"
+                up, failures, text = await store_metrics(http, refused)
+                assert (up, failures) == (0.0, zero | {"auth": failures["auth"]}) and failures["auth"] >= 1
+                for secret in (redis_server.password, "not-the-password", "redis://"):
+                    assert secret not in text
+
+                redis_server.pause()  # hung: the round trip times out
+                try:
+                    assert echoed(await call_echo(http, gateway.url(), "tok-alice", session, "paused")) == "paused"
+                    up, failures, _ = await store_metrics(http, gateway)
+                    assert (up, failures) == (0.0, zero | {"timeout": failures["timeout"]}) and failures["timeout"] >= 1
+                finally:
+                    redis_server.resume()
+
+                async def answers_again() -> bool:  # no request asks: the probe sees it back
+                    return (await store_metrics(http, gateway))[0] == 1.0
+
+                await eventually(answers_again, within=10)
+
+                redis_server.kill()  # gone: the connection is refused
+                assert echoed(await call_echo(http, gateway.url(), "tok-alice", session, "killed")) == "killed"
+                up, failures, _ = await store_metrics(http, gateway)
+                assert up == 0.0 and failures["connection"] >= 1
+                assert failures["auth"] == failures["response"] == failures["other"] == 0.0
 
 
 def test_the_redis_password_is_a_secret_the_log_never_shows() -> None:

@@ -8,8 +8,13 @@ allow-list, its ``iss`` is a configured issuer, its signature verifies with a ke
 ``aud`` names the gateway's resource URI, ``exp``/``nbf``/``iat`` hold within the leeway, and it carries the required
 scopes. Each issuer's keys (``_IssuerKeys``) are fetched once and reused: a request whose key is cached never waits;
 a token naming an unknown ``kid`` refetches them at most once per ``jwks_refresh_min_s``, concurrent askers share
-that one fetch, and every fetch is bounded by ``fetch_timeout_s``. A token is never logged, stored or echoed; the
-caller it names is ``ISSUER-NAME:SUBJECT`` (a static token's name cannot contain ``:``).
+that one fetch, and every fetch is bounded by ``fetch_timeout_s``. A verified token is remembered (``_TokenCache``,
+by its SHA-256 digest, never the token itself; least recently used out first, at most ``token_cache_size``) for at
+most ``token_cache_s``, so its next requests skip the signature check; a remembered token answers only while the
+clock at that request is before its ``exp`` and while its issuer's keys are fresh and still hold the very key that
+verified it (a key removed from the JWKS forgets the tokens it signed at once). Only a token that passed every check
+is remembered: a refused one costs its full check every time and never takes a place. A token is never logged,
+stored or echoed; the caller it names is ``ISSUER-NAME:SUBJECT`` (a static token's name cannot contain ``:``).
 
 PyJWT does the JOSE work (signature, algorithm binding to the key, registered claims); the keys are fetched here
 with httpx2 because PyJWT's own ``PyJWKClient`` fetches with blocking urllib.
@@ -18,10 +23,13 @@ with httpx2 because PyJWT's own ``PyJWKClient`` fetches with blocking urllib.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import time
-from collections.abc import Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -86,6 +94,8 @@ class _IssuerKeys:
         self.name = name
         self.spec = spec
         self.settings = settings
+        self.on_change: Callable[[], None] | None = None
+        """Called when a fetch changed the key set (a key added, removed or replaced)."""
         self._jwks_uri = spec.jwks_uri
         self._keys: dict[str | None, dict[str, Any]] = {}
         self._parsed: dict[tuple[str | None, str], jwt.PyJWK] = {}
@@ -130,9 +140,23 @@ class _IssuerKeys:
             self._failed_at = time.monotonic()
             log.warning("oauth.jwks_unavailable", issuer=self.name, reason=str(exc) or "timed out")
             return
+        # An unchanged key keeps its object, so what was verified with it stays verified (``holds``).
+        keys = {kid: held if (held := self._keys.get(kid)) == jwk else jwk for kid, jwk in keys.items()}
+        changed = keys.keys() != self._keys.keys() or any(keys[kid] is not self._keys[kid] for kid in keys)
         self._keys = keys
-        self._parsed = {}
         self._fetched_at = time.monotonic()
+        if changed:
+            self._parsed = {}
+            if self.on_change is not None:
+                self.on_change()
+
+    def published(self, kid: str | None) -> dict[str, Any] | None:
+        """The key the issuer publishes under ``kid`` now (the very object, for ``holds``)."""
+        return self._keys.get(kid)
+
+    def holds(self, kid: str | None, jwk: dict[str, Any] | None) -> bool:
+        """Whether the keys are fresh and ``jwk`` is still the one published under ``kid``."""
+        return jwk is not None and self._keys.get(kid) is jwk and self._fresh(time.monotonic())
 
     def _parse(self, kid: str | None, alg: str) -> jwt.PyJWK:
         found = self._parsed.get((kid, alg))
@@ -198,6 +222,62 @@ class _IssuerKeys:
         raise _FetchError("no metadata found: " + "; ".join(problems))
 
 
+@dataclass(frozen=True, slots=True)
+class _Verified:
+    """A token that passed every check, as remembered under its digest."""
+
+    principal: Principal
+    keys: _IssuerKeys
+    kid: str | None
+    jwk: dict[str, Any] | None  # the key that verified it (the very object its issuer's keys hold)
+    expires: float  # the token's ``exp``, by the wall clock (as PyJWT reads it)
+    until: float  # time.monotonic() past which the token is verified again (``token_cache_s``)
+
+
+class _TokenCache:
+    """Verified tokens by the SHA-256 digest of the token, least recently used first, at most ``size``.
+
+    An entry answers only while the wall clock at that moment is before the token's ``exp`` (not the clock when it was
+    remembered), the cache's own deadline has not passed, and its issuer's keys are fresh and still hold the key that
+    verified it; otherwise it is dropped and the token is verified in full again (which applies the leeway as ever).
+    """
+
+    def __init__(self, ttl_s: float, size: int) -> None:
+        self.ttl_s = ttl_s
+        self.size = size
+        self._entries: OrderedDict[bytes, _Verified] = OrderedDict()
+        self.hits = 0
+        self.evicted = 0
+
+    def get(self, digest: bytes) -> Principal | None:
+        entry = self._entries.get(digest)
+        if entry is None:
+            return None
+        if time.time() < entry.expires and time.monotonic() < entry.until and entry.keys.holds(entry.kid, entry.jwk):
+            self._entries.move_to_end(digest)
+            self.hits += 1
+            return entry.principal
+        del self._entries[digest]
+        return None
+
+    def put(self, digest: bytes, entry: _Verified) -> None:
+        if entry.expires <= time.time():
+            return  # accepted within the leeway only: not remembered
+        self._entries[digest] = entry
+        self._entries.move_to_end(digest)
+        while len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+            self.evicted += 1
+
+    def forget_unheld(self, keys: _IssuerKeys) -> None:
+        """Drop the tokens of ``keys``'s issuer whose key it no longer publishes (called when its key set changed)."""
+        for digest in [d for d, e in self._entries.items() if e.keys is keys and not keys.holds(e.kid, e.jwk)]:
+            del self._entries[digest]
+
+    def statistics(self) -> dict[str, int]:
+        return {"tokens": len(self._entries), "hits": self.hits, "evicted": self.evicted}
+
+
 class _FetchError(Exception):
     """An issuer's document could not be had (network, status, size or JSON)."""
 
@@ -226,9 +306,15 @@ class ResourceServer:
     def __init__(self, settings: OAuth, *, name: str = "mcp-gateway") -> None:
         self.settings = settings
         self.name = name
-        self._issuers = {
-            spec.issuer: (name, spec, _IssuerKeys(name, spec, settings)) for name, spec in settings.issuers.items()
-        }
+        cache = _TokenCache(settings.token_cache_s, settings.token_cache_size) if settings.token_cache_s > 0 else None
+        self.token_cache = cache
+        """Verified tokens remembered; None when ``token_cache_s`` is 0."""
+        self._issuers = {}
+        for issuer_name, spec in settings.issuers.items():
+            keys = _IssuerKeys(issuer_name, spec, settings)
+            if cache is not None:
+                keys.on_change = partial(cache.forget_unheld, keys)
+            self._issuers[spec.issuer] = (issuer_name, spec, keys)
         parts = urlsplit(settings.resource)
         suffix = parts.path.rstrip("/")
         self.metadata_url = f"{parts.scheme}://{parts.netloc}{METADATA_PATH}{suffix}"
@@ -273,6 +359,13 @@ class ResourceServer:
         Raises:
             Refusal: the token is not accepted (the answer to give is on it).
         """
+        cache = self.token_cache
+        digest = None
+        if cache is not None:
+            digest = hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+            remembered = cache.get(digest)
+            if remembered is not None:
+                return remembered
         header, unverified = _peek(token)
         alg = header.get("alg")
         if not isinstance(alg, str) or alg not in self.settings.algorithms:
@@ -283,7 +376,9 @@ class ResourceServer:
             raise _invalid("the token was not issued by an issuer this gateway trusts")
         name, spec, keys = found
         kid = header.get("kid")
-        key = await keys.key(kid if isinstance(kid, str) else None, alg)
+        kid = kid if isinstance(kid, str) else None
+        key = await keys.key(kid, alg)
+        jwk = keys.published(kid)  # no await from here on: the key that verifies is the one remembered
         try:
             claims = jwt.decode(
                 token,
@@ -318,7 +413,7 @@ class ResourceServer:
             raise Refusal(
                 403, "insufficient_scope", f"the token lacks the scope {' '.join(missing)}", scope=" ".join(wanted)
             )
-        return Principal(
+        principal = Principal(
             caller=f"{name}:{subject}",
             issuer_name=name,
             issuer=spec.issuer,
@@ -326,6 +421,10 @@ class ResourceServer:
             scopes=frozenset(scopes),
             claims=claims,
         )
+        if cache is not None and digest is not None:
+            until = time.monotonic() + cache.ttl_s
+            cache.put(digest, _Verified(principal, keys, kid, jwk, float(claims["exp"]), until))
+        return principal
 
 
 def _peek(token: str) -> tuple[dict[str, Any], dict[str, Any]]:
