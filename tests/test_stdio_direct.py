@@ -1,0 +1,304 @@
+"""The direct path over stdio (backends/stdio.py ``StdioLane``) keeps every promise of the SDK path it replaces.
+
+A handshake-era ``tools/call`` routed to a ready stdio server on its shared session is written straight onto the
+child's stdin with an id of the gateway's own, and its answer taken off stdout by the transport's reader. Real
+processes: the gateway (``python -m gateway serve``, audit ledger on) in front of tests/fixtures/fidelity_server.py
+and tests/fixtures/echo_server.py over stdio, both of which note the id of every ``tools/call`` they receive in a
+file (``FIXTURE_NOTES``: their stderr is the gateway's). The direct path's ids are strings (``gw-N``), the SDK
+session's integers, so each test first shows the call took the direct path, then that the promise held: the audit
+row is committed before the answer leaves, the ``_meta`` entry is added, progress is relayed, answers of calls in
+flight together reach their own callers, a cancelled call and a timed-out one are cancelled downstream, a
+downstream's elicitation and sampling reach the client (and its giving up reaches the client too), a log message
+sent during the call reaches its client, an oversized answer fails that call alone, a crash mid-call fails the
+call and the server comes back, and the SDK's client span is made. tests/test_fidelity.py runs its ``s`` server
+through the same path against a direct client; ``p`` (``session: per_client``) keeps the SDK path.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+from mcp.client.session import ClientRequestContext
+from mcp.shared.exceptions import MCPError
+
+from gateway.audit import query
+from gateway.router import META_KEY
+from tests.fixtures.gateway_proc import (
+    FIXTURES,
+    PYTHON,
+    call_abandoning_sampling,
+    echo_argv,
+    first_text,
+    mcp_session,
+    run_gateway,
+)
+from tests.fixtures.procs import RunningServer
+from tests.fixtures.waiting import eventually
+
+pytestmark = pytest.mark.anyio
+
+FIDELITY = str(FIXTURES / "fidelity_server.py")
+WAIT = 10  # seconds: the bound on every wait for something another process sends
+LIMIT = 4096  # the echo server's max_answer_bytes
+
+
+class Notes:
+    """What one stdio server noted (its ``FIXTURE_NOTES`` file)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def text(self) -> str:
+        return self.path.read_text() if self.path.exists() else ""
+
+    def ids(self, tool: str) -> list[str]:
+        """The ids of the ``tool`` calls the server received so far (repr: 'gw-3' or 7)."""
+        return re.findall(rf"tools/call {re.escape(tool)} id=(\S+)", self.text())
+
+    def direct(self, tool: str) -> int:
+        return sum(1 for found in self.ids(tool) if found.startswith("'gw-"))
+
+    def count(self, line: str) -> int:
+        return self.text().count(line)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("stdio-direct")
+
+
+@pytest.fixture(scope="module")
+def fid(folder: Path) -> Notes:
+    return Notes(folder / "fidelity-notes.txt")
+
+
+@pytest.fixture(scope="module")
+def echo(folder: Path) -> Notes:
+    return Notes(folder / "echo-notes.txt")
+
+
+def _stdio(argv: list[str], notes: Notes, **keys: Any) -> str:
+    env = {"FIXTURE_NOTES": str(notes.path), "ECHO_LOG_IDS": "1"}
+    extra = "".join(f"    {key}: {json.dumps(value)}\n" for key, value in keys.items())
+    return (
+        f"    transport: stdio\n    command: {json.dumps(argv[0])}\n    args: {json.dumps(argv[1:])}\n"
+        f"    env: {json.dumps(env)}\n{extra}"
+    )
+
+
+@pytest.fixture(scope="module")
+def gateway(folder: Path, fid: Notes, echo: Notes) -> Iterator[RunningServer]:
+    ledger = folder / "audit.db"
+    config = f"""
+gateway:
+  audit: {{enabled: true, path: {json.dumps(str(ledger))}}}
+  naming: {{mode: always}}
+servers:
+  s:
+{_stdio([PYTHON, FIDELITY, "--stdio", "--name", "s"], fid, timeout_s=10)}
+  t:
+{_stdio([PYTHON, FIDELITY, "--stdio", "--name", "t"], fid, timeout_s=1)}
+  e:
+{_stdio(echo_argv("--stdio"), echo, max_answer_bytes=LIMIT, min_uptime_s=0)}
+"""
+    with run_gateway(config, folder) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def ledger(folder: Path) -> Path:
+    return folder / "audit.db"
+
+
+async def test_the_ledger_row_is_committed_before_the_answer_and_the_answer_carries_the_meta_entry(
+    gateway: RunningServer, echo: Notes, ledger: Path
+) -> None:
+    before = echo.direct("echo")
+    async with mcp_session(gateway.url()) as session:
+        for n in range(5):
+            with anyio.fail_after(WAIT):
+                result = await session.call_tool("e__echo", {"text": f"row {n}"})
+            assert first_text(result) == f"row {n}" and result.structured_content == {
+                "text": f"row {n}",
+                "server": "echo",
+            }
+            assert result.meta is not None
+            entry = result.meta[META_KEY]
+            rows = {r.correlation_id: r for r in query(ledger, limit=None)}  # read at once: no wait, no retry
+            assert entry["id"] in rows
+            row = rows[entry["id"]]
+            assert (row.tool, row.status) == ("e__echo", "ok")
+            assert [(step.provider, step.outcome) for step in row.chain] == [("e/echo", "ok")]
+    assert echo.direct("echo") == before + 5  # every one of them went the direct path
+
+
+async def test_answers_of_calls_in_flight_together_reach_their_own_callers(gateway: RunningServer, echo: Notes) -> None:
+    before = echo.direct("echo")
+    answers: dict[int, str] = {}
+
+    async def call(session: Any, n: int) -> None:
+        answers[n] = first_text(await session.call_tool("e__echo", {"text": f"call {n}"}))
+
+    async with mcp_session(gateway.url()) as one, mcp_session(gateway.url()) as two:
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as tg:
+                for n in range(24):
+                    tg.start_soon(call, one if n % 2 else two, n)
+    assert answers == {n: f"call {n}" for n in range(24)}
+    assert echo.direct("echo") == before + 24
+
+
+async def test_progress_reaches_the_client_under_its_own_token(gateway: RunningServer, fid: Notes) -> None:
+    seen: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, total, message))
+
+    before = fid.direct("progress")
+    async with mcp_session(gateway.url()) as session:
+        with anyio.fail_after(WAIT):
+            result = await session.call_tool("s__progress", {"steps": 3}, progress_callback=on_progress)
+    assert first_text(result) == "done"
+    assert seen == [(1, 3, "step 1"), (2, 3, "step 2"), (3, 3, "step 3")]
+    assert fid.direct("progress") == before + 1
+
+
+async def test_a_client_cancelling_its_call_cancels_it_downstream_and_the_row_says_cancelled(
+    gateway: RunningServer, fid: Notes, ledger: Path
+) -> None:
+    cancelled = fid.count("cancelled sleep")
+    before = fid.direct("sleep")
+    async with mcp_session(gateway.url()) as session:
+        with pytest.raises(MCPError):
+            await session.call_tool("s__sleep", {"seconds": 60}, read_timeout_seconds=0.5)
+        await eventually(lambda: fid.count("cancelled sleep") == cancelled + 1, within=WAIT)
+        # The session goes on: the next call on it is answered.
+        with anyio.fail_after(WAIT):
+            assert first_text(await session.call_tool("s__progress", {"steps": 1})) == "done"
+    assert fid.direct("sleep") == before + 1
+    await eventually(lambda: any(r.status == "cancelled" and r.tool == "s__sleep" for r in query(ledger)), within=WAIT)
+
+
+async def test_a_call_past_its_timeout_is_cancelled_downstream_and_answered_as_timed_out(
+    gateway: RunningServer, fid: Notes, ledger: Path
+) -> None:
+    cancelled = fid.count("cancelled sleep")
+    before = fid.direct("sleep")
+    async with mcp_session(gateway.url()) as session:
+        with anyio.fail_after(WAIT):
+            result = await session.call_tool("t__sleep", {"seconds": 30})
+    assert fid.direct("sleep") == before + 1
+    assert result.is_error
+    assert "timed out after 1 s (cancellation sent downstream)" in first_text(result)
+    await eventually(lambda: fid.count("cancelled sleep") == cancelled + 1, within=WAIT)
+    correlation = result.meta[META_KEY]["id"] if result.meta else None
+    assert {r.correlation_id: r.status for r in query(ledger, limit=None)}[correlation] == "timeout"
+
+
+async def test_a_downstreams_elicitation_and_sampling_during_a_call_reach_the_client(
+    gateway: RunningServer, fid: Notes
+) -> None:
+    async def elicitation(context: ClientRequestContext, params: types.ElicitRequestParams) -> Any:
+        return types.ElicitResult(action="accept", content={"answer": f"yes to {params.message}"})
+
+    async def sampling(context: ClientRequestContext, params: types.CreateMessageRequestParams) -> Any:
+        return types.CreateMessageResult(role="assistant", content=types.TextContent(text="hi"), model="m1")
+
+    before = fid.direct("elicit_twice") + fid.direct("sample")
+    async with mcp_session(gateway.url(), elicitation_callback=elicitation, sampling_callback=sampling) as session:
+        with anyio.fail_after(WAIT):
+            twice = await session.call_tool("s__elicit_twice", {"message": "go"})
+            sampled = await session.call_tool("s__sample", {"prompt": "say hi"})
+    assert first_text(twice) == 'twice: {"answer": "yes to go 1"} {"answer": "yes to go 2"}'
+    assert first_text(sampled) == "sampled: hi (m1)"
+    assert fid.direct("elicit_twice") + fid.direct("sample") == before + 2
+
+
+async def test_a_downstream_giving_up_on_its_request_cancels_it_at_the_client(
+    gateway: RunningServer, fid: Notes
+) -> None:
+    before = fid.direct("sample_abandon")
+    result = await call_abandoning_sampling(gateway.url(), "s__sample_abandon", within=WAIT)
+    assert first_text(result) == "gave up"
+    assert fid.direct("sample_abandon") == before + 1
+
+
+async def test_an_oversized_answer_fails_that_call_alone_naming_size_and_limit(
+    gateway: RunningServer, echo: Notes
+) -> None:
+    before = echo.direct("echo")
+    async with mcp_session(gateway.url()) as session:
+        with anyio.fail_after(WAIT):
+            big = await session.call_tool("e__echo", {"text": "x" * (4 * LIMIT)})
+            small = await session.call_tool("e__echo", {"text": "still here"})
+    assert big.is_error
+    assert f"over this server's max_answer_bytes of {LIMIT:,}" in first_text(big)
+    assert first_text(small) == "still here"
+    assert echo.direct("echo") == before + 2
+
+
+async def test_a_log_message_sent_during_a_call_reaches_its_client(gateway: RunningServer, fid: Notes) -> None:
+    arrived: list[Any] = []
+    got = anyio.Event()
+
+    async def inbox(message: Any) -> None:
+        if isinstance(message, types.LoggingMessageNotification):
+            arrived.append(message.params.data)
+            got.set()
+
+    before = fid.direct("log")
+    async with mcp_session(gateway.url(), message_handler=inbox) as session:
+        with anyio.fail_after(WAIT):
+            await session.call_tool("s__log", {"level": "error", "message": "in the call"})
+            await got.wait()
+    assert arrived == ["in the call"]
+    assert fid.direct("log") == before + 1
+
+
+async def test_a_server_crashing_mid_call_fails_that_call_and_comes_back(gateway: RunningServer, echo: Notes) -> None:
+    before = echo.direct("crash")
+    async with mcp_session(gateway.url()) as session:
+        with anyio.fail_after(WAIT):
+            crashed = await session.call_tool("e__crash", {})
+        assert crashed.is_error
+        assert "the connection closed during the call" in first_text(crashed), first_text(crashed)
+        assert echo.direct("crash") == before + 1
+
+        async def answered() -> bool:
+            again = await session.call_tool("e__echo", {"text": "back"})
+            return not again.is_error and first_text(again) == "back"
+
+        await eventually(answered, within=WAIT)
+
+
+async def test_the_direct_path_makes_the_sdks_client_span_under_the_step_in_the_calls_trace(tmp_path: Path) -> None:
+    from tests.test_observability import _spans_in, _stop
+
+    notes = Notes(tmp_path / "notes.txt")
+    config = f"""
+gateway:
+  audit: {{enabled: false}}
+  tracing: {{exporter: console, service_name: traced-gateway}}
+servers:
+  e:
+{_stdio(echo_argv("--stdio"), notes)}
+"""
+    with run_gateway(config, tmp_path) as traced:
+        async with mcp_session(traced.url()) as session:
+            with anyio.fail_after(WAIT):
+                result = await session.call_tool("echo", {"text": "traced"})
+        output = _stop(traced)
+    assert first_text(result) == "traced" and notes.direct("echo") == 1
+    by_name = {span["name"]: span for span in _spans_in(output)}
+    call, step, send = by_name["tools/call echo"], by_name["step e/echo"], by_name["MCP send tools/call echo"]
+    assert step["parent_id"] == call["context"]["span_id"]
+    assert send["parent_id"] == step["context"]["span_id"]
+    assert send["kind"] == "SpanKind.CLIENT" and send["attributes"]["mcp.method.name"] == "tools/call"
+    assert send["context"]["trace_id"] == call["context"]["trace_id"]
