@@ -64,35 +64,6 @@ TERM_GRACE_S = 2.0
 STDERR_TAIL_LINES = 5
 
 
-@dataclass
-class StdioProcess:
-    """What the transport knows about its process: used to explain a failure."""
-
-    process: Process
-    stderr: IO[bytes]
-    eof: anyio.Event = field(default_factory=anyio.Event)
-    failure: str | None = None
-    """Why the transport gave up on a live process (its stdin stopped taking messages), if it did."""
-    lane: StdioLane = field(default_factory=lambda: StdioLane())
-    """The process's pipes for requests sent straight on them (see the module docstring)."""
-
-    @property
-    def returncode(self) -> int | None:
-        return self.process.returncode
-
-    def stderr_tail(self) -> str:
-        try:
-            self.stderr.flush()
-            self.stderr.seek(0, 2)
-            size = self.stderr.tell()
-            self.stderr.seek(max(0, size - 4096))
-            text = self.stderr.read().decode("utf-8", errors="replace")
-        except (OSError, ValueError):
-            return ""
-        lines = [line.strip() for line in text.splitlines() if line.strip()]
-        return " | ".join(lines[-STDERR_TAIL_LINES:])
-
-
 _CLOSED: dict[str, Any] = {}
 """What a direct call waiting for its answer is handed when the pipes closed (matched by identity)."""
 
@@ -201,10 +172,40 @@ class _Waiter(DirectCall):
                             return found
                     elif self.progress is not None:
                         await self.progress(*progress_of(message["params"]))
-                self.arrived = anyio.Event()  # no await since the inbox was found empty: nothing slips past
+                if self.arrived.is_set():  # no await since the inbox was found empty: nothing slips past
+                    self.arrived = anyio.Event()
                 await self.arrived.wait()
         finally:
             self.lane.waiting.pop(self.rid, None)
+
+
+@dataclass
+class StdioProcess:
+    """What the transport knows about its process: used to explain a failure."""
+
+    process: Process
+    stderr: IO[bytes]
+    eof: anyio.Event = field(default_factory=anyio.Event)
+    failure: str | None = None
+    """Why the transport gave up on a live process (its stdin stopped taking messages), if it did."""
+    lane: StdioLane = field(default_factory=StdioLane)
+    """The process's pipes for requests sent straight on them (see the module docstring)."""
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.returncode
+
+    def stderr_tail(self) -> str:
+        try:
+            self.stderr.flush()
+            self.stderr.seek(0, 2)
+            size = self.stderr.tell()
+            self.stderr.seek(max(0, size - 4096))
+            text = self.stderr.read().decode("utf-8", errors="replace")
+        except (OSError, ValueError):
+            return ""
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        return " | ".join(lines[-STDERR_TAIL_LINES:])
 
 
 def _parse(line: bytes) -> SessionMessage | Exception:
