@@ -33,7 +33,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # "backends" is backends/__init__.py; answers: the answer limit; framing: downstream bodies as the SDK reads
     # them; processes: no process escapes
     ("backends", "backends.base", "backends.answers", "backends.framing", "backends.processes", "backends.backoff"),
-    # relay: back-channel context; wiki_index: pure index; fastpath: a request straight on a streamable HTTP session
+    # relay: back-channel context; wiki_index: pure index; fastpath: a request sent straight on a session (HTTP's lane;
+    # stdio's is in backends.stdio)
     ("backends.stdio", "backends.relay", "backends.wiki_index", "backends.fastpath"),
     # failures: the foreign-error table and why a session failed; watch: a receive stream's end; pool: shared HTTP
     # polling: a downstream's closed stream resumed when the gateway's client resumes

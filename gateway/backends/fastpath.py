@@ -1,27 +1,34 @@
-"""A request to a streamable HTTP downstream as one JSON-RPC POST, without the SDK client session's round trip.
+"""A request sent straight on a downstream session, without the SDK client session's round trip.
 
 Through the SDK, a ``tools/call`` to a downstream goes from the caller's task through a memory stream to the
-session's dispatcher, on to the transport's writer task, which spawns a task per POST, parses each SSE event into a
-message and sends it back through another memory stream to the dispatcher, which wakes the caller. That machinery
-(task groups, cancel scopes, events, memory streams, each asking anyio which library runs) was the largest part of
-the gateway's CPU per call (docs/benchmarks.md, "Where the time goes"). ``HttpLane.request`` sends the same request
-on the same HTTP session (its ``Mcp-Session-Id``, its negotiated version, the same pooled client with the same
-answer limit) and reads the answer in the caller's own task. What travels on the wire is what the SDK would send and
-everything the downstream says on the call's stream is handled as the SDK handles it:
+session's dispatcher, on to the transport's writer task (over streamable HTTP, one more task per POST, whose SSE
+events come back through another memory stream), and the answer back to the dispatcher, which wakes the caller. That
+machinery (task groups, cancel scopes, events, memory streams, each asking anyio which library runs) was the largest
+part of the gateway's CPU per call (docs/benchmarks.md, "Where the time goes"). A ``DirectLane`` sends the same
+request on the same session (its negotiated version, its answer limit) and waits for the answer in the caller's own
+task. What every lane keeps (``DirectLane.request``):
 
+  * the request is what the SDK would send, with an id of the gateway's own (``gw-N``: never one of the SDK
+    session's integer ids on the same session), the SDK's client span and the W3C trace context in ``_meta``;
   * ``notifications/progress`` for the call's token goes to the caller's progress function;
+  * the answer is the call's result, or ``MCPError`` with the downstream's error (an answer over the limit arrives
+    as answers.py's replacement error, as through the SDK);
+  * the call's time limit ends it with the SDK's request-timeout error, and a cancelled call (the client gave up, a
+    deadline) sends ``notifications/cancelled`` downstream before it unwinds, as the SDK's session does.
+
+Two lanes: ``HttpLane`` here (one JSON-RPC POST on the streamable HTTP session, its answer stream read by the
+caller), and backends/stdio.py's ``StdioLane`` (a line written onto the child's stdin, its answer taken from stdout
+by the transport's reader, which owns the pipes). Over HTTP, everything else the downstream says on the call's
+stream is handled as the SDK handles it:
+
   * a request of the server's (``elicitation/create``, ``sampling/createMessage``, ``roots/list``, ``ping``) is
     answered through ``answer`` (the backend's back-channel, relay.py) and the answer POSTed back on the session;
   * any other notification (a log message, a list change) goes to ``notify``, the session's message handler;
-  * the answer is the call's result, or ``MCPError`` with the downstream's error (an answer over the limit arrives
-    as answers.py's replacement error, as through the SDK);
   * a stream that ends without the answer but with an event id is resumed with ``Last-Event-ID`` (SEP-1699), as
-    the SDK's transport does; one that cannot be resumed ends the call with the SDK's ``CONNECTION_CLOSED`` error;
-  * the call's time limit ends it with the SDK's request-timeout error, and a cancelled call (the client gave up,
-    a deadline) sends ``notifications/cancelled`` downstream before it unwinds, as the SDK's session does.
+    the SDK's transport does; one that cannot be resumed ends the call with the SDK's ``CONNECTION_CLOSED`` error.
 
 Errors are the SDK's (``MCPError`` with its codes, httpx2's errors), so the backend maps them exactly as it maps
-the SDK path's (``McpBackend.map_call_errors``). Which requests take this path is the backend's choice (backends/mcp.py
+the SDK path's (``McpBackend.map_call_errors``). Which requests take a lane is the backend's choice (backends/mcp.py
 ``McpBackend.call_tool``); everything else goes through the SDK session.
 """
 
@@ -40,7 +47,7 @@ from mcp.shared.exceptions import MCPError
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind
 
-__all__ = ["HttpLane"]
+__all__ = ["CONNECTION_CLOSED", "DirectCall", "DirectLane", "HttpLane", "answer_of", "progress_of"]
 
 REQUEST_TIMEOUT = -32001  # the SDK's code for a request that timed out (mcp.shared.exceptions.REQUEST_TIMEOUT)
 CONNECTION_CLOSED = -32000  # the SDK's code for a request whose answer can no longer come
@@ -69,22 +76,124 @@ def _adapters() -> tuple[Any, Any]:
     return _SERVER_REQUEST, _SERVER_NOTIFICATION
 
 
-class HttpLane:
+class DirectCall:
+    """One request on a lane: ``send`` puts it on the wire (outside the call's time limit, as the SDK's request
+    clock starts after its write), ``outcome`` waits for its answer (within it). ``sent`` says whether it may have
+    reached the downstream (a cancellation is then sent after it)."""
+
+    def __init__(self, rid: str, progress: ProgressFn | None) -> None:
+        self.rid = rid
+        self.progress = progress
+        self.sent = False
+
+    async def send(self, body: bytes) -> None:
+        raise NotImplementedError
+
+    async def outcome(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class DirectLane:
+    """One downstream session, for requests sent straight on it. ``version`` is the protocol version its handshake
+    agreed (set once it completed); a subclass says how a call goes out (``_begin``) and how a message nobody waits
+    for is delivered (``_notice``)."""
+
+    def __init__(self) -> None:
+        self.version: str | None = None
+        self._ids = itertools.count(1)
+
+    @property
+    def ready(self) -> bool:
+        return self.version is not None
+
+    def _begin(self, rid: str, progress: ProgressFn | None, answer: AnswerFn, notify: NotifyFn) -> DirectCall:
+        raise NotImplementedError
+
+    async def _notice(self, message: Mapping[str, Any]) -> None:
+        """Deliver a notification (or a response) that no one waits for; a lost connection is not an error."""
+        raise NotImplementedError
+
+    async def request(
+        self,
+        method: str,
+        params: dict[str, Any],
+        *,
+        timeout_s: float | None,
+        progress: ProgressFn | None,
+        answer: AnswerFn,
+        notify: NotifyFn,
+    ) -> dict[str, Any]:
+        """Send one request, return its result (the JSON object); raise ``MCPError`` for its error."""
+        rid = f"gw-{next(self._ids)}"  # never one of the SDK session's (integer) ids on the same session
+        meta = dict(params.get("_meta") or {})
+        if progress is not None:
+            meta["progressToken"] = rid
+        call = self._begin(rid, progress, answer, notify)
+        target = params.get("name")
+        span_name = f"MCP send {method}{f' {target}' if isinstance(target, str) else ''}"
+        try:
+            # The SDK's client span (its tracer's name, the span's name and attributes) and the W3C trace context in
+            # `_meta` (SEP-414), as its session would send them (mcp.shared._otel, private to the SDK).
+            with _TRACER.start_as_current_span(
+                span_name, kind=SpanKind.CLIENT, attributes={"mcp.method.name": method, "jsonrpc.request.id": rid}
+            ):
+                propagate.inject(meta)
+                params = {**params, "_meta": meta} if meta else {k: v for k, v in params.items() if k != "_meta"}
+                message = {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
+                await call.send(json.dumps(message, separators=(",", ":")).encode())
+                with anyio.fail_after(timeout_s):
+                    return await call.outcome()
+        except TimeoutError:
+            await self._cancel(rid, "timed out")
+            raise MCPError(
+                REQUEST_TIMEOUT, f"Timed out while waiting for response to {method}. Waited {timeout_s} seconds."
+            ) from None
+        except anyio.get_cancelled_exc_class():
+            if call.sent:
+                await self._cancel(rid, "the request was cancelled")
+            raise
+
+    async def _cancel(self, rid: str, reason: str) -> None:
+        note = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": rid, "reason": reason}}
+        with anyio.CancelScope(shield=True), anyio.move_on_after(CANCEL_NOTICE_S):
+            await self._notice(note)
+
+
+def answer_of(message: Mapping[str, Any], rid: str) -> dict[str, Any] | None:
+    """The result when ``message`` (a response, no ``method``) answers ``rid``; None when it answers another id.
+
+    Raises:
+        MCPError: the answer is the downstream's error, or carries neither a result nor an error.
+    """
+    if message.get("id") != rid:
+        return None  # an answer to something else (the SDK routes answers by id; none is ours here)
+    if isinstance(message.get("error"), dict):
+        raise _error(message["error"])
+    result = message.get("result")
+    if not isinstance(result, dict):
+        raise MCPError(types.INVALID_REQUEST, "the answer carried neither a result nor an error")
+    return result
+
+
+def progress_of(params: Mapping[str, Any]) -> tuple[float, float | None, str | None]:
+    """A ``notifications/progress``' params as the progress function takes them."""
+    return params.get("progress", 0.0), params.get("total"), params.get("message")
+
+
+class HttpLane(DirectLane):
     """One streamable HTTP session to a downstream, for requests sent straight on it.
 
     ``client`` is the backend's own client (shared pool, answer limit); the session id is taken from the
-    downstream's answers (``see``, an httpx2 response hook) and ``version`` is the protocol version the handshake
-    agreed, set once it completed.
+    downstream's answers (``see``, an httpx2 response hook).
     """
 
     def __init__(self, client: httpx2.AsyncClient, url: str, *, max_event_size: int) -> None:
+        super().__init__()
         self.client = client
         self.url = url
         self.max_event_size = max_event_size
         self.session_id: str | None = None
-        self.version: str | None = None
         self.closer: anyio.abc.TaskGroup | None = None  # where a read response is closed, off the caller's path
-        self._ids = itertools.count(1)
 
     @property
     def ready(self) -> bool:
@@ -105,53 +214,14 @@ class HttpLane:
             headers["mcp-protocol-version"] = self.version
         return headers
 
-    async def request(
-        self,
-        method: str,
-        params: dict[str, Any],
-        *,
-        timeout_s: float | None,
-        progress: ProgressFn | None,
-        answer: AnswerFn,
-        notify: NotifyFn,
-    ) -> dict[str, Any]:
-        """Send one request, return its result (the JSON object); raise ``MCPError`` for its error."""
-        rid = f"gw-{next(self._ids)}"  # never one of the SDK session's (integer) ids on the same session
-        meta = dict(params.get("_meta") or {})
-        if progress is not None:
-            meta["progressToken"] = rid
-        exchange = _Exchange(self, rid, progress, answer, notify)
-        target = params.get("name")
-        span_name = f"MCP send {method}{f' {target}' if isinstance(target, str) else ''}"
-        try:
-            # The SDK's client span (its tracer's name, the span's name and attributes) and the W3C trace context in
-            # `_meta` (SEP-414), as its session would send them (mcp.shared._otel, private to the SDK).
-            with _TRACER.start_as_current_span(
-                span_name, kind=SpanKind.CLIENT, attributes={"mcp.method.name": method, "jsonrpc.request.id": rid}
-            ):
-                propagate.inject(meta)
-                params = {**params, "_meta": meta} if meta else {k: v for k, v in params.items() if k != "_meta"}
-                message = {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
-                body = json.dumps(message, separators=(",", ":")).encode()
-                with anyio.fail_after(timeout_s):
-                    return await exchange.run(body)
-        except TimeoutError:
-            await self._cancel(rid, "timed out")
-            raise MCPError(
-                REQUEST_TIMEOUT, f"Timed out while waiting for response to {method}. Waited {timeout_s} seconds."
-            ) from None
-        except anyio.get_cancelled_exc_class():
-            if exchange.sent:
-                await self._cancel(rid, "the request was cancelled")
-            raise
+    def _begin(self, rid: str, progress: ProgressFn | None, answer: AnswerFn, notify: NotifyFn) -> DirectCall:
+        return _Exchange(self, rid, progress, answer, notify)
 
-    async def _cancel(self, rid: str, reason: str) -> None:
-        note = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": rid, "reason": reason}}
-        with anyio.CancelScope(shield=True), anyio.move_on_after(CANCEL_NOTICE_S):
-            try:
-                await self._post_message(note)
-            except (httpx2.HTTPError, OSError):
-                pass  # the downstream is gone or unreachable: nothing is left to cancel there
+    async def _notice(self, message: Mapping[str, Any]) -> None:
+        try:
+            await self._post_message(message)
+        except (httpx2.HTTPError, OSError):
+            pass  # the downstream is gone or unreachable: nothing is left to tell there
 
     async def _post_message(self, message: Mapping[str, Any]) -> None:
         """POST a notification or a response (answered 202, or an error status that nobody waits for)."""
@@ -160,21 +230,23 @@ class HttpLane:
         await response.aclose()
 
 
-class _Exchange:
+class _Exchange(DirectCall):
     """One request's POST and the stream that answers it (and its resumptions)."""
 
     def __init__(self, lane: HttpLane, rid: str, progress: ProgressFn | None, answer: AnswerFn, notify: NotifyFn):
+        super().__init__(rid, progress)
         self.lane = lane
-        self.rid = rid
-        self.progress = progress
         self.answer = answer
         self.notify = notify
-        self.sent = False
+        self.body = b""
         self.serving: dict[str, anyio.CancelScope] = {}  # the server's requests being answered, by id
 
-    async def run(self, body: bytes) -> dict[str, Any]:
+    async def send(self, body: bytes) -> None:
+        self.body = body  # POSTed by ``outcome``: the POST's answer may be the call's, so it is within the time limit
+
+    async def outcome(self) -> dict[str, Any]:
         lane = self.lane
-        request = lane.client.build_request("POST", lane.url, content=body, headers=lane._headers())
+        request = lane.client.build_request("POST", lane.url, content=self.body, headers=lane._headers())
         self.sent = True
         response = await lane.client.send(request, stream=True)
         try:
@@ -305,18 +377,11 @@ class _Exchange:
             return None
         method = message.get("method")
         if method is None:
-            if message.get("id") != self.rid:
-                return None  # an answer to something else (the SDK routes answers by id; none is ours here)
-            if isinstance(message.get("error"), dict):
-                raise _error(message["error"])
-            result = message.get("result")
-            if not isinstance(result, dict):
-                raise MCPError(types.INVALID_REQUEST, "the answer carried neither a result nor an error")
-            return result
+            return answer_of(message, self.rid)
         params = message.get("params") or {}
         if method == "notifications/progress" and params.get("progressToken") == self.rid:
             if self.progress is not None:
-                await self.progress(params.get("progress", 0.0), params.get("total"), params.get("message"))
+                await self.progress(*progress_of(params))
             return None
         if method == "notifications/cancelled":
             scope = self.serving.get(_key(params.get("requestId")))
@@ -361,10 +426,7 @@ class _Exchange:
             else:
                 result = outcome.model_dump(by_alias=True, mode="json", exclude_none=True)
                 reply = {"jsonrpc": "2.0", "id": request_id, "result": result}
-        try:
-            await self.lane._post_message(reply)
-        except (httpx2.HTTPError, OSError):
-            pass  # the server's stream goes on, or ends the call; either way it is read there
+        await self.lane._notice(reply)  # lost or not, the server's stream goes on or ends the call: it is read there
 
 
 class _Stream:

@@ -74,7 +74,7 @@ from gateway.backends.answers import ANSWER_TOO_LARGE, answer_too_large
 from gateway.backends.backoff import backoff, spread, supervise
 from gateway.backends.base import BackendBase, BackendState, BackendStatus, ProgressFn
 from gateway.backends.failures import FOREIGN, ResponseRecorder, classify_failure, exit_detail, gateway_error
-from gateway.backends.fastpath import HttpLane
+from gateway.backends.fastpath import DirectLane, HttpLane
 from gateway.backends.pool import HttpPool
 from gateway.backends.relay import (
     UPSTREAM,
@@ -232,7 +232,9 @@ class McpBackend(BackendBase):
         self._lanes_tg: anyio.abc.TaskGroup | None = None
         self._log_level: types.LoggingLevel | None = None
         self._subscribed: dict[str, int] = {}
-        self._fast: HttpLane | None = None  # the shared streamable HTTP session, for calls sent straight on it
+        self._fast: DirectLane | None = (
+            None  # the shared session (stdio, streamable HTTP), for calls sent straight on it
+        )
         self.connects = 0
         # ${caller.secret:NAME} in the headers, or token_exchange: each caller gets a session of its own, with its
         # own credentials (auth/credentials.py).
@@ -293,8 +295,8 @@ class McpBackend(BackendBase):
         params = types.CallToolRequestParams(name=tool, arguments=arguments, _meta=meta or None)  # type: ignore[arg-type]
         if self._config.protocol != MODERN:
             lane = self._fast
-            # Only on the shared session: a per-client server's and a per-caller-credentials server's calls go on
-            # the caller's own session (_send), through the SDK.
+            # Only on the shared session (stdio or streamable HTTP): a per-client server's and a per-caller-credentials
+            # server's calls go on the caller's own session (_send), through the SDK.
             if lane is not None and lane.ready and not self._per_client and self._credentials is None:
                 return await self._call_fast(lane, tool, arguments, meta, progress, upstream)
             request = types.CallToolRequest(params=params)
@@ -307,15 +309,16 @@ class McpBackend(BackendBase):
 
     async def _call_fast(
         self,
-        lane: HttpLane,
+        lane: DirectLane,
         tool: str,
         arguments: dict[str, Any],
         meta: dict[str, Any] | None,
         progress: ProgressFn | None,
         upstream: Upstream | None,
     ) -> types.CallToolResult:
-        """A handshake-era ``tools/call`` on the shared streamable HTTP session, sent straight on it (fastpath.py):
-        the same request, errors and back-channel as ``_send``, without the SDK session's round trip."""
+        """A handshake-era ``tools/call`` on the shared session, sent straight on it (fastpath.py; over stdio,
+        stdio.py's ``StdioLane``): the same request, errors and back-channel as ``_send``, without the SDK session's
+        round trip."""
         self._require_session()
         life, inflight, name = self._life, self._inflight, self._name
         params: dict[str, Any] = {"name": tool, "arguments": arguments}
@@ -782,9 +785,14 @@ class McpBackend(BackendBase):
                 write_timeout_s=config.timeout_s,
                 on_failure=functools.partial(self._transport_failed, life),
             ) as (read, write, proc):
-                if primary:
-                    self._proc = proc
-                yield read, write
+                if not primary:
+                    yield read, write
+                    return
+                self._proc, self._fast = proc, proc.lane
+                try:
+                    yield read, write
+                finally:
+                    self._fast = None
             return
         http = self._http or HttpPool()
         if headers is None:
