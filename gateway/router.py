@@ -260,6 +260,7 @@ class Router:
             )
 
         with structlog.contextvars.bound_contextvars(correlation_id=correlation_id, method=method):
+            log.info("request.waiting_for_startup")
             try:
                 with self._abortable_scope():
                     await self._startup.wait_started()

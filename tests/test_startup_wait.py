@@ -8,18 +8,22 @@ exactly one row of its kind: ``cancelled``, with one ``gateway`` step that says 
 Real parts: an in-process gateway (``Gateway.running()`` and the MCP server of gateway/server.py, reached by the SDK's
 in-memory client in the stateless 2026-07-28 era, which has no handshake that would wait first) in front of
 tests/fixtures/fidelity_server.py over a real stdio pipe, started by a shell that first sleeps for a minute, and a
-real SQLite ledger. The request is known to be waiting once every task of the test's loop is blocked.
+real SQLite ledger. The request is known to be waiting once every task of the test's loop is blocked. The last test
+does the same over real HTTP against the gateway process (``python -m gateway serve``), whose client goes away; the
+request is known to be waiting once the gateway logged ``request.waiting_for_startup``.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
+import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 import mcp_types as types
 import pytest
 from mcp.client.client import Client
@@ -28,8 +32,9 @@ from gateway.audit import query
 from gateway.config import parse_config
 from gateway.runtime import Gateway
 from gateway.server import build_server
-from tests.fixtures.gateway_proc import FIXTURES, PYTHON
+from tests.fixtures.gateway_proc import FIXTURES, PYTHON, echo_argv, run_gateway
 from tests.fixtures.waiting import eventually
+from tests.test_edge import ACCEPT, MODERN_META
 
 pytestmark = pytest.mark.anyio
 
@@ -103,4 +108,48 @@ async def test_a_request_cancelled_while_backends_are_still_starting_leaves_one_
     assert outcome == ["cancelled"]
     assert _rows(gateway) == [
         (kind, name, "cancelled", [("gateway", "cancelled", "cancelled while waiting for backends still starting")])
+    ]
+
+
+async def test_a_stateless_call_whose_client_goes_away_during_the_startup_wait_leaves_its_row(tmp_path: Path) -> None:
+    """The same over real HTTP, against the gateway process: the client closes its connection instead."""
+    fixture = shlex.join(echo_argv("--stdio"))
+    config = f"""
+gateway:
+  audit: {{path: {json.dumps(str(tmp_path / "audit.db"))}}}
+servers:
+  e:
+    transport: stdio
+    command: sh
+    args: {json.dumps(["-c", f"sleep {STARTS_IN_S} && exec {fixture}"])}
+    timeout_s: {STARTS_IN_S * 2}
+"""
+    body = {
+        "jsonrpc": "2.0",
+        "id": 5,
+        "method": "tools/call",
+        "params": {"name": "later_tool", "arguments": {}, "_meta": MODERN_META},
+    }
+    headers = {**ACCEPT, "mcp-protocol-version": MODERN, "mcp-method": "tools/call", "mcp-name": "later_tool"}
+    with run_gateway(config, tmp_path) as server:
+        async with httpx2.AsyncClient(timeout=30) as http:
+            with anyio.fail_after(20):
+                async with anyio.create_task_group() as tg:
+
+                    async def post() -> None:
+                        await http.post(server.url(), json=body, headers=headers)
+
+                    tg.start_soon(post)
+                    await eventually(lambda: "request.waiting_for_startup" in server.output(), within=10)
+                    tg.cancel_scope.cancel()  # the client goes away: its connection is closed
+
+                def rows() -> list[tuple[str, str, str, str]]:
+                    with sqlite3.connect(tmp_path / "audit.db") as db:
+                        return db.execute("SELECT kind, tool, status, chain FROM calls").fetchall()
+
+                await eventually(lambda: bool(rows()), within=10)
+    [(kind, tool, status, chain)] = rows()
+    assert (kind, tool, status) == ("tools/call", "later_tool", "cancelled")
+    assert [(s["provider"], s["outcome"], s["reason"]) for s in json.loads(chain)] == [
+        ("gateway", "cancelled", "cancelled while waiting for backends still starting")
     ]
