@@ -27,7 +27,9 @@ import httpx2
 import mcp_types as types
 import pytest
 from mcp.client.client import Client
+from mcp.shared.exceptions import MCPError
 
+from gateway import runtime
 from gateway.audit import query
 from gateway.config import parse_config
 from gateway.runtime import Gateway
@@ -153,3 +155,16 @@ servers:
     assert [(s["provider"], s["outcome"], s["reason"]) for s in json.loads(chain)] == [
         ("gateway", "cancelled", "cancelled while waiting for backends still starting")
     ]
+
+
+async def test_a_call_still_waiting_when_the_waits_bound_passes_is_routed_and_leaves_exactly_one_row(
+    gateway: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runtime, "STARTUP_WAIT_S", 0.5)  # the bound, not the backend, ends the wait here
+    server, _ = build_server(gateway)
+    async with Client(server, mode=MODERN) as client:
+        with anyio.fail_after(10), pytest.raises(MCPError) as refused:
+            await client.call_tool("later_tool", {"q": "x"})
+    assert gateway.started
+    assert "later_tool" in refused.value.error.message  # an unknown tool, once startup stopped waiting
+    assert _rows(gateway) == [("tools/call", "later_tool", "unknown_tool", [])]
