@@ -237,8 +237,8 @@ class Router:
         the exception goes on. The gateway stopping (``abort``) ends the wait: ``call`` or ``request`` then answers
         the request as cancelled, with its row.
         """
-        if self._startup is None or self._startup.started:
-            return
+        if self._startup is None or self._startup.started or self._closing is not None:
+            return  # (stopping: ``call`` or ``request`` answers it as cancelled at once)
         correlation_id = uuid.uuid4().hex[:16]
         started = time.perf_counter()
         label = _ledger_name(redactor.scrub(name))

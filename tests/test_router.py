@@ -427,6 +427,10 @@ async def test_the_gateway_stopping_ends_the_startup_wait_and_the_call_is_answer
     assert answer.is_error and "the gateway is shutting down" in answer.content[0].text  # type: ignore[union-attr]
     assert [r.status for r in setup.recorder.records] == ["cancelled"]
 
+    with anyio.fail_after(5):  # one that arrives once the gateway is stopping does not wait at all
+        await setup.router.wait_started("tools/call", "lookup")
+    assert len(setup.recorder.records) == 1
+
 
 async def test_once_startup_is_over_the_wait_returns_at_once_and_writes_nothing() -> None:
     startup = Starting()
