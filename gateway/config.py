@@ -413,17 +413,19 @@ class SharedSettings(_Model):
 
     redis_url: str | None = None
     """A Redis server (``redis://[:password@]host:port/db``, or ``rediss://``) where the per-caller request rates are
-    counted, so N replicas enforce one limit (gateway/shared_limits.py); its password is never shown (write
-    ``${VAR}``). Concurrent tool calls stay per replica."""
+    counted, so N replicas enforce one limit, and where ended sessions are recorded, so a DELETE ends a session on
+    every replica (gateway/shared_limits.py); its password is never shown (write ``${VAR}``). Concurrent tool calls
+    stay per replica."""
     redis_timeout_s: float = Field(default=0.25, gt=0, le=10)
     """The longest one request waits for Redis (connect and answer); then ``redis_down`` decides."""
     redis_down: Literal["open", "closed"] = "open"
     """When Redis cannot answer within ``redis_timeout_s``: ``open`` serves the request (counted by this replica
-    alone until Redis answers again), ``closed`` refuses it with HTTP 503."""
+    alone until Redis answers again; a session served without knowing whether another replica ended it), ``closed``
+    refuses it with HTTP 503."""
     session_max_age_s: float = Field(default=86400.0, gt=0)
     """How long a sealed session id is accepted after its ``initialize``, on any replica; then it answers 404 and
-    the client initializes again (a DELETE ends a session only on the replica that served it, so this bounds how
-    long an ended session's id could be revived elsewhere)."""
+    the client initializes again. Without ``redis_url`` a DELETE ends a session only on the replica that served it,
+    so this bounds how long an ended session's id could be revived elsewhere; with it, a DELETE ends it everywhere."""
 
     @field_validator("redis_url")
     @classmethod

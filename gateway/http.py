@@ -61,7 +61,7 @@ from gateway.quotas import CallerLimits
 from gateway.runtime import VERSION, Gateway
 from gateway.server import build_server, session_digest
 from gateway.sessions import SealedSessions, session_seal
-from gateway.shared_limits import SharedRates
+from gateway.shared_limits import SharedRates, SharedRedis, SharedSessionEnds
 from gateway.ui import UI_PATHS, build_ui
 
 __all__ = [
@@ -365,10 +365,17 @@ class CallerSessions(SealedSessions):
 
     def statistics(self) -> dict[str, int]:
         """For ``/status``: sessions open now, how many were evicted at their caller's cap, and how many were
-        re-created here from their sealed id (opened on another replica, or before a restart), since start; and
+        re-created here from their sealed id (opened on another replica, or before a restart), and how many were ended
+        here because another replica was sent their DELETE (shared sessions' ends), since start; and
         ``ids_held``: request ids held now for requests whose POST ended before their answer (edge.py)."""
         held = self.in_flight.held if self.in_flight is not None else 0
-        return {"open": len(self._server_instances), "evicted": self.evicted, "revived": self.revived, "ids_held": held}
+        return {
+            "open": len(self._server_instances),
+            "evicted": self.evicted,
+            "revived": self.revived,
+            "ended_elsewhere": self.ended_elsewhere,
+            "ids_held": held,
+        }
 
     async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -521,7 +528,7 @@ def status_document(
     return doc
 
 
-def state_snapshot(gateway: Gateway, shared: SharedRates | None = None) -> StateSnapshot:
+def state_snapshot(gateway: Gateway, shared: SharedRedis | None = None) -> StateSnapshot:
     """What ``/metrics`` reports of the gateway's current state: backend states, adapter processes, the ledger, the
     shared limits' Redis."""
     catalog = gateway.catalog
@@ -554,11 +561,15 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
     server, connections = build_server(gateway)
     _filter_session_ids()
     in_flight = InFlight()  # the edge's request ids in flight, told of answers and session ends by the manager
+    shared_settings = gateway.config.gateway.shared  # read at start: a reload does not change it
+    redis = SharedRedis(shared_settings) if shared_settings.redis_url is not None else None
+    shared = SharedRates(redis) if redis is not None else None
     manager = CallerSessions(
         server,
         limits=gateway.config.gateway.limits,
         in_flight=in_flight,
         seal=session_seal(gateway.config.gateway, str(gateway.config.source or "")),  # sessions.py
+        ends=SharedSessionEnds(redis) if redis is not None else None,  # a DELETE ends the session on every replica
         json_response=json_response,
         # resumable streams (SEP-1699), bounded in events, age and bytes: see events.py
         event_store=RecentEvents(
@@ -595,14 +606,14 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
                 connections=len(connections),
                 sessions=manager.statistics(),
                 access=access(),
-                shared=shared.statistics() if shared is not None else None,
+                shared=redis.statistics() if redis is not None else None,
             )
         )
 
     def access() -> dict[str, Any]:
         return connections.views.statistics(gateway.catalog, tokens.names)
 
-    gateway.metrics.watch(lambda: state_snapshot(gateway, shared))
+    gateway.metrics.watch(lambda: state_snapshot(gateway, redis))
     oauth_settings = gateway.config.gateway.auth.oauth  # read at start, like the tokens: a reload does not change it
     oauth = ResourceServer(oauth_settings, name=gateway.config.gateway.name) if oauth_settings is not None else None
 
@@ -621,21 +632,18 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
     async def metrics(request: Request) -> Response:
         return Response(gateway.metrics.exposition(), headers={"content-type": CONTENT_TYPE})
 
-    shared_settings = gateway.config.gateway.shared  # read at start: a reload does not change it
-    shared = SharedRates(shared_settings) if shared_settings.redis_url is not None else None
-
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         try:
             async with anyio.create_task_group() as tasks:
-                if shared is not None:
-                    tasks.start_soon(shared.watch)  # pings Redis, so /metrics knows it answers while no one asks
+                if redis is not None:
+                    tasks.start_soon(redis.watch)  # pings Redis, so /metrics knows it answers while no one asks
                 async with manager.run():
                     yield
                 tasks.cancel_scope.cancel()
         finally:
-            if shared is not None:
-                await shared.aclose()
+            if redis is not None:
+                await redis.aclose()
 
     app = Starlette(
         routes=[

@@ -25,7 +25,8 @@ The policy, in one place:
   * every call leaves one audit row, written before the answer is returned, and one canonical log line; both carry
     the correlation id and the chain of steps, which the answer's ``_meta`` carries too. Degradation is never hidden.
     Unknown tools (``unknown_tool``) and refused arguments (``invalid_params``) leave theirs too; a cancelled call's
-    chain ends with the step that was under way (outcome ``cancelled``).
+    chain ends with the step that was under way (outcome ``cancelled``). A request that waits for the gateway's
+    startup before it is routed (``wait_started``) and ends there leaves its row too (one ``gateway`` step).
 
 Multi-round-trip calls (MCP 2026-07-28, SEP-2322): a provider that answers with an input-required result ends the
 round: its step's outcome and the row's status are ``input_required``, no later rung or provider is tried, and
@@ -100,6 +101,14 @@ class Recorder(Protocol):
     async def record(self, rec: AuditRecord) -> None: ...
 
 
+class Startup(Protocol):
+    """The gateway's startup wait (runtime.py): ``started`` once it is over."""
+
+    started: bool
+
+    async def wait_started(self) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class CallContext:
     """Who is calling: carried into the audit row and the log line."""
@@ -155,8 +164,10 @@ class Router:
         breakers: Breakers | None = None,
         budget: Callable[[], CallBudget] | None = None,
         edge: Callable[[], EdgeSettings] | None = None,
+        startup: Startup | None = None,
     ) -> None:
         self._catalog = catalog
+        self._startup = startup
         self._budget = budget or CallBudget
         self._backends = backends
         self._recorder = recorder
@@ -207,6 +218,59 @@ class Router:
         self._closing = reason
         for scope in list(self._calls):
             scope.cancel()
+
+    async def wait_started(
+        self,
+        method: str,
+        name: str,
+        *,
+        arguments: Mapping[str, Any] | None = None,
+        ctx: CallContext = CallContext(),
+    ) -> None:
+        """Wait, bounded, for the gateway's startup before a request of kind ``method`` is routed (``call`` or
+        ``request`` next): one that races startup would find too little (a tool not known yet, a provider about to be
+        ready). At once when startup is over.
+
+        A request accepted is a request audited, even when it ends here, before any backend: cancelled while it
+        waits (the client cancelled or left), it leaves one row of kind ``method``, status ``cancelled``, whose one
+        ``gateway`` step says it was waiting for startup; failing here, one of status ``internal_error``. Either way
+        the exception goes on. The gateway stopping (``abort``) ends the wait: ``call`` or ``request`` then answers
+        the request as cancelled, with its row.
+        """
+        if self._startup is None or self._startup.started or self._closing is not None:
+            return  # (stopping: ``call`` or ``request`` answers it as cancelled at once)
+        correlation_id = uuid.uuid4().hex[:16]
+        started = time.perf_counter()
+        label = _ledger_name(redactor.scrub(name))
+
+        async def finish(outcome: str, reason: str) -> None:
+            step = AuditStep("gateway", None, outcome, reason, _ms(started))
+            await self._finish(
+                label,
+                {},
+                dict(arguments or {}),
+                ctx,
+                correlation_id,
+                started,
+                [step],
+                outcome,
+                None,
+                kind=method,
+                measured=False,
+            )
+
+        with structlog.contextvars.bound_contextvars(correlation_id=correlation_id, method=method):
+            log.info("request.waiting_for_startup")
+            try:
+                with self._abortable_scope():
+                    await self._startup.wait_started()
+            except anyio.get_cancelled_exc_class():
+                with anyio.CancelScope(shield=True):
+                    await finish("cancelled", "cancelled while waiting for backends still starting")
+                raise
+            except Exception as exc:
+                await finish("internal_error", f"{type(exc).__name__} while waiting for backends still starting")
+                raise
 
     async def call(
         self,
@@ -720,9 +784,11 @@ class Router:
         result: types.CallToolResult | None,
         *,
         kind: str = "tools/call",
+        measured: bool = True,
     ) -> None:
         """The end of every call and request: its log line, its span's outcome, its audit row (awaited: committed
-        before the answer goes out) and its count in metrics. ``kind`` is the request's method."""
+        before the answer goes out) and its count in metrics. ``kind`` is the request's method; a request that ended
+        before it was routed (``measured=False``) has no span and no count, only its line and its row."""
         duration_ms = _ms(started)
         size = _result_size(result)
         served = _served_step(steps)
@@ -740,7 +806,7 @@ class Router:
             session_id=ctx.session_id,
             result_bytes=size,
         )
-        known = status != "unknown_tool"  # no span was opened, and a client's made-up name is no metrics label
+        known = measured and status != "unknown_tool"  # no span was opened; a made-up name is no metrics label
         if self._tracer is not None and known:
             self._tracer.end_call(status, steps)
         if self._recorder is not None:

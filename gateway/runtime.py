@@ -57,6 +57,10 @@ log = structlog.get_logger("gateway.runtime")
 VERSION = "0.1.0"
 COSTS_WINDOW_S = 7 * 86400.0
 STARTUP_SETTLE_S = 30.0
+STARTUP_WAIT_S = 10.0
+"""During startup, a request that races it (the first handshake or discovery, a list, a call naming a tool not known
+yet) waits at most this long for backends still connecting (``wait_started``), so a client that connects at once
+sees the whole catalog instead of a partial one."""
 
 CatalogListener = Callable[[Catalog], Awaitable[None]]
 NotificationListener = Callable[[Backend, types.ServerNotification, Upstream | None, Any], Awaitable[None]]
@@ -138,7 +142,11 @@ class Gateway:
             breakers=Breakers(breaker.failure_threshold, breaker.cooldown_s, breaker.max_cooldown_s),
             budget=lambda: self.config.gateway.call_budget,
             edge=lambda: self.config.gateway.edge,
+            startup=self,
         )
+        self.started = False
+        """True once the startup wait is over (``wait_started``): every backend had its first outcome, or the wait's
+        bound passed."""
         self.started_at = 0.0
         self._costs: dict[str, Cost] = {}
         self._tg: anyio.abc.TaskGroup | None = None
@@ -380,6 +388,13 @@ class Gateway:
         if self._tg is None:
             raise RuntimeError("the gateway is not running")
         self._tg.start_soon(fn, name=name)
+
+    async def wait_started(self) -> None:
+        """The startup wait, once per gateway: until every backend had its first outcome, at most ``STARTUP_WAIT_S``.
+        Every later caller returns at once."""
+        if not self.started:
+            await self.wait_settled(STARTUP_WAIT_S)
+            self.started = True
 
     async def wait_settled(self, limit_s: float) -> bool:
         """Wait until every backend had its first outcome, at most ``limit_s`` seconds. True if all settled."""

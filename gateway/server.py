@@ -93,9 +93,6 @@ INVALID_PARAMS = -32602
 WITHHELD = "gateway.withheld"
 """The key, in an HTTP request's scope state, of what edge.py found in a tools/call's arguments and did not pass on:
 (argument path, reason). The router refuses the call with it, as invalid params, with its ledger row."""
-STARTUP_LIST_WAIT_S = 10.0
-"""During startup, ``tools/list`` (and a call naming a tool not known yet) waits at most this long for backends still
-connecting, so a client that connects at once sees the whole catalog instead of a partial one."""
 
 
 class _GatewayServer(Server[Any]):
@@ -241,15 +238,11 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
             return disclosure.listing(gateway.catalog, large, seen)  # search exposure: search, call, the pins
         return seen.listing(large) if seen is not None else gateway.catalog.listing(large)
 
-    startup_waited = anyio.Event()
-
-    async def settled() -> None:
-        """The startup wait, once per server: a request that races startup (a list, a call naming a tool not known
-        yet, a route that would degrade past a provider about to be ready) waits, bounded, for every backend's first
-        outcome."""
-        if not startup_waited.is_set():
-            await gateway.wait_settled(STARTUP_LIST_WAIT_S)
-            startup_waited.set()
+    # The startup wait (runtime.py ``wait_started``): a request that races startup (a list, a call naming a tool not
+    # known yet, a route that would degrade past a provider about to be ready) waits, bounded, for every backend's
+    # first outcome. A request the router dispatches waits in the router instead (``Router.wait_started``), which
+    # writes its ledger row if it ends there.
+    settled = gateway.wait_started
 
     validated = _ValidatedLists()
     continuations = _continuations(gateway)
@@ -349,13 +342,9 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
         # resources, no prompts): the first handshake (or, stateless, the first `server/discover`, or a listen stream,
         # whose resource subscriptions need the backends that serve them) waits, bounded, for every backend's first
         # outcome.
-        if ctx.method in ("initialize", "server/discover", "subscriptions/listen") and not startup_waited.is_set():
+        if ctx.method in ("initialize", "server/discover", "subscriptions/listen") and not gateway.started:
             await settled()
-        if (
-            ctx.method == "tools/list"
-            and startup_waited.is_set()
-            and ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
-        ):
+        if ctx.method == "tools/list" and gateway.started and ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
             connection = connection_of(ctx)
             if connection is not None and connection.initialize_accepted:
                 # The SDK would validate and re-dump the whole list on every request (87% of a 2,500-tool
@@ -378,8 +367,8 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
         ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult | types.InputRequiredResult:
         progress = _progress(ctx)
-        await settled()
         call_ctx = _call_context(ctx, gateway.clients)
+        await gateway.router.wait_started("tools/call", params.name, arguments=params.arguments, ctx=call_ctx)
         seen = view(ctx)
         if seen is not None:
             call_ctx = dataclasses.replace(call_ctx, visible=seen.tools)
@@ -517,8 +506,9 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
         return _enveloped(ctx, seen.templates_result if seen is not None else gateway.catalog.lists.templates_result)
 
     async def read_resource(ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams) -> Any:
-        await settled()
-        caller = _call_context(ctx, gateway.clients).caller
+        call_ctx = _call_context(ctx, gateway.clients)
+        await gateway.router.wait_started("resources/read", params.uri, ctx=call_ctx)
+        caller = call_ctx.caller
         meta = forwarded_meta(params.meta)
 
         async def resume(origin: Origin, retry: Round) -> Any:
@@ -580,7 +570,7 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
         return result
 
     async def subscribe(ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams) -> types.EmptyResult:
-        await settled()
+        await gateway.router.wait_started("resources/subscribe", params.uri, ctx=_call_context(ctx, gateway.clients))
 
         async def send(backend: Backend, origin: Origin) -> None:
             await upstreams.subscribe(ctx, params.uri, origin, backend)
@@ -618,8 +608,9 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
         return _enveloped(ctx, seen.prompts_result if seen is not None else gateway.catalog.lists.prompts_result)
 
     async def get_prompt(ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams) -> Any:
-        await settled()
-        caller = _call_context(ctx, gateway.clients).caller
+        call_ctx = _call_context(ctx, gateway.clients)
+        await gateway.router.wait_started("prompts/get", params.name, arguments=params.arguments, ctx=call_ctx)
+        caller = call_ctx.caller
         bridged = await bridge_round(ctx, "prompts/get", params.name, params.arguments, caller, params)
         if bridged is not None:
             return bridged
@@ -656,9 +647,10 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
             return await asked(ctx, "prompts/get", params.name, params.arguments, caller, exc, resume)
 
     async def complete(ctx: ServerRequestContext[Any], params: types.CompleteRequestParams) -> Any:
-        await settled()
-        lists = gateway.catalog.lists
         ref = params.ref
+        name = ref.name if isinstance(ref, types.PromptReference) else ref.uri
+        await gateway.router.wait_started("completion/complete", name, ctx=_call_context(ctx, gateway.clients))
+        lists = gateway.catalog.lists
         origin: Origin | None
         if isinstance(ref, types.PromptReference):
             origin = visible_prompt(ctx, ref.name)
@@ -677,7 +669,6 @@ def build_server(gateway: Gateway) -> tuple[Server[Any], Upstreams]:
             )
             return types.CompleteRequest(params=params.model_copy(update={"ref": local_ref, "meta": meta}))
 
-        name = ref.name if isinstance(ref, types.PromptReference) else ref.uri
         return (await forward(ctx, "completion/complete", name, (origin,), build, types.CompleteResult))[1]
 
     async def set_level(ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams) -> types.EmptyResult:

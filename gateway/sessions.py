@@ -14,8 +14,17 @@ deployment with another key), has expired, or belongs to another caller answers 
 What stays with the replica that holds it: an open GET stream, a call's back-channel on its own POST stream (both
 are connections to that process), and what the client changed after ``initialize`` (its ``logging/setLevel``, its
 resource subscriptions): a replica that re-creates the session starts from the client's ``initialize`` and no
-subscriptions. A session this replica ended (DELETE, idle timeout, eviction at the caller's cap) answers 404 here;
-another replica would accept its id until ``gateway.shared.session_max_age_s`` after its ``initialize``.
+subscriptions. A session this replica ended (DELETE, idle timeout, eviction at the caller's cap) answers 404 here.
+
+A DELETE ends the session on every replica when they share a store (``ends``: Redis, shared_limits.py): the replica
+that gets it, once it knows the DELETE comes from the session's owner, records the end for what is left of the id's
+lifetime, and every replica asks before it serves any other request on a sealed id, held or about to be re-created
+(one ``EXISTS`` round trip per request); a replica that learns its session was ended elsewhere ends it too (its GET
+stream closes) and answers 404. When the store cannot answer, ``gateway.shared.redis_down`` decides as for the
+limits: ``open`` serves the request, ``closed`` answers 503; a DELETE is then an end on this replica only (logged).
+Without a shared store, another replica accepts an ended session's id until ``gateway.shared.session_max_age_s``
+after its ``initialize``. Idle timeouts and evictions stay per replica: they are this replica's bookkeeping, not the
+client's word.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import structlog
@@ -63,6 +72,16 @@ MAX_ENDED = 100_000
 """Ids of sessions this replica ended, remembered (until they expire) so that they answer 404 here."""
 
 _MINTED: contextvars.ContextVar[str | None] = contextvars.ContextVar("gateway.session_id", default=None)
+
+
+class SessionEnds(Protocol):
+    """Ends of sessions shared by the replicas (shared_limits.py ``SharedSessionEnds``)."""
+
+    fail_open: bool
+
+    async def end(self, session_id: str, ttl_s: float) -> bool: ...
+
+    async def ended(self, session_id: str) -> bool | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,10 +151,14 @@ class SealedSessions(StreamableHTTPSessionManager):
 
     ``seal=None`` keeps the SDK's random ids (sessions of this process only)."""
 
-    def __init__(self, app: Any, *, seal: SessionSeal | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, app: Any, *, seal: SessionSeal | None = None, ends: SessionEnds | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(app, **kwargs)
         self.seal = seal
+        self.ends = ends if seal is not None else None
         self.revived = 0
+        self.ended_elsewhere = 0
         self._ended: dict[str, float] = {}
 
     async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -153,15 +176,71 @@ class SealedSessions(StreamableHTTPSessionManager):
             finally:
                 _MINTED.reset(token)
             return
-        if session_id in self._server_instances or session_id in self._ended:
-            await super()._handle_stateful_request(scope, receive, send)  # served here, or 404: ended here
+        if session_id in self._ended:
+            await super()._handle_stateful_request(scope, receive, send)  # 404: ended here
             return
-        opened = seal.open(session_id)
         requestor = _requestor(scope)
-        if opened is None or opened.owner != owner_digest(requestor):
-            await super()._handle_stateful_request(scope, receive, send)  # 404, as for any unknown id
+        held = session_id in self._server_instances
+        opened: SealedSession | None = None
+        if not held:
+            opened = seal.open(session_id)
+            if opened is None or opened.owner != owner_digest(requestor):
+                await super()._handle_stateful_request(scope, receive, send)  # 404, as for any unknown id
+                return
+        if self.ends is not None and not await self._shared_end(
+            session_id, held, opened, requestor, scope, receive, send
+        ):
+            return
+        if session_id in self._server_instances or session_id in self._ended or opened is None:
+            await super()._handle_stateful_request(scope, receive, send)  # served here, or 404: ended (elsewhere)
             return
         await self._revive(session_id, opened, requestor, scope, receive, send)
+
+    async def _shared_end(
+        self,
+        session_id: str,
+        held: bool,
+        opened: SealedSession | None,
+        requestor: AuthorizationContext | None,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> bool:
+        """Before a request on a sealed id: a DELETE from its owner records the end for every replica; any other
+        request ends the session here if another replica ended it. False when the request was answered here (503:
+        the store cannot answer and ``redis_down`` is closed)."""
+        assert self.ends is not None and self.seal is not None
+        if scope.get("method") == "DELETE":
+            if held and requestor != self._session_owners.get(session_id):
+                return True  # another caller's DELETE: the SDK answers 404, and nothing is recorded
+            opened = opened or self.seal.open(session_id)
+            if opened is not None and not await self.ends.end(session_id, opened.expires - time.time()):
+                structlog.get_logger("gateway.sessions").warning(
+                    "sessions.end_not_shared",
+                    note="the shared store (gateway.shared.redis_url) did not answer: this session ends on this "
+                    "replica only; another replica accepts its id until gateway.shared.session_max_age_s",
+                )
+            return True
+        ended = await self.ends.ended(session_id)
+        if ended is None and not self.ends.fail_open:
+            error = ErrorData(
+                code=INTERNAL_ERROR,
+                message="The session cannot be checked: the shared store (gateway.shared.redis_url) does not answer "
+                "and gateway.shared.redis_down is closed; retry shortly.",
+            )
+            body = JSONRPCError(jsonrpc="2.0", id=None, error=error).model_dump_json(by_alias=True)
+            await Response(body, status_code=503, media_type="application/json", headers={"retry-after": "1"})(
+                scope, receive, send
+            )
+            return False
+        if ended:
+            self.ended_elsewhere += 1
+            transport = self._server_instances.get(session_id)
+            if transport is not None:  # held here: end it here too (its GET stream closes)
+                await self._discard_session(session_id, transport)
+            else:
+                self._remember_ended(session_id)
+        return True
 
     def _mint(self, seal: SessionSeal, scope: Scope) -> str | None:
         message = scope.get("state", {}).get(RPC)

@@ -1,4 +1,5 @@
-"""Per-caller request rates counted in Redis (``gateway.shared.redis_url``), so N replicas enforce one limit.
+"""What replicas share through Redis (``gateway.shared.redis_url``): per-caller request rates, so N replicas enforce
+one limit, and the ends of sessions, so a DELETE on one replica ends the session on all of them.
 
 ``SharedRates.take`` spends one token of a caller's bucket with one atomic Lua script (``EVALSHA``): the bucket is a
 Redis hash (tokens, stamp) refilled at the rule's ``requests_per_s`` up to its ``burst`` by Redis's own clock, so the
@@ -6,27 +7,42 @@ replicas' clocks need not agree; it expires once it would be full again. The key
 a reload that changes a rule starts fresh buckets, as the per-replica ones do (quotas.py). Only the request rate is
 shared: concurrent tool calls stay counted per replica (a call's end on a replica that dies would never be counted).
 
-Redis may be slow or gone: every round trip is bounded by ``redis_timeout_s`` (connect and answer), and after a
-failure Redis is not asked again for ``RETRY_S``, so at most one request per ``RETRY_S`` waits that long; while Redis
-cannot answer, ``take`` answers None and ``gateway.shared.redis_down`` decides (quotas.py): ``open`` counts the
-request in this replica's own bucket, ``closed`` refuses it with HTTP 503. ``watch`` pings Redis every ``PROBE_S``
-(every ``RETRY_S`` while it is down), so whether it answers is known even while no request asks it. Each failure is
-counted under one of ``FAILURE_REASONS`` (for /metrics: a fixed set, never the error's text). The URL, which may hold
-a password, is never logged.
+``SharedSessionEnds.end`` writes one key per ended session (``SET`` with ``PX``: it expires when the sealed id would,
+so Redis holds at most the sessions ended within ``session_max_age_s``), named by a digest of the id, never the id;
+``ended`` is one ``EXISTS`` per request on a sealed session id (sessions.py).
+
+Redis may be slow or gone: one ``SharedRedis`` holds the client for both, every round trip is bounded by
+``redis_timeout_s`` (connect and answer), and after a failure Redis is not asked again for ``RETRY_S``, so at most
+one request per ``RETRY_S`` waits that long; while Redis cannot answer, ``take`` and ``ended`` answer None and
+``gateway.shared.redis_down`` decides: ``open`` counts the request in this replica's own bucket (quotas.py) and
+serves a session without knowing whether another replica ended it, ``closed`` refuses either with HTTP 503. A
+session's end that cannot be written is still an end on the replica that got the DELETE (logged). ``watch`` pings
+Redis every ``PROBE_S`` (every ``RETRY_S`` while it is down), so whether it answers is known even while no request
+asks it. Each failure is counted under one of ``FAILURE_REASONS`` (for /metrics: a fixed set, never the error's text).
+The URL, which may hold a password, is never logged.
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import anyio
 import structlog
 
 from gateway.config import CallerLimit, SharedSettings
 
-__all__ = ["FAILURE_REASONS", "PROBE_S", "RETRY_S", "SharedRates", "failure_reason"]
+__all__ = [
+    "FAILURE_REASONS",
+    "PROBE_S",
+    "RETRY_S",
+    "SharedRates",
+    "SharedRedis",
+    "SharedSessionEnds",
+    "failure_reason",
+]
 
 log = structlog.get_logger("gateway.shared_limits")
 
@@ -39,6 +55,8 @@ FAILURE_REASONS = ("timeout", "connection", "auth", "response", "other")
 the password or the user refused; Redis answered an error (out of memory, read-only replica, script error) or
 something that is not a number; anything else."""
 _PREFIX = "mcp-gateway:rate:"
+_ENDED = "mcp-gateway:session-ended:"
+T = TypeVar("T")
 
 _TAKE = """
 local rate = tonumber(ARGV[1])
@@ -77,8 +95,8 @@ def failure_reason(exc: BaseException) -> str:
     return "other"
 
 
-class SharedRates:
-    """Token buckets in Redis, one per caller and rule; see the module docstring."""
+class SharedRedis:
+    """The one Redis client of a replica's shared state, asked within its bound; see the module docstring."""
 
     def __init__(self, settings: SharedSettings) -> None:
         import redis.asyncio  # only when a URL is set
@@ -86,41 +104,39 @@ class SharedRates:
         assert settings.redis_url is not None
         self.timeout = settings.redis_timeout_s
         self.fail_open = settings.redis_down == "open"
-        self._redis: Any = redis.asyncio.Redis.from_url(
+        self.client: Any = redis.asyncio.Redis.from_url(
             settings.redis_url,
             socket_timeout=self.timeout,
             socket_connect_timeout=self.timeout,
             retry_on_timeout=False,
             health_check_interval=0,
         )
-        self._script: Any = self._redis.register_script(_TAKE)
         self._errors = (redis.RedisError, OSError, TimeoutError, ValueError)
         self._down_until = 0.0
         self.failures = 0
         self.failures_by_reason = dict.fromkeys(FAILURE_REASONS, 0)
         self.down = False
 
-    async def take(self, caller: str, rule: CallerLimit, burst: float) -> float | None:
-        """Spend one of the caller's tokens: 0.0 if there was one, else the seconds until there is; None when Redis
-        cannot answer now (then ``gateway.shared.redis_down`` decides)."""
-        assert rule.requests_per_s is not None
+    async def ask(self, op: Callable[[], Awaitable[T]]) -> tuple[bool, T | None]:
+        """``(True, op's answer)``, or ``(False, None)`` when Redis cannot answer now (or failed in the last
+        ``RETRY_S``)."""
         if time.monotonic() < self._down_until:
-            return None
+            return False, None
         try:
             with anyio.fail_after(self.timeout * 2):  # connect + answer, each bounded by the client as well
-                answer = await self._script(keys=[_key(caller, rule, burst)], args=[rule.requests_per_s, burst])
-            wait = float(answer)
+                answer = await op()
         except self._errors as exc:  # whatever Redis failed with (its errors, the socket's, a timeout): no answer
             self._failed(exc)
-            return None
+            return False, None
         self._answered()
-        return wait
+        return True, answer
 
     async def ping(self) -> bool:
-        """Ask Redis whether it answers (bounded like ``take``); a failure counts as one."""
+        """Ask Redis whether it answers (bounded like every round trip, even within ``RETRY_S`` of a failure); a
+        failure counts as one."""
         try:
             with anyio.fail_after(self.timeout * 2):
-                await self._redis.ping()
+                await self.client.ping()
         except self._errors as exc:
             self._failed(exc)
             return False
@@ -164,4 +180,48 @@ class SharedRates:
 
     async def aclose(self) -> None:
         with anyio.move_on_after(self.timeout * 2, shield=True):
-            await self._redis.aclose()
+            await self.client.aclose()
+
+
+class SharedRates:
+    """Token buckets in Redis, one per caller and rule; see the module docstring."""
+
+    def __init__(self, redis: SharedRedis) -> None:
+        self.redis = redis
+        self.fail_open = redis.fail_open
+        self._script: Any = redis.client.register_script(_TAKE)
+
+    async def take(self, caller: str, rule: CallerLimit, burst: float) -> float | None:
+        """Spend one of the caller's tokens: 0.0 if there was one, else the seconds until there is; None when Redis
+        cannot answer now (then ``gateway.shared.redis_down`` decides)."""
+        assert rule.requests_per_s is not None
+        key, rate = _key(caller, rule, burst), rule.requests_per_s
+
+        async def spend() -> float:
+            return float(await self._script(keys=[key], args=[rate, burst]))  # a ValueError is a failure too
+
+        return (await self.redis.ask(spend))[1]
+
+
+class SharedSessionEnds:
+    """Sessions ended on some replica, one expiring key each; see the module docstring."""
+
+    def __init__(self, redis: SharedRedis) -> None:
+        self.redis = redis
+        self.fail_open = redis.fail_open
+
+    async def end(self, session_id: str, ttl_s: float) -> bool:
+        """Record that ``session_id`` ended, for ``ttl_s`` seconds (what is left of its lifetime); False when Redis
+        cannot answer (the end is then this replica's alone)."""
+        ttl_ms = max(1, round(ttl_s * 1000))
+        answered, _ = await self.redis.ask(lambda: self.redis.client.set(_ended_key(session_id), b"1", px=ttl_ms))
+        return answered
+
+    async def ended(self, session_id: str) -> bool | None:
+        """Whether some replica ended ``session_id``; None when Redis cannot answer now."""
+        answered, count = await self.redis.ask(lambda: self.redis.client.exists(_ended_key(session_id)))
+        return bool(count) if answered else None
+
+
+def _ended_key(session_id: str) -> str:
+    return _ENDED + hashlib.sha256(session_id.encode("latin-1", "replace")).hexdigest()[:32]

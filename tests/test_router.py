@@ -346,6 +346,101 @@ async def test_cancelling_the_caller_records_a_cancelled_row_and_re_raises() -> 
     assert (record.status, record.tool, record.args_hash) == ("cancelled", "lookup", args_hash({"q": "x"}))
 
 
+class Starting:
+    """A startup wait that lasts until ``done`` is set, or fails with ``fault`` (the Startup protocol of the router)."""
+
+    def __init__(self, fault: Exception | None = None) -> None:
+        self.started = False
+        self.waiting, self.done, self.fault = anyio.Event(), anyio.Event(), fault
+
+    async def wait_started(self) -> None:
+        self.waiting.set()
+        if self.fault is not None:
+            raise self.fault
+        await self.done.wait()
+        self.started = True
+
+
+def starting_setup(startup: Starting) -> Setup:
+    setup = Setup(*fakes())
+    setup.router = Router(lambda: setup.catalog, lambda: setup.backends, setup.recorder, startup=startup)
+    return setup
+
+
+@pytest.mark.parametrize("kind", ["tools/call", "resources/read"])
+async def test_a_request_cancelled_during_the_startup_wait_leaves_one_cancelled_row_and_re_raises(kind: str) -> None:
+    startup = Starting()
+    setup = starting_setup(startup)
+    outcome: list[str] = []
+
+    async def caller() -> None:
+        try:
+            await setup.router.wait_started(kind, "not_yet_known", arguments={"q": "x"})
+        except anyio.get_cancelled_exc_class():
+            outcome.append("cancelled")
+            raise
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(caller)
+            await startup.waiting.wait()
+            tg.cancel_scope.cancel()
+    assert outcome == ["cancelled"]
+    [record] = setup.recorder.records
+    assert (record.kind, record.tool, record.status, record.args_hash) == (
+        kind,
+        "not_yet_known",
+        "cancelled",
+        args_hash({"q": "x"}),
+    )
+    assert chain(record.chain) == [("gateway", None, "cancelled")]
+    assert record.chain[0].reason == "cancelled while waiting for backends still starting"
+
+
+async def test_a_startup_wait_that_fails_leaves_an_internal_error_row_and_the_error_goes_on() -> None:
+    setup = starting_setup(Starting(fault=RuntimeError("boom")))
+    with anyio.fail_after(5), pytest.raises(RuntimeError):
+        await setup.router.wait_started("prompts/get", "greet")
+    [record] = setup.recorder.records
+    assert (record.kind, record.tool, record.status) == ("prompts/get", "greet", "internal_error")
+    assert [(s.provider, s.outcome, s.reason) for s in record.chain] == [
+        ("gateway", "internal_error", "RuntimeError while waiting for backends still starting")
+    ]
+
+
+async def test_the_gateway_stopping_ends_the_startup_wait_and_the_call_is_answered_cancelled_with_one_row() -> None:
+    startup = Starting()
+    setup = starting_setup(startup)
+    answers: list[types.CallToolResult] = []
+
+    async def caller() -> None:
+        await setup.router.wait_started("tools/call", "lookup")
+        answers.append(await setup.router.call("lookup", {"q": "x"}))
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(caller)
+            await startup.waiting.wait()
+            assert setup.router.calls_in_progress() == 1  # a drain waits for it like for any call
+            setup.router.abort("the gateway is shutting down")
+    [answer] = answers
+    assert answer.is_error and "the gateway is shutting down" in answer.content[0].text  # type: ignore[union-attr]
+    assert [r.status for r in setup.recorder.records] == ["cancelled"]
+
+    with anyio.fail_after(5):  # one that arrives once the gateway is stopping does not wait at all
+        await setup.router.wait_started("tools/call", "lookup")
+    assert len(setup.recorder.records) == 1
+
+
+async def test_once_startup_is_over_the_wait_returns_at_once_and_writes_nothing() -> None:
+    startup = Starting()
+    startup.started = True
+    setup = starting_setup(startup)
+    with anyio.fail_after(5):
+        await setup.router.wait_started("tools/call", "lookup")
+    assert not startup.waiting.is_set() and setup.recorder.records == []
+
+
 # ----------------------------------------------------------------------------------------------- audit and log
 
 

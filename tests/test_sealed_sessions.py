@@ -2,12 +2,18 @@
 ``GATEWAY_STATE_KEY``: a session opened on one replica goes on at another without a new ``initialize`` (with the
 client's info and capabilities from its sealed id), also after the first one is killed; its caller binding holds
 there; a tampered id, or one from a deployment with another key, answers 404; a rotated key still opens it; and a
-call's back-channel (a sampling request on the call's own POST stream) works on the replica serving the call."""
+call's back-channel (a sampling request on the call's own POST stream) works on the replica serving the call.
+
+A DELETE ends a session everywhere when the replicas share a Redis (``gateway.shared.redis_url``): the replica that
+gets it writes a revocation entry that lives as long as the id would, and every replica looks for it before it
+serves a request on a sealed id (held already, or about to be re-created). Without a shared store, another replica
+keeps accepting the id until ``session_max_age_s``; with Redis down, ``redis_down`` decides, as for the limits."""
 
 from __future__ import annotations
 
 import json
 import signal
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -20,6 +26,7 @@ import pytest
 from gateway.audit import query
 from gateway.continuation import Continuations
 from gateway.sessions import SessionSeal
+from tests.engines import RedisServer
 from tests.fixtures.gateway_proc import PYTHON, echo_argv, run_gateway
 from tests.fixtures.procs import RunningServer
 from tests.fixtures.raw_http import INITIALIZE, VERSION, headers, messages, open_session
@@ -49,15 +56,17 @@ servers:
 
 
 @contextmanager
-def replicas(root: Path, *keys: str) -> Iterator[list[RunningServer]]:
-    """One gateway process per key (each with its own folder and ledger), all serving CONFIG."""
+def replicas(root: Path, *keys: str, shared: str = "") -> Iterator[list[RunningServer]]:
+    """One gateway process per key (each with its own folder and ledger), all serving CONFIG, with ``shared`` as
+    the inside of its ``gateway.shared`` section."""
+    config = CONFIG.replace("gateway:\n", f"gateway:\n  shared: {{{shared}}}\n", 1)
     with ExitStack() as stack:
         started = []
         for index, key in enumerate(keys):
             folder = root / f"r{index}"
-            folder.mkdir()
+            folder.mkdir(parents=True)
             started.append(
-                stack.enter_context(run_gateway(CONFIG, folder, tokens=TOKENS, env={"GATEWAY_STATE_KEY": key}))
+                stack.enter_context(run_gateway(config, folder, tokens=TOKENS, env={"GATEWAY_STATE_KEY": key}))
             )
         yield started
 
@@ -253,3 +262,93 @@ async def test_hashing_on_the_session_id_keeps_a_calls_back_channel_on_its_repli
                     " @",
                     "r1" if replica == "r0" else "r0",
                 )
+
+
+# ----------------------------------------------------------------------------------------------- ending a session
+
+
+async def test_with_a_shared_redis_a_delete_on_one_replica_ends_the_session_on_every_replica(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    with replicas(tmp_path, KEY, KEY, shared=f"redis_url: '{redis_server.url}'") as (a, b):
+        with anyio.fail_after(60):
+            async with httpx2.AsyncClient(timeout=10) as http:
+                held = await open_session(http, a.url(), "tok-alice")  # a and b will both hold this one
+                unseen = await open_session(http, a.url(), "tok-alice")  # b never sees this one before its end
+                assert echoed(await call_echo(http, b.url(), "tok-alice", held, "on b")) == "on b"
+                # Another caller cannot end it: 404, as for a session that does not exist, and nothing is revoked.
+                assert (await http.delete(b.url(), headers=headers("tok-bob", held))).status_code == 404
+                assert (await http.delete(a.url(), headers=headers("tok-bob", unseen))).status_code == 404
+                assert echoed(await call_echo(http, b.url(), "tok-alice", held, "still")) == "still"
+
+                async with http.stream("GET", b.url(), headers=headers("tok-alice", held)) as stream:
+                    assert stream.status_code == 200  # b's open GET stream for it ...
+                    for session in (held, unseen):
+                        assert (await http.delete(a.url(), headers=headers("tok-alice", session))).status_code == 200
+                    ended = await call_echo(http, b.url(), "tok-alice", held, "after the end")
+                    assert ended.status_code == 404, ended.text
+                    assert ended.json()["error"]["message"] == "Session not found"
+                    async for _ in stream.aiter_bytes():  # ... is closed once b learned of the end
+                        pass
+                assert (await call_echo(http, b.url(), "tok-alice", unseen, "x")).status_code == 404
+                assert (await call_echo(http, a.url(), "tok-alice", held, "x")).status_code == 404
+                assert (await http.delete(b.url(), headers=headers("tok-alice", held))).status_code == 404
+                status = (await http.get(b.url("/status"), headers=headers("tok-alice"))).json()
+                assert status["sessions"]["ended_elsewhere"] == 2  # the one it held, and the one it never saw
+                # The revocation lives as long as the id would have, and no longer.
+                ttl = await redis_ttls(redis_server)
+                assert len(ttl) == 2 and all(86_000 < t <= 86_400 for t in ttl), ttl
+                fresh = await open_session(http, b.url(), "tok-alice")  # a new session is not affected
+                assert echoed(await call_echo(http, a.url(), "tok-alice", fresh, "new")) == "new"
+
+
+async def redis_ttls(server: RedisServer) -> list[float]:
+    """The remaining lifetime, in seconds, of every session revocation in ``server``."""
+    import redis.asyncio
+
+    client: Any = redis.asyncio.Redis.from_url(server.url)
+    try:
+        keys = [key async for key in client.scan_iter(match="mcp-gateway:session-ended:*")]
+        return [(await client.pttl(key)) / 1000 for key in keys]
+    finally:
+        await client.aclose()
+
+
+async def test_without_a_shared_store_a_delete_ends_the_session_only_on_its_replica(tmp_path: Path) -> None:
+    """The documented limit (docs/deployment.md): another replica accepts the id until ``session_max_age_s``."""
+    with replicas(tmp_path, KEY, KEY) as (a, b):
+        with anyio.fail_after(60):
+            async with httpx2.AsyncClient(timeout=10) as http:
+                session = await open_session(http, a.url(), "tok-alice")
+                assert (await http.delete(a.url(), headers=headers("tok-alice", session))).status_code == 200
+                assert (await call_echo(http, a.url(), "tok-alice", session, "x")).status_code == 404
+                assert echoed(await call_echo(http, b.url(), "tok-alice", session, "elsewhere")) == "elsewhere"
+
+
+async def test_with_redis_down_open_serves_a_sealed_session_and_closed_refuses_it_and_neither_hangs(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    shared = f"redis_url: '{redis_server.url}', redis_timeout_s: 0.2"
+    with (
+        replicas(tmp_path, KEY, KEY, shared=shared) as (served, _),
+        replicas(tmp_path / "closed", KEY, shared=shared + ", redis_down: closed") as (shut,),
+    ):
+        with anyio.fail_after(60):
+            async with httpx2.AsyncClient(timeout=10) as http:
+                session = await open_session(http, served.url(), "tok-alice")
+                assert echoed(await call_echo(http, shut.url(), "tok-alice", session, "up")) == "up"
+                redis_server.pause()  # hung: connections stay open, nothing answers
+                try:
+                    for _ in range(2):
+                        started = time.monotonic()
+                        assert echoed(await call_echo(http, served.url(), "tok-alice", session, "open")) == "open"
+                        refused = await call_echo(http, shut.url(), "tok-alice", session, "closed")
+                        assert time.monotonic() - started < 2.0  # two requests, each within its bound
+                        assert refused.status_code == 503, refused.text
+                        assert "gateway.shared.redis_down" in refused.json()["error"]["message"]
+                    # A DELETE while Redis cannot answer still ends the session where it is sent.
+                    assert (await http.delete(served.url(), headers=headers("tok-alice", session))).status_code == 200
+                    assert (await call_echo(http, served.url(), "tok-alice", session, "x")).status_code == 404
+                finally:
+                    redis_server.resume()
+        assert "sessions.end_not_shared" in served.output()

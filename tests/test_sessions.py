@@ -119,6 +119,7 @@ async def test_a_caller_at_its_session_cap_loses_its_oldest_idle_session_and_oth
                     "open": 5,
                     "evicted": 5,
                     "revived": 0,
+                    "ended_elsewhere": 0,
                     "ids_held": 0,
                 }  # alice's 3, bob's 2
             async with mcp_session(url, token="tok-bob") as session:  # the SDK's own client, too
