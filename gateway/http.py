@@ -21,6 +21,7 @@ its first response belongs to a token holder (``connections.py`` relies on that 
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import logging
@@ -51,12 +52,20 @@ from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway._logging import redactor
-from gateway.auth.oauth import Refusal, ResourceServer
+from gateway.auth.oauth import Refusal, ResourceServer, VerifierStatistics
 from gateway.auth.tokens import Tokens
 from gateway.config import CallerLimit, Limits, Policy
 from gateway.edge import Edge, InFlight
 from gateway.events import RETRY_MS, RecentEvents
-from gateway.metrics import CONTENT_TYPE, AdapterSnapshot, BackendSnapshot, SharedStoreSnapshot, StateSnapshot
+from gateway.metrics import (
+    CONTENT_TYPE,
+    AdapterSnapshot,
+    BackendSnapshot,
+    OAuthSnapshot,
+    SharedStoreSnapshot,
+    StateSnapshot,
+    TokenCacheSnapshot,
+)
 from gateway.quotas import CallerLimits
 from gateway.runtime import VERSION, Gateway
 from gateway.server import build_server, session_digest
@@ -472,6 +481,7 @@ def status_document(
     sessions: dict[str, int] | None = None,
     access: dict[str, Any] | None = None,
     shared: dict[str, Any] | None = None,
+    oauth: VerifierStatistics | None = None,
 ) -> dict[str, Any]:
     """``/status`` and ``gateway check --json``: every backend's state and reason, the catalog's size and problems.
 
@@ -515,6 +525,15 @@ def status_document(
         doc["access"] = access  # the policies, and per caller its policy and how many tools it sees
     if shared is not None:
         doc["shared_limits"] = shared  # the Redis of gateway.shared.redis_url: up or down, failures since start
+    if oauth is not None:
+        cache = oauth.token_cache
+        doc["auth"] = {  # counts only: never a token, a digest or a claim
+            "oauth": {
+                "verifications": dict(oauth.verifications),
+                "key_fetches": dict(oauth.key_fetches),
+                "token_cache": dataclasses.asdict(cache) if cache is not None else None,
+            }
+        }
     if gateway.ledger is not None and not gateway.ledger.disabled:
         ledger = gateway.ledger.statistics()
         doc["ledger"] = {
@@ -528,9 +547,11 @@ def status_document(
     return doc
 
 
-def state_snapshot(gateway: Gateway, shared: SharedRedis | None = None) -> StateSnapshot:
+def state_snapshot(
+    gateway: Gateway, shared: SharedRedis | None = None, oauth: ResourceServer | None = None
+) -> StateSnapshot:
     """What ``/metrics`` reports of the gateway's current state: backend states, adapter processes, the ledger, the
-    shared limits' Redis."""
+    shared limits' Redis, the JWT access tokens verified."""
     catalog = gateway.catalog
     backends = [
         BackendSnapshot(name, kind, str(status.state), status.tool_count) for name, kind, status in gateway.statuses()
@@ -544,8 +565,19 @@ def state_snapshot(gateway: Gateway, shared: SharedRedis | None = None) -> State
             )
     ledger = gateway.ledger.statistics() if gateway.ledger is not None and not gateway.ledger.disabled else None
     store = SharedStoreSnapshot(not shared.down, dict(shared.failures_by_reason)) if shared is not None else None
+    tokens = None
+    if oauth is not None:
+        verified = oauth.statistics()
+        cache = verified.token_cache
+        held = TokenCacheSnapshot(cache.entries, cache.limit, cache.evicted, cache.forgotten) if cache else None
+        tokens = OAuthSnapshot(verified.verifications, held)
     return StateSnapshot(
-        backends=backends, adapters=adapters, ledger=ledger, catalog_tools=len(catalog), shared_store=store
+        backends=backends,
+        adapters=adapters,
+        ledger=ledger,
+        catalog_tools=len(catalog),
+        shared_store=store,
+        oauth=tokens,
     )
 
 
@@ -581,6 +613,8 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
         security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
     )
     mcp_app = StreamableHTTPASGIApp(manager)
+    oauth_settings = gateway.config.gateway.auth.oauth  # read at start, like the tokens: a reload does not change it
+    oauth = ResourceServer(oauth_settings, name=gateway.config.gateway.name) if oauth_settings is not None else None
 
     async def index(request: Request) -> Response:
         # GET / is where a person lands first: say where things are instead of a bare 404 (no state, no reasons).
@@ -607,15 +641,14 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
                 sessions=manager.statistics(),
                 access=access(),
                 shared=redis.statistics() if redis is not None else None,
+                oauth=oauth.statistics() if oauth is not None else None,
             )
         )
 
     def access() -> dict[str, Any]:
         return connections.views.statistics(gateway.catalog, tokens.names)
 
-    gateway.metrics.watch(lambda: state_snapshot(gateway, redis))
-    oauth_settings = gateway.config.gateway.auth.oauth  # read at start, like the tokens: a reload does not change it
-    oauth = ResourceServer(oauth_settings, name=gateway.config.gateway.name) if oauth_settings is not None else None
+    gateway.metrics.watch(lambda: state_snapshot(gateway, redis, oauth))
 
     async def resource_metadata(request: Request) -> Response:
         assert oauth is not None

@@ -6,8 +6,9 @@ tests, keep separate figures). The per-call cost is one ``Counter.inc`` and one 
 children cached by ``(tool, provider, status)``; a failed-over step adds one ``Counter.inc``. Label values come only
 from the catalog (tool and provider names), the fixed status set and the backends' error outcomes, so the number of
 series is bounded by the configuration, never by what clients send: a call naming an unknown tool is counted without
-its name. Gauges (backend states, live adapter processes, the ledger's queue, the shared Redis) are collected at
-scrape time from a ``StateSnapshot`` callback, so nothing is kept up to date between scrapes.
+its name. Gauges (backend states, live adapter processes, the ledger's queue, the shared Redis) and the counts other
+parts keep themselves (the ledger's rows, the JWT access tokens verified) are collected at scrape time from a
+``StateSnapshot`` callback, so nothing is kept up to date between scrapes.
 
 The names and labels are the contract documented in docs/operations.md, "Metrics".
 """
@@ -37,12 +38,14 @@ __all__ = [
     "DURATION_BUCKETS_S",
     "NO_PROVIDER",
     "PREFIX",
+    "OAuthSnapshot",
     "SERVED_OUTCOMES",
     "AdapterSnapshot",
     "BackendSnapshot",
     "GatewayMetrics",
     "SharedStoreSnapshot",
     "StateSnapshot",
+    "TokenCacheSnapshot",
 ]
 
 PREFIX: Final = "mcp_gateway"
@@ -85,6 +88,26 @@ class SharedStoreSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenCacheSnapshot:
+    """The verified-token cache (``gateway.auth.oauth.token_cache_s``): tokens held now, its size limit, and the
+    tokens it dropped since start to make room or because their key left the issuer's JWKS."""
+
+    entries: int
+    limit: int
+    evicted: int
+    forgotten: int
+
+
+@dataclass(frozen=True, slots=True)
+class OAuthSnapshot:
+    """The JWT access tokens asked about since start (``gateway.auth.oauth``), by result (a fixed set of names,
+    auth.oauth.VERIFICATION_RESULTS), and the cache (None when it is off). Counts only: never a token or a claim."""
+
+    verifications: Mapping[str, int]
+    token_cache: TokenCacheSnapshot | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class StateSnapshot:
     """What the gateway is doing now, as a scrape reads it."""
 
@@ -93,6 +116,7 @@ class StateSnapshot:
     ledger: LedgerStatistics | None = None  # None: the ledger is off
     catalog_tools: int = 0
     shared_store: SharedStoreSnapshot | None = None  # None: no gateway.shared.redis_url
+    oauth: OAuthSnapshot | None = None  # None: no gateway.auth.oauth
 
 
 class _Step(Protocol):
@@ -184,6 +208,40 @@ class _StateCollector(Collector):
             for reason, count in shared.failures.items():
                 failures.add_metric([reason], count)
             yield failures
+        if snapshot.oauth is not None:
+            yield from _oauth_metrics(snapshot.oauth)
+
+
+def _oauth_metrics(oauth: OAuthSnapshot) -> Iterator[Metric]:
+    verifications = CounterMetricFamily(
+        f"{PREFIX}_oauth_token_verifications",
+        "JWT access tokens presented, by result: accepted from the cache (cached) or after the full check "
+        "(verified), refused with 401 or 403 (refused), or not judged because the issuer's keys could not be had "
+        "(unavailable).",
+        labels=["result"],
+    )
+    for result, count in oauth.verifications.items():
+        verifications.add_metric([result], count)
+    yield verifications
+    cache = oauth.token_cache
+    if cache is None:
+        return
+    yield GaugeMetricFamily(f"{PREFIX}_oauth_token_cache_entries", "Verified tokens remembered now.", cache.entries)
+    yield GaugeMetricFamily(
+        f"{PREFIX}_oauth_token_cache_entries_limit",
+        "The most verified tokens remembered at once (token_cache_size).",
+        cache.limit,
+    )
+    yield CounterMetricFamily(
+        f"{PREFIX}_oauth_token_cache_evicted",
+        "Verified tokens forgotten to make room for another (least recently used first).",
+        cache.evicted,
+    )
+    yield CounterMetricFamily(
+        f"{PREFIX}_oauth_token_cache_forgotten",
+        "Verified tokens forgotten at once because their issuer stopped publishing the key that verified them.",
+        cache.forgotten,
+    )
 
 
 class _Timed:

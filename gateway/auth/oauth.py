@@ -15,6 +15,8 @@ clock at that request is before its ``exp`` and while its issuer's keys are fres
 verified it (a key removed from the JWKS forgets the tokens it signed at once). Only a token that passed every check
 is remembered: a refused one costs its full check every time and never takes a place. A token is never logged,
 stored or echoed; the caller it names is ``ISSUER-NAME:SUBJECT`` (a static token's name cannot contain ``:``).
+``statistics()`` counts the tokens asked about by result (``VERIFICATION_RESULTS``), the keys fetched and what the
+cache holds, for ``/status`` and ``/metrics``: counts only, never a token, a digest or a claim.
 
 PyJWT does the JOSE work (signature, algorithm binding to the key, registered claims); the keys are fetched here
 with httpx2 because PyJWT's own ``PyJWKClient`` fetches with blocking urllib.
@@ -40,7 +42,14 @@ import structlog
 
 from gateway.config import OAuth, OAuthIssuer
 
-__all__ = ["Principal", "Refusal", "ResourceServer"]
+__all__ = [
+    "VERIFICATION_RESULTS",
+    "Principal",
+    "Refusal",
+    "ResourceServer",
+    "TokenCacheStatistics",
+    "VerifierStatistics",
+]
 
 log = structlog.get_logger("gateway.auth.oauth")
 
@@ -50,6 +59,9 @@ MAX_DOCUMENT_BYTES = 512 * 1024
 MAX_CALLER_CHARS = 256
 FAILED_FETCH_RETRY_S = 2.0
 """After a failed fetch an issuer is asked again at most this often (callers meanwhile are answered at once)."""
+VERIFICATION_RESULTS = ("cached", "verified", "refused", "unavailable")
+"""What became of a token asked about: accepted from the cache, accepted after the full check, refused (401 or 403),
+or not judged because its issuer's keys could not be had (503)."""
 
 
 @dataclass(frozen=True)
@@ -223,6 +235,29 @@ class _IssuerKeys:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenCacheStatistics:
+    """The verified-token cache now: its settings, the tokens it holds, and its counts since start."""
+
+    ttl_s: float
+    limit: int  # token_cache_size
+    entries: int  # tokens remembered now
+    hits: int  # requests answered from the cache
+    misses: int  # requests it could not answer (not held, or no longer valid): each was checked in full
+    evicted: int  # tokens dropped to make room (least recently used)
+    forgotten: int  # tokens dropped at once because their issuer stopped publishing the key that verified them
+
+
+@dataclass(frozen=True, slots=True)
+class VerifierStatistics:
+    """What the resource server did since start: tokens by result (every one of ``VERIFICATION_RESULTS``), key set
+    fetches by issuer name, and the cache (None when ``token_cache_s`` is 0)."""
+
+    verifications: Mapping[str, int]
+    key_fetches: Mapping[str, int]
+    token_cache: TokenCacheStatistics | None
+
+
+@dataclass(frozen=True, slots=True)
 class _Verified:
     """A token that passed every check, as remembered under its digest."""
 
@@ -247,17 +282,21 @@ class _TokenCache:
         self.size = size
         self._entries: OrderedDict[bytes, _Verified] = OrderedDict()
         self.hits = 0
+        self.misses = 0
         self.evicted = 0
+        self.forgotten = 0
 
     def get(self, digest: bytes) -> Principal | None:
         entry = self._entries.get(digest)
         if entry is None:
+            self.misses += 1
             return None
         if time.time() < entry.expires and time.monotonic() < entry.until and entry.keys.holds(entry.kid, entry.jwk):
             self._entries.move_to_end(digest)
             self.hits += 1
             return entry.principal
         del self._entries[digest]
+        self.misses += 1
         return None
 
     def put(self, digest: bytes, entry: _Verified) -> None:
@@ -273,9 +312,12 @@ class _TokenCache:
         """Drop the tokens of ``keys``'s issuer whose key it no longer publishes (called when its key set changed)."""
         for digest in [d for d, e in self._entries.items() if e.keys is keys and not keys.holds(e.kid, e.jwk)]:
             del self._entries[digest]
+            self.forgotten += 1
 
-    def statistics(self) -> dict[str, int]:
-        return {"tokens": len(self._entries), "hits": self.hits, "evicted": self.evicted}
+    def statistics(self) -> TokenCacheStatistics:
+        return TokenCacheStatistics(
+            self.ttl_s, self.size, len(self._entries), self.hits, self.misses, self.evicted, self.forgotten
+        )
 
 
 class _FetchError(Exception):
@@ -315,6 +357,7 @@ class ResourceServer:
             if cache is not None:
                 keys.on_change = partial(cache.forget_unheld, keys)
             self._issuers[spec.issuer] = (issuer_name, spec, keys)
+        self._results = dict.fromkeys(VERIFICATION_RESULTS, 0)
         parts = urlsplit(settings.resource)
         suffix = parts.path.rstrip("/")
         self.metadata_url = f"{parts.scheme}://{parts.netloc}{METADATA_PATH}{suffix}"
@@ -349,9 +392,14 @@ class ResourceServer:
             params.append(f"scope={_quoted(scope)}")
         return "Bearer " + ", ".join(params)
 
-    def statistics(self) -> dict[str, int]:
-        """How many times each issuer's keys were fetched."""
-        return {name: keys.fetches for name, _, keys in self._issuers.values()}
+    def statistics(self) -> VerifierStatistics:
+        """Tokens by result, each issuer's key set fetches and the cache, since start (counts only)."""
+        cache = self.token_cache
+        return VerifierStatistics(
+            verifications=dict(self._results, cached=cache.hits if cache is not None else 0),
+            key_fetches={name: keys.fetches for name, _, keys in self._issuers.values()},
+            token_cache=cache.statistics() if cache is not None else None,
+        )
 
     async def verify(self, token: str) -> Principal:
         """The principal a JWT access token speaks for.
@@ -366,6 +414,16 @@ class ResourceServer:
             remembered = cache.get(digest)
             if remembered is not None:
                 return remembered
+        try:
+            principal = await self._verify(token, cache, digest)
+        except Refusal as refusal:
+            self._results["unavailable" if refusal.status == 503 else "refused"] += 1
+            raise
+        self._results["verified"] += 1
+        return principal
+
+    async def _verify(self, token: str, cache: _TokenCache | None, digest: bytes | None) -> Principal:
+        """``verify`` in full: every check, then the principal is remembered (with the cache on)."""
         header, unverified = _peek(token)
         alg = header.get("alg")
         if not isinstance(alg, str) or alg not in self.settings.algorithms:
