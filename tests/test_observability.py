@@ -301,6 +301,25 @@ def test_gateway_state_is_read_at_scrape_time() -> None:
     assert got[("mcp_gateway_ledger_pending_rows", frozenset())] == 3
     assert got[("mcp_gateway_ledger_rows_written_total", frozenset())] == 40
     assert got[("mcp_gateway_catalog_tools", frozenset())] == 5
+    assert not any(name.startswith("mcp_gateway_oauth_") for name, _ in got)  # no gateway.auth.oauth
+
+
+def test_the_oauth_metrics_carry_every_result_and_the_cache_only_while_it_is_on() -> None:
+    from gateway.metrics import OAuthSnapshot, StateSnapshot, TokenCacheSnapshot
+
+    metrics = GatewayMetrics("kg", "9.9", process=False)
+    counted = {"cached": 0, "verified": 3, "refused": 2, "unavailable": 0}
+    metrics.watch(lambda: StateSnapshot(oauth=OAuthSnapshot(counted)))  # token_cache_s: 0
+    got = {key: value for key, value in samples(metrics).items() if key[0].startswith("mcp_gateway_oauth_")}
+    name = "mcp_gateway_oauth_token_verifications_total"
+    assert got == {(name, labels(result=result)): count for result, count in counted.items()}
+
+    metrics.watch(lambda: StateSnapshot(oauth=OAuthSnapshot(counted, TokenCacheSnapshot(2, 8, 1, 4))))
+    got = samples(metrics)
+    assert got[("mcp_gateway_oauth_token_cache_entries", frozenset())] == 2
+    assert got[("mcp_gateway_oauth_token_cache_entries_limit", frozenset())] == 8
+    assert got[("mcp_gateway_oauth_token_cache_evicted_total", frozenset())] == 1
+    assert got[("mcp_gateway_oauth_token_cache_forgotten_total", frozenset())] == 4
 
 
 @pytest.mark.parametrize(
