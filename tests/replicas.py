@@ -18,7 +18,7 @@ import anyio
 import httpx2
 
 from gateway.backends.processes import children
-from tests.engines import HAProxy, haproxy_binary
+from tests.engines import HAProxy, haproxy_binary, started
 from tests.fixtures.gateway_proc import PYTHON, echo_argv, run_gateway
 from tests.fixtures.procs import RunningServer
 
@@ -70,18 +70,15 @@ def deployment(
 ) -> Iterator[tuple[list[RunningServer], HAProxy]]:
     """``replicas`` gateway processes (each in its own folder: its spool and logs) behind one HAProxy."""
     with ExitStack() as stack:
-        started = []
+        servers = []
         for index in range(replicas):
             folder = root / f"replica{index}"
             folder.mkdir()
             env = {"GATEWAY_STATE_KEY": STATE_KEY}
             config = replica_config(pg_url, redis_url, fidelity=fidelity)
-            started.append(stack.enter_context(run_gateway(config, folder, tokens=TOKENS, env=env)))
-        ports = [int(server.url().split(":")[2].split("/")[0]) for server in started]
-        balancer = HAProxy(haproxy_binary(), ports, balance=balance)
-        stack.callback(balancer.close)
-        balancer.start()
-        yield started, balancer
+            servers.append(stack.enter_context(run_gateway(config, folder, tokens=TOKENS, env=env)))
+        ports = [int(server.url().split(":")[2].split("/")[0]) for server in servers]
+        yield servers, stack.enter_context(started(HAProxy(haproxy_binary(), ports, balance=balance)))
 
 
 @dataclass
