@@ -273,6 +273,15 @@ class Engine:
     def resume(self) -> None:
         _signal(self._processes(), signal.SIGCONT)
 
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """``pause`` for the block, then ``resume`` (also when the block fails)."""
+        self.pause()
+        try:
+            yield
+        finally:
+            self.resume()
+
     def kill(self) -> None:
         """SIGKILL the engine's process group (a crash: connections refused from then on)."""
         if self._process is not None:
