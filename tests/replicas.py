@@ -19,7 +19,7 @@ import httpx2
 
 from gateway.backends.processes import children
 from tests.engines import HAProxy, haproxy_binary, started
-from tests.fixtures.gateway_proc import PYTHON, echo_argv, run_gateway
+from tests.fixtures.gateway_proc import FIDELITY, PYTHON, echo_argv, run_gateway
 from tests.fixtures.procs import RunningServer
 
 SESSION_ERA = "2025-11-25"
@@ -28,9 +28,6 @@ MODERN_META = {"io.modelcontextprotocol/protocolVersion": MODERN, "io.modelconte
 TOKENS = "alice=tok-alice,bob=tok-bob"
 STATE_KEY = "replicas-" + "d" * 40
 CALL_TIMEOUT_S = 15.0
-
-
-FIDELITY = str(Path(__file__).resolve().parent / "fixtures" / "fidelity_server.py")
 
 
 def replica_config(pg_url: str | None, redis_url: str | None, *, fidelity: bool = False) -> str:

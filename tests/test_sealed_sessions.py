@@ -26,7 +26,7 @@ from gateway.audit import query
 from gateway.continuation import Continuations
 from gateway.sessions import SessionSeal
 from tests.engines import RedisServer
-from tests.fixtures.gateway_proc import PYTHON, echo_argv, run_gateway
+from tests.fixtures.gateway_proc import FIDELITY, PYTHON, echo_argv, run_gateway
 from tests.fixtures.procs import RunningServer
 from tests.fixtures.raw_http import INITIALIZE, VERSION, headers, messages, open_session
 from tests.replicas import deployment, kill_replica
@@ -38,7 +38,6 @@ pytestmark = pytest.mark.anyio
 TOKENS = "alice=tok-alice,bob=tok-bob"
 KEY = "k1-" + "a" * 40
 OTHER_KEY = "k2-" + "b" * 40
-FIDELITY = str(Path(__file__).resolve().parent / "fixtures" / "fidelity_server.py")
 
 CONFIG = f"""
 gateway:
