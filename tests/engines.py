@@ -4,7 +4,9 @@ Each engine runs from a temporary folder of its own, listens on 127.0.0.1 on a f
 whole process group killed if it lingers) when its fixture ends, so no process outlives the test session. Engines
 that refuse to run as root (PostgreSQL's initdb and postgres) run as an unprivileged user when the tests run as root
 (CI): the Debian package's ``postgres`` user when it exists, else ``nobody``; the temporary folder is handed to that
-user. Readiness is the engine's own "ready" log line, waited for with a bound, never a sleep.
+user. Readiness is the engine's own "ready" log line (or, for HAProxy, its port answering), waited for with a
+bound, never a sleep. Each engine is an ``Engine``; fixtures, tests/replicas.py and the benchmarks hold one with
+``with started(...)``.
 
 Binaries are looked for where the Debian packages put them (``pg_config --bindir``, ``/usr/lib/postgresql/N/bin``).
 When they are missing, the tests that need them skip with the reason, unless ``GATEWAY_REQUIRE_ENGINES=1`` (set by
