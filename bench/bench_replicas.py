@@ -19,7 +19,7 @@ from typing import Any
 
 import anyio
 
-from tests.engines import PostgresServer, RedisServer, find_binary, postgres_bindir
+from tests.engines import PostgresServer, RedisServer, find_binary, postgres_bindir, started
 from tests.replicas import Load, Outcome, deployment, kill_replica
 
 
@@ -82,11 +82,7 @@ async def main() -> None:
     bindir = postgres_bindir()
     redis_binary = find_binary("redis-server", folders=[Path("/usr/bin")])
     assert bindir is not None and redis_binary is not None, "needs the Debian packages postgresql and redis-server"
-    postgres = PostgresServer(bindir, durable=True)
-    redis = RedisServer(redis_binary)
-    try:
-        postgres.start()
-        redis.start()
+    with started(PostgresServer(bindir, durable=True)) as postgres, started(RedisServer(redis_binary)) as redis:
         for round_ in range(args.rounds):
             for replicas in (1, 3):
                 pg_url = postgres.create_database(f"bench_{round_}_{replicas}")
@@ -101,9 +97,6 @@ async def main() -> None:
                             balancer.url(), args.clients, args.seconds, kill=lambda: kill_replica(servers[0])
                         )
                         print(json.dumps({"round": round_, "replicas": 3, "kill": "r0", **killed}), flush=True)
-    finally:
-        redis.close()
-        postgres.close()
 
 
 if __name__ == "__main__":

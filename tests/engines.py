@@ -4,7 +4,9 @@ Each engine runs from a temporary folder of its own, listens on 127.0.0.1 on a f
 whole process group killed if it lingers) when its fixture ends, so no process outlives the test session. Engines
 that refuse to run as root (PostgreSQL's initdb and postgres) run as an unprivileged user when the tests run as root
 (CI): the Debian package's ``postgres`` user when it exists, else ``nobody``; the temporary folder is handed to that
-user. Readiness is the engine's own "ready" log line, waited for with a bound, never a sleep.
+user. Readiness is the engine's own "ready" log line (or, for HAProxy, its port answering), waited for with a
+bound, never a sleep. Each engine is an ``Engine``; fixtures, tests/replicas.py and the benchmarks hold one with
+``with started(...)``.
 
 Binaries are looked for where the Debian packages put them (``pg_config --bindir``, ``/usr/lib/postgresql/N/bin``).
 When they are missing, the tests that need them skip with the reason, unless ``GATEWAY_REQUIRE_ENGINES=1`` (set by
@@ -25,8 +27,10 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn, TypeVar
 
 import pytest
 
@@ -39,12 +43,19 @@ def engines_required() -> bool:
     return os.environ.get("GATEWAY_REQUIRE_ENGINES") == "1"
 
 
-def missing(what: str) -> None:
+def missing(what: str) -> NoReturn:
     """Skip (or, when engines are required, fail) the test that needs ``what``."""
     reason = f"{what} is not installed ({INSTALL_HINT}, GATEWAY_INSTALL_ENGINES=1)"
     if engines_required():
         pytest.fail(f"{reason}; GATEWAY_REQUIRE_ENGINES=1 says the tests must run here")
     pytest.skip(reason)
+
+
+def required(found: Path | None, what: str) -> Path:
+    """``found`` (a binary or folder looked for), or the test that needs ``what`` skips or fails (``missing``)."""
+    if found is None:
+        missing(what)
+    return found
 
 
 def find_binary(name: str, *, folders: Sequence[Path] = ()) -> Path | None:
@@ -116,13 +127,15 @@ class RunAs:
 
 class EngineProcess:
     """One engine process: started in its own session (so the children that stay in it can be killed as a group),
-    its stderr read by a thread into ``log`` (and into ``ready`` once a line matches ``ready_pattern``)."""
+    its stderr read by a thread into ``log`` (and into ``ready`` once a line matches ``ready_pattern``, if given)."""
 
-    def __init__(self, argv: Sequence[str], *, run_as: RunAs, cwd: Path, ready_pattern: str, env: dict[str, str]):
+    def __init__(
+        self, argv: Sequence[str], *, run_as: RunAs, cwd: Path, ready_pattern: str | None, env: dict[str, str]
+    ) -> None:
         self.argv = list(argv)
         self.log: list[str] = []
         self.ready = threading.Event()
-        self._pattern = re.compile(ready_pattern)
+        self._pattern = None if ready_pattern is None else re.compile(ready_pattern)
         self.proc = subprocess.Popen(
             self.argv,
             cwd=cwd,
@@ -141,7 +154,7 @@ class EngineProcess:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.log.append(line.rstrip("\n"))
-            if self._pattern.search(line):
+            if self._pattern is not None and self._pattern.search(line):
                 self.ready.set()
         self.ready.set()  # the process ended: whoever waits finds it dead
 
@@ -201,7 +214,108 @@ def _signal(processes: Sequence[tuple[int, str]], sig: signal.Signals) -> None:
             pass
 
 
-class PostgresServer:
+def wait_listening(port: int, process: EngineProcess, timeout: float = READY_TIMEOUT_S) -> None:
+    """Until something accepts TCP connections on 127.0.0.1:``port`` (for engines with no "ready" line of their own);
+    bounded, and failing at once when ``process`` died."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if process.proc.poll() is not None:
+            raise RuntimeError(f"{process.argv[0]} exited {process.proc.returncode}:\n" + "\n".join(process.log[-30:]))
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                process.kill()
+                raise RuntimeError(f"{process.argv[0]} did not listen on port {port} within {timeout:.0f} s") from None
+            threading.Event().wait(0.05)  # polling a port: the engine says nothing when it listens
+
+
+class Engine:
+    """What every engine shares: a temporary folder of its own, a free port on 127.0.0.1, at most one process at a
+    time (``start`` launches it and waits until it is ready), SIGSTOP/SIGCONT as a hang and its end, and a ``close``
+    that stops it however it is (running, paused or dead) and leaves no process and no folder behind."""
+
+    def __init__(self, name: str, *, run_as: RunAs | None = None) -> None:
+        self.run_as = run_as or RunAs()
+        self.root = Path(tempfile.mkdtemp(prefix=f"gateway-{name}-"))
+        self.run_as.own(self.root)
+        self.port = free_port()
+        self._env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        self._process: EngineProcess | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.proc.poll() is None
+
+    def start(self) -> None:
+        """Launch the engine (``_launch``) and wait until it is ready."""
+        raise NotImplementedError
+
+    def _launch(self, argv: Sequence[str], *, ready_line: str | None) -> None:
+        """Run ``argv`` in the engine's folder and wait until it is ready: its log says ``ready_line``, or, for an
+        engine with no such line (None), its port accepts connections."""
+        assert not self.running
+        self._process = EngineProcess(argv, run_as=self.run_as, cwd=self.root, ready_pattern=ready_line, env=self._env)
+        if ready_line is None:
+            wait_listening(self.port, self._process)
+        else:
+            self._process.wait_ready()
+
+    def _processes(self) -> list[tuple[int, str]]:
+        """The (pid, start time) of what a pause stops: the engine's process."""
+        assert self._process is not None
+        leader = self._process.proc.pid
+        return [(leader, _start_time(leader) or "")]
+
+    def pause(self) -> None:
+        """SIGSTOP the engine: connections stay open and nothing answers (a hung engine)."""
+        _signal(self._processes(), signal.SIGSTOP)
+
+    def resume(self) -> None:
+        _signal(self._processes(), signal.SIGCONT)
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """``pause`` for the block, then ``resume`` (also when the block fails)."""
+        self.pause()
+        try:
+            yield
+        finally:
+            self.resume()
+
+    def kill(self) -> None:
+        """SIGKILL the engine's process group (a crash: connections refused from then on)."""
+        if self._process is not None:
+            self._process.kill()
+
+    def _shut_down(self) -> None:
+        """What ``close`` does before the kill: nothing, by default (the kill is the stop)."""
+
+    def close(self) -> None:
+        try:
+            if self._process is not None:
+                self.resume()  # a paused engine cannot stop
+            self._shut_down()
+        finally:
+            self.kill()
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+E = TypeVar("E", bound=Engine)
+
+
+@contextmanager
+def started(engine: E) -> Iterator[E]:
+    """``engine`` started, and closed afterwards (also when it failed to start)."""
+    try:
+        engine.start()
+        yield engine
+    finally:
+        engine.close()
+
+
+class PostgresServer(Engine):
     """A throwaway PostgreSQL cluster on 127.0.0.1: a superuser ``gateway`` with a random password (password auth
     over TCP, so the tests see a DSN with a password), data and unix socket in a temporary folder.
 
@@ -213,16 +327,12 @@ class PostgresServer:
     USER = "gateway"
 
     def __init__(self, bindir: Path, *, durable: bool = False) -> None:
+        super().__init__("pg", run_as=RunAs.unprivileged())
         self.bindir = bindir
         self.durable = durable
-        self.run_as = RunAs.unprivileged()
-        self.root = Path(tempfile.mkdtemp(prefix="gateway-pg-"))
-        self.run_as.own(self.root)
         self.data = self.root / "data"
         self.password = "pw-" + secrets.token_hex(12)
-        self.port = free_port()
-        self._process: EngineProcess | None = None
-        self._env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C", "TZ": "UTC"}
+        self._env.update(LC_ALL="C", TZ="UTC")
         pwfile = self.root / "pwfile"
         pwfile.write_text(self.password + "\n")
         self.run_as.own(pwfile)
@@ -256,13 +366,8 @@ class PostgresServer:
             raise RuntimeError(f"{program} {' '.join(args)} exited {out.returncode}: {out.stdout}{out.stderr}")
         return out.stdout
 
-    @property
-    def running(self) -> bool:
-        return self._process is not None and self._process.proc.poll() is None
-
     def start(self) -> None:
         """Start the server (after a crash it replays its WAL first) and wait until it accepts connections."""
-        assert not self.running
         argv = [
             str(self.bindir / "postgres"),
             "-D",
@@ -280,10 +385,7 @@ class PostgresServer:
             "-c",
             f"fsync={'on' if self.durable else 'off'}",
         ]
-        self._process = EngineProcess(
-            argv, run_as=self.run_as, cwd=self.root, ready_pattern="ready to accept connections", env=self._env
-        )
-        self._process.wait_ready()
+        self._launch(argv, ready_line="ready to accept connections")
 
     def stop(self, mode: str = "fast") -> None:
         """``pg_ctl stop -m MODE`` (``immediate`` is a crash: no shutdown checkpoint, clients cut off)."""
@@ -300,26 +402,11 @@ class PostgresServer:
 
     def _processes(self) -> list[tuple[int, str]]:
         """The postmaster and its children (each backend is in a session of its own, so no process group has all)."""
-        assert self._process is not None
-        leader = self._process.proc.pid
-        return [(leader, _start_time(leader) or ""), *_children(leader)]
+        leader = super()._processes()
+        return [*leader, *_children(leader[0][0])]
 
-    def pause(self) -> None:
-        """SIGSTOP the server and all its processes: connections stay open and nothing answers (a hung server)."""
-        _signal(self._processes(), signal.SIGSTOP)
-
-    def resume(self) -> None:
-        _signal(self._processes(), signal.SIGCONT)
-
-    def close(self) -> None:
-        try:
-            if self._process is not None:
-                self.resume()  # a paused server cannot stop
-            self.stop("immediate")  # its data is thrown away: no shutdown checkpoint to wait for
-        finally:
-            if self._process is not None:
-                self._process.kill()
-            shutil.rmtree(self.root, ignore_errors=True)
+    def _shut_down(self) -> None:
+        self.stop("immediate")  # its data is thrown away: no shutdown checkpoint to wait for
 
     def dsn(self, dbname: str = "postgres") -> str:
         return f"postgresql://{self.USER}:{self.password}@127.0.0.1:{self.port}/{dbname}"
@@ -336,31 +423,18 @@ class PostgresServer:
         return "" if self._process is None else "\n".join(self._process.log)
 
 
-def _started_postgres() -> Iterator[PostgresServer]:
-    """A started PostgreSQL server, stopped afterwards (skipped, or failed under GATEWAY_REQUIRE_ENGINES, without
-    the binaries)."""
-    bindir = postgres_bindir()
-    if bindir is None:
-        missing("PostgreSQL (the Debian package postgresql)")
-        raise AssertionError("unreachable")
-    server = PostgresServer(bindir)
-    try:
-        server.start()
-        yield server
-    finally:
-        server.close()
-
-
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[PostgresServer]:
     """One PostgreSQL server for the session; each test takes a database of its own (``pg_url``)."""
-    yield from _started_postgres()
+    with started(PostgresServer(postgres_binaries())) as server:
+        yield server
 
 
 @pytest.fixture
 def own_postgres() -> Iterator[PostgresServer]:
     """A PostgreSQL server of the test's own, for tests that stop, pause or crash it."""
-    yield from _started_postgres()
+    with started(PostgresServer(postgres_binaries())) as server:
+        yield server
 
 
 @pytest.fixture
@@ -370,64 +444,18 @@ def pg_url(postgres_server: PostgresServer, request: pytest.FixtureRequest) -> s
     return postgres_server.create_database(name)
 
 
-def wait_listening(port: int, process: EngineProcess, timeout: float = READY_TIMEOUT_S) -> None:
-    """Until something accepts TCP connections on 127.0.0.1:``port`` (for engines with no "ready" line of their own);
-    bounded, and failing at once when ``process`` died."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if process.proc.poll() is not None:
-            raise RuntimeError(f"{process.argv[0]} exited {process.proc.returncode}:\n" + "\n".join(process.log[-30:]))
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                process.kill()
-                raise RuntimeError(f"{process.argv[0]} did not listen on port {port} within {timeout:.0f} s") from None
-            threading.Event().wait(0.05)  # polling a port: the engine says nothing when it listens
-
-
-class RedisServer:
+class RedisServer(Engine):
     """A throwaway Redis on 127.0.0.1 with a random password, no persistence, in a temporary folder."""
 
     def __init__(self, binary: Path) -> None:
+        super().__init__("redis")
         self.binary = binary
-        self.root = Path(tempfile.mkdtemp(prefix="gateway-redis-"))
         self.password = "pw-" + secrets.token_hex(12)
-        self.port = free_port()
-        self._process: EngineProcess | None = None
 
     def start(self) -> None:
-        assert self._process is None or self._process.proc.poll() is not None
         argv = [str(self.binary), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
         argv += ["--dir", str(self.root), "--requirepass", self.password, "--daemonize", "no"]
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-        self._process = EngineProcess(
-            argv, run_as=RunAs(), cwd=self.root, ready_pattern="Ready to accept connections", env=env
-        )
-        self._process.wait_ready()
-
-    def kill(self) -> None:
-        if self._process is not None:
-            self._process.kill()
-
-    def pause(self) -> None:
-        """SIGSTOP: connections stay open and nothing answers (a hung Redis)."""
-        assert self._process is not None
-        os.kill(self._process.proc.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self._process is not None
-        os.kill(self._process.proc.pid, signal.SIGCONT)
-
-    def close(self) -> None:
-        if self._process is not None:
-            try:
-                self.resume()
-            except ProcessLookupError:
-                pass
-            self._process.kill()
-        shutil.rmtree(self.root, ignore_errors=True)
+        self._launch(argv, ready_line="Ready to accept connections")
 
     @property
     def url(self) -> str:
@@ -437,16 +465,8 @@ class RedisServer:
 @pytest.fixture
 def redis_server() -> Iterator[RedisServer]:
     """A Redis server of the test's own (tests kill or pause it)."""
-    binary = find_binary("redis-server", folders=[Path("/usr/bin")])
-    if binary is None:
-        missing("Redis (the Debian package redis-server)")
-        raise AssertionError("unreachable")
-    server = RedisServer(binary)
-    try:
-        server.start()
+    with started(RedisServer(redis_binary())) as server:
         yield server
-    finally:
-        server.close()
 
 
 HAPROXY_CONFIG = """\
@@ -477,41 +497,36 @@ backend replicas
 """
 
 
-class HAProxy:
+class HAProxy(Engine):
     """A real HAProxy on 127.0.0.1 balancing over ``backends`` (ports on loopback): round robin, no affinity, unless
     ``balance`` (its config lines) says otherwise."""
 
     def __init__(
         self, binary: Path, backends: Sequence[int], *, check_ms: int = 500, balance: str = "balance roundrobin"
     ) -> None:
+        super().__init__("haproxy")
         self.binary = binary
-        self.root = Path(tempfile.mkdtemp(prefix="gateway-haproxy-"))
-        self.port = free_port()
         servers = "\n".join(
             f"    server r{i} 127.0.0.1:{port} check inter {check_ms} fall 1 rise 1" for i, port in enumerate(backends)
         )
         self.config = self.root / "haproxy.cfg"
         self.config.write_text(HAPROXY_CONFIG.format(port=self.port, servers=servers, balance=balance))
-        self._process: EngineProcess | None = None
 
     def start(self) -> None:
-        argv = [str(self.binary), "-db", "-f", str(self.config)]
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-        self._process = EngineProcess(argv, run_as=RunAs(), cwd=self.root, ready_pattern=r"^\b$", env=env)
-        wait_listening(self.port, self._process)
-
-    def close(self) -> None:
-        if self._process is not None:
-            self._process.kill()
-        shutil.rmtree(self.root, ignore_errors=True)
+        self._launch([str(self.binary), "-db", "-f", str(self.config)], ready_line=None)  # no "ready" line of its own
 
     def url(self, path: str = "/mcp") -> str:
         return f"http://127.0.0.1:{self.port}{path}"
 
 
+def postgres_binaries() -> Path:
+    """The folder of PostgreSQL's server programs (``postgres_bindir``), or the test skips or fails (``missing``)."""
+    return required(postgres_bindir(), "PostgreSQL (the Debian package postgresql)")
+
+
+def redis_binary() -> Path:
+    return required(find_binary("redis-server", folders=[Path("/usr/bin")]), "Redis (the Debian package redis-server)")
+
+
 def haproxy_binary() -> Path:
-    binary = find_binary("haproxy", folders=[Path("/usr/sbin")])
-    if binary is None:
-        missing("HAProxy (the Debian package haproxy)")
-        raise AssertionError("unreachable")
-    return binary
+    return required(find_binary("haproxy", folders=[Path("/usr/sbin")]), "HAProxy (the Debian package haproxy)")

@@ -18,8 +18,8 @@ import anyio
 import httpx2
 
 from gateway.backends.processes import children
-from tests.engines import HAProxy, haproxy_binary
-from tests.fixtures.gateway_proc import PYTHON, echo_argv, run_gateway
+from tests.engines import HAProxy, haproxy_binary, started
+from tests.fixtures.gateway_proc import FIDELITY, PYTHON, echo_argv, run_gateway
 from tests.fixtures.procs import RunningServer
 
 SESSION_ERA = "2025-11-25"
@@ -28,9 +28,6 @@ MODERN_META = {"io.modelcontextprotocol/protocolVersion": MODERN, "io.modelconte
 TOKENS = "alice=tok-alice,bob=tok-bob"
 STATE_KEY = "replicas-" + "d" * 40
 CALL_TIMEOUT_S = 15.0
-
-
-FIDELITY = str(Path(__file__).resolve().parent / "fixtures" / "fidelity_server.py")
 
 
 def replica_config(pg_url: str | None, redis_url: str | None, *, fidelity: bool = False) -> str:
@@ -70,18 +67,15 @@ def deployment(
 ) -> Iterator[tuple[list[RunningServer], HAProxy]]:
     """``replicas`` gateway processes (each in its own folder: its spool and logs) behind one HAProxy."""
     with ExitStack() as stack:
-        started = []
+        servers = []
         for index in range(replicas):
             folder = root / f"replica{index}"
             folder.mkdir()
             env = {"GATEWAY_STATE_KEY": STATE_KEY}
             config = replica_config(pg_url, redis_url, fidelity=fidelity)
-            started.append(stack.enter_context(run_gateway(config, folder, tokens=TOKENS, env=env)))
-        ports = [int(server.url().split(":")[2].split("/")[0]) for server in started]
-        balancer = HAProxy(haproxy_binary(), ports, balance=balance)
-        stack.callback(balancer.close)
-        balancer.start()
-        yield started, balancer
+            servers.append(stack.enter_context(run_gateway(config, folder, tokens=TOKENS, env=env)))
+        ports = [int(server.url().split(":")[2].split("/")[0]) for server in servers]
+        yield servers, stack.enter_context(started(HAProxy(haproxy_binary(), ports, balance=balance)))
 
 
 @dataclass

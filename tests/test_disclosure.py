@@ -199,6 +199,25 @@ def test_the_inspector_finds_and_calls_a_tool_in_search_mode(gateway: RunningSer
     assert "42" in json.dumps(called)
 
 
+def _late_joiner_config(port: int, pinned: str, steady: str, argv: list[str]) -> str:
+    """The client ``searcher`` in search mode, ``pinned`` tools, the stdio backend ``steady`` running ``argv``, and
+    ``late``, at ``port`` on loopback, which joins once the test starts it there."""
+    return f"""
+exposure:
+  clients: {{searcher: search}}
+  pinned: {pinned}
+servers:
+  {steady}:
+    transport: stdio
+    command: {json.dumps(argv[0])}
+    args: {json.dumps(argv[1:])}
+  late:
+    transport: streamable_http
+    url: http://127.0.0.1:{port}/mcp
+    connect_timeout_s: 2
+"""
+
+
 async def test_a_search_mode_client_is_told_of_list_changes_only_when_its_pins_change(tmp_path: Path) -> None:
     """A backend joining changes the catalog: an all-mode client is told to re-list, a search-mode client (whose
     list, the search and call tools, did not change) is not; a reload that pins another tool tells the search-mode
@@ -206,20 +225,7 @@ async def test_a_search_mode_client_is_told_of_list_changes_only_when_its_pins_c
     port = free_port()
 
     def config(pinned: str) -> str:
-        return f"""
-exposure:
-  clients: {{searcher: search}}
-  pinned: {pinned}
-servers:
-  time:
-    transport: stdio
-    command: {TIME}
-    args: ["--local-timezone", "UTC"]
-  late:
-    transport: streamable_http
-    url: http://127.0.0.1:{port}/mcp
-    connect_timeout_s: 2
-"""
+        return _late_joiner_config(port, pinned, "time", [str(TIME), "--local-timezone", "UTC"])
 
     heard: dict[str, list[str]] = {"searcher": [], "lister": []}
 
@@ -344,20 +350,7 @@ async def test_a_stateless_2026_search_mode_clients_listen_stream_hears_of_its_o
     port = free_port()
 
     def config(pinned: str) -> str:
-        return f"""
-exposure:
-  clients: {{searcher: search}}
-  pinned: {pinned}
-servers:
-  e:
-    transport: stdio
-    command: {json.dumps(echo_argv()[0])}
-    args: {json.dumps(echo_argv()[1:])}
-  late:
-    transport: streamable_http
-    url: http://127.0.0.1:{port}/mcp
-    connect_timeout_s: 2
-"""
+        return _late_joiner_config(port, pinned, "e", echo_argv())
 
     heard: dict[str, list[str]] = {"searcher": [], "lister": []}
     acknowledged: set[str] = set()

@@ -25,11 +25,9 @@ from gateway.config import parse_config
 from gateway.runtime import Gateway
 from gateway.server import build_server
 from gateway.tracing import CallTracer
-from tests.fixtures.gateway_proc import FIXTURES, PYTHON
+from tests.fixtures.gateway_proc import FIDELITY, PYTHON
 
 pytestmark = pytest.mark.anyio
-
-FIDELITY = str(FIXTURES / "fidelity_server.py")
 
 
 @pytest.fixture

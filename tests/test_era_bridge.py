@@ -18,13 +18,11 @@ import mcp_types as types
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from tests.fixtures.gateway_proc import FIXTURES, PYTHON, run_gateway
+from tests.fixtures.gateway_proc import FIDELITY, PYTHON, run_gateway
 from tests.fixtures.waiting import eventually
 from tests.test_input_required import KEY, TOKENS, Answers, _assert_refused, _rows, _text, client
 
 pytestmark = pytest.mark.anyio
-
-FIDELITY = str(FIXTURES / "fidelity_server.py")
 
 
 async def _backend_ready(http: httpx2.AsyncClient, url: str) -> bool:

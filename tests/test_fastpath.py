@@ -29,14 +29,15 @@ from typing import Any
 import anyio
 import mcp_types as types
 import pytest
-from mcp.client.session import ClientRequestContext
 from mcp.shared.exceptions import MCPError
 
 from gateway.audit import query
 from gateway.router import META_KEY
 from tests.fixtures.gateway_proc import (
-    FIXTURES,
+    FIDELITY,
     PYTHON,
+    answer_elicitation,
+    answer_sampling,
     call_abandoning_sampling,
     echo_argv,
     first_text,
@@ -48,7 +49,6 @@ from tests.fixtures.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 
-FIDELITY = str(FIXTURES / "fidelity_server.py")
 WAIT = 10  # seconds: the bound on every wait for something another process sends
 LIMIT = 4096  # the echo servers' max_answer_bytes
 
@@ -252,15 +252,12 @@ async def test_a_call_past_its_timeout_is_cancelled_downstream_and_answered_as_t
 async def test_a_downstreams_elicitation_and_sampling_during_a_call_reach_the_client(
     gateway: RunningServer, lane: Lane
 ) -> None:
-    async def elicitation(context: ClientRequestContext, params: types.ElicitRequestParams) -> Any:
-        return types.ElicitResult(action="accept", content={"answer": f"yes to {params.message}"})
-
-    async def sampling(context: ClientRequestContext, params: types.CreateMessageRequestParams) -> Any:
-        return types.CreateMessageResult(role="assistant", content=types.TextContent(text="hi"), model="m1")
-
     fid = lane.fid
     before = fid.direct("elicit_twice") + fid.direct("sample")
-    async with mcp_session(gateway.url(), elicitation_callback=elicitation, sampling_callback=sampling) as session:
+    sampling = answer_sampling("hi", "m1")
+    async with mcp_session(
+        gateway.url(), elicitation_callback=answer_elicitation, sampling_callback=sampling
+    ) as session:
         with anyio.fail_after(WAIT):
             twice = await session.call_tool(f"{fid.name}__elicit_twice", {"message": "go"})
             sampled = await session.call_tool(f"{fid.name}__sample", {"prompt": "say hi"})

@@ -28,8 +28,10 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 
 from tests.fixtures.gateway_proc import (
-    FIXTURES,
+    FIDELITY,
     PYTHON,
+    answer_elicitation,
+    answer_sampling,
     call_abandoning_sampling,
     echo_argv,
     first_text,
@@ -42,7 +44,6 @@ from tests.fixtures.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 
-FIDELITY = str(FIXTURES / "fidelity_server.py")
 WAIT = 10  # seconds: the bound on every wait for something another process sends
 
 
@@ -155,17 +156,6 @@ async def _all_pages(session: ClientSession, request: Callable[[str | None], Any
 
 def _paged(kind: type[Any]) -> Callable[[str | None], Any]:
     return lambda cursor: kind(params=types.PaginatedRequestParams(cursor=cursor) if cursor else None)
-
-
-def answer_sampling(text: str, model: str = "test-model") -> Any:
-    async def sampling(context: ClientRequestContext, params: types.CreateMessageRequestParams) -> Any:
-        return types.CreateMessageResult(role="assistant", content=types.TextContent(text=text), model=model)
-
-    return sampling
-
-
-async def answer_elicitation(context: ClientRequestContext, params: types.ElicitRequestParams) -> Any:
-    return types.ElicitResult(action="accept", content={"answer": f"yes to {params.message}"})
 
 
 # ------------------------------------------------------------------------------------------------ capabilities

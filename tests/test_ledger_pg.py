@@ -273,8 +273,7 @@ async def test_a_hung_postgresql_costs_one_write_timeout_and_a_late_commit_is_no
         for n in range(3):
             await ledger.record(make(n, correlation_id=f"a{n}"))
             written.append(f"a{n}")
-        own_postgres.pause()  # connections open, nothing answers
-        try:
+        with own_postgres.paused():  # connections open, nothing answers
             with anyio.fail_after(5):
                 await ledger.record(make(10, correlation_id="hung"))  # waits out the write timeout, then spools
                 written.append("hung")
@@ -285,8 +284,7 @@ async def test_a_hung_postgresql_costs_one_write_timeout_and_a_late_commit_is_no
             figures = ledger.statistics()
             assert figures.spooling and figures.spooled_rows == 6, figures
             assert figures.problem == "PostgreSQL did not answer in time"
-        finally:
-            own_postgres.resume()  # the abandoned insert of "hung" may now commit, or be cancelled
+        # resumed: the abandoned insert of "hung" may now commit, or be cancelled
         await eventually(lambda: not ledger.statistics().spooling, within=30)
     assert [r[0] for r in pg_rows(url)] == written
 

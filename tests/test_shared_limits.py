@@ -90,6 +90,20 @@ async def test_without_redis_each_replica_counts_its_own_bucket(tmp_path: Path) 
                 assert await spend(http, replicas, "tok-alice", alice, 4) == [429, 200, 429, 429]
 
 
+async def open_serves_and_closed_refuses(
+    http: httpx2.AsyncClient, served: RunningServer, shut: RunningServer, session: str
+) -> None:
+    """With Redis down, twice: ``served`` (``redis_down: open``) answers a call on ``session`` and ``shut``
+    (``closed``) refuses one with 503 naming ``gateway.shared.redis_down``, both within the Redis timeout."""
+    for _ in range(2):
+        started = time.monotonic()
+        assert echoed(await call_echo(http, served.url(), "tok-alice", session, "open")) == "open"
+        refused = await call_echo(http, shut.url(), "tok-alice", session, "closed")
+        assert time.monotonic() - started < 2.0  # two requests, each within its bound
+        assert refused.status_code == 503, refused.text
+        assert "gateway.shared.redis_down" in refused.json()["error"]["message"]
+
+
 async def test_with_redis_down_open_serves_and_closed_refuses_and_neither_hangs(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
@@ -108,17 +122,8 @@ async def test_with_redis_down_open_serves_and_closed_refuses_and_neither_hangs(
                 status = (await http.get(shut.url("/status"), headers={"Authorization": "Bearer tok-alice"})).json()
                 assert status["shared_limits"] == {"redis": "up", "failures": 0, "on_redis_down": "closed"}
 
-                redis_server.pause()  # hung: connections stay open, nothing answers
-                try:
-                    for _ in range(2):
-                        started = time.monotonic()
-                        assert echoed(await call_echo(http, served.url(), "tok-alice", session, "open")) == "open"
-                        refused = await call_echo(http, shut.url(), "tok-alice", session, "closed")
-                        assert time.monotonic() - started < 2.0  # two requests, each within its bound
-                        assert refused.status_code == 503, refused.text
-                        assert "gateway.shared.redis_down" in refused.json()["error"]["message"]
-                finally:
-                    redis_server.resume()
+                with redis_server.paused():  # hung: connections stay open, nothing answers
+                    await open_serves_and_closed_refuses(http, served, shut, session)
 
                 status = (await http.get(served.url("/status"), headers={"Authorization": "Bearer tok-alice"})).json()
                 assert status["shared_limits"]["redis"] == "down" and status["shared_limits"]["failures"] >= 1
@@ -171,13 +176,10 @@ async def test_metrics_say_whether_redis_answers_and_count_its_failures_by_reaso
                 for secret in (redis_server.password, "not-the-password", "redis://"):
                     assert secret not in text
 
-                redis_server.pause()  # hung: the round trip times out
-                try:
+                with redis_server.paused():  # hung: the round trip times out
                     assert echoed(await call_echo(http, gateway.url(), "tok-alice", session, "paused")) == "paused"
                     up, failures, _ = await store_metrics(http, gateway)
                     assert (up, failures) == (0.0, zero | {"timeout": failures["timeout"]}) and failures["timeout"] >= 1
-                finally:
-                    redis_server.resume()
 
                 async def answers_again() -> bool:  # no request asks: the probe sees it back
                     return (await store_metrics(http, gateway))[0] == 1.0

@@ -34,7 +34,7 @@ from gateway.audit import query
 from gateway.config import parse_config
 from gateway.runtime import Gateway
 from gateway.server import build_server
-from tests.fixtures.gateway_proc import FIXTURES, PYTHON, echo_argv, run_gateway
+from tests.fixtures.gateway_proc import FIDELITY, PYTHON, echo_argv, run_gateway
 from tests.fixtures.waiting import eventually
 from tests.test_edge import ACCEPT, MODERN_META
 
@@ -44,19 +44,23 @@ MODERN = "2026-07-28"
 STARTS_IN_S = 60  # the backend's shell sleeps this long before the fixture runs: it is still starting in every test
 
 
-@pytest.fixture
-async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
-    fixture = shlex.join([PYTHON, str(FIXTURES / "fidelity_server.py"), "--stdio", "--name", "s"])
-    text = f"""
+def slow_start_config(folder: Path, backend: str, argv: list[str]) -> str:
+    """A gateway with its ledger in ``folder`` and one stdio backend, ``argv``, that starts ``STARTS_IN_S`` late."""
+    return f"""
 gateway:
-  audit: {{path: {json.dumps(str(tmp_path / "audit.db"))}}}
+  audit: {{path: {json.dumps(str(folder / "audit.db"))}}}
 servers:
-  s:
+  {backend}:
     transport: stdio
     command: sh
-    args: {json.dumps(["-c", f"sleep {STARTS_IN_S} && exec {fixture}"])}
+    args: {json.dumps(["-c", f"sleep {STARTS_IN_S} && exec {shlex.join(argv)}"])}
     timeout_s: {STARTS_IN_S * 2}
 """
+
+
+@pytest.fixture
+async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
+    text = slow_start_config(tmp_path, "s", [PYTHON, FIDELITY, "--stdio", "--name", "s"])
     config = parse_config(text, file="federation.yaml", env={})
     async with Gateway(config).running() as running:
         yield running
@@ -115,17 +119,7 @@ async def test_a_request_cancelled_while_backends_are_still_starting_leaves_one_
 
 async def test_a_stateless_call_whose_client_goes_away_during_the_startup_wait_leaves_its_row(tmp_path: Path) -> None:
     """The same over real HTTP, against the gateway process: the client closes its connection instead."""
-    fixture = shlex.join(echo_argv("--stdio"))
-    config = f"""
-gateway:
-  audit: {{path: {json.dumps(str(tmp_path / "audit.db"))}}}
-servers:
-  e:
-    transport: stdio
-    command: sh
-    args: {json.dumps(["-c", f"sleep {STARTS_IN_S} && exec {fixture}"])}
-    timeout_s: {STARTS_IN_S * 2}
-"""
+    config = slow_start_config(tmp_path, "e", echo_argv("--stdio"))
     body = {
         "jsonrpc": "2.0",
         "id": 5,
