@@ -344,6 +344,36 @@ def test_a_server_without_a_transport_names_the_transport_key() -> None:
     assert_names(err, "servers.mem.transport", line_of(text, "mem:"))
 
 
+@pytest.mark.parametrize(
+    ("text", "key_path", "needle", "meant"),
+    [
+        (
+            "servers:\n  mem:\n    transprot: stdio\n    command: npx\n",
+            "servers.mem.transprot",
+            "transprot",
+            "transport",
+        ),
+        ("servers:\n  mem:\n    transport: stdio\n    comand: npx\n", "servers.mem.comand", "comand", "command"),
+        ("adapters:\n  qmd:\n    comand: qmd\n    tools: {}\n", "adapters.qmd.comand", "comand", "command"),
+    ],
+)
+def test_a_misspelt_required_key_is_named_where_it_is_written_with_the_key_it_resembles(
+    text: str, key_path: str, needle: str, meant: str
+) -> None:
+    # "required key is missing" at the parent's line would send the reader looking for a key that is right there,
+    # misspelt: the error names the misspelt key, its line, and the key it resembles.
+    err = config_error(text)
+    assert_names(err, key_path, line_of(text, needle))
+    assert err.message == f"unknown key (not part of the federation.yaml schema; did you mean `{meant}`?)"
+
+
+def test_a_missing_required_key_beside_an_unrelated_unknown_key_is_still_named_missing() -> None:
+    text = yaml_text("servers:\n  mem:\n    transport: stdio\n    args: [x]\n")
+    err = config_error(text)
+    assert_names(err, "servers.mem.command", line_of(text, "mem:"))
+    assert err.message == "required key is missing"
+
+
 def test_a_config_error_never_echoes_an_interpolated_secret() -> None:
     text = yaml_text(
         """
