@@ -888,6 +888,9 @@ def _describe_schema_error(error: Any) -> tuple[str, str]:
         if extra:
             path.append(str(extra[0]))
     message = str(error.message)
+    if isinstance(instance, str | int | float | None) and message.startswith(repr(instance)):
+        # jsonschema quotes the value with Python's repr (None, True, 'x'): say it as the client wrote it, in JSON
+        message = json.dumps(instance, ensure_ascii=False) + message[len(repr(instance)) :]
     if len(message) > _ERROR_TAIL_CHARS:
         message = message[:_ERROR_TAIL_CHARS] + "..."
     return ".".join(path), message

@@ -318,8 +318,28 @@ async def test_schema_errors_name_the_argument_and_spawn_nothing(arguments: dict
     with pytest.raises(InvalidArguments) as caught:
         await backend.call_tool("files_search", arguments)
     assert caught.value.argument == argument
-    assert argument in str(caught.value) or caught.value.message
+    assert f"Invalid argument '{argument}' for tool 'files_search': " in str(caught.value)
     assert spawner.calls == []
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"query": "q", "limit": None}, "null is not of type 'integer'"),
+        ({"query": "q", "limit": True}, "true is not of type 'integer'"),
+        ({"query": "q", "limit": "ten"}, "\"ten\" is not of type 'integer'"),
+        ({"query": "q", "mode": None}, "null is not one of ['keyword', 'vector', 'deep']"),
+    ],
+)
+async def test_a_schema_error_shows_the_value_as_the_client_wrote_it_in_json(
+    arguments: dict[str, Any], message: str
+) -> None:
+    # jsonschema words its messages with Python's repr (None, True, 'ten'): a client that sent null reads "None".
+    backend = CliBackend("qmd", search_adapter(), spawn=FakeSpawner())
+    with pytest.raises(InvalidArguments) as caught:
+        await backend.call_tool("files_search", arguments)
+    assert caught.value.message == message
 
 
 @pytest.mark.anyio
