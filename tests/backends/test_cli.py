@@ -343,6 +343,23 @@ async def test_a_schema_error_shows_the_value_as_the_client_wrote_it_in_json(
 
 
 @pytest.mark.anyio
+async def test_a_misspelt_required_argument_is_named_as_written_with_the_one_it_resembles() -> None:
+    # "'query' is a required property" sends the caller looking for an argument it did send, misspelt.
+    schema = {"type": "object", "required": ["query"], "additionalProperties": False,
+              "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}}}  # fmt: skip
+    backend = CliBackend("a", adapter({"t": fake_tool("echo", input_schema=schema)}), spawn=FakeSpawner())
+    with pytest.raises(InvalidArguments) as caught:
+        await backend.call_tool("t", {"qery": "x"})
+    assert (caught.value.argument, caught.value.message) == (
+        "qery",
+        "Additional properties are not allowed ('qery' was unexpected); did you mean 'query'?",
+    )
+    with pytest.raises(InvalidArguments) as caught:  # nothing like it sent: the missing one is named
+        await backend.call_tool("t", {"limit": 3})
+    assert (caught.value.argument, caught.value.message) == ("query", "'query' is a required property")
+
+
+@pytest.mark.anyio
 async def test_a_nested_schema_error_names_the_dotted_path() -> None:
     schema = {"type": "object", "properties": {"filter": {"type": "object", "properties": {"tags": {
         "type": "array", "items": {"type": "string"}}}}}}  # fmt: skip
