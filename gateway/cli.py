@@ -19,11 +19,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import functools
 import importlib.util
 import json
 import math
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
@@ -213,6 +215,7 @@ async def _serve(config: Federation, args: argparse.Namespace) -> int:
     limits = config.gateway.limits  # read at start: a reload does not change them
     max_connections = effective_max_connections(limits, raise_open_files_limit())
     quiet_edge_logs(asyncio.get_running_loop())
+    listening = _bound_socket(host, port)  # before any backend starts: a port in use is one sentence, not a traceback
     async with Gateway(config).running() as gateway:
         app = build_app(gateway, host=host, tokens=tokens)
         server = _Uvicorn(
@@ -240,10 +243,35 @@ async def _serve(config: Federation, args: argparse.Namespace) -> int:
                 auth=bool(tokens) or oauth,
                 oauth=oauth,
             )
-            await server.serve()
+            await server.serve(sockets=[listening])
             tg.cancel_scope.cancel()
     log.info("gateway.stopped")
     return EXIT_OK
+
+
+_BIND_FAILURES = {
+    errno.EADDRINUSE: "the address is already in use (another gateway or program listens there; pass --port or "
+    "change gateway.listen)",
+    errno.EACCES: "permission denied (a port below 1024 needs privileges)",
+    errno.EADDRNOTAVAIL: "no interface of this machine has that address",
+}
+
+
+def _bound_socket(host: str, port: int) -> socket.socket:
+    """The listening address, bound as uvicorn binds it (its own failure is a log line and ``sys.exit(3)``).
+
+    Raises:
+        GatewayError: the address cannot be bound, in one sentence naming it and the cause.
+    """
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        cause = _BIND_FAILURES.get(exc.errno or 0, exc.strerror or str(exc))
+        raise GatewayError(f"Cannot listen on {host}:{port}: {cause}") from None
+    return sock
 
 
 async def _stop_on_signals(gateway: Gateway, stop: Callable[[anyio.Event], Coroutine[Any, Any, None]]) -> None:
