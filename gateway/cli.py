@@ -215,36 +215,38 @@ async def _serve(config: Federation, args: argparse.Namespace) -> int:
     limits = config.gateway.limits  # read at start: a reload does not change them
     max_connections = effective_max_connections(limits, raise_open_files_limit())
     quiet_edge_logs(asyncio.get_running_loop())
-    listening = _bound_socket(host, port)  # before any backend starts: a port in use is one sentence, not a traceback
-    async with Gateway(config).running() as gateway:
-        app = build_app(gateway, host=host, tokens=tokens)
-        server = _Uvicorn(
-            uvicorn.Config(
-                app,
-                host=host,
-                port=port,
-                log_level="warning",
-                lifespan="on",
-                access_log=False,
-                http=edge_protocol(limits, max_connections=max_connections),  # deadlines and the cap: connections.py
-                backlog=max_connections,  # one accept burst opens at most this many sockets (connections.py)
-                timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]  # uvicorn takes any number here
-                # A backstop only: _stop_http ends the connections first (an idle stream does not hold the exit).
-                timeout_graceful_shutdown=math.ceil(config.gateway.drain_s + 2 * ANSWER_GRACE_S),
+    # Bound before any backend starts: a port in use is one sentence, not a traceback after the backends' start.
+    with _bound_socket(host, port) as listening:
+        async with Gateway(config).running() as gateway:
+            app = build_app(gateway, host=host, tokens=tokens)
+            server = _Uvicorn(
+                uvicorn.Config(
+                    app,
+                    host=host,
+                    port=port,
+                    log_level="warning",
+                    lifespan="on",
+                    access_log=False,
+                    # deadlines and the cap: connections.py
+                    http=edge_protocol(limits, max_connections=max_connections),
+                    backlog=max_connections,  # one accept burst opens at most this many sockets (connections.py)
+                    timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]  # uvicorn takes any number here
+                    # A backstop only: _stop_http ends the connections first (an idle stream does not hold the exit).
+                    timeout_graceful_shutdown=math.ceil(config.gateway.drain_s + 2 * ANSWER_GRACE_S),
+                )
             )
-        )
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(_stop_on_signals, gateway, functools.partial(_stop_http, server, gateway))
-            tg.start_soon(watch_config, config.source, _reloader(gateway))
-            log.info(
-                "gateway.serving",
-                url=f"http://{host}:{port}/mcp",
-                backends=len(gateway.backends),
-                auth=bool(tokens) or oauth,
-                oauth=oauth,
-            )
-            await server.serve(sockets=[listening])
-            tg.cancel_scope.cancel()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_stop_on_signals, gateway, functools.partial(_stop_http, server, gateway))
+                tg.start_soon(watch_config, config.source, _reloader(gateway))
+                log.info(
+                    "gateway.serving",
+                    url=f"http://{host}:{port}/mcp",
+                    backends=len(gateway.backends),
+                    auth=bool(tokens) or oauth,
+                    oauth=oauth,
+                )
+                await server.serve(sockets=[listening])
+                tg.cancel_scope.cancel()
     log.info("gateway.stopped")
     return EXIT_OK
 
