@@ -1250,10 +1250,20 @@ def load_config(path: str | os.PathLike[str]) -> Federation:
     try:
         text = Path(file).read_text(encoding="utf-8")
     except FileNotFoundError as exc:
-        raise ConfigError(file, "", None, "file not found") from exc
+        raise ConfigError(file, "", None, f"file not found{_looked_in(file)}") from exc
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(file, "", None, f"cannot read the file: {exc}") from exc
     return parse_config(text, file=file)
+
+
+def _looked_in(file: str) -> str:
+    """Where a relative path was looked for (a command run outside the project names only ``federation.yaml``)."""
+    if Path(file).is_absolute():
+        return ""
+    try:
+        return f" (looked for in {Path.cwd()}, the current folder)"
+    except OSError:  # the current folder was removed
+        return " (the current folder no longer exists)"
 
 
 def environ(name: str) -> str | None:

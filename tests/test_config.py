@@ -227,6 +227,16 @@ def test_load_config_on_a_missing_file_names_the_file(tmp_path: Path) -> None:
     assert str(missing) in str(info.value)
 
 
+def test_a_missing_relative_file_says_which_folder_it_was_looked_for_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `gateway audit tail` run outside the project said only "federation.yaml: file not found".
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as info:
+        load_config("federation.yaml")
+    assert str(info.value) == f"federation.yaml: file not found (looked for in {tmp_path}, the current folder)"
+
+
 # ----------------------------------------------------------------------------------------------- errors
 
 
