@@ -19,11 +19,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import functools
 import importlib.util
 import json
 import math
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
@@ -213,37 +215,65 @@ async def _serve(config: Federation, args: argparse.Namespace) -> int:
     limits = config.gateway.limits  # read at start: a reload does not change them
     max_connections = effective_max_connections(limits, raise_open_files_limit())
     quiet_edge_logs(asyncio.get_running_loop())
-    async with Gateway(config).running() as gateway:
-        app = build_app(gateway, host=host, tokens=tokens)
-        server = _Uvicorn(
-            uvicorn.Config(
-                app,
-                host=host,
-                port=port,
-                log_level="warning",
-                lifespan="on",
-                access_log=False,
-                http=edge_protocol(limits, max_connections=max_connections),  # deadlines and the cap: connections.py
-                backlog=max_connections,  # one accept burst opens at most this many sockets (connections.py)
-                timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]  # uvicorn takes any number here
-                # A backstop only: _stop_http ends the connections first (an idle stream does not hold the exit).
-                timeout_graceful_shutdown=math.ceil(config.gateway.drain_s + 2 * ANSWER_GRACE_S),
+    # Bound before any backend starts: a port in use is one sentence, not a traceback after the backends' start.
+    with _bound_socket(host, port) as listening:
+        async with Gateway(config).running() as gateway:
+            app = build_app(gateway, host=host, tokens=tokens)
+            server = _Uvicorn(
+                uvicorn.Config(
+                    app,
+                    host=host,
+                    port=port,
+                    log_level="warning",
+                    lifespan="on",
+                    access_log=False,
+                    # deadlines and the cap: connections.py
+                    http=edge_protocol(limits, max_connections=max_connections),
+                    backlog=max_connections,  # one accept burst opens at most this many sockets (connections.py)
+                    timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]  # uvicorn takes any number here
+                    # A backstop only: _stop_http ends the connections first (an idle stream does not hold the exit).
+                    timeout_graceful_shutdown=math.ceil(config.gateway.drain_s + 2 * ANSWER_GRACE_S),
+                )
             )
-        )
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(_stop_on_signals, gateway, functools.partial(_stop_http, server, gateway))
-            tg.start_soon(watch_config, config.source, _reloader(gateway))
-            log.info(
-                "gateway.serving",
-                url=f"http://{host}:{port}/mcp",
-                backends=len(gateway.backends),
-                auth=bool(tokens) or oauth,
-                oauth=oauth,
-            )
-            await server.serve()
-            tg.cancel_scope.cancel()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_stop_on_signals, gateway, functools.partial(_stop_http, server, gateway))
+                tg.start_soon(watch_config, config.source, _reloader(gateway))
+                log.info(
+                    "gateway.serving",
+                    url=f"http://{host}:{port}/mcp",
+                    backends=len(gateway.backends),
+                    auth=bool(tokens) or oauth,
+                    oauth=oauth,
+                )
+                await server.serve(sockets=[listening])
+                tg.cancel_scope.cancel()
     log.info("gateway.stopped")
     return EXIT_OK
+
+
+_BIND_FAILURES = {
+    errno.EADDRINUSE: "the address is already in use (another gateway or program listens there; pass --port or "
+    "change gateway.listen)",
+    errno.EACCES: "permission denied (a port below 1024 needs privileges)",
+    errno.EADDRNOTAVAIL: "no interface of this machine has that address",
+}
+
+
+def _bound_socket(host: str, port: int) -> socket.socket:
+    """The listening address, bound as uvicorn binds it (its own failure is a log line and ``sys.exit(3)``).
+
+    Raises:
+        GatewayError: the address cannot be bound, in one sentence naming it and the cause.
+    """
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        cause = _BIND_FAILURES.get(exc.errno or 0, exc.strerror or str(exc))
+        raise GatewayError(f"Cannot listen on {host}:{port}: {cause}") from None
+    return sock
 
 
 async def _stop_on_signals(gateway: Gateway, stop: Callable[[anyio.Event], Coroutine[Any, Any, None]]) -> None:
@@ -322,8 +352,7 @@ def _reloader(gateway: Gateway) -> Callable[[str], Awaitable[None]]:
 async def _check(config: Federation, as_json: bool) -> int:
     async with Gateway(config, audit=False).running() as gateway:
         await gateway.wait_settled(settle_budget(config))
-        doc = status_document(gateway)
-    doc["config"] = config.source
+        doc = status_document(gateway)  # its config section names the file checked, as /status names the one served
     if as_json:
         print(json.dumps(doc, indent=2))
         return EXIT_OK

@@ -10,6 +10,7 @@ written in the file (``${DS_TOKEN}``), see ``_Expansions``.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from collections.abc import Mapping
@@ -1183,13 +1184,18 @@ def parse_config(text: str, *, file: str = "<memory>", env: Mapping[str, str] | 
     try:
         fed = Federation.model_validate(data, context={"base_dir": base_dir})
     except ValidationError as exc:
-        err = exc.errors(include_url=False)[0]
+        errors = exc.errors(include_url=False)
+        err = errors[0]
         loc = tuple(err["loc"])
         if err["type"] in ("union_tag_invalid", "union_tag_not_found"):
             loc = (*loc, "transport")
         key_path, line = _locate(loc, lines)
         message = err["msg"]
-        if err["type"] == "extra_forbidden":
+        misspelt = _misspelt_key(err, loc, errors)
+        if misspelt is not None:
+            key_path, line = _locate((*loc[:-1], misspelt), lines)
+            message = f"unknown key (not part of the federation.yaml schema; did you mean `{loc[-1]}`?)"
+        elif err["type"] == "extra_forbidden":
             message = "unknown key (not part of the federation.yaml schema; check its spelling)"
         elif err["type"] == "missing":
             message = "required key is missing"
@@ -1214,6 +1220,26 @@ def parse_config(text: str, *, file: str = "<memory>", env: Mapping[str, str] | 
     return fed
 
 
+def _misspelt_key(err: Any, loc: tuple[Any, ...], errors: list[Any]) -> str | None:
+    """The key written beside a missing required one that looks like its misspelling (``comand`` for ``command``).
+
+    A missing ``transport`` leaves no member of the union to check the other keys, so any sibling key may be the
+    misspelling; elsewhere only a key the model also refused as unknown may be.
+    """
+    if err["type"] not in ("missing", "union_tag_not_found") or not isinstance(err.get("input"), dict):
+        return None
+    wanted = str(loc[-1])
+    siblings = [key for key in err["input"] if isinstance(key, str) and key != wanted]
+    if err["type"] == "missing":
+        parent = loc[:-1]
+        unknown = {
+            str(e["loc"][-1]) for e in errors if e["type"] == "extra_forbidden" and tuple(e["loc"][:-1]) == parent
+        }
+        siblings = [key for key in siblings if key in unknown]
+    close = difflib.get_close_matches(wanted, siblings, n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
 def load_config(path: str | os.PathLike[str]) -> Federation:
     """Read, interpolate and validate a federation.yaml file.
 
@@ -1224,10 +1250,20 @@ def load_config(path: str | os.PathLike[str]) -> Federation:
     try:
         text = Path(file).read_text(encoding="utf-8")
     except FileNotFoundError as exc:
-        raise ConfigError(file, "", None, "file not found") from exc
+        raise ConfigError(file, "", None, f"file not found{_looked_in(file)}") from exc
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(file, "", None, f"cannot read the file: {exc}") from exc
     return parse_config(text, file=file)
+
+
+def _looked_in(file: str) -> str:
+    """Where a relative path was looked for (a command run outside the project names only ``federation.yaml``)."""
+    if Path(file).is_absolute():
+        return ""
+    try:
+        return f" (looked for in {Path.cwd()}, the current folder)"
+    except OSError:  # the current folder was removed
+        return " (the current folder no longer exists)"
 
 
 def environ(name: str) -> str | None:

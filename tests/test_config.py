@@ -227,6 +227,16 @@ def test_load_config_on_a_missing_file_names_the_file(tmp_path: Path) -> None:
     assert str(missing) in str(info.value)
 
 
+def test_a_missing_relative_file_says_which_folder_it_was_looked_for_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `gateway audit tail` run outside the project said only "federation.yaml: file not found".
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as info:
+        load_config("federation.yaml")
+    assert str(info.value) == f"federation.yaml: file not found (looked for in {tmp_path}, the current folder)"
+
+
 # ----------------------------------------------------------------------------------------------- errors
 
 
@@ -342,6 +352,36 @@ def test_a_server_without_a_transport_names_the_transport_key() -> None:
     text = yaml_text("servers:\n  mem:\n    command: npx\n")
     err = config_error(text)
     assert_names(err, "servers.mem.transport", line_of(text, "mem:"))
+
+
+@pytest.mark.parametrize(
+    ("text", "key_path", "needle", "meant"),
+    [
+        (
+            "servers:\n  mem:\n    transprot: stdio\n    command: npx\n",
+            "servers.mem.transprot",
+            "transprot",
+            "transport",
+        ),
+        ("servers:\n  mem:\n    transport: stdio\n    comand: npx\n", "servers.mem.comand", "comand", "command"),
+        ("adapters:\n  qmd:\n    comand: qmd\n    tools: {}\n", "adapters.qmd.comand", "comand", "command"),
+    ],
+)
+def test_a_misspelt_required_key_is_named_where_it_is_written_with_the_key_it_resembles(
+    text: str, key_path: str, needle: str, meant: str
+) -> None:
+    # "required key is missing" at the parent's line would send the reader looking for a key that is right there,
+    # misspelt: the error names the misspelt key, its line, and the key it resembles.
+    err = config_error(text)
+    assert_names(err, key_path, line_of(text, needle))
+    assert err.message == f"unknown key (not part of the federation.yaml schema; did you mean `{meant}`?)"
+
+
+def test_a_missing_required_key_beside_an_unrelated_unknown_key_is_still_named_missing() -> None:
+    text = yaml_text("servers:\n  mem:\n    transport: stdio\n    args: [x]\n")
+    err = config_error(text)
+    assert_names(err, "servers.mem.command", line_of(text, "mem:"))
+    assert err.message == "required key is missing"
 
 
 def test_a_config_error_never_echoes_an_interpolated_secret() -> None:

@@ -244,6 +244,20 @@ def test_check_finds_the_projects_tools_next_to_the_file_without_them_on_path(tm
     assert (backend["name"], backend["state"], backend["reason"]) == ("t", "ready", None)
 
 
+def test_check_json_is_the_status_document_with_its_config_section_as_status_has_it(tmp_path: Path) -> None:
+    # docs/operations.md: `--json` prints the document /status serves; its `config` is an object there, and a
+    # script reading both must find the same shape (it was replaced by the bare file name).
+    path = tmp_path / "federation.yaml"
+    path.write_text("adapters:\n  t:\n    command: sh\n    tools: {x: {argv: [-c, 'echo ok']}}\n")
+    done = subprocess.run(
+        [PYTHON, "-m", "gateway", "check", "-c", str(path), "--json"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    config = json.loads(done.stdout)["config"]
+    assert (config["file"], config["reload_error"]) == (str(path), None)
+    assert isinstance(config["loaded_at"], float)
+
+
 def test_check_prints_states_and_reasons_and_exits_0(federation: str, tmp_path: Path) -> None:
     path = tmp_path / "federation.yaml"
     path.write_text(federation)

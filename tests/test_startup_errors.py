@@ -8,6 +8,7 @@ line never shows a value taken from the environment: a misplaced ``${DS_TOKEN}``
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -70,6 +71,33 @@ def test_an_audit_ledger_that_cannot_be_opened_ends_serve_with_one_line_and_exit
     assert lines[0].startswith(f"gateway: Cannot open the audit ledger at {ledger}: ")
     assert cause in lines[0]
     assert "Traceback" not in done.stderr and "ExceptionGroup" not in done.stderr
+    assert done.stdout == ""
+
+
+def test_a_port_already_in_use_ends_serve_with_one_line_naming_the_address_and_exit_2(tmp_path: Path) -> None:
+    # uvicorn's own answer was its log line, then sys.exit(3) inside the gateway's task group: an ExceptionGroup
+    # traceback and exit 1, after every backend had been started for nothing.
+    config = tmp_path / "federation.yaml"
+    config.write_text(f"gateway:\n  audit: {{path: {tmp_path / 'audit.db'}}}\nservers: {{}}\n")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [PYTHON, "-m", "gateway", "serve", "-c", str(config), "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT_S,
+            cwd=tmp_path,
+            env={**os.environ, "GATEWAY_TOKENS": "startup-token"},
+            stdin=subprocess.DEVNULL,
+        )
+    lines = done.stderr.splitlines()
+    assert done.returncode == 2, done.stderr
+    assert lines == [
+        f"gateway: Cannot listen on 127.0.0.1:{port}: the address is already in use (another gateway or program "
+        "listens there; pass --port or change gateway.listen)"
+    ], done.stderr
     assert done.stdout == ""
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import difflib
 import json
 import os
 import re
@@ -654,9 +655,13 @@ class CliBackend(BackendBase):
 
     def _validated(self, tool: str, spec: AdapterTool, arguments: Mapping[str, Any]) -> dict[str, Any]:
         """Validate against the schema as given, then fill top-level ``properties.*.default`` for absent keys."""
-        error = jsonschema_exceptions.best_match(self._validators[tool].iter_errors(arguments))
+        errors = list(self._validators[tool].iter_errors(arguments))
+        error = jsonschema_exceptions.best_match(errors)
         if error is not None:
             path, message = _describe_schema_error(error)
+            misspelt = _misspelt_argument(error, errors)
+            if misspelt is not None:
+                path, message = misspelt
             raise InvalidArguments(tool, path, message)
         args = dict(arguments)
         properties = spec.input_schema.get("properties")
@@ -888,9 +893,34 @@ def _describe_schema_error(error: Any) -> tuple[str, str]:
         if extra:
             path.append(str(extra[0]))
     message = str(error.message)
+    if isinstance(instance, str | int | float | None) and message.startswith(repr(instance)):
+        # jsonschema quotes the value with Python's repr (None, True, 'x'): say it as the client wrote it, in JSON
+        message = json.dumps(instance, ensure_ascii=False) + message[len(repr(instance)) :]
     if len(message) > _ERROR_TAIL_CHARS:
         message = message[:_ERROR_TAIL_CHARS] + "..."
     return ".".join(path), message
+
+
+def _misspelt_argument(error: Any, errors: list[Any]) -> tuple[str, str] | None:
+    """For a missing required argument sent misspelt (``qery`` for ``query``): that argument's path and message."""
+    if error.validator != "required" or not isinstance(error.instance, dict):
+        return None
+    missing = [key for key in error.validator_value if key not in error.instance]
+    for other in errors:
+        if other.validator != "additionalProperties" or list(other.absolute_path) != list(error.absolute_path):
+            continue
+        declared = other.schema.get("properties", {})
+        patterns = other.schema.get("patternProperties", {})
+        extra = [k for k in other.instance if k not in declared and not any(re.search(p, k) for p in patterns)]
+        for wanted in missing:
+            close = difflib.get_close_matches(wanted, extra, n=1, cutoff=0.75)
+            if close:
+                path = ".".join([*(str(part) for part in error.absolute_path), close[0]])
+                return (
+                    path,
+                    f"Additional properties are not allowed ({close[0]!r} was unexpected); did you mean {wanted!r}?",
+                )
+    return None
 
 
 def _exit_description(outcome: _Outcome) -> str:

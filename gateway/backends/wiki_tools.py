@@ -271,7 +271,7 @@ _INDEX_OUTPUT = {
     "properties": {
         "total_pages": {"type": "integer"},
         "total_bytes": {"type": "integer"},
-        "folder": {"type": ["string", "null"]},
+        "folder": {"anyOf": [{"type": "string"}, {"type": "null"}]},  # one type per node: portable to more clients
         "summarised": {"type": "boolean"},
         "pages": {
             "type": "array",

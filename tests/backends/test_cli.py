@@ -318,8 +318,45 @@ async def test_schema_errors_name_the_argument_and_spawn_nothing(arguments: dict
     with pytest.raises(InvalidArguments) as caught:
         await backend.call_tool("files_search", arguments)
     assert caught.value.argument == argument
-    assert argument in str(caught.value) or caught.value.message
+    assert f"Invalid argument '{argument}' for tool 'files_search': " in str(caught.value)
     assert spawner.calls == []
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"query": "q", "limit": None}, "null is not of type 'integer'"),
+        ({"query": "q", "limit": True}, "true is not of type 'integer'"),
+        ({"query": "q", "limit": "ten"}, "\"ten\" is not of type 'integer'"),
+        ({"query": "q", "mode": None}, "null is not one of ['keyword', 'vector', 'deep']"),
+    ],
+)
+async def test_a_schema_error_shows_the_value_as_the_client_wrote_it_in_json(
+    arguments: dict[str, Any], message: str
+) -> None:
+    # jsonschema words its messages with Python's repr (None, True, 'ten'): a client that sent null reads "None".
+    backend = CliBackend("qmd", search_adapter(), spawn=FakeSpawner())
+    with pytest.raises(InvalidArguments) as caught:
+        await backend.call_tool("files_search", arguments)
+    assert caught.value.message == message
+
+
+@pytest.mark.anyio
+async def test_a_misspelt_required_argument_is_named_as_written_with_the_one_it_resembles() -> None:
+    # "'query' is a required property" sends the caller looking for an argument it did send, misspelt.
+    schema = {"type": "object", "required": ["query"], "additionalProperties": False,
+              "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}}}  # fmt: skip
+    backend = CliBackend("a", adapter({"t": fake_tool("echo", input_schema=schema)}), spawn=FakeSpawner())
+    with pytest.raises(InvalidArguments) as caught:
+        await backend.call_tool("t", {"qery": "x"})
+    assert (caught.value.argument, caught.value.message) == (
+        "qery",
+        "Additional properties are not allowed ('qery' was unexpected); did you mean 'query'?",
+    )
+    with pytest.raises(InvalidArguments) as caught:  # nothing like it sent: the missing one is named
+        await backend.call_tool("t", {"limit": 3})
+    assert (caught.value.argument, caught.value.message) == ("query", "'query' is a required property")
 
 
 @pytest.mark.anyio

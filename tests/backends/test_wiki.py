@@ -154,6 +154,28 @@ async def test_every_tool_schema_is_strict_with_bounds_and_defaults(root: Path) 
     assert "folder" in (tools["wiki_index"].description or "")
 
 
+async def test_every_tool_schema_gives_each_node_a_single_type_for_clients_of_single_type_dialects(root: Path) -> None:
+    # A list-valued `type` (["string", "null"]) is legal JSON Schema, but a client that maps schemas onto a
+    # single-type dialect (the OpenAPI subset of Gemini's function declarations) may reject the tool; the
+    # Inspector's CLI warns about it. The wiki's own schemas write a nullable value as anyOf instead.
+    async with wiki_at(root) as backend:
+        tools = list(backend.tools())
+
+    def list_types(node: object, path: str) -> list[str]:
+        if isinstance(node, dict):
+            found = [path] if isinstance(node.get("type"), list) else []
+            return found + [p for k, v in node.items() for p in list_types(v, f"{path}.{k}")]
+        if isinstance(node, list):
+            return [p for i, v in enumerate(node) for p in list_types(v, f"{path}.{i}")]
+        return []
+
+    assert [p for t in tools for p in list_types(t.input_schema, f"{t.name}.input")] == []
+    assert [p for t in tools for p in list_types(t.output_schema or {}, f"{t.name}.output")] == []
+    for tool in tools:
+        if tool.output_schema is not None:
+            jsonschema.Draft202012Validator.check_schema(tool.output_schema)
+
+
 async def test_tools_argument_selects_the_exposed_tools(root: Path) -> None:
     async with wiki_at(root, tools=["wiki_search", "files_read"]) as backend:
         assert [t.name for t in backend.tools()] == ["files_read", "wiki_search"]
