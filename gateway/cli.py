@@ -216,7 +216,7 @@ async def _serve(config: Federation, args: argparse.Namespace) -> int:
             # their child processes) are stopped; the gateway handles the signals itself instead.
             yield
 
-    parser = environ("GATEWAY_HTTP_PARSER") or "httptools"
+    parser = environ("GATEWAY_HTTP_PARSER") or "h11"
     if parser not in PARSERS:
         print(f"gateway: GATEWAY_HTTP_PARSER must be one of {', '.join(PARSERS)}, not {parser!r}", file=sys.stderr)
         return EXIT_USAGE
@@ -233,7 +233,7 @@ async def _serve(config: Federation, args: argparse.Namespace) -> int:
                 log_level="warning",
                 lifespan="on",
                 access_log=False,
-                # deadlines and the cap (connections.py), on httptools unless GATEWAY_HTTP_PARSER=h11
+                # deadlines and the cap (connections.py), on h11 unless GATEWAY_HTTP_PARSER=httptools
                 http=edge_protocol(limits, max_connections=max_connections, parser=parser),
                 backlog=max_connections,  # one accept burst opens at most this many sockets (connections.py)
                 timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]  # uvicorn takes any number here

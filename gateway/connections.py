@@ -3,8 +3,8 @@
 uvicorn closes a kept-alive connection that stays silent after a response (``timeout_keep_alive``) and nothing
 else: a connection that never sends a whole request lives forever, so idle or slowloris sockets could exhaust the
 open-files limit and lock every token holder out. ``edge_protocol(limits)`` is one of uvicorn's HTTP protocols
-(httptools by default, h11 with ``GATEWAY_HTTP_PARSER=h11``: the same rules on both, tested on both) with the missing
-deadlines (``gateway.limits``):
+(h11 by default, httptools with ``GATEWAY_HTTP_PARSER=httptools``: the same rules on both, tested on both) with the
+missing deadlines (``gateway.limits``):
 
 - ``keep_alive_s``: a connection silent while no request is on it, fresh or between requests, is closed;
 - ``header_timeout_s``: from a connection's opening (or its previous response) to a complete request head, else
@@ -290,7 +290,7 @@ class _EdgeHttpTools(_Edge, HttpToolsProtocol):
 PARSERS: dict[str, type[_Edge]] = {"httptools": _EdgeHttpTools, "h11": _EdgeH11}
 
 
-def edge_protocol(limits: Limits, *, max_connections: int | None = None, parser: str = "httptools") -> type[Any]:
+def edge_protocol(limits: Limits, *, max_connections: int | None = None, parser: str = "h11") -> type[Any]:
     """uvicorn's HTTP protocol (``parser``: httptools or h11) with ``limits`` applied (pass it as
     ``uvicorn.Config(http=...)``)."""
     cap = max_connections if max_connections is not None else limits.max_connections
