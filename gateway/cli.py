@@ -40,7 +40,13 @@ from gateway.audit_report import add_audit_subcommands, run_audit
 from gateway.auth.policies import Identity, Views
 from gateway.backends.processes import become_subreaper, supervise
 from gateway.config import Federation, add_project_tools, environ, load_config
-from gateway.connections import edge_protocol, effective_max_connections, quiet_edge_logs, raise_open_files_limit
+from gateway.connections import (
+    PARSERS,
+    edge_protocol,
+    effective_max_connections,
+    quiet_edge_logs,
+    raise_open_files_limit,
+)
 from gateway.errors import ConfigError, GatewayError
 from gateway.http import Tokens, build_app, is_loopback, status_document
 from gateway.importer import add_import_subcommand, run_import
@@ -212,6 +218,10 @@ async def _serve(config: Federation, args: argparse.Namespace) -> int:
             # their child processes) are stopped; the gateway handles the signals itself instead.
             yield
 
+    parser = environ("GATEWAY_HTTP_PARSER") or "h11"
+    if parser not in PARSERS:
+        print(f"gateway: GATEWAY_HTTP_PARSER must be one of {', '.join(PARSERS)}, not {parser!r}", file=sys.stderr)
+        return EXIT_USAGE
     limits = config.gateway.limits  # read at start: a reload does not change them
     max_connections = effective_max_connections(limits, raise_open_files_limit())
     quiet_edge_logs(asyncio.get_running_loop())
@@ -227,8 +237,8 @@ async def _serve(config: Federation, args: argparse.Namespace) -> int:
                     log_level="warning",
                     lifespan="on",
                     access_log=False,
-                    # deadlines and the cap: connections.py
-                    http=edge_protocol(limits, max_connections=max_connections),
+                    # deadlines and the cap (connections.py), on h11 unless GATEWAY_HTTP_PARSER=httptools
+                    http=edge_protocol(limits, max_connections=max_connections, parser=parser),
                     backlog=max_connections,  # one accept burst opens at most this many sockets (connections.py)
                     timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]  # uvicorn takes any number here
                     # A backstop only: _stop_http ends the connections first (an idle stream does not hold the exit).

@@ -2,7 +2,8 @@
 
 uvicorn closes a kept-alive connection that stays silent after a response (``timeout_keep_alive``) and nothing
 else: a connection that never sends a whole request lives forever, so idle or slowloris sockets could exhaust the
-open-files limit and lock every token holder out. ``edge_protocol(limits)`` is uvicorn's h11 protocol with the
+open-files limit and lock every token holder out. ``edge_protocol(limits)`` is one of uvicorn's HTTP protocols
+(h11 by default, httptools with ``GATEWAY_HTTP_PARSER=httptools``: the same rules on both, tested on both) with the
 missing deadlines (``gateway.limits``):
 
 - ``keep_alive_s``: a connection silent while no request is on it, fresh or between requests, is closed;
@@ -15,10 +16,11 @@ missing deadlines (``gateway.limits``):
   waiting connections are fresh ones or token holders' idle ones: a token holder's new connection, which sends its
   head within milliseconds, always finds room however many idle sockets others hold.
 
-Once a head is complete nothing here limits a request: a long tool call or an open GET stream (SSE) is never cut.
-``raise_open_files_limit`` raises the soft RLIMIT_NOFILE to the hard one, and ``effective_max_connections`` keeps
-the cap (and the listen backlog, which bounds how many sockets one accept burst opens) below it with room for the
-gateway's own files. ``quiet_edge_logs`` rate-limits asyncio's "socket.accept()
+A request head is at most ``MAX_HEAD_BYTES`` (h11's own bound; httptools has none, so the edge keeps it: a longer
+head is answered ``431`` and closed). Once a head is complete nothing here limits a request: a long tool call or an
+open GET stream (SSE) is never cut. ``raise_open_files_limit`` raises the soft RLIMIT_NOFILE to the hard one, and
+``effective_max_connections`` keeps the cap (and the listen backlog, which bounds how many sockets one accept burst
+opens) below it with room for the gateway's own files. ``quiet_edge_logs`` rate-limits asyncio's "socket.accept()
 out of system resource" report (CPython logs it once per pending connection, with a traceback, in a tight loop) to
 one line per second with a count of the ones suppressed, and puts uvicorn's own per-request warnings through the same
 throttle (``ThrottledLog``). Only ``cli.py`` uses this module.
@@ -36,12 +38,15 @@ from typing import Any, ClassVar
 
 import h11
 import structlog
-from uvicorn.protocols.http.h11_impl import H11Protocol, RequestResponseCycle
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.config import Limits
 
 __all__ = [
+    "MAX_HEAD_BYTES",
     "OWN_FILES",
+    "PARSERS",
     "Throttle",
     "ThrottledLog",
     "edge_protocol",
@@ -100,24 +105,38 @@ class ThrottledLog(logging.Filter):
         return True
 
 
-class _EdgeProtocol(H11Protocol):
+MAX_HEAD_BYTES = h11._connection.DEFAULT_MAX_INCOMPLETE_EVENT_SIZE
+"""The largest request head: h11's own bound (16 KiB), which httptools does not have; a longer one is refused."""
+
+
+class _Edge:
+    """The deadlines and the cap, over either of uvicorn's HTTP protocols (the concrete classes below)."""
+
     limits: ClassVar[Limits]
     max_connections: ClassVar[int]
     throttle: ClassVar[Throttle]
+    # what uvicorn's protocols (H11Protocol, HttpToolsProtocol) provide
+    connections: set[Any]
+    transport: asyncio.Transport
+    loop: asyncio.AbstractEventLoop
+    cycle: Any
+    timeout_keep_alive_task: asyncio.TimerHandle | None
+    timeout_keep_alive_handler: Callable[[], None]
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def _edge_init(self) -> None:
         self._phase = "head"  # "head": waiting for a request head; "body": for its body; "busy": serving it
         self._waiting_since = 0.0
         self._deadline: asyncio.TimerHandle | None = None
+        self._seen: Any = None  # the last request cycle whose head the deadlines have followed
+        self._head_bytes = 0  # bytes received towards a request head not yet complete
 
     # ------------------------------------------------------------------------------------------- the cap
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+    def _admit(self) -> None:
+        """Called once the connection is made: make room at the cap, or refuse it."""
         live = [c for c in self.connections if c is not self and not c.transport.is_closing()]
         if len(live) >= self.max_connections:
-            waiting = [c for c in live if isinstance(c, _EdgeProtocol) and c._phase == "head"]
+            waiting = [c for c in live if isinstance(c, _Edge) and c._phase == "head"]
             if not waiting:
                 self.throttle.report(
                     "connection.refused", "warning", limit=self.max_connections, reason="every connection busy"
@@ -135,27 +154,24 @@ class _EdgeProtocol(H11Protocol):
 
     # ------------------------------------------------------------------------------------------- deadlines
 
-    def data_received(self, data: bytes) -> None:
-        previous = self.cycle
-        super().data_received(data)
-        self._follow(previous)
-
-    def on_response_complete(self) -> None:
-        previous = self.cycle
-        if not self.transport.is_closing():
-            self._await_head()
-        super().on_response_complete()  # may start a pipelined request
-        self._follow(previous)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
-        super().connection_lost(exc)
-
-    def _follow(self, previous: RequestResponseCycle | None) -> None:
-        """Move the deadline along with the request: a new head stops the header clock and starts the body's; a
-        complete body stops that."""
+    def _received(self, size: int) -> None:
+        """After ``size`` bytes were parsed: follow the request, and bound a head that does not complete."""
+        self._follow()
         cycle = self.cycle
-        if cycle is not None and cycle is not previous and self._phase == "head":
+        if self._phase == "head" and not self.transport.is_closing() and (cycle is None or not cycle.more_body):
+            # (bytes of a body still arriving after its request was answered are not a head)
+            self._head_bytes += size
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self.throttle.report("connection.refused", limit_bytes=MAX_HEAD_BYTES, reason="request head too large")
+                self._answer(431, f"Request head too large: the limit is {MAX_HEAD_BYTES:,} bytes.")
+
+    def _follow(self) -> None:
+        """Move the deadline along with the request: a new head stops the header clock and starts the body's; a
+        complete body stops that. (A pipelined request's head, parsed while another is served, is followed when
+        that one's response is complete.)"""
+        cycle = self.cycle
+        if cycle is not None and cycle is not self._seen and self._phase == "head":
+            self._seen = cycle
             self._phase = "body"
             self._arm(self.limits.body_timeout_s, self._body_late)
         if self._phase == "body" and cycle is not None and not cycle.more_body:
@@ -164,6 +180,7 @@ class _EdgeProtocol(H11Protocol):
 
     def _await_head(self) -> None:
         self._phase = "head"
+        self._head_bytes = 0
         self._waiting_since = self.loop.time()
         self._arm(self.limits.header_timeout_s, self._head_late)
 
@@ -189,11 +206,11 @@ class _EdgeProtocol(H11Protocol):
     # ------------------------------------------------------------------------------------------- answers
 
     def _answer(self, status: int, text: str, *extra: bytes) -> None:
-        """Answer outside any request (there is none yet: h11 cannot frame it) and close."""
+        """Answer outside any request (there is none yet: the protocol cannot frame it) and close."""
         body = json.dumps({"error": text}).encode()
-        phrase = {408: b"Request Timeout", 503: b"Service Unavailable"}[status]
+        phrase = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
         head = [
-            b"HTTP/1.1 %d %s" % (status, phrase),
+            b"HTTP/1.1 %d %s" % (status, phrase[status]),
             b"content-type: application/json",
             b"content-length: %d" % len(body),
             b"connection: close",
@@ -205,19 +222,80 @@ class _EdgeProtocol(H11Protocol):
     def _close(self) -> None:
         self._disarm()
         self._phase = "closed"
+        self.transport.close()
+
+
+class _EdgeH11(_Edge, H11Protocol):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._edge_init()
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._admit()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._received(len(data))
+
+    def on_response_complete(self) -> None:
+        if not self.transport.is_closing():
+            self._await_head()
+        super().on_response_complete()  # may start a pipelined request
+        self._follow()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _close(self) -> None:
         if self.conn.our_state is not h11.ERROR:
             try:
                 self.conn.send(h11.ConnectionClosed())
             except h11.LocalProtocolError:
                 pass  # mid-request: there is nothing to close politely
-        self.transport.close()
+        super()._close()
 
 
-def edge_protocol(limits: Limits, *, max_connections: int | None = None) -> type[H11Protocol]:
-    """uvicorn's h11 protocol with ``limits`` applied (pass it as ``uvicorn.Config(http=...)``)."""
+class _EdgeHttpTools(_Edge, HttpToolsProtocol):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._edge_init()
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._admit()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.parser is not None:  # None: the connection was lost meanwhile
+            self._received(len(data))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        # A field value excludes its surrounding whitespace (RFC 9110, 5.5): h11 strips it, llhttp keeps the trailing
+        # part, which the SDK then compares with the body (SEP-2243's Mcp-Method and Mcp-Name headers).
+        super().on_header(name, value.strip(b" \t"))
+
+    def on_response_complete(self) -> None:
+        if not self.transport.is_closing():
+            self._await_head()
+        super().on_response_complete()  # may start a pipelined request (its head is parsed already)
+        self._follow()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+
+PARSERS: dict[str, type[_Edge]] = {"httptools": _EdgeHttpTools, "h11": _EdgeH11}
+
+
+def edge_protocol(limits: Limits, *, max_connections: int | None = None, parser: str = "h11") -> type[Any]:
+    """uvicorn's HTTP protocol (``parser``: httptools or h11) with ``limits`` applied (pass it as
+    ``uvicorn.Config(http=...)``)."""
     cap = max_connections if max_connections is not None else limits.max_connections
     attributes = {"limits": limits, "max_connections": cap, "throttle": Throttle()}
-    return type("EdgeProtocol", (_EdgeProtocol,), attributes)
+    return type("EdgeProtocol", (PARSERS[parser],), attributes)
 
 
 def raise_open_files_limit() -> int:

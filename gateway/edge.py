@@ -168,8 +168,10 @@ class Edge:
         if scope["type"] != "http" or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
-        limit = self.settings().max_body_bytes
-        declared = Headers(scope=scope).get("content-length", "")
+        settings = self.settings()
+        limit = settings.max_body_bytes
+        headers = Headers(scope=scope)
+        declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             await _reply(send, _too_large(int(declared), limit), 413)
             return
@@ -198,11 +200,11 @@ class Edge:
                 **decoded,
                 "params": dict(params) if isinstance(params, dict) else params,
             }
-            answer, body = self._check(decoded, scope, body)
+            answer, body = _check(decoded, scope, body, settings.max_argument_depth)
             if answer is not None:
                 await _reply(send, answer)
                 return
-            key = _in_flight_key(decoded, scope)
+            key = _in_flight_key(decoded, scope, headers)
             if key is not None:
                 if not await self.in_flight.claim(key):
                     await _reply(send, _duplicate(decoded["id"]))
@@ -223,44 +225,43 @@ class Edge:
                 return
         await self.app(scope, _replay(body, receive), send)
 
-    def _check(self, decoded: dict[str, Any], scope: Scope, body: bytes) -> tuple[dict[str, Any] | None, bytes]:
-        """(an answer to send instead, or None; the body to pass on)."""
-        depth = self.settings().max_argument_depth
-        request_id = decoded.get("id")
-        if "method" in decoded and "id" in decoded:
-            if request_id is None or isinstance(request_id, bool) or not isinstance(request_id, str | int):
-                kind = "null" if request_id is None else type(request_id).__name__
-                text = f"Invalid Request: a request's id must be a string or an integer, not {kind}."
-                return _error(None, INVALID_REQUEST, text), body
-        raw_params = decoded.get("params")
-        params: dict[str, Any] = raw_params if isinstance(raw_params, dict) else {}
-        call = decoded.get("method") == "tools/call" and isinstance(raw_params, dict)
-        rewritten = False
-        if call and isinstance(params.get("name"), str) and problem(params["name"]) is not None:
-            # No published name holds one (they are A-Z a-z 0-9 _ . -): an unknown tool, with its row, escaped.
-            params["name"] = params["name"].encode("utf-8", "backslashreplace").decode("utf-8")
-            rewritten = True
-        arguments = params.pop("arguments", None) if call else None
-        found = problem(decoded, depth + 2)  # the envelope and params around the values
-        if found is not None:
-            where, reason = found
-            return _error(request_id, INVALID_PARAMS, f"Invalid params: at {quote('.'.join(where))}, {reason}."), body
-        withheld = argument_problem(arguments, depth) if arguments is not None else None
-        if withheld is not None:
-            arguments = {}
-            scope.setdefault("state", {})[WITHHELD] = withheld
-        if withheld is None and not rewritten:
-            return None, body
-        if arguments is not None:
-            params["arguments"] = arguments
-        return None, json.dumps(decoded).encode()
+
+def _check(decoded: dict[str, Any], scope: Scope, body: bytes, depth: int) -> tuple[dict[str, Any] | None, bytes]:
+    """(an answer to send instead, or None; the body to pass on)."""
+    request_id = decoded.get("id")
+    if "method" in decoded and "id" in decoded:
+        if request_id is None or isinstance(request_id, bool) or not isinstance(request_id, str | int):
+            kind = "null" if request_id is None else type(request_id).__name__
+            text = f"Invalid Request: a request's id must be a string or an integer, not {kind}."
+            return _error(None, INVALID_REQUEST, text), body
+    raw_params = decoded.get("params")
+    params: dict[str, Any] = raw_params if isinstance(raw_params, dict) else {}
+    call = decoded.get("method") == "tools/call" and isinstance(raw_params, dict)
+    rewritten = False
+    if call and isinstance(params.get("name"), str) and problem(params["name"]) is not None:
+        # No published name holds one (they are A-Z a-z 0-9 _ . -): an unknown tool, with its row, escaped.
+        params["name"] = params["name"].encode("utf-8", "backslashreplace").decode("utf-8")
+        rewritten = True
+    arguments = params.pop("arguments", None) if call else None
+    found = problem(decoded, depth + 2)  # the envelope and params around the values
+    if found is not None:
+        where, reason = found
+        return _error(request_id, INVALID_PARAMS, f"Invalid params: at {quote('.'.join(where))}, {reason}."), body
+    withheld = argument_problem(arguments, depth) if arguments is not None else None
+    if withheld is not None:
+        arguments = {}
+        scope.setdefault("state", {})[WITHHELD] = withheld
+    if withheld is None and not rewritten:
+        return None, body
+    if arguments is not None:
+        params["arguments"] = arguments
+    return None, json.dumps(decoded).encode()
 
 
-def _in_flight_key(decoded: dict[str, Any], scope: Scope) -> Key | None:
+def _in_flight_key(decoded: dict[str, Any], scope: Scope, headers: Headers) -> Key | None:
     """The in-flight key of a session-era request (its id already checked to be a string or an integer), else None."""
     if "method" not in decoded or "id" not in decoded:
         return None  # a notification or a response: the SDK answers 202 and correlates no answer stream by it
-    headers = Headers(scope=scope)
     session, version = headers.get("mcp-session-id"), headers.get("mcp-protocol-version")
     if session is None or (version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS):
         # initialize, or the stateless era (which the SDK tells by this header alone, as here): each POST is its

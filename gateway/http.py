@@ -153,19 +153,34 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        if not self._host_ok(headers.get("host", "")):
+        # One pass over the request's headers for the four the guard reads (the last of a repeated one wins, as
+        # in a dict of them all); the authorization travels in the scope to _authenticated, past the CORS layer.
+        host = origin = authorization = None
+        asks_method = False
+        for key, value in scope["headers"]:
+            if key == b"host":
+                host = value
+            elif key == b"origin":
+                origin = value
+            elif key == b"authorization":
+                authorization = value
+            elif key == b"access-control-request-method":
+                asks_method = True
+        if not self._host_ok(host.decode("latin-1") if host is not None else ""):
             await _plain(send, 421, "Misdirected request: Host header not allowed.")
             return
-        origin = headers.get("origin")
-        if origin is not None and not self._origin_ok(origin):
+        if origin is not None and not self._origin_ok(origin.decode("latin-1")):
             await _plain(send, 403, "Forbidden: Origin not allowed.")
             return
+        scope[_AUTHORIZATION] = authorization.decode("latin-1") if authorization is not None else None
         path = scope["path"]
         cors = self.mcp_cors if path == "/mcp" else self.metadata_cors if path in self.metadata_paths else None
         if cors is None:
             await self._authenticated(scope, receive, send)
-        elif _preflight(scope, origin, headers):
+        elif origin is None:
+            # No Origin (not a browser): all the CORS layer would do is add ``Vary: Origin`` to the answer.
+            await self._authenticated(scope, receive, _vary_origin(send))
+        elif asks_method and scope["method"] == "OPTIONS":
             # Browsers send no credentials on a preflight: it is answered here, before auth, and does no work. The
             # caller holds no token, so the connection closes with the answer (connections.py counts on it).
             await cors(scope, receive, _closing(send))
@@ -173,8 +188,7 @@ class Guard:
             await cors(scope, receive, send)  # the actual request: auth as ever, CORS headers on whatever answers
 
     async def _authenticated(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        authorization = headers.get("authorization")
+        authorization = scope.get(_AUTHORIZATION)
         caller = self.tokens.identify(authorization) if self.tokens else None
         public = scope["path"] in self.public_paths
         principal = None
@@ -220,6 +234,8 @@ class Guard:
 
 
 _REFUSED = {401: "Unauthorized", 403: "Forbidden", 503: "Service unavailable"}
+_AUTHORIZATION = "gateway.authorization"
+"""The scope key under which the Guard hands ``_authenticated`` the request's Authorization header (or None)."""
 
 # What a browser-based MCP client may send to /mcp (the request headers of both protocol eras; Mcp-Param-* is a
 # family) and read of the answer (the session id, the 401/403 challenge, how long to back off).
@@ -238,10 +254,6 @@ CORS_HEADERS = frozenset(
 )
 CORS_HEADER_PREFIX = "mcp-param-"
 CORS_EXPOSED = ("Mcp-Session-Id", "WWW-Authenticate", "Retry-After")
-
-
-def _preflight(scope: Scope, origin: str | None, headers: Mapping[str, str]) -> bool:
-    return origin is not None and scope["method"] == "OPTIONS" and "access-control-request-method" in headers
 
 
 class _Cors(CORSMiddleware):
@@ -316,6 +328,23 @@ def _split_origin(origin: str) -> tuple[str, str, int] | None:
     if parts.path or parts.query or parts.fragment:
         return None
     return parts.scheme, parts.hostname, port if port is not None else _DEFAULT_PORTS[parts.scheme]
+
+
+def _vary_origin(send: Send) -> Send:
+    """``send`` with ``Origin`` added to the answer's ``Vary``, exactly as Starlette's CORS middleware adds it to an
+    answer to a request without an Origin (one ``Vary`` header, the earlier values first)."""
+
+    async def varied(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            headers = list(message.get("headers", []))
+            values = [v for k, v in headers if k == b"vary"]
+            at = next((i for i, (k, _) in enumerate(headers) if k == b"vary"), len(headers))
+            kept = [(k, v) for k, v in headers if k != b"vary"] if values else headers
+            kept.insert(at, (b"vary", b", ".join([*values, b"Origin"])))
+            message = {**message, "headers": kept}
+        await send(message)
+
+    return varied
 
 
 def _closing(send: Send) -> Send:

@@ -359,3 +359,58 @@ servers:
     assert send["parent_id"] == step["context"]["span_id"]
     assert send["kind"] == "SpanKind.CLIENT" and send["attributes"]["mcp.method.name"] == "tools/call"
     assert send["context"]["trace_id"] == call["context"]["trace_id"]
+
+
+async def test_an_answered_stream_is_read_to_its_end_so_no_async_generator_is_left_to_the_garbage_collector(
+    echo_http: RunningServer,
+) -> None:
+    # An event iterator abandoned after the answer leaves its chain of async generators (httpx2's SSE, text and
+    # byte iterators, the transport's streams) suspended; the garbage collector then finalizes each through
+    # asyncio's hook, which wakes the loop through its self-pipe and spawns a task to close it: seven per call.
+    import gc
+    import sys
+
+    import httpx2
+
+    from gateway.backends.fastpath import HttpLane
+
+    first_iter, finalizer = sys.get_asyncgen_hooks()
+    assert finalizer is not None
+    finalized: list[str] = []
+
+    def counting(agen: Any) -> None:
+        finalized.append(agen.__qualname__)
+        finalizer(agen)
+
+    async def ignore(_: Any) -> None:
+        return None
+
+    headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+    hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    async with httpx2.AsyncClient(trust_env=False) as client:
+        init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}
+        with anyio.fail_after(WAIT):
+            answered = await client.post(echo_http.url(), json=init, headers=headers)
+        lane = HttpLane(client, echo_http.url(), max_event_size=1 << 20)
+        lane.session_id, lane.version = answered.headers["mcp-session-id"], "2025-06-18"
+        done = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        await client.post(echo_http.url(), json=done, headers=lane._headers())
+        sys.set_asyncgen_hooks(first_iter, counting)
+        try:
+            with anyio.fail_after(WAIT):
+                async with anyio.create_task_group() as closer:  # its end waits for every answered stream's close
+                    lane.closer = closer
+                    for n in range(3):
+                        result = await lane.request(
+                            "tools/call",
+                            {"name": "echo", "arguments": {"text": f"t{n}"}},
+                            timeout_s=WAIT,
+                            progress=None,
+                            answer=ignore,
+                            notify=ignore,
+                        )
+                        assert result["content"][0]["text"] == f"t{n}"
+            gc.collect()
+        finally:
+            sys.set_asyncgen_hooks(first_iter, finalizer)
+    assert finalized == []

@@ -55,6 +55,7 @@ CANCEL_NOTICE_S = 2.0
 """Bound on telling the downstream that a call was cancelled (the caller is not kept waiting longer)."""
 RESUME_ATTEMPTS = 2  # as the SDK's transport (MAX_RECONNECTION_ATTEMPTS)
 RESUME_DELAY_MS = 1000  # its default when the server names no retry interval
+DRAIN_LIMIT_S = 0.05  # how long the rest of an answered stream is read (as backends/pool.py drains a body)
 
 ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
 AnswerFn = Callable[[Any], Awaitable[Any]]
@@ -240,6 +241,7 @@ class _Exchange(DirectCall):
         self.notify = notify
         self.body = b""
         self.serving: dict[str, anyio.CancelScope] = {}  # the server's requests being answered, by id
+        self.events: AsyncIterator[Any] | None = None  # the events of the stream read last (_drain)
 
     async def send(self, body: bytes) -> None:
         self.body = body  # POSTed by ``outcome``: the POST's answer may be the call's, so it is within the time limit
@@ -258,7 +260,7 @@ class _Exchange(DirectCall):
         if lane.closer is not None:
             # The answer is read: what is left of the stream (its end) is drained and the connection pooled after
             # the caller has it, as the SDK's transport does in its own task (backends/pool.py).
-            lane.closer.start_soon(_close_quietly, response)
+            lane.closer.start_soon(_drain, self.events, response)
         else:
             await response.aclose()
         return outcome
@@ -323,6 +325,7 @@ class _Exchange(DirectCall):
         A request of the server's is answered in a task of its own while the stream is read on (the server may
         cancel it, or say more, before it is answered): the task group is opened only when the first one comes."""
         stream = _Stream(aiter(httpx2.EventSource(response, max_event_size=self.lane.max_event_size)))
+        self.events = stream.events
         first = await self._consume(stream, None)
         if first is None:
             return stream.last_id, stream.retry_ms, stream.outcome
@@ -441,6 +444,22 @@ class _Stream:
 
 def _key(request_id: Any) -> str:
     return json.dumps(request_id)  # "1" and 1 are different ids
+
+
+async def _drain(events: AsyncIterator[Any] | None, response: httpx2.Response) -> None:
+    """Read an answered stream's events to its end (bounded as pool.py bounds a drain), then close it. Reading it
+    to the end lets every async generator under the event iterator finish: one left suspended is finalized by the
+    garbage collector instead, and asyncio's finalizer hook wakes the loop through its self-pipe and spawns a task to
+    close it, for each of the seven generators of the chain, on every call (docs/benchmarks.md, "The upstream half,
+    trimmed")."""
+    if events is not None:
+        try:
+            with anyio.move_on_after(DRAIN_LIMIT_S):
+                async for _ in events:
+                    pass  # what follows the answer on its stream: normally nothing but the stream's end
+        except Exception:  # a stream that breaks off here only loses its connection (closed below)
+            pass
+    await _close_quietly(response)
 
 
 async def _close_quietly(response: httpx2.Response) -> None:
