@@ -1092,27 +1092,52 @@ class _Expansions:
 
     An error message may echo a value: pydantic's own (``Input tag 'x' found ...``), the ``(got ...)`` the loader
     adds, a validator's (``tool name 'x' is invalid``). ``redact`` puts back, for each value taken from the
-    environment and each string value it was part of, the text written in the file. A value of fewer than
-    ``_MASK_ANYWHERE`` characters is replaced only where it stands quoted, so that ``greater than 0`` keeps its 0.
+    environment and each string value it was part of, the text written in the file: at the error's key path (and
+    below it) what was written there; elsewhere every form that produced the value (two variables may hold the
+    same text: ``${A} or ${B}``, never only the one read first). A value of fewer than ``_MASK_ANYWHERE``
+    characters is replaced only where it stands quoted, so that ``greater than 0`` keeps its 0.
     """
 
     _MASK_ANYWHERE = 4
 
     def __init__(self) -> None:
-        self.written: dict[str, str] = {}
-        """expanded text -> as written (``${NAME}`` for a variable's value; ``Bearer ${NAME}`` for a whole value)"""
+        self.written: dict[str, dict[str, None]] = {}
+        """expanded text -> the forms written for it (``${NAME}`` for a variable's value; ``Bearer ${NAME}`` for
+        a whole value), in the order read"""
+        self.at: dict[str, dict[str, dict[str, None]]] = {}
+        """dotted key path -> expanded text -> the forms written for it at that key"""
 
-    def add(self, expanded: str, written: str) -> None:
+    def add(self, expanded: str, written: str, path: tuple[str, ...]) -> None:
         if expanded and expanded != written:
-            self.written.setdefault(expanded, written)
+            self.written.setdefault(expanded, {})[written] = None
+            self.at.setdefault(".".join(path), {}).setdefault(expanded, {})[written] = None
 
-    def as_written(self, value: object) -> object:
-        """The value as the file wrote it, when interpolation produced it."""
-        return self.written.get(value, value) if isinstance(value, str) else value
+    def _near(self, at: str | None) -> dict[str, str]:
+        if at is None:
+            return {}
+        near: dict[str, dict[str, None]] = {}
+        for path, values in self.at.items():
+            if path == at or path.startswith(f"{at}."):
+                for expanded, forms in values.items():
+                    near.setdefault(expanded, {}).update(forms)
+        return {expanded: " or ".join(forms) for expanded, forms in near.items()}
 
-    def redact(self, text: str) -> str:
-        for expanded in sorted(self.written, key=len, reverse=True):
-            written = self.written[expanded]
+    def as_written(self, value: object, at: str | None = None) -> object:
+        """The value as the file wrote it (at key path ``at``, when given), when interpolation produced it."""
+        if not isinstance(value, str):
+            return value
+        near = self._near(at)
+        if value in near:
+            return near[value]
+        forms = self.written.get(value)
+        return " or ".join(forms) if forms else value
+
+    def redact(self, text: str, at: str | None = None) -> str:
+        """``text`` with every expanded value put back as written (preferring what key path ``at`` wrote)."""
+        near = self._near(at)
+        mapping = {expanded: " or ".join(forms) for expanded, forms in self.written.items()} | near
+        for expanded in sorted(mapping, key=len, reverse=True):
+            written = mapping[expanded]
             if len(expanded) >= self._MASK_ANYWHERE:
                 text = text.replace(expanded, written)
             else:
@@ -1137,14 +1162,14 @@ def _interpolate(
         if default is not None and not value:  # like the shell's ${VAR:-default}: an empty value takes the default
             return default
         if value is not None:
-            expansions.add(value, f"${{{name}}}")
+            expansions.add(value, f"${{{name}}}", path)
             return value
         raise ConfigError(
             file, ".".join(path), lines.get(path), f"environment variable {name} is not set (referenced as ${{{name}}})"
         )
 
     expanded = _ENV_REF.sub(replace, value)
-    expansions.add(expanded, value)
+    expansions.add(expanded, value, path)
     return expanded
 
 
@@ -1202,20 +1227,20 @@ def parse_config(text: str, *, file: str = "<memory>", env: Mapping[str, str] | 
         elif err["type"] == "union_tag_not_found":
             message = "required key is missing: `transport` (one of stdio, streamable_http, sse)"
         else:
-            message = expansions.redact(message)
+            message = expansions.redact(message, at=key_path)
             if isinstance(err.get("input"), str | int | float) and err["type"] not in (
                 "value_error",
                 "assertion_error",
             ):
                 # Scalars only (a mapping is not worth printing); as written, so an expanded value is not shown.
-                message = f"{message} (got {expansions.as_written(err['input'])!r})"
+                message = f"{message} (got {expansions.as_written(err['input'], at=key_path)!r})"
         if message.startswith("Value error, "):
             message = message.removeprefix("Value error, ")
         raise ConfigError(file, key_path, line, message) from None  # pydantic's own text would echo the input
     unresolved = fed.cross_reference_problem()
     if unresolved is not None:
         where, what = unresolved
-        raise ConfigError(file, ".".join(where), lines.get(where), expansions.redact(what))
+        raise ConfigError(file, ".".join(where), lines.get(where), expansions.redact(what, at=".".join(where)))
     fed._source = file
     return fed
 

@@ -425,6 +425,44 @@ def test_a_config_error_shows_an_expanded_value_as_the_variable_written(text: st
     assert written in err.message, err.message
 
 
+SAME = "same-value-in-two-variables"
+USES_A = "servers:\n  web:\n    transport: sse\n    url: http://127.0.0.1:1/sse\n    headers: {X-Key: '${A}'}\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "key_path", "written"),
+    [
+        (
+            USES_A + "  mem:\n    transport: stdio\n    command: x\n    timeout_s: ${B}\n",
+            "servers.mem.timeout_s",
+            "(got '${B}')",
+        ),
+        (USES_A + "  other:\n    transport: ${B}\n", "servers.other.transport", "Input tag '${B}'"),
+        (USES_A + "routes:\n  r: ['${B}/search']\n", "routes.r", "backend '${B}'"),
+    ],
+    ids=["number", "transport", "route"],
+)
+def test_a_value_two_variables_hold_is_shown_as_the_variable_written_at_that_key(
+    text: str, key_path: str, written: str
+) -> None:
+    # ${A} and ${B} hold the same text; the error at the key that wrote ${B} once quoted ${A}, the first one read.
+    err = config_error(text, env={"A": SAME, "B": SAME})
+    assert err.key_path == key_path
+    assert SAME not in str(err)
+    assert written in err.message, err.message
+    assert "${A}" not in err.message, err.message
+
+
+def test_a_value_two_variables_hold_echoed_away_from_its_key_names_both() -> None:
+    from gateway.config import _Expansions
+
+    expansions = _Expansions()
+    expansions.add(SAME, "${A}", ("servers", "web", "url"))
+    expansions.add(SAME, "${B}", ("servers", "mem", "command"))
+    assert expansions.redact(f"'{SAME}' twice", at="routes.r") == "'${A} or ${B}' twice"
+    assert expansions.redact(f"'{SAME}' twice", at="servers.mem") == "'${B}' twice"
+
+
 def test_a_short_expanded_value_is_shown_as_written_without_masking_the_rest_of_the_message() -> None:
     err = config_error(STDIO + "    timeout_s: '${N}'\n", env={"N": "0"})
     assert err.message == "Input should be greater than 0 (got '${N}')"
