@@ -185,12 +185,20 @@ def _time_arg(text: str) -> float:
 
 
 def add_audit_subcommands(
-    subparsers: argparse._SubParsersAction[argparse.ArgumentParser], *, default_db: str = "audit.db"
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+    *,
+    default_db: str = "audit.db",
+    read_default: str | None = None,
+    copy_default: str | None = None,
 ) -> argparse.ArgumentParser:
-    """Add ``audit`` (``tail``, ``query``, ``stats``) to the CLI's subparsers; run what it parses with ``run_audit``."""
+    """Add ``audit`` (``tail``, ``query``, ``stats``, ``copy``) to the CLI's subparsers; run what it parses with
+    ``run_audit``. ``read_default`` / ``copy_default`` say in the help what ``--db`` means when it is left out (the
+    caller resolves ``default_db`` to it); without them the help shows ``default_db``."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
-        "--db", default=default_db, help=f"the ledger: a SQLite file or a postgresql:// URL (default: {default_db})"
+        "--db",
+        default=default_db,
+        help=f"the ledger: a SQLite file or a postgresql:// URL (default: {read_default or default_db})",
     )
     common.add_argument("--json", action="store_true", help="print JSON instead of a table")
     filters = argparse.ArgumentParser(add_help=False)
@@ -219,7 +227,9 @@ def add_audit_subcommands(
         description="Copy the SQLite ledger --db into the PostgreSQL ledger --to, in order; a re-run copies only "
         "the rows not there yet.",
     )
-    copy_parser.add_argument("--db", default=default_db, help=f"the SQLite ledger file (default: {default_db})")
+    copy_parser.add_argument(
+        "--db", default=default_db, help=f"the SQLite ledger file (default: {copy_default or default_db})"
+    )
     copy_parser.add_argument(
         "--to", default=None, help="the PostgreSQL ledger's postgresql:// URL (default: gateway.audit.url)"
     )

@@ -94,7 +94,12 @@ def _parser() -> argparse.ArgumentParser:
         "--caller", metavar="NAME", help="only what this caller's policy shows (a static token's name, or ISSUER:SUB)"
     )
 
-    audit = add_audit_subcommands(sub, default_db=AUDIT_DB_FROM_CONFIG)
+    audit = add_audit_subcommands(
+        sub,
+        default_db=AUDIT_DB_FROM_CONFIG,
+        read_default="gateway.audit.url when set, else gateway.audit.path",  # what main() resolves it to
+        copy_default="gateway.audit.path",
+    )
     config_arg(audit)
     add_import_subcommand(sub)
     return parser

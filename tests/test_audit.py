@@ -595,3 +595,21 @@ def test_times_parse_as_ages_iso_and_unix() -> None:
     assert parse_time("1748779200") == 1748779200.0
     with pytest.raises(ValueError, match="is not a time"):
         parse_time("soon")
+
+
+@pytest.mark.parametrize(
+    ("command", "default"),
+    [
+        ("tail", "(default: gateway.audit.url when set, else gateway.audit.path)"),
+        ("stats", "(default: gateway.audit.url when set, else gateway.audit.path)"),
+        ("copy", "(default: gateway.audit.path)"),
+    ],
+)
+def test_the_audit_help_names_the_ledger_each_command_reads_by_default(command: str, default: str) -> None:
+    # `audit tail` reads gateway.audit.url when one is set (the ledger the gateway writes), which its help left out.
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway", "audit", command, "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    db_help = " ".join(done.stdout.split("--db DB", 2)[-1].split("--", 1)[0].split())
+    assert db_help.endswith(default), db_help
