@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
-from collections.abc import Iterable, Mapping, MutableMapping
+from collections.abc import Collection, Iterable, Mapping, MutableMapping
 from typing import Any
 
 import structlog
@@ -147,18 +147,32 @@ def config_secrets(config: Federation) -> list[str]:
     return values
 
 
-def configure_logging(level: str = "info", *, json: bool | None = None) -> None:
+class _Quiet:
+    """Drops the events named: what a command's own report already prints (``gateway check``'s table)."""
+
+    def __init__(self, events: Collection[str]) -> None:
+        self.events = frozenset(events)
+
+    def __call__(self, logger: Any, method_name: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+        if event_dict.get("event") in self.events:
+            raise structlog.DropEvent
+        return event_dict
+
+
+def configure_logging(level: str = "info", *, json: bool | None = None, quiet: Collection[str] = ()) -> None:
     """Configure structlog (and the stdlib root logger) once, writing to stderr.
 
     Args:
         level: the lowest level written (debug, info, warning, error).
         json: JSON lines (True) or the console renderer (False); None picks JSON unless stderr is a terminal.
+        quiet: event names never written (the command reports them itself).
     """
     as_json = (not sys.stderr.isatty()) if json is None else json
     numeric = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
     renderer: Any = structlog.processors.JSONRenderer() if as_json else structlog.dev.ConsoleRenderer()
     structlog.configure(
         processors=[
+            _Quiet(quiet),
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),

@@ -60,6 +60,7 @@ log = structlog.get_logger("gateway.cli")
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 AUDIT_DB_FROM_CONFIG = "gateway.audit.path"
+CHECK_REPORTS = ("backend.state", "backend.variant_not_ready")  # events whose content `check` prints in its table
 ANSWER_GRACE_S = 1.0
 """After the drain, how long the answers (the shutdown's error results included) have to reach their callers."""
 
@@ -68,7 +69,10 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gateway", description="One MCP endpoint in front of many backends.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
     parser.add_argument(
-        "--log-level", default=None, help="debug | info | warning | error (default: info for serve, else warning)"
+        "--log-level",
+        default=None,
+        help="debug | info | warning | error (default: info for serve, else warning; check leaves out the backend "
+        "states its table shows unless this is given)",
     )
     parser.add_argument("--log-json", action="store_true", default=None, help="JSON log lines even on a terminal")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -108,7 +112,10 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     level = args.log_level or ("info" if args.command == "serve" else "warning")
-    configure_logging(level, json=args.log_json)
+    # check's table states each backend's state, reason and not-ready variant: at the default level their log lines
+    # would say it a second time (a --log-level asked for writes them, as a timeline)
+    quiet = CHECK_REPORTS if args.command == "check" and args.log_level is None else ()
+    configure_logging(level, json=args.log_json, quiet=quiet)
     if args.command == "import":  # converts a client's JSON: needs no federation.yaml
         return run_import(args)
     try:

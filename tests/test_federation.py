@@ -284,6 +284,24 @@ def test_check_prints_states_and_reasons_and_exits_0(federation: str, tmp_path: 
     assert "(declared) HTTP transport returns an error page" in table.stdout
 
 
+def test_check_states_a_failing_backends_reason_once(tmp_path: Path) -> None:
+    # The reason was printed twice: a backend.state warning on stderr, then the table's row.
+    path = tmp_path / "federation.yaml"
+    path.write_text("servers:\n  gone:\n    transport: stdio\n    command: definitely-not-a-command-xyz\n")
+    done = subprocess.run(
+        [PYTHON, "-m", "gateway", "check", "-c", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    reason = "command not found: definitely-not-a-command-xyz"
+    assert (done.stdout + done.stderr).count(reason) == 1, done.stdout + done.stderr
+    assert [line.split()[:3] for line in done.stdout.splitlines() if reason in line] == [["gone", "stdio", "failed"]]
+    loud = subprocess.run(  # asked for, the log lines are written as before
+        [PYTHON, "-m", "gateway", "--log-level", "warning", "check", "-c", str(path)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert '"event": "backend.state"' in loud.stderr and reason in loud.stdout
+
+
 # ------------------------------------------------------------------------------------------------ crashes
 
 

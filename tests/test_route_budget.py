@@ -126,3 +126,4 @@ async def test_status_and_check_show_the_detected_reason_on_the_variant(gateway:
         )
     assert done.returncode == 0, done.stderr.decode()
     assert f"(detected) variant search[gated] not ready: {detail}" in done.stdout.decode()
+    assert (done.stdout + done.stderr).decode().count(detail) == 1, done.stderr.decode()  # the table's row only
