@@ -341,9 +341,20 @@ async def _serve_stdio(config: Federation) -> int:
                 await anyio.sleep(ANSWER_GRACE_S)  # the answers are written to stdout meanwhile
                 tg.cancel_scope.cancel()
 
+            async def answer_what_was_read() -> None:
+                # stdin ended with requests unanswered: each gets its answer (a call at least its row) before the
+                # session ends, which would cancel them. One waiting for the backends to start waits on (bounded);
+                # the calls then have drain_s, as at a signal, and the answers ANSWER_GRACE_S to be sent. Each
+                # sleep is a bound: the edge ends this wait as soon as every request read is answered.
+                await gateway.wait_started()
+                limit = gateway.config.gateway.drain_s
+                await anyio.sleep(limit)
+                gateway.stop_calls(f"the gateway is shutting down: its stdin closed (calls had {limit:g} s to finish)")
+                await anyio.sleep(ANSWER_GRACE_S)
+
             tg.start_soon(_stop_on_signals, gateway, stop)
             tg.start_soon(watch_config, config.source, _reloader(gateway))
-            async with stdio_edge() as (read, write):
+            async with stdio_edge(answer_what_was_read) as (read, write):
                 await server.run(read, write, server.create_initialization_options())
             tg.cancel_scope.cancel()  # the client closed stdin: shut down
     return EXIT_OK

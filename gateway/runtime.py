@@ -255,6 +255,11 @@ class Gateway:
                     await hurry.wait()
                     reason = "the gateway is shutting down (stopped at once by a second signal)"
                     waiting.cancel_scope.cancel()
+        self.stop_calls(reason)
+
+    def stop_calls(self, reason: str) -> None:
+        """Cancel the calls in progress with an answer that gives ``reason`` (each leaves its ``cancelled`` row);
+        later calls are answered the same way at once."""
         left = self.router.calls_in_progress()
         if left:
             log.warning("gateway.calls_cancelled", calls=left, reason=reason)

@@ -9,6 +9,10 @@ spawns the gateway hands it), :func:`stdio_edge` serves them as non-blocking pip
 - one JSON-RPC message per line, UTF-8 (invalid bytes replaced, as the SDK's text layer does); a line that does not
   parse is delivered on the read stream as the exception, and reading goes on; a line may be of any length;
 - end of file ends the read stream; an unterminated last line is parsed as a line (the SDK's line iterator yields it);
+  given ``linger``, not before every request read has been answered (or cancelled by the client), or ``linger()``
+  has returned: the session cancels what is in flight once its input ends, so a request read before the end (one
+  waiting for the backends to start, a call in progress) would get no answer, or "Connection closed" (the SDK's
+  transport is wrapped alike);
 - a broken stdout (the client went away) ends both streams cleanly: nothing is left to answer to;
 - while serving, fd 0 reads the null device and fd 1 writes to stderr, so a handler or child that touches them
   cannot read or tear the wire; both are restored on exit (the SDK does the same).
@@ -28,7 +32,7 @@ import os
 import stat
 import sys
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, cast
 
 import anyio
@@ -43,6 +47,8 @@ WRITE_HIGH_WATER = 256 * 1024  # stdout bytes queued in the transport before a s
 FLUSH_ON_EXIT_S = 2.0  # how long the answers already written may take to reach the client on exit (then dropped)
 
 Streams = tuple[MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]]
+Linger = Callable[[], Awaitable[None]]
+"""At end of input with requests still unanswered: returns when they have had their time (then the input ends)."""
 
 
 def _is_pipe(fd: int) -> bool:
@@ -74,15 +80,114 @@ def can_serve() -> bool:
 
 
 @contextlib.asynccontextmanager
-async def stdio_edge() -> AsyncIterator[Streams]:
-    """Serve MCP over the process's stdin and stdout; the SDK's ``stdio_server()`` where they are not pipes."""
+async def stdio_edge(linger: Linger | None = None) -> AsyncIterator[Streams]:
+    """Serve MCP over the process's stdin and stdout; the SDK's ``stdio_server()`` where they are not pipes.
+
+    Args:
+        linger: at end of input, how long the requests read may still be answered before the session is told
+            (None: it is told at once).
+    """
     if not can_serve() or not _on_asyncio():
         async with stdio_server() as streams:
-            yield streams
+            if linger is None:
+                yield streams
+                return
+            async with _lingering(streams, linger) as tracked:
+                yield tracked
         return
     async with _claimed() as (wire_in, wire_out):
-        async with _serve(wire_in, wire_out) as streams:
+        async with _serve(wire_in, wire_out, linger) as streams:
             yield streams
+
+
+class _Unanswered:
+    """The client's requests read and not answered yet (nor cancelled by the client)."""
+
+    def __init__(self) -> None:
+        self.ids: set[types.RequestId] = set()
+        self._none = anyio.Event()
+        self._none.set()
+
+    def read(self, item: SessionMessage | Exception) -> None:
+        if not isinstance(item, SessionMessage):
+            return
+        message = item.message
+        if isinstance(message, types.JSONRPCRequest):
+            if not self.ids:
+                self._none = anyio.Event()
+            self.ids.add(message.id)
+        elif isinstance(message, types.JSONRPCNotification) and message.method == "notifications/cancelled":
+            request_id = (message.params or {}).get("requestId")
+            if isinstance(request_id, int | str):
+                self._settled(request_id)
+
+    def wrote(self, item: SessionMessage) -> None:
+        message = item.message
+        if isinstance(message, types.JSONRPCResponse | types.JSONRPCError) and message.id is not None:
+            self._settled(message.id)
+
+    def _settled(self, request_id: types.RequestId) -> None:
+        if request_id in self.ids:
+            self.ids.discard(request_id)
+            if not self.ids:
+                self._none.set()
+
+    async def wait_answered(self, linger: Linger | None, gone: anyio.Event | None = None) -> None:
+        """Until every request read is answered, ``linger()`` returns, or ``gone`` is set (no answer can be sent)."""
+        if linger is None or not self.ids:
+            return
+        async with anyio.create_task_group() as tg:
+
+            async def until(event: anyio.Event) -> None:
+                await event.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(until, self._none)
+            if gone is not None:
+                tg.start_soon(until, gone)
+            await linger()
+            tg.cancel_scope.cancel()
+
+
+@contextlib.asynccontextmanager
+async def _lingering(streams: Streams, linger: Linger) -> AsyncIterator[Streams]:
+    """The SDK's streams, relayed so that their end of input waits for the answers (as ``_serve`` does inline)."""
+    sdk_read, sdk_write = streams
+    unanswered = _Unanswered()
+    read_send, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    write_stream, write_receive = anyio.create_memory_object_stream[SessionMessage](0)
+
+    async def relay_in() -> None:
+        async with read_send:
+            async for item in sdk_read:
+                unanswered.read(item)
+                try:
+                    await read_send.send(item)
+                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    return
+            await unanswered.wait_answered(linger)
+
+    out_done = anyio.Event()
+
+    async def relay_out() -> None:
+        try:
+            async with write_receive, sdk_write:
+                async for item in write_receive:
+                    await sdk_write.send(item)
+                    unanswered.wrote(item)
+        finally:
+            out_done.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(relay_in)
+        tg.start_soon(relay_out)
+        try:
+            yield read_stream, write_stream
+        finally:
+            write_stream.close()  # relay_out hands on what the session said, then ends
+            with anyio.CancelScope(shield=True), anyio.move_on_after(FLUSH_ON_EXIT_S):
+                await out_done.wait()
+            tg.cancel_scope.cancel()
 
 
 @contextlib.asynccontextmanager
@@ -200,7 +305,7 @@ def _parse(line: bytes) -> SessionMessage | Exception:
 
 
 @contextlib.asynccontextmanager
-async def _serve(wire_in: int, wire_out: int) -> AsyncIterator[Streams]:
+async def _serve(wire_in: int, wire_out: int, linger: Linger | None = None) -> AsyncIterator[Streams]:
     loop = asyncio.get_running_loop()
     reader = _LineReader()
     writer = _Writer()
@@ -214,16 +319,21 @@ async def _serve(wire_in: int, wire_out: int) -> AsyncIterator[Streams]:
     write_transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
     read_send, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_stream, write_receive = anyio.create_memory_object_stream[SessionMessage](0)
+    unanswered = _Unanswered()
+    lost = anyio.Event()
 
     async def stdin_reader() -> None:
         async with read_send:
             while (line := await reader.next_line()) is not None:
                 if writer.lost.is_set():
                     return
+                message = _parse(line)
+                unanswered.read(message)
                 try:
-                    await read_send.send(_parse(line))
+                    await read_send.send(message)
                 except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                     return
+            await unanswered.wait_answered(linger, lost)
 
     async def stdout_writer() -> None:
         async with write_receive:
@@ -232,10 +342,12 @@ async def _serve(wire_in: int, wire_out: int) -> AsyncIterator[Streams]:
                     continue  # the client is gone: what the session still says is dropped, so it can finish
                 data = session_message.message.model_dump_json(by_alias=True, exclude_unset=True)
                 write_transport.write(data.encode() + b"\n")
+                unanswered.wrote(session_message)
                 await writer.can_write.wait()
 
     async def watch_stdout() -> None:
         await writer.lost.wait()
+        lost.set()
         read_send.close()  # ends the session's read loop: no answer can reach the client any more
 
     try:

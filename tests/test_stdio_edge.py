@@ -11,7 +11,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import signal
+import sqlite3
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -255,3 +258,105 @@ async def test_a_regular_file_as_stdout_falls_back_to_the_sdk_transport(tmp_path
         await process.aclose()
     found = {m.get("id"): m for m in map(json.loads, answers.read_bytes().splitlines())}
     assert "echo" in {tool["name"] for tool in found[2]["result"]["tools"]}
+
+
+STARTS_IN_S = 3  # the backend's shell sleeps this long first: the client's requests arrive during the startup wait
+
+
+def slow_start_config(tmp_path: Path, drain_s: float = 5.0) -> Path:
+    argv = ["-c", f"sleep {STARTS_IN_S} && exec {shlex.join(echo_argv('--stdio'))}"]
+    path = tmp_path / "federation.yaml"
+    path.write_text(
+        f"gateway:\n  drain_s: {drain_s}\n  audit: {{path: {json.dumps(str(tmp_path / 'audit.db'))}}}\n"
+        f"servers:\n  e:\n    transport: stdio\n    command: sh\n    args: {json.dumps(argv)}\n"
+    )
+    return path
+
+
+def ledger(tmp_path: Path) -> list[tuple[str, str]]:
+    with contextlib.closing(sqlite3.connect(tmp_path / "audit.db")) as db:
+        return [(tool, status) for tool, status in db.execute("SELECT tool, status FROM calls ORDER BY id")]
+
+
+def answers_in(data: bytes) -> dict[Any, dict[str, Any]]:
+    return {m.get("id"): m for m in map(json.loads, data.splitlines()) if "id" in m}
+
+
+@pytest.mark.parametrize("stdout", ["pipe", "file"])  # the edge's own transport, and the SDK's it falls back to
+async def test_requests_read_before_stdin_closes_during_startup_are_all_answered(tmp_path: Path, stdout: str) -> None:
+    # `(printf INIT INITIALIZED tools/list; sleep 3) | gateway serve --stdio`: the list waited for the backend,
+    # stdin's end cancelled it, and the client got no answer at all.
+    answers_file = tmp_path / "answers.jsonl"
+    with answers_file.open("wb") as file:
+        process = await anyio.open_process(
+            [PYTHON, "-m", "gateway", "serve", "--stdio", "-c", str(slow_start_config(tmp_path))],
+            stdout=subprocess.PIPE if stdout == "pipe" else file,
+            cwd=tmp_path,
+            start_new_session=True,
+        )
+    assert process.stdin is not None
+    try:
+        with anyio.fail_after(WAIT):
+            await process.stdin.send(
+                line({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT})
+                + line({"jsonrpc": "2.0", "method": "notifications/initialized"})
+                + line({"jsonrpc": "2.0", "id": 3, "method": "tools/list"})
+                + echo_call(4, "asked while starting")
+            )
+            await process.stdin.aclose()
+            data = b""
+            if process.stdout is not None:
+                with contextlib.suppress(anyio.EndOfStream):
+                    while True:
+                        data += await process.stdout.receive()
+            assert await process.wait() == 0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        await process.aclose()
+    found = answers_in(data or answers_file.read_bytes())
+    assert sorted(found) == [1, 3, 4], found
+    assert "echo" in {tool["name"] for tool in found[3]["result"]["tools"]}
+    assert text_of(found[4]) == "asked while starting"
+    assert ledger(tmp_path) == [("echo", "ok")]
+
+
+async def test_a_call_still_running_when_stdin_closes_gets_drain_s_then_a_shutdown_answer_and_its_row(
+    tmp_path: Path,
+) -> None:
+    process = await anyio.open_process(
+        [PYTHON, "-m", "gateway", "serve", "--stdio", "-c", str(slow_start_config(tmp_path, drain_s=1))],
+        cwd=tmp_path,
+        start_new_session=True,
+    )
+    gw = Raw(process)
+    try:
+        with anyio.fail_after(WAIT):
+            await gw.handshake()
+            await gw.stdin.send(
+                line({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "sleep", "arguments": {}}})
+                + line(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": 3,
+                        "method": "tools/call",
+                        "params": {"name": "sleep", "arguments": {"seconds": 0.2}},
+                    }
+                )
+            )
+            await gw.stdin.aclose()
+            data = gw.buffer
+            with contextlib.suppress(anyio.EndOfStream):
+                while True:
+                    data += await gw.stdout.receive()
+            assert await process.wait() == 0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        await process.aclose()
+    found = answers_in(data)
+    assert sorted(found) == [2, 3], found
+    assert text_of(found[3]) == "slept"
+    assert found[2]["result"]["isError"] is True
+    assert "the gateway is shutting down: its stdin closed (calls had 1 s to finish)" in text_of(found[2])
+    assert sorted(ledger(tmp_path)) == [("sleep", "cancelled"), ("sleep", "ok")]
