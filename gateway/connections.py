@@ -123,6 +123,27 @@ class _Edge:
     timeout_keep_alive_task: asyncio.TimerHandle | None
     timeout_keep_alive_handler: Callable[[], None]
 
+    # The protocol's own hooks, shared by both: each calls uvicorn's (next in the concrete class's MRO) and then
+    # does the edge's part. ``data_received`` differs (httptools may lose the connection inside it).
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._edge_init()
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)  # type: ignore[misc]  # uvicorn's protocol
+        self._admit()
+
+    def on_response_complete(self) -> None:
+        if not self.transport.is_closing():
+            self._await_head()
+        super().on_response_complete()  # type: ignore[misc]  # may start a pipelined request (head parsed already)
+        self._follow()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)  # type: ignore[misc]
+
     def _edge_init(self) -> None:
         self._phase = "head"  # "head": waiting for a request head; "body": for its body; "busy": serving it
         self._waiting_since = 0.0
@@ -226,27 +247,9 @@ class _Edge:
 
 
 class _EdgeH11(_Edge, H11Protocol):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._edge_init()
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self._admit()
-
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
         self._received(len(data))
-
-    def on_response_complete(self) -> None:
-        if not self.transport.is_closing():
-            self._await_head()
-        super().on_response_complete()  # may start a pipelined request
-        self._follow()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
-        super().connection_lost(exc)
 
     def _close(self) -> None:
         if self.conn.our_state is not h11.ERROR:
@@ -258,14 +261,6 @@ class _EdgeH11(_Edge, H11Protocol):
 
 
 class _EdgeHttpTools(_Edge, HttpToolsProtocol):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._edge_init()
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self._admit()
-
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
         if self.parser is not None:  # None: the connection was lost meanwhile
@@ -275,16 +270,6 @@ class _EdgeHttpTools(_Edge, HttpToolsProtocol):
         # A field value excludes its surrounding whitespace (RFC 9110, 5.5): h11 strips it, llhttp keeps the trailing
         # part, which the SDK then compares with the body (SEP-2243's Mcp-Method and Mcp-Name headers).
         super().on_header(name, value.strip(b" \t"))
-
-    def on_response_complete(self) -> None:
-        if not self.transport.is_closing():
-            self._await_head()
-        super().on_response_complete()  # may start a pipelined request (its head is parsed already)
-        self._follow()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
-        super().connection_lost(exc)
 
 
 PARSERS: dict[str, type[_Edge]] = {"httptools": _EdgeHttpTools, "h11": _EdgeH11}
