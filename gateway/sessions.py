@@ -160,6 +160,9 @@ class SealedSessions(StreamableHTTPSessionManager):
         self.revived = 0
         self.ended_elsewhere = 0
         self._ended: dict[str, float] = {}
+        # Ids re-created here whose transport is registered (so the caps count it) but not yet connected: a request
+        # served on it then would meet the SDK's "No read stream writer available" (a bare 500).
+        self._reviving: set[str] = set()
 
     async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
         seal = self.seal
@@ -180,7 +183,7 @@ class SealedSessions(StreamableHTTPSessionManager):
             await super()._handle_stateful_request(scope, receive, send)  # 404: ended here
             return
         requestor = _requestor(scope)
-        held = session_id in self._server_instances
+        held = self._serving(session_id)
         opened: SealedSession | None = None
         if not held:
             opened = seal.open(session_id)
@@ -191,10 +194,15 @@ class SealedSessions(StreamableHTTPSessionManager):
             session_id, held, opened, requestor, scope, receive, send
         ):
             return
-        if session_id in self._server_instances or session_id in self._ended or opened is None:
+        if self._serving(session_id) or session_id in self._ended or opened is None:
             await super()._handle_stateful_request(scope, receive, send)  # served here, or 404: ended (elsewhere)
             return
         await self._revive(session_id, opened, requestor, scope, receive, send)
+
+    def _serving(self, session_id: str) -> bool:
+        """Whether this replica holds the session with its server task running (one being re-created is served
+        once it is: its requests wait for the creation lock in ``_revive``)."""
+        return session_id in self._server_instances and session_id not in self._reviving
 
     async def _shared_end(
         self,
@@ -295,7 +303,13 @@ class SealedSessions(StreamableHTTPSessionManager):
                 finally:
                     _MINTED.reset(token)
                 if transport is not None:
-                    await self._start_revived(session_id, transport, opened)
+                    # Registered now, connected only once its server task runs: until then the id's other
+                    # requests come here (``_serving``) and wait for the lock rather than meet an unconnected transport.
+                    self._reviving.add(session_id)
+                    try:
+                        await self._start_revived(session_id, transport, opened)
+                    finally:
+                        self._reviving.discard(session_id)
         if transport is None:  # at max_sessions: the SDK's answer to a new session there (sent outside the lock)
             error = ErrorData(code=INTERNAL_ERROR, message="Too many open sessions")
             body = JSONRPCError(jsonrpc="2.0", id=None, error=error).model_dump_json(by_alias=True)

@@ -19,16 +19,18 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import httpx2
 import pytest
+from mcp.server.lowlevel import Server
 
 from gateway.audit import query
 from gateway.continuation import Continuations
-from gateway.sessions import SessionSeal
+from gateway.sessions import SealedSessions, SessionSeal
 from tests.engines import RedisServer
 from tests.fixtures.gateway_proc import FIDELITY, PYTHON, echo_argv, run_gateway
 from tests.fixtures.procs import RunningServer
-from tests.fixtures.raw_http import INITIALIZE, VERSION, headers, messages, open_session
+from tests.fixtures.raw_http import ACCEPT, INITIALIZE, VERSION, headers, messages, open_session
 from tests.replicas import deployment, kill_replica
 from tests.test_sessions import call_echo, echoed
 from tests.test_shared_limits import open_serves_and_closed_refuses
@@ -125,6 +127,48 @@ async def test_a_session_opened_on_one_replica_goes_on_at_another_without_initia
         ("alice", "echo", "raw", "1", "ok")
     ] * 4
     assert session not in log and session[:64] not in log
+
+
+REVIVALS = 30
+"""Sessions re-created by three first requests at once each. Before the fix some of those requests were served on
+the transport before its server task had connected it (the SDK's "No read stream writer available", a bare 500):
+2 to 13 of 90 to 120 per run here, on either parser. The in-memory test below makes that race certain."""
+
+
+async def test_every_one_of_concurrent_first_requests_for_a_session_new_to_a_replica_is_answered(
+    tmp_path: Path,
+) -> None:
+    """Three first requests at once for each of many sessions opened on a, sent to b: b re-creates each session once,
+    and a request that arrives while that is under way waits for it (before the fix: served on the half-made
+    session, 500)."""
+    with replicas(tmp_path, KEY, KEY) as (a, b):
+        with anyio.fail_after(90):
+            async with httpx2.AsyncClient(timeout=20) as http:
+                sessions = [await open_session(http, a.url(), "tok-alice") for _ in range(REVIVALS)]
+                failed: list[str] = []
+
+                async def first(session: str, request_id: int) -> None:
+                    call = {
+                        "jsonrpc": "2.0",
+                        "id": request_id,
+                        "method": "tools/call",
+                        "params": {"name": "echo", "arguments": {"text": f"b{request_id}"}},
+                    }
+                    response = await http.post(b.url(), json=call, headers=headers("tok-alice", session))
+                    answers = messages(response) if response.status_code == 200 else []
+                    texts = [m["result"]["content"][0]["text"] for m in answers if m.get("id") == request_id]
+                    if texts != [f"b{request_id}"]:
+                        failed.append(f"{response.status_code} {response.text[:80]!r}")
+
+                for session in sessions:
+                    async with anyio.create_task_group() as tg:
+                        for request_id in (1, 2, 3):
+                            tg.start_soon(first, session, request_id)
+                status = (await http.get(b.url("/status"), headers=headers("tok-alice"))).json()
+        log = b.output()
+    assert failed == [], f"{len(failed)} of {3 * REVIVALS} first requests failed: {failed[:3]}"
+    assert status["sessions"]["revived"] == REVIVALS
+    assert "No read stream writer" not in log
 
 
 async def test_an_id_from_another_deployment_is_404_and_a_rotated_key_still_opens_old_ids(tmp_path: Path) -> None:
@@ -316,3 +360,36 @@ async def test_with_redis_down_open_serves_a_sealed_session_and_closed_refuses_i
                     assert (await http.delete(served.url(), headers=headers("tok-alice", session))).status_code == 200
                     assert (await call_echo(http, served.url(), "tok-alice", session, "x")).status_code == 404
         assert "sessions.end_not_shared" in served.output()
+
+
+async def test_a_request_that_arrives_while_its_session_is_being_re_created_waits_until_it_is() -> None:
+    """The race of the test above, made certain in memory: a second first request for a sealed id reaches the
+    manager once the first one has registered the re-created session and before that session's server task has
+    run (asyncio runs every task already ready before the one just started); it waits for the re-creation instead
+    of meeting a transport with no connection (the SDK's "No read stream writer available", answered 500)."""
+    seal = SessionSeal([KEY.encode()], 60)
+    session = seal.mint(owner=None, protocol_version=VERSION, client_params=INITIALIZE["params"])
+    assert session is not None
+    manager = SealedSessions(Server("t"), seal=seal, json_response=True)
+    asgi = httpx2.ASGITransport(app=manager.handle_request)
+    async with manager.run(), httpx2.AsyncClient(transport=asgi, base_url="http://127.0.0.1") as http:
+
+        async def ping(request_id: int) -> httpx2.Response:
+            body = {"jsonrpc": "2.0", "id": request_id, "method": "ping"}
+            return await http.post("/mcp", json=body, headers={"Accept": ACCEPT, "Mcp-Session-Id": session})
+
+        with anyio.fail_after(5):
+            first: list[httpx2.Response] = []
+
+            async def opening() -> None:
+                first.append(await ping(1))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(opening)
+                while session not in manager._server_instances:  # registered: its server task is only scheduled
+                    await anyio.lowlevel.checkpoint()
+                assert manager.revived == 0  # the re-creation is under way
+                second = await ping(2)
+        assert (second.status_code, second.json()) == (200, {"jsonrpc": "2.0", "id": 2, "result": {}})
+        assert (first[0].status_code, first[0].json()["id"]) == (200, 1)
+        assert manager.revived == 1
