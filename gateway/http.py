@@ -167,10 +167,10 @@ class Guard:
             elif key == b"access-control-request-method":
                 asks_method = True
         if not self._host_ok(host.decode("latin-1") if host is not None else ""):
-            await _plain(send, 421, "Misdirected request: Host header not allowed.")
+            await _plain(receive, send, 421, "Misdirected request: Host header not allowed.")
             return
         if origin is not None and not self._origin_ok(origin.decode("latin-1")):
-            await _plain(send, 403, "Forbidden: Origin not allowed.")
+            await _plain(receive, send, 403, "Forbidden: Origin not allowed.")
             return
         scope[_AUTHORIZATION] = authorization.decode("latin-1") if authorization is not None else None
         path = scope["path"]
@@ -200,7 +200,9 @@ class Guard:
                 extra = [(b"www-authenticate", self.oauth.challenge(refusal).encode())]
                 if refusal.status == 503:
                     extra.append((b"retry-after", b"5"))
-                await _plain(send, refusal.status, f"{_REFUSED[refusal.status]}: {refusal.description}.", extra)
+                await _plain(
+                    receive, send, refusal.status, f"{_REFUSED[refusal.status]}: {refusal.description}.", extra
+                )
                 return
             caller = principal.caller
         if caller is not None:
@@ -223,6 +225,7 @@ class Guard:
             if not public:
                 challenge = self.oauth.challenge() if self.oauth is not None else 'Bearer realm="mcp-gateway"'
                 await _plain(
+                    receive,
                     send,
                     401,
                     "Unauthorized: a valid bearer token is required.",
@@ -358,8 +361,26 @@ def _closing(send: Send) -> Send:
     return closing
 
 
-async def _plain(send: Send, status: int, text: str, extra: list[tuple[bytes, bytes]] | None = None) -> None:
-    """A refusal. The connection is closed with it: a refused client holds no connection (connections.py)."""
+REFUSAL_DRAIN_BYTES = 64 * 1024
+REFUSAL_DRAIN_S = 1.0
+
+
+async def _plain(
+    receive: Receive, send: Send, status: int, text: str, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    """A refusal. The connection is closed with it: a refused client holds no connection (connections.py).
+
+    The request's body is read first (up to ``REFUSAL_DRAIN_BYTES``, within ``REFUSAL_DRAIN_S``): a client may send
+    the body after the head, and body bytes reaching a socket already closed make the kernel answer with a reset,
+    which destroys the refusal before the client reads it (it saw "connection reset", not the 401 and its
+    ``WWW-Authenticate`` challenge that starts an OAuth client's sign-in)."""
+    with anyio.move_on_after(REFUSAL_DRAIN_S):
+        read = 0
+        while read <= REFUSAL_DRAIN_BYTES:
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                break
+            read += len(message.get("body", b""))
     body = json.dumps({"error": text}).encode()
     headers = [
         (b"content-type", b"application/json"),

@@ -139,6 +139,48 @@ async def test_a_request_without_the_right_token_gets_401_with_a_bearer_challeng
     assert app.paths == []  # refused before any app work
 
 
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [
+        ({"host": "127.0.0.1:8080", "authorization": "Bearer wrong"}, 401),
+        ({"host": "evil.example"}, 421),
+        ({"host": "127.0.0.1:8080", "origin": "https://evil.example"}, 403),
+    ],
+)
+async def test_a_refusal_reads_the_request_body_before_it_answers_and_closes(
+    headers: dict[str, str], status: int
+) -> None:
+    """A client may send the body after the head. Closing the connection with body bytes still on their way makes
+    the kernel answer with a reset, which destroys the refusal before the client reads it (seen over TCP: the 401
+    lost as "connection reset by peer"); so the body is read first."""
+    events: list[str] = []
+    chunks = [b'{"jsonrpc": "2.0", ', b'"id": 1, "method": "initialize"}']
+
+    async def receive() -> Message:
+        events.append("receive")
+        body = chunks.pop(0) if chunks else b""
+        return {"type": "http.request", "body": body, "more_body": bool(chunks)}
+
+    async def send(message: Message) -> None:
+        events.append(message["type"])
+        if message["type"] == "http.response.start":
+            assert message["status"] == status
+            assert (b"connection", b"close") in message["headers"]
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/mcp",
+        "headers": [(k.encode(), v.encode()) for k, v in headers.items()],
+        "query_string": b"",
+    }
+    app = App()
+    with anyio.fail_after(5):
+        await guard(app)(scope, receive, send)
+    assert events == ["receive", "receive", "http.response.start", "http.response.body"]
+    assert app.paths == []
+
+
 async def test_a_non_bearer_authorization_gets_401() -> None:
     app = App()
     response = await get(guard(app), headers={"Authorization": "Basic dG9rLWFsaWNl"})
