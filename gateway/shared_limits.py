@@ -117,10 +117,10 @@ class SharedRedis:
         self.failures_by_reason = dict.fromkeys(FAILURE_REASONS, 0)
         self.down = False
 
-    async def ask(self, op: Callable[[], Awaitable[T]]) -> tuple[bool, T | None]:
+    async def ask(self, op: Callable[[], Awaitable[T]], *, probe: bool = False) -> tuple[bool, T | None]:
         """``(True, op's answer)``, or ``(False, None)`` when Redis cannot answer now (or failed in the last
-        ``RETRY_S``)."""
-        if time.monotonic() < self._down_until:
+        ``RETRY_S``, unless this is a ``probe``: the watcher's ping asks even then)."""
+        if not probe and time.monotonic() < self._down_until:
             return False, None
         try:
             with anyio.fail_after(self.timeout * 2):  # connect + answer, each bounded by the client as well
@@ -134,14 +134,7 @@ class SharedRedis:
     async def ping(self) -> bool:
         """Ask Redis whether it answers (bounded like every round trip, even within ``RETRY_S`` of a failure); a
         failure counts as one."""
-        try:
-            with anyio.fail_after(self.timeout * 2):
-                await self.client.ping()
-        except self._errors as exc:
-            self._failed(exc)
-            return False
-        self._answered()
-        return True
+        return (await self.ask(self.client.ping, probe=True))[0]
 
     async def watch(self) -> None:
         """Ping Redis every ``PROBE_S``, every ``RETRY_S`` while it is down (so requests go back to it as soon as it

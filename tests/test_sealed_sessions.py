@@ -72,6 +72,16 @@ def replicas(root: Path, *keys: str, shared: str = "") -> Iterator[list[RunningS
         yield started
 
 
+def _echo(request_id: int) -> dict[str, Any]:
+    """A tools/call of the echo tool, its text naming the request."""
+    return {
+        "jsonrpc": "2.0",
+        "id": request_id,
+        "method": "tools/call",
+        "params": {"name": "echo", "arguments": {"text": f"b{request_id}"}},
+    }
+
+
 def tampered(session: str) -> str:
     middle = len(session) // 2
     return session[:middle] + ("A" if session[middle] != "A" else "B") + session[middle + 1 :]
@@ -89,13 +99,7 @@ async def test_a_session_opened_on_one_replica_goes_on_at_another_without_initia
                 answers: list[str] = []
 
                 async def on_b(request_id: int) -> None:
-                    call = {
-                        "jsonrpc": "2.0",
-                        "id": request_id,
-                        "method": "tools/call",
-                        "params": {"name": "echo", "arguments": {"text": f"b{request_id}"}},
-                    }
-                    response = await http.post(b.url(), json=call, headers=headers("tok-alice", session))
+                    response = await http.post(b.url(), json=_echo(request_id), headers=headers("tok-alice", session))
                     assert response.status_code == 200, response.text
                     (answer,) = [m for m in messages(response) if m.get("id") == request_id]
                     answers.append(answer["result"]["content"][0]["text"])
@@ -148,13 +152,7 @@ async def test_every_one_of_concurrent_first_requests_for_a_session_new_to_a_rep
                 failed: list[str] = []
 
                 async def first(session: str, request_id: int) -> None:
-                    call = {
-                        "jsonrpc": "2.0",
-                        "id": request_id,
-                        "method": "tools/call",
-                        "params": {"name": "echo", "arguments": {"text": f"b{request_id}"}},
-                    }
-                    response = await http.post(b.url(), json=call, headers=headers("tok-alice", session))
+                    response = await http.post(b.url(), json=_echo(request_id), headers=headers("tok-alice", session))
                     answers = messages(response) if response.status_code == 200 else []
                     texts = [m["result"]["content"][0]["text"] for m in answers if m.get("id") == request_id]
                     if texts != [f"b{request_id}"]:
