@@ -23,8 +23,8 @@ from typing import Any, Literal
 
 import anyio
 
-from gateway.audit import AuditRecord, AuditStep, Ledger, arg_previews, args_hash
-from gateway.ledgers import AuditLedger
+from gateway.ledger.engines import AuditLedger
+from gateway.ledger.sqlite import AuditRecord, AuditStep, Ledger, arg_previews, args_hash
 
 ARGUMENTS = {"query": "how does the fallback ladder pick a cheaper mode " * 3, "mode": "full", "limit": 10}
 
@@ -56,7 +56,7 @@ def _percentile(ordered: list[float], pct: int) -> float:
 
 def _ledger(directory: Path, mode: str, url: str | None) -> Any:
     if mode in ("postgresql", "pg-spooling"):
-        from gateway.ledger_pg import PgLedger
+        from gateway.ledger.postgres import PgLedger
         from tests.engines import free_port
 
         assert url is not None

@@ -25,8 +25,8 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
-from gateway.backends.cli import CliBackend
-from gateway.config import Adapter
+from gateway.backends.cli.backend import CliBackend
+from gateway.config.models import Adapter
 
 WARMUP = 20
 

@@ -44,12 +44,12 @@ import anyio
 import httpx2
 import structlog
 
-from gateway._logging import configure_logging
-from gateway.audit import Ledger
-from gateway.catalog import Catalog
-from gateway.config import parse_config
-from gateway.metrics import GatewayMetrics
-from gateway.router import Router
+from gateway.config.models import parse_config
+from gateway.core.catalog import Catalog
+from gateway.core.router import Router
+from gateway.ledger.sqlite import Ledger
+from gateway.observe.logs import configure_logging
+from gateway.observe.metrics import GatewayMetrics
 from tests.fakes import FakeBackend
 from tests.fixtures.gateway_proc import PYTHON, echo_argv, mcp_session, run_gateway
 from tests.fixtures.procs import RunningServer, free_port, start_http_server

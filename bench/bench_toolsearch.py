@@ -28,11 +28,11 @@ from typing import Any
 import yaml
 
 from bench.bench_retrieval import _rss_mb
-from gateway import toolsearch
-from gateway.config import Exposure
-from gateway.disclosure import meta_tools
-from gateway.ranking import Embedder, load_embedder
-from gateway.toolsearch import Mode, ToolDoc, ToolIndex
+from gateway.config.models import Exposure
+from gateway.front.exposure import meta_tools
+from gateway.search import tools as toolsearch
+from gateway.search.ranking import Embedder, load_embedder
+from gateway.search.tools import Mode, ToolDoc, ToolIndex
 
 _HERE = Path(__file__).resolve().parent
 MODES: tuple[Mode, ...] = ("keyword", "semantic", "hybrid")

@@ -18,7 +18,7 @@ from typing import Any
 
 import anyio
 
-from gateway.backends.wiki import WikiBackend
+from gateway.backends.wiki.backend import WikiBackend
 
 _WORDS = (
     "transport handshake session backend gateway router index search page link folder cache token budget "

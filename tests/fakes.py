@@ -17,8 +17,8 @@ import anyio
 import mcp_types as types
 from anyio.abc import TaskStatus
 
-from gateway.audit import AuditRecord
 from gateway.backends.base import Backend, BackendBase, BackendState, BackendStatus, ProgressFn
+from gateway.ledger.sqlite import AuditRecord
 
 __all__ = ["BLOCK", "FakeBackend", "FakeRecorder", "make_tool", "text_result"]
 

@@ -1,8 +1,10 @@
-"""The package's layering, enforced: every module of ``gateway/`` sits in a declared layer and imports only from its
-own layer or below; and only ``config.py`` touches the process environment.
+"""The house's layering, enforced over packages: every module of ``gateway/`` belongs to a layer (its package, or
+for the few modules at the top of the package, the module itself), imports only from its own layer or below, and
+no two modules import each other, directly or around a circle. The client-facing side (``front/``) knows the
+backends only by their protocol (``backends/base.py``); only ``config/`` touches the process environment.
 
-Layers, bottom to top (DESIGN.md section 6). A new module fails ``test_every_module_has_a_declared_layer`` until it
-is added to ``LAYERS`` here, so where it sits is a decision, not an accident.
+Layers, bottom to top (DESIGN.md section 6). A new package or top-level module fails
+``test_every_module_has_a_declared_layer`` until it is added to ``LAYERS`` here, so where it sits is a decision.
 """
 
 from __future__ import annotations
@@ -17,56 +19,28 @@ PACKAGE = "gateway"
 ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors",),
-    ("ranking",),  # the one search engine's pure parts: BM25, the static embedding model, rank fusion
-    # auth: the identity family's docstring; tokens: the static bearer tokens; cookies: the status page's session
-    ("auth", "auth.tokens", "auth.cookies"),
-    ("config", "inputs"),  # inputs: what a request's values must be before the gateway acts on them
-    # metrics/tracing: instruments, fed by the router; ledgers: the ledger's engines behind one face (audit: SQLite,
-    # ledger_pg: PostgreSQL with its local spool)
-    ("_logging", "audit", "ledger_pg", "ledgers", "audit_report", "metrics", "tracing"),
-    # policies and conversions over config (costs reads audit's statistics); auth.oauth: JWT access tokens ->
-    # principals; auth.secrets: per-caller values for a server's headers; auth.exchange: RFC 8693 downstream tokens;
-    # auth.credentials: both, for one caller's session
-    ("clients", "costs", "importer", "auth.oauth", "auth.secrets", "auth.exchange", "auth.credentials"),
-    ("toolsearch",),  # the tool search index over tool definitions (ranking's BM25 + embeddings); pure, blocking
-    # "backends" is backends/__init__.py; answers: the answer limit; framing: downstream bodies as the SDK reads
-    # them; processes: no process escapes
-    ("backends", "backends.base", "backends.answers", "backends.framing", "backends.processes", "backends.backoff"),
-    # relay: back-channel context; wiki_index: pure index; fastpath: a request sent straight on a session (HTTP's lane;
-    # stdio's is in backends.stdio)
-    ("backends.stdio", "backends.relay", "backends.wiki_index", "backends.fastpath"),
-    # failures: the foreign-error table and why a session failed; watch: a receive stream's end; pool: shared HTTP
-    # polling: a downstream's closed stream resumed when the gateway's client resumes
-    ("backends.failures", "backends.watch", "backends.polling"),
-    ("backends.pool",),
-    ("backends.wiki_semantic",),  # sections, vectors and hybrid ranking over wiki_index's snapshot; pure, blocking
-    ("backends.wiki_tools",),  # the wiki's tools: schemas and handlers over one index snapshot
-    ("backends.mcp", "backends.cli", "backends.wiki"),
-    ("listings",),  # resources, templates, prompts: merged and named like the tools, built into the catalog
-    ("catalog", "health", "reload", "budget", "results", "continuation"),  # budget: one deadline per call; results:
-    # route shapes; continuation: the sealed requestState of multi-round-trip requests
-    ("auth.policies",),  # each caller's view of the catalog
-    ("disclosure",),  # search exposure: the search and call tools, who sees them, the index per catalog
-    ("router",),
-    ("runtime",),
-    # upstreams: the clients and what they are owed (list changes, log messages, resource updates); bridges: a
-    # stateless client's request waiting in the gateway for its input
-    ("upstreams", "bridges"),
-    ("server", "events"),  # the MCP face (low-level Server), transport-free; events: resumable SSE streams
-    # the Starlette app around it: /mcp, /healthz, /status, /metrics, the guard; /ui, the status page; edge: a
-    # request's body checked before the SDK parses it; connections: the uvicorn protocol under it (deadlines, the cap)
-    # quotas: per-caller request rate and concurrent calls, between the edge and the SDK
-    # sessions: session ids that carry the session's state sealed, so any replica serves it; shared_limits: the
-    # per-caller request rate counted in Redis for all replicas
-    # stdio_edge: the client-facing stdio transport of serve --stdio, on the event loop
-    ("http", "ui", "edge", "connections", "quotas", "sessions", "shared_limits", "stdio_edge"),
-    ("cli", "__main__", "__init__"),  # "__init__" is gateway/__init__.py: the public surface re-exports from any layer
+    # the values every layer passes, the error tree, the version, what a caller's input must be
+    ("errors", "version", "calls", "inputs"),
+    ("config",),  # federation.yaml -> frozen models; the only reader of the environment
+    ("observe", "ledger"),  # logging, metrics, tracing; the audit ledger's engines and readers
+    ("auth",),  # identity only: tokens, OAuth, cookies, per-caller secrets and credentials, token exchange
+    ("search", "backends"),  # ranking and the tool index; the MCP client half: every kind of downstream
+    ("core",),  # router, catalog, listings, breakers, budget, results, context gate, costs, policies, runtime
+    ("front",),  # the MCP server half: the face, eras, clients, exposure, stdio and HTTP (guard, sessions, limits)
+    ("cli", "__main__", "__init__", "testing"),  # the command; "__init__" is gateway/__init__.py; testing: fakes
 )
-LAYER = {module: level for level, modules in enumerate(LAYERS) for module in modules}
+LAYER = {unit: level for level, units in enumerate(LAYERS) for unit in units}
 
 ENVIRONMENT_READER = "config"
 ENV_ATTRIBUTES = frozenset({"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"})
+
+FRONT_SEES_OF_BACKENDS = frozenset({"backends", "backends.base"})
+"""What the client-facing side may import of the backends: their protocol, never a family's internals."""
+
+
+def unit(module: str) -> str:
+    """The layer unit of a module: its top-level package ("backends.mcp.session" -> "backends")."""
+    return module.split(".")[0]
 
 
 def modules() -> dict[str, Path]:
@@ -129,16 +103,61 @@ def imports(module: str, source: str, known: set[str]) -> Iterator[tuple[str, in
                     yield target, node.lineno
 
 
+def _level(module: str, layer: dict[str, int]) -> int | None:
+    """A module's layer: its own entry when it has one, else its top-level package's."""
+    if module in layer:
+        return layer[module]
+    return layer.get(unit(module))
+
+
 def upward_edges(sources: dict[str, str], layer: dict[str, int]) -> list[str]:
     known = set(sources) | set(layer)
     problems = []
     for module, source in sorted(sources.items()):
+        own = _level(module, layer)
         for target, line in imports(module, source, known):
-            if target != module and target in layer and module in layer and layer[target] > layer[module]:
-                problems.append(
-                    f"{module} (layer {layer[module]}) imports {target} (layer {layer[target]}) at line {line}"
-                )
+            theirs = _level(target, layer)
+            if target != module and own is not None and theirs is not None and theirs > own:
+                problems.append(f"{module} (layer {own}) imports {target} (layer {theirs}) at line {line}")
     return problems
+
+
+def circles(sources: dict[str, str]) -> list[list[str]]:
+    """Every set of modules that import each other around a circle (strongly connected, more than one module),
+    counting imports anywhere in a file, function bodies included (a lazy import is still a dependency)."""
+    known = set(sources)
+    edges = {m: {t for t, _ in imports(m, src, known) if t != m and t in known} for m, src in sources.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's algorithm
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(edges[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
 
 
 def environment_uses(source: str) -> list[str]:
@@ -169,30 +188,50 @@ def environment_uses(source: str) -> list[str]:
 # ----------------------------------------------------------------------------------------------- the real package
 
 
+def _sources() -> dict[str, str]:
+    return {name: path.read_text(encoding="utf-8") for name, path in modules().items()}
+
+
 def test_every_module_has_a_declared_layer() -> None:
-    undeclared = sorted(set(modules()) - set(LAYER))
-    assert not undeclared, f"add these modules to LAYERS in tests/test_layering.py: {undeclared}"
+    undeclared = sorted(m for m in modules() if _level(m, LAYER) is None)
+    assert not undeclared, f"add their packages (or modules) to LAYERS in tests/test_layering.py: {undeclared}"
 
 
 def test_no_module_imports_from_a_layer_above_its_own() -> None:
-    sources = {name: path.read_text(encoding="utf-8") for name, path in modules().items()}
-    assert upward_edges(sources, LAYER) == []
+    assert upward_edges(_sources(), LAYER) == []
+
+
+def test_no_modules_import_each_other_around_a_circle() -> None:
+    assert circles(_sources()) == []
+
+
+def test_the_client_facing_side_knows_the_backends_only_by_their_protocol() -> None:
+    sources = _sources()
+    known = set(sources)
+    found = [
+        f"{module} imports {target} at line {line}"
+        for module, source in sorted(sources.items())
+        if unit(module) == "front"
+        for target, line in imports(module, source, known)
+        if unit(target) == "backends" and target not in FRONT_SEES_OF_BACKENDS
+    ]
+    assert found == []
 
 
 def test_only_config_touches_the_process_environment() -> None:
     found = {}
     for name, path in modules().items():
-        if name != ENVIRONMENT_READER:
+        if unit(name) != ENVIRONMENT_READER:
             uses = environment_uses(path.read_text(encoding="utf-8"))
             if uses:
                 found[name] = uses
     assert found == {}
 
 
-def test_the_layer_table_knows_the_modules_it_is_meant_to_check() -> None:
-    present = set(modules())
-    assert {"errors", "config", "catalog", "router", "runtime", "server", "cli", "backends.base"} <= present
-    assert len(LAYER) == sum(len(layer) for layer in LAYERS)  # no module listed twice
+def test_the_layer_table_knows_the_packages_it_is_meant_to_check() -> None:
+    present = {unit(m) for m in modules()}
+    assert {"errors", "config", "core", "backends", "front", "cli", "ledger", "auth", "observe", "search"} <= present
+    assert len(LAYER) == sum(len(layer) for layer in LAYERS)  # nothing listed twice
 
 
 # ----------------------------------------------------------------------------------------------- the checkers
@@ -237,6 +276,16 @@ def test_the_import_checker_allows_downward_and_same_layer_edges_and_foreign_pac
         "config": "from gateway.errors import ConfigError\n",
     }
     assert upward_edges(sources, layer) == []
+
+
+def test_the_circle_checker_finds_a_circle_through_a_lazy_import() -> None:
+    sources = {
+        "ledger.engines": "def f():\n    from gateway.ledger import postgres\n",
+        "ledger.postgres": "from gateway.ledger.engines import redact_url\n",
+        "config": "import yaml\n",
+    }
+    assert circles(sources) == [["ledger.engines", "ledger.postgres"]]
+    assert circles({"a": "from gateway import b\n", "b": "import os\n"}) == []
 
 
 @pytest.mark.parametrize(
@@ -362,7 +411,7 @@ def test_no_module_above_the_backends_asks_a_backend_its_class_or_kind() -> None
     assert {"McpBackend", "CliBackend", "WikiBackend", "DisabledBackend"} <= backends
     found = {}
     for name, path in modules().items():
-        if "." not in name and name != "backends":  # gateway/*.py: everything above gateway/backends/
+        if unit(name) != "backends":  # everything that is not a backend asks the backend, not its class
             questions = class_questions(path.read_text(encoding="utf-8"), backends)
             if questions:
                 found[name] = questions

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import httpx2
 
-from gateway._logging import redactor
-from gateway.config import TokenExchange
+from gateway.config.models import TokenExchange
+from gateway.observe.logs import redactor
 
 __all__ = ["GRANT_TYPE", "Exchanged", "ExchangeRefused", "exchange"]
 

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import yaml
 
-from gateway._logging import redactor
-from gateway.config import CALLER_SECRET_RE
+from gateway.config.models import CALLER_SECRET_RE
 from gateway.errors import ConfigError
+from gateway.observe.logs import redactor
 
 __all__ = ["GATEWAY_CALLER", "CallerSecrets", "MissingSecret", "uses_caller_secrets"]
 

@@ -1,0 +1,159 @@
+"""What went wrong with a downstream MCP session, as the gateway says it.
+
+Two translations live here, so nothing above ``backends/`` sees a foreign error. ``FOREIGN_ERRORS`` is the one table
+from the errors a downstream session raises (the SDK's ``MCPError``, ``anyio``'s stream errors, ``OSError``,
+``httpx2``) to the gateway's error tree (gateway/errors.py); ``gateway_error`` consults it (the entry nearest the
+error's own class wins), and ``FOREIGN`` is the same table as a tuple for an ``except`` that only logs. The other
+is ``classify_failure``: why a connection attempt or a whole session failed, in plain words ("connection refused
+at ...", "the handshake answered HTTP 502 with an HTML page"), from the exception, the process's exit and stderr,
+and the last error response (``ResponseRecorder``).
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
+
+import anyio
+import httpx2
+from mcp.client.subscriptions import SubscriptionLost
+from mcp.shared.exceptions import MCPError
+
+from gateway.config.models import HttpServer, ServerConfig, SseServer, StdioServer
+from gateway.errors import (
+    BackendError,
+    BackendProtocolError,
+    BackendRpcError,
+    BackendTimeout,
+    BackendUnavailable,
+)
+
+__all__ = ["FOREIGN", "FOREIGN_ERRORS", "ResponseRecorder", "classify_failure", "exit_detail", "gateway_error"]
+
+FOREIGN_ERRORS: Mapping[type[Exception], type[BackendError]] = MappingProxyType(
+    {
+        MCPError: BackendRpcError,  # a JSON-RPC error answer (a call refines its codes: timeout, closed, too large)
+        RuntimeError: BackendProtocolError,  # the SDK's word for an answer of the wrong shape
+        SubscriptionLost: BackendUnavailable,  # a ``subscriptions/listen`` stream ended without the server's close
+        TimeoutError: BackendTimeout,  # a bounded wait (``anyio.fail_after``) ran out
+        OSError: BackendUnavailable,  # the process, its pipes or the socket went away
+        anyio.BrokenResourceError: BackendUnavailable,  # the other end of a stream is gone
+        anyio.ClosedResourceError: BackendUnavailable,  # the stream was closed under the request
+        httpx2.HTTPError: BackendUnavailable,  # the HTTP transport failed (refused, reset, timed out, bad status)
+    }
+)
+"""Every foreign error a downstream session may raise, and the gateway's error it stands for."""
+
+FOREIGN: tuple[type[Exception], ...] = tuple(FOREIGN_ERRORS)
+"""``FOREIGN_ERRORS``' keys, for ``except FOREIGN``."""
+
+
+def gateway_error(exc: BaseException) -> type[BackendError] | None:
+    """The gateway's error for ``exc`` (the table's entry nearest ``exc``'s own class), or None when it is not a
+    downstream's error (a bug, which must not be translated into a backend's failure)."""
+    for cls in type(exc).__mro__:
+        mapped = FOREIGN_ERRORS.get(cls)
+        if mapped is not None:
+            return mapped
+    return None
+
+
+class ResponseRecorder:
+    """An httpx2 response hook keeping the last error response's status, content type and body head."""
+
+    def __init__(self) -> None:
+        self.status: int | None = None
+        self.content_type: str = ""
+        self.body_head: str = ""
+
+    def clear(self) -> None:
+        self.status, self.content_type, self.body_head = None, "", ""
+
+    async def __call__(self, response: httpx2.Response) -> None:
+        if response.status_code < 400:
+            return
+        self.status = response.status_code
+        self.content_type = response.headers.get("content-type", "")
+        try:
+            body = await response.aread()
+        except httpx2.HTTPError:
+            body = b""
+        self.body_head = body[:300].decode("utf-8", errors="replace")
+
+
+def _http_reason(recorder: ResponseRecorder) -> str | None:
+    status = recorder.status
+    if status is None:
+        return None
+    if status in (401, 403):
+        return f"the backend refused our credentials (HTTP {status}); check the server's `headers`"
+    ctype = recorder.content_type.split(";")[0].strip() or "no content type"
+    head = recorder.body_head.lstrip().lower()
+    if "html" in ctype or head.startswith(("<!doctype html", "<html")):
+        return f"the handshake answered HTTP {status} with an HTML page, not MCP (is the URL right?)"
+    if status == 404:
+        return f"the handshake answered HTTP 404 ({ctype}): no MCP endpoint at this URL"
+    return f"the handshake answered HTTP {status} with a non-MCP body ({ctype})"
+
+
+def _flatten(exc: BaseException) -> Iterator[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _flatten(inner)
+    else:
+        yield exc
+
+
+def classify_failure(
+    exc: BaseException,
+    *,
+    config: ServerConfig,
+    stderr_tail: str = "",
+    exit_code: int | None = None,
+    http: ResponseRecorder | None = None,
+) -> str:
+    """Describe why a connection attempt or a session failed, in plain words."""
+    leaves = list(_flatten(exc))
+    http_reason = _http_reason(http) if http is not None else None
+    for leaf in leaves:
+        if isinstance(leaf, TimeoutError):
+            return f"handshake timed out after {config.connect_timeout_s:g} s (the server did not answer initialize)"
+        if isinstance(leaf, FileNotFoundError) and isinstance(config, StdioServer):
+            return f"command not found: {config.command}"
+        if isinstance(leaf, PermissionError) and isinstance(config, StdioServer):
+            return f"command is not executable: {config.command}"
+        if isinstance(leaf, httpx2.ConnectError):
+            url = config.url if isinstance(config, HttpServer | SseServer) else ""
+            return f"connection refused at {url}"
+        if isinstance(leaf, httpx2.HTTPStatusError):
+            status = leaf.response.status_code
+            if status in (401, 403):
+                return f"the backend refused our credentials (HTTP {status}); check the server's `headers`"
+            return http_reason or f"the handshake answered HTTP {status}"
+        if isinstance(leaf, httpx2.TimeoutException):
+            return "the HTTP request timed out"
+        if isinstance(leaf, httpx2.HTTPError):
+            return http_reason or f"HTTP transport error: {leaf}"
+        text = str(leaf)
+        if "protocol version" in text.lower():
+            return f"unsupported protocol version: {text}"
+    if http_reason is not None:
+        return http_reason
+    if isinstance(config, StdioServer):
+        return exit_detail(exit_code, stderr_tail)
+    leaf = leaves[0] if leaves else exc
+    return f"{type(leaf).__name__}: {leaf}" if str(leaf) else f"connection failed ({type(leaf).__name__})"
+
+
+def exit_detail(exit_code: int | None, stderr_tail: str) -> str:
+    tail = f": {stderr_tail}" if stderr_tail else " (nothing on stderr)"
+    if exit_code is None:
+        return f"the process closed its output{tail}"
+    if exit_code < 0:
+        try:
+            name = signal.Signals(-exit_code).name
+        except ValueError:
+            name = f"signal {-exit_code}"
+        return f"process was killed by {name}{tail}"
+    return f"process exited with code {exit_code}{tail}"

@@ -1,0 +1,355 @@
+"""The stdio transport to a downstream MCP server, owning its process.
+
+The SDK's ``stdio_client`` hides the process, but the gateway must say *why* a server went away ("process exited
+with code 1: <last stderr lines>") and count its live children. This transport spawns the server in its own process
+group, bridges newline-delimited JSON-RPC between its pipes and the session's streams, keeps stderr in a temporary
+file (the tail is read on failure), and on exit follows the spec's shutdown: close stdin, wait, then signal the whole
+process group (SIGTERM, then SIGKILL), inside a shielded scope with every wait bounded.
+
+Two faults stay with their cause. A line over ``max_line_bytes`` (the server's ``max_answer_bytes``) is read to its
+end without being kept and replaced by an error answer to its request (backends/answers.py): that call fails, the
+session goes on. A write that the server does not take within ``write_timeout_s`` (its stdin is not being read, the
+pipe is full) ends the session at once with that reason (``on_failure``), so the calls queued behind the write fail
+within their timeout instead of waiting for a health ping, and the supervisor restarts the server.
+
+The pipes carry two kinds of traffic. The SDK session's goes through the read and write streams; a request sent
+straight on the session (``StdioLane``, backends/fastpath.py) is written onto stdin by its caller, and the reader
+hands the lines that belong to it (the answer to its ``gw-N`` id, progress for that token, which the SDK session
+never knew) to the waiting caller instead of the read stream. Every other line reaches the SDK session as before,
+so the server's own requests during such a call (elicitation, sampling, roots, ping), its cancellations of them and
+its notifications are handled by the session's own handlers, exactly as during one of the session's calls. A line
+is only looked at when a direct call waits and it holds ``"gw-``; the others are parsed as before. The writer task
+and direct callers write whole lines onto the same pipe: on asyncio a write is handed to the pipe's transport at
+once, so lines never interleave, and a direct write that the server does not take within ``write_timeout_s`` ends
+the session as the writer's does.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import anyio
+import anyio.lowlevel
+import mcp_types as types
+from anyio.abc import Process
+from mcp.os.posix.utilities import terminate_posix_process_tree
+from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
+
+from gateway.backends import processes
+from gateway.backends.mcp.answers import LineLimit, replace_line
+from gateway.backends.mcp.fastpath import (
+    CONNECTION_CLOSED,
+    AnswerFn,
+    DirectCall,
+    DirectLane,
+    NotifyFn,
+    ProgressFn,
+    answer_of,
+    progress_of,
+)
+
+__all__ = ["StdioLane", "StdioProcess", "open_stdio"]
+
+EXIT_GRACE_S = 2.0
+"""Time for the server to exit on its own after its stdin closes (the spec's first shutdown step)."""
+TERM_GRACE_S = 2.0
+"""Time between SIGTERM and SIGKILL to the process group."""
+STDERR_TAIL_LINES = 5
+
+
+_CLOSED: dict[str, Any] = {}
+"""What a direct call waiting for its answer is handed when the pipes closed (matched by identity)."""
+
+
+class StdioLane(DirectLane):
+    """The child's pipes, for requests written straight onto its stdin (``open_stdio`` wires its reader and writer).
+
+    ``answer`` and ``notify`` of ``request`` are not used: on stdio nothing ties the server's requests and
+    notifications to a call, so they reach the SDK session's own handlers (see the module docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting: dict[str, _Waiter] = {}
+        self.closed = False
+        self._write: Callable[[bytes], Awaitable[bool]] | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.version is not None and not self.closed and self._write is not None
+
+    def _begin(self, rid: str, progress: ProgressFn | None, answer: AnswerFn, notify: NotifyFn) -> DirectCall:
+        return _Waiter(self, rid, progress)
+
+    async def _notice(self, message: Mapping[str, Any]) -> None:
+        if self.closed or self._write is None:
+            return
+        with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            await self._write(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+
+    async def put(self, line: bytes) -> None:
+        """Write one request line (with its newline).
+
+        Raises:
+            MCPError: ``CONNECTION_CLOSED``: the pipes are closed, or the server did not take the line in time.
+        """
+        if self.closed or self._write is None:
+            raise MCPError(CONNECTION_CLOSED, "Connection closed")
+        try:
+            taken = await self._write(line)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            taken = False
+        if not taken:
+            raise MCPError(CONNECTION_CLOSED, "Connection closed")
+
+    def claim(self, line: bytes) -> tuple[_Waiter, dict[str, Any]] | None:
+        """The direct call ``line`` belongs to, with the message; None when it belongs to none (it goes to the
+        session)."""
+        if not self.waiting or b'"gw-' not in line:
+            return None
+        try:
+            message = json.loads(line)
+        except ValueError:
+            return None
+        if not isinstance(message, dict):
+            return None
+        if "method" in message:
+            params = message.get("params")
+            if message["method"] != "notifications/progress" or not isinstance(params, dict):
+                return None
+            key = params.get("progressToken")
+        else:
+            key = message.get("id")
+        waiter = self.waiting.get(key) if isinstance(key, str) else None
+        return (waiter, message) if waiter is not None else None
+
+    def close(self) -> None:
+        """The pipes are gone: every direct call waiting for its answer fails with ``CONNECTION_CLOSED``."""
+        self.closed = True
+        for waiter in list(self.waiting.values()):
+            waiter.deliver(_CLOSED)
+        self.waiting.clear()
+
+
+class _Waiter(DirectCall):
+    """One direct call on the pipes: its line written by its caller, its messages handed over by the reader."""
+
+    def __init__(self, lane: StdioLane, rid: str, progress: ProgressFn | None) -> None:
+        super().__init__(rid, progress)
+        self.lane = lane
+        self.inbox: deque[dict[str, Any]] = deque()
+        self.arrived = anyio.Event()
+
+    def deliver(self, message: dict[str, Any]) -> None:
+        self.inbox.append(message)
+        self.arrived.set()
+
+    async def send(self, body: bytes) -> None:
+        self.lane.waiting[self.rid] = self  # before the write: the answer may come before the caller runs again
+        self.sent = True  # a write interrupted by cancellation may still have reached the server
+        try:
+            await self.lane.put(body + b"\n")
+        except BaseException:
+            self.lane.waiting.pop(self.rid, None)
+            raise
+
+    async def outcome(self) -> dict[str, Any]:
+        try:
+            while True:
+                while self.inbox:
+                    message = self.inbox.popleft()
+                    if message is _CLOSED:
+                        raise MCPError(CONNECTION_CLOSED, "Connection closed")
+                    if "method" not in message:
+                        found = answer_of(message, self.rid)
+                        if found is not None:
+                            return found
+                    elif self.progress is not None:
+                        await self.progress(*progress_of(message["params"]))
+                if self.arrived.is_set():  # no await since the inbox was found empty: nothing slips past
+                    self.arrived = anyio.Event()
+                await self.arrived.wait()
+        finally:
+            self.lane.waiting.pop(self.rid, None)
+
+
+@dataclass
+class StdioProcess:
+    """What the transport knows about its process: used to explain a failure."""
+
+    process: Process
+    stderr: IO[bytes]
+    eof: anyio.Event = field(default_factory=anyio.Event)
+    failure: str | None = None
+    """Why the transport gave up on a live process (its stdin stopped taking messages), if it did."""
+    lane: StdioLane = field(default_factory=StdioLane)
+    """The process's pipes for requests sent straight on them (see the module docstring)."""
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.returncode
+
+    def stderr_tail(self) -> str:
+        try:
+            self.stderr.flush()
+            self.stderr.seek(0, 2)
+            size = self.stderr.tell()
+            self.stderr.seek(max(0, size - 4096))
+            text = self.stderr.read().decode("utf-8", errors="replace")
+        except (OSError, ValueError):
+            return ""
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        return " | ".join(lines[-STDERR_TAIL_LINES:])
+
+
+def _parse(line: bytes) -> SessionMessage | Exception:
+    try:
+        return SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
+    except ValueError as exc:
+        return exc
+
+
+@asynccontextmanager
+async def open_stdio(
+    command: str,
+    args: list[str],
+    *,
+    env: Mapping[str, str] | None,
+    cwd: str | None,
+    stderr: IO[bytes],
+    max_line_bytes: int = 64 * 1024 * 1024,
+    write_timeout_s: float = math.inf,
+    on_failure: Callable[[str], None] | None = None,
+) -> AsyncIterator[
+    tuple[
+        anyio.abc.ObjectReceiveStream[SessionMessage | Exception],
+        anyio.abc.ObjectSendStream[SessionMessage],
+        StdioProcess,
+    ]
+]:
+    """Spawn ``command`` and yield ``(read_stream, write_stream, process)``.
+
+    ``stderr`` is a file the caller owns (it reads the tail after the process is gone). ``max_line_bytes`` bounds
+    one message from the server; ``write_timeout_s`` bounds one message to it, after which ``on_failure`` is told
+    why and the read stream ends (see the module docstring).
+
+    Raises:
+        OSError: the process could not be spawned (FileNotFoundError for a missing command).
+    """
+    process = await processes.open_process(  # a session of its own; on Linux, dies with the gateway
+        [command, *args], env=dict(env) if env is not None else None, cwd=cwd, stderr=stderr
+    )
+    # No await between the spawn and the task group below, or a cancellation would leak the process.
+    proc = StdioProcess(process, stderr)
+    lane = proc.lane
+    read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](0)
+
+    async def write(data: bytes) -> bool:
+        """Write one line onto stdin; False when the server did not take it in time (the session is then over)."""
+        assert process.stdin is not None
+        with anyio.move_on_after(write_timeout_s) as stalled:
+            await process.stdin.send(data)
+        if not stalled.cancelled_caught:
+            return True
+        reason = (
+            f"the server stopped reading its stdin (a message of {len(data):,} bytes was not taken "
+            f"within {write_timeout_s:g} s)"
+        )
+        if proc.failure is None:
+            proc.failure = reason
+            if on_failure is not None:
+                on_failure(reason)
+        lane.close()
+        await read_send.aclose()
+        return False
+
+    passed = False  # a line went to the session since the last one handed to a direct call
+
+    async def route(line: bytes) -> None:
+        nonlocal passed
+        claimed = lane.claim(line)
+        if claimed is None:
+            await read_send.send(_parse(line))
+            passed = True
+            return
+        if passed:
+            # The session dispatches what came before first, as its own receive loop would: a log message is
+            # attributed to the call in flight, a cancelled request of the server's is cancelled, before the call's
+            # caller can run on with its answer.
+            await anyio.lowlevel.checkpoint()
+            passed = False
+        claimed[0].deliver(claimed[1])
+
+    async def reader() -> None:
+        assert process.stdout is not None
+        lines = LineLimit(max_line_bytes)
+        try:
+            async with read_send:
+                async for chunk in process.stdout:
+                    for item in lines.feed(chunk):
+                        if isinstance(item, bytes):
+                            for line in item.split(b"\n"):
+                                if line.strip():
+                                    await route(line)
+                            continue
+                        replacement = replace_line(item, max_line_bytes, sse=False)
+                        if replacement is not None:
+                            await route(replacement)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, OSError):
+            pass
+        finally:
+            lane.close()
+            proc.eof.set()
+
+    async def writer() -> None:
+        try:
+            async with write_recv:
+                async for message in write_recv:
+                    data = message.message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n"
+                    if not await write(data):
+                        return
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            lane.close()
+            await read_send.aclose()
+
+    lane._write = write
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(reader)
+        tg.start_soon(writer)
+        try:
+            yield read_recv, write_send, proc
+        finally:
+            lane.close()
+            with anyio.CancelScope(shield=True):
+                await _shutdown(process, graceful=proc.failure is None)
+            tg.cancel_scope.cancel()
+
+
+async def _shutdown(process: Process, *, graceful: bool) -> None:
+    # One budget for closing stdin and exiting: closing waits for unwritten data, which a server that stopped
+    # reading never takes (so for a server that stopped reading there is no grace).
+    with anyio.move_on_after(EXIT_GRACE_S if graceful else 0):
+        if process.stdin is not None:
+            with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                await process.stdin.aclose()
+        # Poll returncode, not process.wait(): that also waits for pipe EOF, which a grandchild can hold open.
+        while process.returncode is None:  # noqa: ASYNC110
+            await anyio.sleep(0.01)
+    # Even when the leader exited, its group may hold children (npx -> node): always signal the group.
+    await terminate_posix_process_tree(process, TERM_GRACE_S)
+    with anyio.move_on_after(TERM_GRACE_S):
+        while process.returncode is None:  # noqa: ASYNC110
+            await anyio.sleep(0.01)
+    with anyio.move_on_after(TERM_GRACE_S):
+        for stream in (process.stdout, process.stdin):
+            if stream is not None:
+                with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    await stream.aclose()

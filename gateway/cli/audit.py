@@ -1,0 +1,311 @@
+"""``gateway audit tail|query|stats|copy``: the ledger read back as an aligned terminal table or as JSON.
+
+The renderers are pure functions of the records they are given. ``add_audit_subcommands`` mounts the ``audit``
+command on the CLI's argparse subparsers and ``run_audit`` runs it; both leave the ledger to the caller (``--db``, a
+SQLite file or a ``postgresql://`` URL, defaulting to what the CLI passes as ``default_db``). ``copy`` copies a
+SQLite ledger into a PostgreSQL one (``--to``), skipping the rows already there. JSON output is one array for
+``query`` and ``stats`` and one object per line (JSON Lines) for ``tail``, so ``tail --follow --json`` can be piped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+import anyio
+
+from gateway.errors import AuditError
+from gateway.ledger.engines import is_url, query, redact_url, stats, tail
+from gateway.ledger.sqlite import KINDS, STATUSES, AuditRecord, ToolStats
+
+_RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+
+
+def parse_time(text: str, *, now: float | None = None) -> float:
+    """A unix time from ``now``, a relative age (``90s``, ``15m``, ``1h``, ``2d``, ``1w``: that long ago), an ISO 8601
+    time (without an offset it is local time) or a plain unix timestamp.
+
+    Raises:
+        ValueError: the text is none of these.
+    """
+    current = time.time() if now is None else now
+    if text.strip() == "now":
+        return current
+    if match := _RELATIVE.match(text):
+        return current - float(match[1]) * _UNIT_S[match[2]]
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is not a time: use an age like 15m, 1h or 2d, an ISO 8601 time, or a unix timestamp."
+        ) from None
+    return (moment if moment.tzinfo else moment.astimezone()).timestamp()
+
+
+def record_to_json(rec: AuditRecord) -> dict[str, Any]:
+    """One record as a JSON object: every field, plus ``time`` (the ``ts`` as ISO 8601 UTC)."""
+    return {
+        "time": datetime.fromtimestamp(rec.ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "ts": rec.ts,
+        "correlation_id": rec.correlation_id,
+        "session_id": rec.session_id,
+        "client_name": rec.client_name,
+        "client_version": rec.client_version,
+        "caller": rec.caller,
+        "tool": rec.tool,
+        "chain": [
+            {
+                "provider": s.provider,
+                "variant": s.variant,
+                "outcome": s.outcome,
+                "reason": s.reason,
+                "duration_ms": s.duration_ms,
+            }
+            for s in rec.chain
+        ],
+        "status": rec.status,
+        "duration_ms": rec.duration_ms,
+        "result_bytes": rec.result_bytes,
+        "arg_preview": dict(rec.arg_preview),
+        "args_hash": rec.args_hash,
+        "kind": rec.kind,
+    }
+
+
+def stats_to_json(item: ToolStats) -> dict[str, Any]:
+    """One tool's figures; ``kind`` is there only for the figures of a request that is not a tools/call."""
+    kind = {} if item.kind == "tools/call" else {"kind": item.kind}
+    return {
+        "tool": item.tool,
+        **kind,
+        "calls": item.calls,
+        "by_status": dict(item.by_status),
+        "error_rate": item.error_rate,
+        "degraded_rate": item.degraded_rate,
+        "p50_ms": item.p50_ms,
+        "p95_ms": item.p95_ms,
+        "p99_ms": item.p99_ms,
+    }
+
+
+def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], right: frozenset[int], minimum: Sequence[int]) -> str:
+    """Columns padded to their widest cell (at least ``minimum``), numbers (``right``) aligned right, 2 spaces apart."""
+    body = [list(row) for row in rows]
+    widths = [max([minimum[i], len(headers[i]), *(len(row[i]) for row in body)]) for i in range(len(headers))]
+
+    def line(cells: Sequence[str]) -> str:
+        padded = [c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(cells)]
+        return "  ".join(padded).rstrip()
+
+    return "\n".join([line(headers), *(line(row) for row in body)])
+
+
+_RECORD_HEADERS = (
+    "TIME",
+    "STATUS",
+    "TOOL",
+    "KIND",
+    "MS",
+    "BYTES",
+    "CLIENT",
+    "CALLER",
+    "CORRELATION",
+    "CHAIN",
+    "ARGS",
+)
+_RECORD_RIGHT = frozenset({4, 5})
+# Minimum widths, so rows printed one at a time (tail --follow) line up with the header printed before them.
+_RECORD_MIN = (19, 9, 24, 14, 9, 8, 20, 14, 16, 0, 0)
+
+
+def _record_cells(rec: AuditRecord) -> list[str]:
+    client = "/".join(part for part in (rec.client_name, rec.client_version) if part) or "-"
+    chain = " > ".join(
+        f"{s.provider}{'/' + s.variant if s.variant else ''}:{s.outcome}" for s in rec.chain
+    )  # e.g. search/full:timeout > search/lite:ok
+    args = " ".join(f"{name}={json.dumps(value, ensure_ascii=False)}" for name, value in rec.arg_preview.items())
+    return [
+        time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(rec.ts)),
+        rec.status,
+        rec.tool,
+        rec.kind,
+        f"{rec.duration_ms:.1f}",
+        str(rec.result_bytes),
+        client,
+        rec.caller or "-",
+        rec.correlation_id,
+        chain or "-",
+        args,
+    ]
+
+
+def render_records(records: Sequence[AuditRecord], as_json: bool) -> str:
+    """Records as a table (times are local) or as a JSON array."""
+    if as_json:
+        return json.dumps([record_to_json(rec) for rec in records], ensure_ascii=False, indent=2)
+    return _table(_RECORD_HEADERS, map(_record_cells, records), _RECORD_RIGHT, _RECORD_MIN)
+
+
+def render_stats(items: Sequence[ToolStats], as_json: bool) -> str:
+    """Per-tool statistics as a table (rates in percent, latencies in ms) or as a JSON array."""
+    if as_json:
+        return json.dumps([stats_to_json(item) for item in items], ensure_ascii=False, indent=2)
+    rows = [
+        [
+            item.tool if item.kind == "tools/call" else f"{item.tool} ({item.kind})",
+            str(item.calls),
+            f"{item.error_rate * 100:.1f}",
+            f"{item.degraded_rate * 100:.1f}",
+            f"{item.p50_ms:.1f}",
+            f"{item.p95_ms:.1f}",
+            f"{item.p99_ms:.1f}",
+        ]
+        for item in items
+    ]
+    headers = ("TOOL", "CALLS", "ERROR%", "DEGRADED%", "P50 MS", "P95 MS", "P99 MS")
+    return _table(headers, rows, frozenset(range(1, 7)), (0,) * 7)
+
+
+def _time_arg(text: str) -> float:
+    try:
+        return parse_time(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_audit_subcommands(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+    *,
+    default_db: str = "audit.db",
+    read_default: str | None = None,
+    copy_default: str | None = None,
+) -> argparse.ArgumentParser:
+    """Add ``audit`` (``tail``, ``query``, ``stats``, ``copy``) to the CLI's subparsers; run what it parses with
+    ``run_audit``. ``read_default`` / ``copy_default`` say in the help what ``--db`` means when it is left out (the
+    caller resolves ``default_db`` to it); without them the help shows ``default_db``."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--db",
+        default=default_db,
+        help=f"the ledger: a SQLite file or a postgresql:// URL (default: {read_default or default_db})",
+    )
+    common.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    filters = argparse.ArgumentParser(add_help=False)
+    filters.add_argument("--tool", help="only this tool")
+    filters.add_argument("--status", choices=STATUSES, help="only calls with this status")
+    filters.add_argument("--client", help="only calls from this client (its name)")
+    filters.add_argument("--kind", choices=KINDS, help="only requests of this kind (default: every kind)")
+    window = argparse.ArgumentParser(add_help=False)
+    window.add_argument("--since", type=_time_arg, help="from this time: 1h, 2d, 2025-06-01T12:00, a unix time")
+    window.add_argument("--until", type=_time_arg, help="before this time (same forms as --since)")
+
+    audit = subparsers.add_parser("audit", help="read the audit ledger", description="Read the audit ledger.")
+    commands = audit.add_subparsers(dest="audit_command", required=True, metavar="{tail,query,stats,copy}")
+    tail_parser = commands.add_parser(
+        "tail", parents=[common, filters], help="show the latest calls, and with --follow every new one"
+    )
+    tail_parser.add_argument("-n", "--lines", type=int, default=10, help="how many recent calls to show first")
+    tail_parser.add_argument("-f", "--follow", action="store_true", help="keep printing calls as they are recorded")
+    tail_parser.add_argument("--interval", type=float, default=0.5, help="seconds between polls with --follow")
+    query_parser = commands.add_parser("query", parents=[common, filters, window], help="list calls matching filters")
+    query_parser.add_argument("--limit", type=int, default=100, help="the most (newest) calls to list; 0 for all")
+    commands.add_parser("stats", parents=[common, filters, window], help="per-tool calls, error rates and latency")
+    copy_parser = commands.add_parser(
+        "copy",
+        help="copy a SQLite ledger into PostgreSQL (rows already there are skipped, so it can be re-run)",
+        description="Copy the SQLite ledger --db into the PostgreSQL ledger --to, in order; a re-run copies only "
+        "the rows not there yet.",
+    )
+    copy_parser.add_argument(
+        "--db", default=default_db, help=f"the SQLite ledger file (default: {copy_default or default_db})"
+    )
+    copy_parser.add_argument(
+        "--to", default=None, help="the PostgreSQL ledger's postgresql:// URL (default: gateway.audit.url)"
+    )
+    return audit
+
+
+def run_audit(
+    args: argparse.Namespace,
+    *,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Run a parsed ``gateway audit`` command. Returns the exit status: 0, or 1 with a sentence on stderr."""
+    out = sys.stdout if stdout is None else stdout
+    err = sys.stderr if stderr is None else stderr
+    try:
+        if args.audit_command == "query":
+            records = query(
+                args.db,
+                tool=args.tool,
+                status=args.status,
+                client=args.client,
+                since=args.since,
+                until=args.until,
+                limit=args.limit or None,
+                kind=args.kind,
+            )
+            print(render_records(records, args.json), file=out)
+        elif args.audit_command == "stats":
+            items = stats(
+                args.db, since=args.since, until=args.until, tool=args.tool, client=args.client, kind=args.kind
+            )
+            print(render_stats(items, args.json), file=out)
+        elif args.audit_command == "copy":
+            _run_copy(args, out)
+        else:
+            _run_tail(args, out, sleep)
+    except AuditError as exc:
+        print(f"gateway audit: {exc}", file=err)
+        return 1
+    except KeyboardInterrupt:  # the way to stop tail --follow
+        return 0
+    return 0
+
+
+def _run_copy(args: argparse.Namespace, out: TextIO) -> None:
+    if not args.to or not is_url(args.to):
+        raise AuditError("gateway audit copy needs --to postgresql://... (or gateway.audit.url in the config).")
+    if is_url(args.db):
+        raise AuditError("gateway audit copy reads a SQLite ledger file (--db), not a URL.")
+    from gateway.ledger.postgres import copy_ledger
+
+    copied, skipped = anyio.run(copy_ledger, args.db, args.to)
+    print(f"copied {copied} row(s) from {args.db} into {redact_url(args.to)}; {skipped} were there already", file=out)
+
+
+def _run_tail(args: argparse.Namespace, out: TextIO, sleep: Callable[[float], None]) -> None:
+    rows = tail(
+        args.db,
+        tool=args.tool,
+        status=args.status,
+        client=args.client,
+        last=args.lines,
+        follow=args.follow,
+        poll_interval=args.interval,
+        sleep=sleep,
+        kind=args.kind,
+    )
+    if args.json:
+        for rec in rows:
+            print(json.dumps(record_to_json(rec), ensure_ascii=False), file=out, flush=True)
+        return
+    widths = list(_RECORD_MIN)  # grow as wider cells arrive, and stay grown, so later rows keep lining up
+    print(_table(_RECORD_HEADERS, [], _RECORD_RIGHT, widths), file=out)
+    for rec in rows:
+        cells = _record_cells(rec)
+        widths = [max(width, len(cell)) for width, cell in zip(widths, cells, strict=True)]
+        print(_table(_RECORD_HEADERS, [cells], _RECORD_RIGHT, widths).partition("\n")[2], file=out, flush=True)

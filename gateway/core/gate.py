@@ -1,0 +1,118 @@
+"""What each client may see: the context gate.
+
+Some tools only make sense for a client with a large context window (``wiki_read_all`` returns the whole corpus).
+The reference system only *advises* small clients against them; here the gate is enforced: such tools are listed
+and callable only for clients whose declared context is at or above ``clients.large_context_tokens``.
+
+How a client declares its context, in order:
+  1. the request header named by ``clients.context_header`` (default ``X-Context-Window``), a number of tokens —
+     explicit and per request, so a user can set it in any client that lets them add headers (the Inspector's
+     ``--header``), or a proxy can add it;
+  2. otherwise its ``clientInfo`` from ``initialize`` matched against ``clients.known`` (``name`` or
+     ``name@version`` glob patterns, case-insensitive) — every MCP client sends it, no setup needed;
+  3. otherwise the client is unknown, and an unknown client counts as small.
+
+A small client is not told about the tools it cannot see either: ``note_without`` takes the router note's items
+that name a gated tool out of the descriptions in its listing.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+
+from gateway.config.models import Clients
+
+__all__ = ["ClientPolicy", "Declared", "note_without"]
+
+_ITEM = re.compile(r"^(\s*)([-*•]|\d+[.)])\s")
+
+
+def note_without(note: str, names: Collection[str]) -> str:
+    """``note`` without the list items that name one of ``names`` (as a whole word); an item is a line starting
+    with ``-``, ``*``, ``•`` or ``1.`` plus the lines after it indented deeper. Other lines are kept as written."""
+    if not names:
+        return note
+    named = re.compile(r"(?<![\w.-])(" + "|".join(re.escape(n) for n in sorted(names)) + r")(?![\w-])")
+    out: list[str] = []
+    item: list[str] = []
+    depth = -1
+
+    def flush() -> None:
+        if item and not named.search("\n".join(item)):
+            out.extend(item)
+        item.clear()
+
+    for line in note.split("\n"):
+        start = _ITEM.match(line)
+        indent = len(line) - len(line.lstrip())
+        if start is not None:
+            flush()
+            item.append(line)
+            depth = len(start.group(1))
+        elif item and line.strip() and indent > depth:
+            item.append(line)
+        else:
+            flush()
+            out.append(line)
+    flush()
+    return "\n".join(out)
+
+
+@dataclass(frozen=True, slots=True)
+class Declared:
+    """A client's declared context window and where the figure came from."""
+
+    tokens: int | None
+    source: str  # "header", "clientInfo", "unknown"
+
+    def describe(self) -> str:
+        if self.tokens is None:
+            return "no context size declared"
+        return f"{self.tokens:,} tokens (from {self.source})"
+
+
+class ClientPolicy:
+    def __init__(self, config: Clients) -> None:
+        self._config = config
+        self._header = config.context_header.lower()
+        self._patterns = [(pattern.lower(), tokens) for pattern, tokens in config.known.items()]
+
+    @property
+    def threshold(self) -> int:
+        return self._config.large_context_tokens
+
+    @property
+    def gated(self) -> frozenset[str]:
+        return frozenset(self._config.large_context_tools)
+
+    def declared(self, name: str | None, version: str | None, headers: Mapping[str, str] | None = None) -> Declared:
+        if headers is not None:
+            raw = headers.get(self._header)
+            if raw is not None:
+                try:
+                    value = int(raw.strip().replace("_", "").replace(",", ""))
+                except ValueError:
+                    value = -1
+                if value > 0:
+                    return Declared(value, "header")
+        if name:
+            full = f"{name}@{version or ''}".lower()
+            for pattern, tokens in self._patterns:
+                target = full if "@" in pattern else name.lower()
+                if fnmatch.fnmatchcase(target, pattern):
+                    return Declared(tokens, "clientInfo")
+        return Declared(None, "unknown")
+
+    def is_large(self, declared: Declared) -> bool:
+        return declared.tokens is not None and declared.tokens >= self.threshold
+
+    def refusal(self, tool: str, declared: Declared) -> str:
+        return (
+            f"{tool} is only available to clients with a context window of at least {self.threshold:,} tokens; "
+            f"this client has {declared.describe()}. Use files_search to find the page, then files_neighbors to "
+            f"read it with everything linked to it. (A client with a large context can declare it with the "
+            f"'{self._config.context_header}' header.)"
+        )

@@ -1,0 +1,296 @@
+"""Who sees what: the ``policies:`` section applied to a catalog, one pre-serialised view per policy.
+
+A caller's ``Identity`` (its name, and for a JWT its verified scopes and claims) picks its policy: the first one,
+in file order, whose ``callers`` globs match the name and whose ``claims`` and ``scopes`` the token carries. A
+caller no policy matches sees nothing (with policies configured, access is granted, never assumed); with no
+``policies:`` section every caller sees everything (``Views.view`` answers None) and nothing here runs.
+
+A ``View`` is one policy over one catalog: the tool names it may call, and the ``tools/list`` (both sizes),
+``resources/list``, ``resources/templates/list`` and ``prompts/list`` answers filtered from the catalog's own
+pre-serialised ones. It is built the first time a caller of that policy asks and reused by every request until the
+catalog is swapped (a reload swaps it too: ``Catalog.policies`` is part of it), so a request costs a policy match
+and a dictionary lookup. A tool is visible when its published name passes ``tools`` and the backend of every one of
+its providers passes ``backends`` (a route never falls back to a backend the caller may not use); a resource, a
+template or a prompt when its published URI (template) or name passes its selection and its backend passes
+``backends``. What a caller may not see answers exactly as what does not exist (server.py, router.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from typing import Any
+
+from gateway.config.models import Policy, Selection
+from gateway.core.catalog import Catalog, with_note
+from gateway.core.gate import note_without
+from gateway.core.listings import Origin
+
+__all__ = ["NOBODY", "Identity", "View", "Views", "policy_for"]
+
+NOBODY = ""
+"""The name of the view of a caller that no policy matches: nothing at all."""
+MAX_CATALOGS = 4
+"""Views are kept for this many catalogs (the current one and the ones announcements still compare against)."""
+MAX_CALLERS = 1024
+"""Callers remembered for /status (the most recent ones)."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a request comes from, as far as policies care: never a token."""
+
+    caller: str | None
+    scopes: frozenset[str] = frozenset()
+    claims: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def of(cls, state: Mapping[str, Any] | None) -> Identity:
+        """The identity the HTTP guard left in a request's scope state (``caller``, and ``principal`` for a JWT)."""
+        if not state:
+            return ANONYMOUS
+        caller = state.get("caller")
+        principal = state.get("principal")
+        if principal is None:
+            return cls(caller if isinstance(caller, str) else None)
+        return cls(principal.caller, frozenset(principal.scopes), principal.claims)
+
+
+ANONYMOUS = Identity(None)
+
+
+def _claim_holds(claims: Mapping[str, Any], name: str, wanted: str) -> bool:
+    value = claims.get(name)
+    if isinstance(value, list | tuple):
+        return wanted in value
+    if name in ("scope", "scp") and isinstance(value, str):
+        return wanted in value.split()
+    return value == wanted
+
+
+def _matches(policy: Policy, identity: Identity) -> bool:
+    caller = identity.caller or ""
+    if not any(fnmatchcase(caller, pattern) for pattern in policy.callers):
+        return False
+    if not all(_claim_holds(identity.claims, k, v) for k, v in policy.claims.items()):
+        return False
+    return all(scope in identity.scopes for scope in policy.scopes)
+
+
+def policy_for(policies: Mapping[str, Policy], identity: Identity) -> str:
+    """The name of the caller's policy: the first that matches, else ``NOBODY``."""
+    for name, policy in policies.items():
+        if _matches(policy, identity):
+            return name
+    return NOBODY
+
+
+def _selected(selection: Selection, name: str) -> bool:
+    if selection.include is not None and not any(fnmatchcase(name, p) for p in selection.include):
+        return False
+    return not any(fnmatchcase(name, p) for p in selection.exclude)
+
+
+_SEES_NOTHING = Policy(tools=Selection(include=()), backends=Selection(include=()))
+
+
+@dataclass(frozen=True)
+class View:
+    """One policy's view of one catalog (see the module docstring)."""
+
+    policy: str
+    tools: frozenset[str]
+    list_result: Mapping[str, Any]
+    list_result_small: Mapping[str, Any] | None
+    resources_result: Mapping[str, Any]
+    templates_result: Mapping[str, Any]
+    prompts_result: Mapping[str, Any]
+    prompts: frozenset[str]
+    _rule: Policy = field(repr=False)
+
+    def listing(self, large_context: bool) -> Mapping[str, Any]:
+        if large_context or self.list_result_small is None:
+            return self.list_result
+        return self.list_result_small
+
+    def origins(self, uri: str, origins: tuple[Origin, ...]) -> tuple[Origin, ...]:
+        """Of the backends that may serve ``uri``, those this view may read it from (none: "Resource not found")."""
+        if not _selected(self._rule.resources, uri):
+            return ()
+        return tuple(o for o in origins if _selected(self._rule.backends, o.backend))
+
+    def sees_backend(self, backend: str) -> bool:
+        return _selected(self._rule.backends, backend)
+
+    def changed(self, other: View | None, catalog: Catalog | None = None) -> frozenset[str]:
+        """The lists (``tools``, ``resources``, ``prompts``) that differ between this view and ``other`` (None: the
+        whole of ``catalog``, as a caller without policies sees it)."""
+        if other is None:
+            assert catalog is not None
+            theirs = _whole(catalog)
+        else:
+            theirs = other._lists()
+        return _diff(self._lists(), theirs)
+
+    def _lists(self) -> tuple[Mapping[str, Any] | None, ...]:
+        return (
+            self.list_result,
+            self.list_result_small,
+            self.resources_result,
+            self.templates_result,
+            self.prompts_result,
+        )
+
+
+def _whole(catalog: Catalog) -> tuple[Mapping[str, Any] | None, ...]:
+    lists = catalog.lists
+    small = catalog.list_result_small
+    return catalog.list_result, small, lists.resources_result, lists.templates_result, lists.prompts_result
+
+
+def _diff(a: tuple[Mapping[str, Any] | None, ...], b: tuple[Mapping[str, Any] | None, ...]) -> frozenset[str]:
+    changed = set()
+    if a[0] != b[0] or a[1] != b[1]:
+        changed.add("tools")
+    if a[2] != b[2] or a[3] != b[3]:
+        changed.add("resources")
+    if a[4] != b[4]:
+        changed.add("prompts")
+    return frozenset(changed)
+
+
+def lists_changed(before: Catalog, after: Catalog, identity: Identity, views: Views) -> frozenset[str]:
+    """What ``identity`` sees differently in ``after`` than in ``before`` (policies or none, on either side)."""
+    old, new = views.view(before, identity), views.view(after, identity)
+    if new is not None:
+        return new.changed(old, before)
+    if old is not None:
+        return old.changed(None, after)
+    return _diff(_whole(before), _whole(after))
+
+
+def build_view(catalog: Catalog, name: str, rule: Policy) -> View:
+    """``rule``'s view of ``catalog``: filtered once, from the catalog's pre-serialised lists."""
+    backends = rule.backends
+    tools = frozenset(
+        entry.name
+        for entry in catalog.entries.values()
+        if _selected(rule.tools, entry.name) and all(_selected(backends, p.backend) for p in entry.providers)
+    )
+    lists = catalog.lists
+    hidden = [name for name in catalog.entries if name not in tools]
+    tools |= {  # callable, never listed: kept() lists only what the catalog's listings hold
+        entry.name
+        for entry in catalog.unlisted.values()
+        if _selected(rule.tools, entry.name) and all(_selected(backends, p.backend) for p in entry.providers)
+    }
+
+    def kept(listing: Mapping[str, Any], note: str) -> Mapping[str, Any]:
+        # The router note loses the items that name a hidden tool: a description is no clue either.
+        shown = note_without(note, hidden) if note and hidden else note
+        return {**listing, "tools": [with_note(t, note, shown) for t in listing["tools"] if t["name"] in tools]}
+
+    resources = {
+        uri
+        for uri, origin in lists.resources.items()
+        if _selected(rule.resources, uri) and _selected(backends, origin.backend)
+    }
+    templates = {
+        t.published
+        for t in lists.templates
+        if _selected(rule.resources, t.published) and _selected(backends, t.origin.backend)
+    }
+    prompts = frozenset(
+        n for n, origin in lists.prompts.items() if _selected(rule.prompts, n) and _selected(backends, origin.backend)
+    )
+    return View(
+        policy=name,
+        tools=tools,
+        list_result=kept(catalog.list_result, catalog.notes[0]),
+        list_result_small=kept(catalog.list_result_small, catalog.notes[1])
+        if catalog.list_result_small is not None
+        else None,
+        resources_result={"resources": [r for r in lists.resources_result["resources"] if r["uri"] in resources]},
+        templates_result={
+            "resourceTemplates": [
+                t for t in lists.templates_result["resourceTemplates"] if t["uriTemplate"] in templates
+            ]
+        },
+        prompts_result={"prompts": [p for p in lists.prompts_result["prompts"] if p["name"] in prompts]},
+        prompts=prompts,
+        _rule=rule,
+    )
+
+
+class Views:
+    """Each policy's view of the recent catalogs, built on first use; and the callers seen, for /status."""
+
+    def __init__(self) -> None:
+        # id(catalog) -> (the catalog, kept alive so its id is not reused; its views by policy name)
+        self._views: dict[int, tuple[Catalog, dict[str, View]]] = {}
+        self.seen: dict[str, str] = {}
+        """caller -> its policy, the most recent ``MAX_CALLERS`` callers that asked."""
+
+    def view(self, catalog: Catalog, identity: Identity) -> View | None:
+        """``identity``'s view of ``catalog``; None when ``catalog`` has no policies (everyone sees everything)."""
+        policies = catalog.policies
+        if not policies:
+            return None
+        name = policy_for(policies, identity)
+        found = self._views.get(id(catalog))
+        if found is None or found[0] is not catalog:
+            if len(self._views) >= MAX_CATALOGS:
+                self._views.pop(next(iter(self._views)))
+            found = self._views[id(catalog)] = (catalog, {})
+        views = found[1]
+        view = views.get(name)
+        if view is None:
+            view = views[name] = build_view(catalog, name, policies[name] if name else _SEES_NOTHING)
+        if identity.caller is not None and self.seen.get(identity.caller) != name:
+            self.seen.pop(identity.caller, None)
+            if len(self.seen) >= MAX_CALLERS:
+                self.seen.pop(next(iter(self.seen)))
+            self.seen[identity.caller] = name
+        return view
+
+    def statistics(self, catalog: Catalog, known: tuple[str, ...] = ()) -> dict[str, Any]:
+        """For /status and /ui: each policy (its conditions and how many tools it shows), and each caller known
+        (``known``: the static tokens' names; and every caller seen) with its policy and tool count."""
+        policies = catalog.policies
+        out: dict[str, Any] = {"policies": [], "callers": []}
+        if not policies:
+            everyone = [*known, *(c for c in self.seen if c not in known)]
+            out["callers"] = [{"caller": c, "policy": None, "tools": len(catalog)} for c in everyone]
+            return out
+        for name, rule in policies.items():
+            view = self._named(catalog, name, rule)
+            out["policies"].append(
+                {
+                    "name": name,
+                    "callers": list(rule.callers),
+                    "claims": dict(rule.claims),
+                    "scopes": list(rule.scopes),
+                    "tools": len(view.tools - catalog.unlisted.keys()),
+                    "limits": rule.limits.model_dump(exclude_none=True) if rule.limits is not None else None,
+                }
+            )
+        callers = dict.fromkeys(known, "")
+        for caller in known:
+            callers[caller] = policy_for(policies, Identity(caller))
+        for caller, name in self.seen.items():
+            callers[caller] = name
+        for caller, name in callers.items():
+            tools = (
+                len(self._named(catalog, name, policies[name]).tools - catalog.unlisted.keys())
+                if name in policies
+                else 0
+            )
+            out["callers"].append({"caller": caller, "policy": name or None, "tools": tools})
+        return out
+
+    def _named(self, catalog: Catalog, name: str, rule: Policy) -> View:
+        found = self._views.get(id(catalog))
+        if found is not None and found[0] is catalog and name in found[1]:
+            return found[1][name]
+        return build_view(catalog, name, rule)

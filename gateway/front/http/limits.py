@@ -1,0 +1,268 @@
+"""Per-caller limits at ``/mcp``: a request rate (token bucket) and concurrent tool calls, per caller.
+
+``CallerLimits`` is pure ASGI middleware between the edge (``edge.py``, which leaves each POST's JSON-RPC message in
+the scope state) and the SDK. The rules are ``gateway.auth.caller_limits``, read at every request (so a reload
+applies): the first rule whose ``callers`` globs match the caller's name and whose ``claims`` its verified JWT
+carries applies, and each caller it matches gets its own bucket and its own in-flight count (one caller's burst never
+spends another's share). Counted: every JSON-RPC request (not notifications, responses or GET streams) against
+``requests_per_s`` / ``burst``; every ``tools/call`` against ``concurrent_calls`` while its answer is being sent.
+Over a limit, the request is answered HTTP 429 with ``Retry-After`` and a JSON-RPC error (``LIMITED``) naming the
+limit and when to retry, before the SDK sees it; a refused ``tools/call`` leaves a ``refused`` ledger row (the
+arguments only hashed) and every refusal is counted in ``/metrics`` (``mcp_gateway_caller_limited_total``, by rule and
+limit). The state is per process (a replica keeps its own buckets); callers idle with a full bucket are forgotten
+once more than ``MAX_TRACKED`` are held. With ``gateway.shared.redis_url`` the request rate is counted in Redis
+instead, for all replicas at once (shared_limits.py); when Redis cannot answer, ``gateway.shared.redis_down`` says
+whether the request is counted here alone (``open``) or refused with HTTP 503 (``closed``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import math
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gateway.auth.oauth import Principal
+from gateway.config.models import CallerLimit, Policy
+from gateway.core.policies import Identity, policy_for
+from gateway.core.runtime import Gateway
+from gateway.front.face import session_digest
+from gateway.front.http.body import RPC
+from gateway.front.http.shared import SharedRates
+from gateway.ledger.sqlite import AuditRecord, AuditStep, args_hash
+
+__all__ = ["LIMITED", "CallerLimits"]
+
+log = structlog.get_logger("gateway.quotas")
+
+LIMITED = -32000
+"""The JSON-RPC error code of a request refused by a caller limit (the implementation-defined server-error range;
+MCP defines none for it). The HTTP status (429) and ``Retry-After`` say the same to HTTP-aware clients."""
+MAX_TRACKED = 10_000
+CONCURRENCY_RETRY_S = 1
+"""What ``Retry-After`` says when a caller is at its concurrent calls: when one of them ends is not known."""
+
+
+@dataclass
+class _State:
+    rule: CallerLimit
+    tokens: float
+    stamp: float
+    in_flight: int = 0
+
+    def take(self, now: float) -> float:
+        """Spend one token; 0.0 if there was one, else the seconds until there is."""
+        rate = self.rule.requests_per_s
+        if rate is None:
+            return 0.0
+        burst = _burst(self.rule)
+        self.tokens = min(burst, self.tokens + (now - self.stamp) * rate)
+        self.stamp = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return 0.0
+        return (1.0 - self.tokens) / rate
+
+    def idle(self, now: float) -> bool:
+        rate = self.rule.requests_per_s
+        full = rate is None or self.tokens + (now - self.stamp) * rate >= _burst(self.rule)
+        return full and self.in_flight == 0
+
+
+def _burst(rule: CallerLimit) -> float:
+    return float(rule.burst if rule.burst is not None else math.ceil(rule.requests_per_s or 1.0))
+
+
+def _claims_match(wanted: Mapping[str, str], claims: Mapping[str, Any] | None) -> bool:
+    if not wanted:
+        return True
+    if claims is None:
+        return False
+    for name, value in wanted.items():
+        have = claims.get(name)
+        if not (have == value or (isinstance(have, list) and value in have)):
+            return False
+    return True
+
+
+class CallerLimits:
+    """Pure ASGI middleware: each caller's request rate and concurrent tool calls, per ``gateway.auth``."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        gateway: Gateway,
+        rules: Callable[[], tuple[CallerLimit, ...]],
+        policies: Callable[[], Mapping[str, Policy]] = dict,
+        shared: SharedRates | None = None,
+    ) -> None:
+        self.app = app
+        self.gateway = gateway
+        self.rules = rules
+        self.policies = policies
+        self.shared = shared
+        self._callers: dict[str, _State] = {}
+        self._policy_rules: dict[int, tuple[Policy, CallerLimit]] = {}
+
+    async def _take(self, state: _State, caller: str, rule: CallerLimit, now: float) -> float | None:
+        """One token of the caller's rate: from Redis when shared, else (or when Redis is down and the
+        configuration says ``open``) this replica's bucket; None: Redis is down and the configuration says
+        ``closed``."""
+        shared = self.shared
+        if shared is None or rule.requests_per_s is None:
+            return state.take(now)
+        wait = await shared.take(caller, rule, _burst(rule))
+        if wait is None:
+            return state.take(now) if shared.fail_open else None
+        return wait
+
+    def _rule(self, caller: str, principal: Principal | None) -> tuple[str, str, CallerLimit] | None:
+        """The limits that apply, and where they are written: the caller's policy's ``limits`` when it sets them
+        (auth/policies.py picks the policy), else the first ``gateway.auth.caller_limits`` rule that matches; with
+        the name /metrics counts its refusals under."""
+        policies = self.policies()
+        if policies:
+            identity = Identity(caller, principal.scopes, principal.claims) if principal else Identity(caller)
+            name = policy_for(policies, identity)
+            policy = policies.get(name)
+            if policy is not None and policy.limits is not None:
+                return f"policies.{name}.limits", f"policy:{name}", self._policy_rule(name, policy)
+        for index, rule in enumerate(self.rules()):
+            if any(fnmatch.fnmatchcase(caller, pattern) for pattern in rule.callers) and _claims_match(
+                rule.claims, principal.claims if principal is not None else None
+            ):
+                return f"gateway.auth.caller_limits[{index}]", rule.name or f"rule-{index + 1}", rule
+        return None
+
+    def _policy_rule(self, name: str, policy: Policy) -> CallerLimit:
+        """A policy's limits as a rule (built once per policy object: a reload makes new ones, and fresh buckets)."""
+        found = self._policy_rules.get(id(policy))
+        if found is not None and found[0] is policy:
+            return found[1]
+        limits = policy.limits
+        assert limits is not None
+        rule = CallerLimit(name=f"policy:{name}", **limits.model_dump())  # PolicyLimits validated the same way
+        if len(self._policy_rules) > 64:
+            self._policy_rules.clear()
+        self._policy_rules[id(policy)] = (policy, rule)
+        return rule
+
+    def _state(self, caller: str, rule: CallerLimit, now: float) -> _State:
+        state = self._callers.get(caller)
+        if state is None or state.rule != rule:  # new, or its rule changed on a reload: a fresh bucket
+            if len(self._callers) >= MAX_TRACKED:
+                for name in [name for name, held in self._callers.items() if held.idle(now)]:
+                    del self._callers[name]
+            state = _State(rule, tokens=_burst(rule), stamp=now)  # calls in flight count on the old state
+            self._callers[caller] = state
+        return state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        state_dict = scope.get("state", {}) if scope["type"] == "http" else {}
+        message = state_dict.get(RPC)
+        caller = state_dict.get("caller")
+        if not isinstance(message, dict) or "method" not in message or "id" not in message or not caller:
+            await self.app(scope, receive, send)
+            return
+        principal = state_dict.get("principal")
+        found = self._rule(caller, principal if isinstance(principal, Principal) else None)
+        if found is None:
+            await self.app(scope, receive, send)
+            return
+        where, rule_name, rule = found
+        now = time.monotonic()
+        state = self._state(caller, rule, now)
+        call = message.get("method") == "tools/call"
+        wait = await self._take(state, caller, rule, now)
+        if wait is None:
+            text = (
+                f"The request rate of caller {caller} cannot be counted: the shared limits' Redis "
+                "(gateway.shared.redis_url) does not answer and gateway.shared.redis_down is closed; retry shortly."
+            )
+            await self._refuse(scope, send, message, caller, rule_name, "shared", text, 1.0, call, status=503)
+            return
+        if wait > 0:
+            text = (
+                f"Too many requests for caller {caller}: the limit is {rule.requests_per_s:g} per second "
+                f"(burst {_burst(rule):g}, {where}); retry in {wait:.1f} s."
+            )
+            await self._refuse(scope, send, message, caller, rule_name, "rate", text, wait, call)
+            return
+        limit = rule.concurrent_calls
+        if call and limit is not None:
+            if state.in_flight >= limit:
+                text = (
+                    f"Too many concurrent tool calls for caller {caller}: {state.in_flight} in flight, the limit "
+                    f"({where}.concurrent_calls); retry when one has ended."
+                )
+                await self._refuse(scope, send, message, caller, rule_name, "concurrency", text, None, call)
+                return
+            state.in_flight += 1
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                state.in_flight -= 1
+            return
+        await self.app(scope, receive, send)
+
+    async def _refuse(
+        self,
+        scope: Scope,
+        send: Send,
+        message: dict[str, Any],
+        caller: str,
+        rule_name: str,
+        limit: str,
+        text: str,
+        wait: float | None,
+        call: bool,
+        status: int = 429,
+    ) -> None:
+        retry = max(1, math.ceil(wait)) if wait is not None else CONCURRENCY_RETRY_S
+        log.info("caller.limited", caller=caller, limit=limit, rule=rule_name, method=message.get("method"))
+        self.gateway.metrics.observe_limited(rule_name, limit)
+        if call:
+            await self._record(scope, message, caller, text)
+        error = {"code": LIMITED, "message": text, "data": {"limit": limit, "retry_after_s": retry}}
+        body = json.dumps({"jsonrpc": "2.0", "id": message.get("id"), "error": error}).encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"retry-after", str(retry).encode()),
+        ]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _record(self, scope: Scope, message: dict[str, Any], caller: str, text: str) -> None:
+        ledger = self.gateway.ledger
+        if ledger is None or ledger.disabled:
+            return
+        params = message.get("params")
+        params = params if isinstance(params, dict) else {}
+        arguments = params.get("arguments")
+        name = params.get("name")
+        session = dict(scope.get("headers", [])).get(b"mcp-session-id")
+        await ledger.record(
+            AuditRecord(
+                ts=time.time(),
+                correlation_id=uuid.uuid4().hex,
+                session_id=session_digest(session.decode("latin-1")) if session else None,
+                client_name=None,
+                client_version=None,
+                caller=caller,
+                tool=str(name)[:128] if name is not None else "",
+                chain=(AuditStep("gateway", None, "limited", text, 0.0),),
+                status="refused",
+                duration_ms=0.0,
+                result_bytes=0,
+                arg_preview={},
+                args_hash=args_hash(arguments if isinstance(arguments, dict) else {}),
+            )
+        )

@@ -1,0 +1,364 @@
+"""The status page: one server-rendered HTML page at ``/ui/`` for people, beside the ``/status`` JSON for programs.
+
+``build_ui(gateway, tokens, loopback)`` is a Starlette sub-app that ``http.py`` mounts at ``/ui``. The page shows the
+backends (state, reason, since, last error, tool count), the catalog, the ledger's recent calls and per-tool figures
+over the last 24 hours, and reloads itself every ``REFRESH_S`` seconds with ``<meta http-equiv="refresh">``: no
+script runs, no front-end build exists, and the Content-Security-Policy allows nothing but the page's own nonce'd
+stylesheet. The HTML comes from Jinja2 templates (``gateway/templates/``, package data) with autoescape on, so every
+value that reaches it is escaped — backend reasons quote what a downstream printed and tool descriptions are the
+downstream's words, so both are untrusted; reasons are also scrubbed of registered secrets, as on ``/status``.
+
+Authentication (the app does its own; the ``Guard`` still checks Host and Origin first, and lets ``UI_PATHS`` past
+its bearer check). A gateway without tokens only ever serves on loopback (the CLI refuses anything else), and there
+the page is open, like ``/mcp``; without tokens off loopback it is refused. With tokens, a browser signs in once at
+``/ui/login`` by posting a token in a form body, compared in constant time by the same ``Tokens`` as the bearer
+check; the answer is a session cookie (HttpOnly, SameSite=Strict, Path=/ui, Secure over https) holding the caller's
+name and an expiry, HMAC-signed with a key drawn at random per process — never the token, and a restart signs every
+browser out. A ``Authorization: Bearer`` header is accepted too (scripts, curl). Tokens never appear in a URL: the
+form posts, the redirects carry nothing, and a token in a query string is ignored. POSTs (sign in, sign out) must
+come from the page's own origin: SameSite=Strict keeps the cookie off cross-site requests, and an ``Origin`` header
+naming another host (or none at all) is refused.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import parse_qs
+
+import anyio
+import anyio.to_thread
+import jinja2
+import structlog
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp
+
+from gateway.auth.cookies import SESSION_TTL_S, SessionCookies
+from gateway.auth.tokens import Tokens
+from gateway.backends.base import BackendStatus
+from gateway.core.catalog import Catalog
+from gateway.core.runtime import VERSION, Gateway
+from gateway.errors import AuditError
+from gateway.ledger.engines import query, stats
+from gateway.ledger.sqlite import AuditRecord, ToolStats
+from gateway.observe.logs import redactor
+
+__all__ = ["UI_PATHS", "build_ui"]
+
+log = structlog.get_logger("gateway.ui")
+
+UI_PATHS = ("/ui", "/ui/", "/ui/login", "/ui/logout")
+"""The paths the Guard lets past its bearer check (this app authenticates itself); ``/ui`` redirects to ``/ui/``."""
+
+COOKIE = "gateway_ui_session"
+REFRESH_S = 5  # the page reloads itself this often
+RECENT_CALLS = 25
+STATS_WINDOW_S = 24 * 3600.0
+STATS_CACHE_S = 10.0  # stats read every row of the window: open tabs refreshing every 5 s share one reading
+MAX_FORM_BYTES = 4096  # a sign-in form holds one token; a bigger body is not the form
+TEXT_LIMIT = 600  # characters of a reason or error shown (a stderr tail can be long)
+DESCRIPTION_LIMIT = 160
+
+
+# ------------------------------------------------------------------------------------------------- the app
+
+
+def build_ui(
+    gateway: Gateway, tokens: Tokens, loopback: bool, access: Callable[[], dict[str, Any]] | None = None
+) -> ASGIApp:
+    """The status page's app, to be mounted at ``/ui`` behind the ``Guard``.
+
+    Args:
+        gateway: the running gateway whose state the page shows.
+        tokens: the accepted bearer tokens; none configured means the page is open (on loopback only).
+        loopback: whether the gateway is bound to loopback.
+        access: the policies and, per caller, how many tools it sees (``Views.statistics``), shown when given.
+    """
+    sessions = SessionCookies()
+    allowed_origins = {o.lower() for o in gateway.config.gateway.allowed_origins}
+    ledger_view = _LedgerView(gateway)
+
+    def caller_of(request: Request) -> str | None:
+        if not tokens:
+            return "local" if loopback else None
+        return tokens.identify(request.headers.get("authorization")) or sessions.verify(request.cookies.get(COOKIE))
+
+    async def page(request: Request) -> Response:
+        base = _base(request)
+        caller = caller_of(request)
+        if caller is None:
+            if not tokens:
+                return _refused(403, "The status page is open only on a loopback bind; configure tokens to sign in.")
+            return _redirect(f"{base}/login")
+        ledger = await ledger_view.read()
+        nonce = secrets.token_urlsafe(16)
+        body = _render_page(
+            gateway,
+            ledger,
+            caller=caller if tokens else None,
+            base=base,
+            nonce=nonce,
+            access=access() if access else None,
+        )
+        return _html(body, nonce)
+
+    async def login_form(request: Request) -> Response:
+        base = _base(request)
+        if not tokens or caller_of(request) is not None:
+            return _redirect(f"{base}/")
+        nonce = secrets.token_urlsafe(16)
+        return _html(_render_login(gateway.config.gateway.name, base, nonce, error=None), nonce)
+
+    async def login(request: Request) -> Response:
+        base = _base(request)
+        if not tokens:
+            return _redirect(f"{base}/")
+        if not _same_origin(request, allowed_origins):
+            return _refused(403, "Sign-in refused: the form must be posted from this gateway's own page.")
+        form = await _read_form(request)
+        if form is None:
+            return _refused(413, "Sign-in refused: the form is too large.")
+        caller = tokens.identify(f"Bearer {form.get('token', '')}")
+        if caller is None:
+            log.warning("ui.login_refused")
+            nonce = secrets.token_urlsafe(16)
+            body = _render_login(gateway.config.gateway.name, base, nonce, error="That token is not valid.")
+            return _html(body, nonce, status=401)
+        log.info("ui.login", caller=caller)
+        response = _redirect(f"{base}/")
+        response.set_cookie(
+            COOKIE,
+            sessions.issue(caller),
+            max_age=int(SESSION_TTL_S),
+            path=base or "/",
+            secure=request.url.scheme == "https",
+            httponly=True,
+            samesite="strict",
+        )
+        return response
+
+    async def logout(request: Request) -> Response:
+        base = _base(request)
+        if not _same_origin(request, allowed_origins):
+            return _refused(403, "Sign-out refused: the form must be posted from this gateway's own page.")
+        response = _redirect(f"{base}/login" if tokens else f"{base}/")
+        response.delete_cookie(COOKIE, path=base or "/", httponly=True, samesite="strict")
+        return response
+
+    return Starlette(
+        routes=[
+            Route("/", page, methods=["GET"]),
+            Route("/login", login_form, methods=["GET"]),
+            Route("/login", login, methods=["POST"]),
+            Route("/logout", logout, methods=["POST"]),
+        ]
+    )
+
+
+def _base(request: Request) -> str:
+    """Where the app is mounted (``/ui``, after any root path): links, redirects and the cookie's path hang off it."""
+    return str(request.scope.get("root_path", "")).rstrip("/")
+
+
+def _same_origin(request: Request, allowed_origins: set[str]) -> bool:
+    """Whether a POST comes from the gateway's own page: its ``Origin`` names the ``Host`` it was sent to (or an
+    origin the operator allowed). A browser always sends ``Origin`` with a form POST, so none at all is refused."""
+    origin = request.headers.get("origin", "").lower()
+    if not origin or origin == "null":
+        return False
+    if origin in allowed_origins:
+        return True
+    return origin.split("://", 1)[-1] == request.headers.get("host", "").lower()
+
+
+async def _read_form(request: Request) -> dict[str, str] | None:
+    """The urlencoded form body, read up to ``MAX_FORM_BYTES``; None when it is larger."""
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            return None
+    fields = parse_qs(body.decode("utf-8", errors="replace"), keep_blank_values=True)
+    return {name: values[0] for name, values in fields.items()}
+
+
+_SECURITY_HEADERS = {
+    "X-Frame-Options": "DENY",
+    # Not "no-referrer": under it a browser sends ``Origin: null`` with a form POST, which both the Guard and
+    # ``_same_origin`` must refuse. "same-origin" still sends nothing to any other site.
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+    "X-Content-Type-Options": "nosniff",
+}
+
+
+def _csp(nonce: str | None) -> str:
+    style = f"'nonce-{nonce}'" if nonce else "'none'"
+    return f"default-src 'none'; style-src {style}; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+
+
+def _html(body: str, nonce: str, *, status: int = 200) -> Response:
+    return HTMLResponse(body, status_code=status, headers={**_SECURITY_HEADERS, "Content-Security-Policy": _csp(nonce)})
+
+
+def _redirect(location: str) -> Response:
+    return RedirectResponse(
+        location, status_code=303, headers={**_SECURITY_HEADERS, "Content-Security-Policy": _csp(None)}
+    )
+
+
+def _refused(status: int, message: str) -> Response:
+    body = _render_refused(status, message)
+    return HTMLResponse(body, status_code=status, headers={**_SECURITY_HEADERS, "Content-Security-Policy": _csp(None)})
+
+
+# ------------------------------------------------------------------------------------------------- ledger
+
+
+@dataclass(frozen=True, slots=True)
+class _LedgerData:
+    calls: Sequence[AuditRecord] = ()  # newest first
+    stats: Sequence[ToolStats] = ()
+    problem: str | None = None  # why there is nothing to show: the ledger is off, or unreadable
+
+
+class _LedgerView:
+    """Reads the ledger for the page, in a worker thread (``query`` and ``stats`` are blocking SQLite reads)."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self._gateway = gateway
+        self._stats: tuple[float, list[ToolStats]] | None = None  # (read at, figures)
+
+    async def read(self) -> _LedgerData:
+        ledger = self._gateway.ledger
+        if ledger is None or ledger.target is None:
+            return _LedgerData(problem="The audit ledger is off (gateway.audit.enabled: false), so no calls are kept.")
+        path = ledger.target
+        try:
+            calls = await anyio.to_thread.run_sync(lambda: query(path, limit=RECENT_CALLS))
+            now = anyio.current_time()
+            cached = self._stats
+            if cached is None or now - cached[0] >= STATS_CACHE_S:
+                figures = await anyio.to_thread.run_sync(lambda: stats(path, since=time.time() - STATS_WINDOW_S))
+                cached = self._stats = (now, figures)
+        except AuditError as exc:
+            return _LedgerData(problem=str(exc))
+        return _LedgerData(calls=list(reversed(calls)), stats=cached[1])
+
+
+# ------------------------------------------------------------------------------------------------- rendering
+
+
+def _clip(text: str | None, limit: int = TEXT_LIMIT) -> str:
+    text = "" if text is None else str(redactor.scrub(text))
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min"
+    if seconds < 86400:
+        return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+    return f"{seconds // 86400} d {seconds % 86400 // 3600} h"
+
+
+def _ago(ts: float, now: float) -> str:
+    return "just now" if now - ts < 1 else f"{_duration(now - ts)} ago"
+
+
+def _ms(value: float) -> str:
+    return f"{value:.0f} ms" if value >= 10 else f"{value:.1f} ms"
+
+
+def _pct(value: float) -> str:
+    return "0 %" if value == 0 else f"{value * 100:.1f} %"
+
+
+_TEMPLATES = jinja2.Environment(
+    loader=jinja2.PackageLoader("gateway.front.http", "templates"),
+    # Every .html template escapes every value (status.css, included verbatim, holds no value).
+    autoescape=jinja2.select_autoescape(enabled_extensions=("html",), default_for_string=True),
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+_TEMPLATES.filters.update(clip=_clip, iso=_iso, ago=_ago, ms=_ms, pct=_pct)
+
+
+def _render_refused(status: int, message: str) -> str:
+    return _TEMPLATES.get_template("refused.html").render(status=status, message=message)
+
+
+def _render_login(name: str, base: str, nonce: str, *, error: str | None) -> str:
+    return _TEMPLATES.get_template("login.html").render(name=name, base=base, nonce=nonce, error=error, refresh=None)
+
+
+@dataclass(frozen=True, slots=True)
+class _BackendRow:
+    name: str
+    kind: str
+    status: BackendStatus
+    published: int
+
+
+@dataclass(frozen=True, slots=True)
+class _ToolRow:
+    name: str
+    route: bool
+    chain: str  # the providers in order
+    description: str  # its first line
+
+
+def _tool_rows(catalog: Catalog) -> list[_ToolRow]:
+    rows = []
+    for name in sorted(catalog.entries):
+        entry = catalog.entries[name]
+        chain = " → ".join(provider.label for provider in entry.providers)
+        first_line = (entry.tool.description or "").strip().split("\n", 1)[0]
+        rows.append(_ToolRow(name, bool(entry.route), chain, first_line))
+    return rows
+
+
+def _render_page(
+    gateway: Gateway,
+    ledger: _LedgerData,
+    *,
+    caller: str | None,
+    base: str,
+    nonce: str,
+    access: dict[str, Any] | None = None,
+) -> str:
+    published = gateway.catalog.by_backend()
+    backends = [_BackendRow(name, kind, status, published.get(name, 0)) for name, kind, status in gateway.statuses()]
+    return _TEMPLATES.get_template("status.html").render(
+        name=gateway.config.gateway.name,
+        overall="ok" if gateway.healthy() else "degraded",
+        uptime=_duration(anyio.current_time() - gateway.started_at),
+        version=VERSION,
+        now=time.time(),
+        refresh=REFRESH_S,
+        caller=caller,
+        base=base,
+        nonce=nonce,
+        backends=backends,
+        tools=_tool_rows(gateway.catalog),
+        problems=gateway.catalog.problems,
+        ledger=ledger,
+        recent_calls=RECENT_CALLS,
+        description_limit=DESCRIPTION_LIMIT,
+        access=access,
+    )

@@ -1,0 +1,244 @@
+"""The official MCP conformance suite, through the gateway: every check that passes directly passes through it.
+
+The suite (`conformance server --suite all`, npm `@modelcontextprotocol/conformance`, the pinned stable release)
+runs against one target, tests/fixtures/conformance_server.py over streamable HTTP: directly, through the gateway
+fronting it alone (setup a), and through the gateway fronting it beside two third-party servers over stdio,
+`mcp-server-time` and `server-everything`, with conditional naming (setup b). The gateway gets its own loopback
+configuration without tokens (the suite sends no auth header) and no audit ledger, so nothing is written outside the
+test's tmp folder. The same comparison also runs with the pinned 0.2 pre-release (`conformance-next`, which covers
+the stateless 2026-07-28 era; `GATEWAY_CONFORMANCE_NEXT` may name another 0.2.x launcher), held to each era.
+
+The suite's client mode (`conformance client`) then checks the gateway's downstream side: for each scenario that
+applies to it, tests/fixtures/gateway_as_client.py serves a gateway whose only backend is the scenario's test server
+and drives it through the gateway. The figures are recorded in docs/conformance.md.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fixtures.gateway_proc import FIXTURES, PYTHON, run_gateway
+from tests.fixtures.procs import RunningServer, conformance_server_argv, free_port, start_http_server
+from tests.system.test_conformance_direct import (
+    MUST_SUCCEED,
+    SUITE_TIMEOUT,
+    SUITES,
+    _conformance_launcher,
+    _first_text,
+    _load_checks,
+    suite_args,
+)
+
+pytestmark = pytest.mark.node
+
+
+@dataclass
+class SuiteRun:
+    returncode: int
+    report: str
+    by_scenario: dict[str, list[dict[str, Any]]]
+
+    def statuses(self, status: str) -> set[str]:
+        """`scenario/check-id` of every check with this status."""
+        return {
+            f"{scenario}/{check['id']}"
+            for scenario, checks in self.by_scenario.items()
+            for check in checks
+            if check["status"] == status
+        }
+
+    @property
+    def passed(self) -> int:
+        return sum(check["status"] == "SUCCESS" for checks in self.by_scenario.values() for check in checks)
+
+    @property
+    def totals(self) -> tuple[int, int] | None:
+        found = re.search(r"^Total: (\d+) passed, (\d+) failed", self.report, re.MULTILINE)
+        return (int(found[1]), int(found[2])) if found else None
+
+
+THROUGH_GATEWAY_GAPS: dict[str, str] = {}
+"""The 2026-07-28 row's checks that pass directly but not yet through the gateway, each with what it waits for
+(docs/conformance.md). Only these may differ from the direct run, and only in that row. None is left: the two listen
+checks pass through the gateway since it holds a subscriptions/listen stream to a 2026-era downstream."""
+
+
+def _launcher(suite: str = "stable") -> str:
+    return _conformance_launcher(suite)
+
+
+def _run_suite(suite: str, url: str, output_dir: Path) -> SuiteRun:
+    launcher = _launcher(suite)
+    args = suite_args(suite, launcher)
+    completed = subprocess.run(
+        [launcher, "server", "--url", url, *args, "-o", str(output_dir)],
+        capture_output=True,
+        text=True,
+        timeout=SUITE_TIMEOUT,
+    )
+    report = f"{completed.stdout[-6000:]}\n{completed.stderr[-2000:]}"
+    return SuiteRun(completed.returncode, report, _load_checks(output_dir))
+
+
+@pytest.fixture(scope="module")
+def target() -> Iterator[RunningServer]:
+    port = free_port()
+    with start_http_server(conformance_server_argv(port), port) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def direct(target: RunningServer, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], SuiteRun]:
+    """The suite's run against the target itself, once per suite row."""
+    runs: dict[str, SuiteRun] = {}
+
+    def run(suite: str) -> SuiteRun:
+        if suite not in runs:
+            runs[suite] = _run_suite(suite, target.url(), tmp_path_factory.mktemp(f"direct-{suite}"))
+            assert runs[suite].passed > 0, runs[suite].report
+        return runs[suite]
+
+    return run
+
+
+def _config(target: RunningServer, setup: str, suite: str) -> str:
+    # The 2026-07-28 row reaches the target in its own era (server/discover, per-request capabilities), as a modern
+    # downstream would be configured; the 2025 rows keep the handshake, as such a downstream would be.
+    protocol = '\n    protocol: "2026-07-28"' if suite == "next-2026-07-28" else ""
+    config = f"""
+gateway:
+  name: conformance-gateway
+  audit: {{enabled: false}}
+  naming: {{mode: conditional}}
+servers:
+  conformance:
+    transport: streamable_http
+    url: {target.url()}{protocol}
+"""
+    if setup == "b":
+        time_server, everything = shutil.which("mcp-server-time"), shutil.which("mcp-server-everything")
+        if time_server is None or everything is None:
+            pytest.skip("mcp-server-time / mcp-server-everything are not on PATH; run scripts/install")
+        config += f"""
+  time:
+    transport: stdio
+    command: {time_server}
+    args: ["--local-timezone", "UTC"]
+  everything:
+    transport: stdio
+    command: {everything}
+    args: ["stdio"]
+"""
+    return config
+
+
+@pytest.mark.parametrize("suite", list(SUITES))
+@pytest.mark.parametrize("setup", ["a", "b"], ids=["alone", "beside-time-and-everything"])
+def test_every_check_that_passes_directly_passes_through_the_gateway(
+    setup: str, suite: str, target: RunningServer, direct: Callable[[str], SuiteRun], tmp_path: Path
+) -> None:
+    _launcher(suite)
+    baseline = direct(suite)
+    with run_gateway(_config(target, setup, suite), tmp_path, tokens="") as gateway:
+        run = _run_suite(suite, gateway.url(), tmp_path / "results")
+        gateway_log = gateway.output()
+    report = f"{run.report}\ngateway output:\n{gateway_log[-4000:]}"
+
+    # Check by check, the gateway's statuses are the direct run's (warnings and skips included), except for the
+    # known gaps of the 2026-07-28 row; nothing is merely hidden: every check the direct run has, it has too.
+    gaps = THROUGH_GATEWAY_GAPS if suite == "next-2026-07-28" else {}
+    direct_checks, through = _by_check(baseline), _by_check(run)
+    differing = {
+        check for check in direct_checks.keys() | through.keys() if direct_checks.get(check) != through.get(check)
+    }
+    unexplained = sorted(differing - gaps.keys())
+    assert unexplained == [], (
+        "checks whose status differs through the gateway: "
+        + ", ".join(
+            f"{check} (direct {direct_checks.get(check)}, through {through.get(check)})" for check in unexplained
+        )
+        + f"\n{report}"
+    )
+    assert run.statuses("FAILURE") - baseline.statuses("FAILURE") <= gaps.keys(), report
+    if suite == "next-2026-07-28":
+        # The header rules (SEP-2243) and the stateless rules (SEP-2575) hold at the gateway's own edge.
+        for scenario in ("http-header-validation", "http-custom-header-server-validation", "server-stateless"):
+            statuses = {
+                s for c in through if c.startswith(f"{scenario}/") and c not in gaps for s in through[c].split(",")
+            }
+            assert statuses == {"SUCCESS"}, f"{scenario}: {statuses}\n{report}"
+        return  # the stateless era has no sampling or elicitation round trips to look into
+    assert run.passed == baseline.passed, report
+    assert run.totals == baseline.totals, report
+    assert run.returncode == 0, report
+    for scenario in MUST_SUCCEED:
+        statuses = [check["status"] for check in run.by_scenario.get(scenario, [])]
+        assert "SUCCESS" in statuses and set(statuses) <= {"SUCCESS", "INFO", "SKIPPED"}, f"{scenario}: {statuses}"
+    # The back-channel really carried the round trips: the fixture's tool saw the suite client's own answers.
+    sampled = _first_text(run.by_scenario, "tools-call-sampling")
+    assert sampled == "LLM response: This is a test response from the client"
+    assert _first_text(run.by_scenario, "tools-call-elicitation").startswith("User response: action=accept")
+
+
+# The client scenarios that concern the gateway's downstream side, with the checks each must pass. (The suite's other
+# client scenarios are OAuth flows; the gateway authenticates to its backends with configured headers only.)
+CLIENT_SCENARIOS = {
+    "initialize": 1,
+    "tools_call": 1,
+    "sse-retry": 3,
+    "elicitation-sep1034-client-defaults": 5,
+}
+
+
+NEXT_CLIENT_SCENARIOS = {"json-schema-2020-12-preservation": 9}
+"""Client scenarios only the 0.2.x pre-release has."""
+
+
+@pytest.mark.parametrize(
+    ("suite", "scenario"),
+    [("stable", s) for s in CLIENT_SCENARIOS] + [("next-2025-11-25", s) for s in NEXT_CLIENT_SCENARIOS],
+)
+def test_the_gateway_as_a_client_passes_the_client_scenarios(suite: str, scenario: str, tmp_path: Path) -> None:
+    launcher = _launcher(suite)
+    command = f"{PYTHON} {FIXTURES / 'gateway_as_client.py'}"
+    assert " " not in PYTHON and " " not in str(FIXTURES), "the suite splits --command on spaces"
+    completed = subprocess.run(
+        [launcher, "client", "--command", command, "--scenario", scenario, "-o", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=SUITE_TIMEOUT,
+    )
+    checks = [check for path in tmp_path.glob(f"{scenario}-*/checks.json") for check in _read(path)]
+    logs = "".join(path.read_text() for path in tmp_path.glob(f"{scenario}-*/std*.txt"))
+    report = f"{completed.stdout[-4000:]}\n{completed.stderr[-2000:]}\n{logs[-4000:]}"
+    assert completed.returncode == 0, report
+    statuses = [check["status"] for check in checks]
+    assert "FAILURE" not in statuses and "WARNING" not in statuses, report
+    assert statuses.count("SUCCESS") == {**CLIENT_SCENARIOS, **NEXT_CLIENT_SCENARIOS}[scenario], report
+
+
+def _by_check(run: SuiteRun) -> dict[str, str]:
+    """`scenario/check-id` -> its verdicts, in order (a check may be reported more than once).
+
+    INFO entries are left out: they log the exchange (e.g. one `incoming-sse-event` per SSE event received, whose
+    number depends on timing and framing), they judge nothing.
+    """
+    statuses: dict[str, list[str]] = {}
+    for scenario, checks in run.by_scenario.items():
+        for check in checks:
+            if check["status"] != "INFO":
+                statuses.setdefault(f"{scenario}/{check['id']}", []).append(check["status"])
+    return {check: ",".join(found) for check, found in statuses.items()}
+
+
+def _read(path: Path) -> list[dict[str, Any]]:
+    return list(json.loads(path.read_text()))
