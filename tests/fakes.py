@@ -18,6 +18,7 @@ import mcp_types as types
 from anyio.abc import TaskStatus
 
 from gateway.backends.base import Backend, BackendBase, BackendState, BackendStatus, ProgressFn
+from gateway.calls import NO_UPSTREAM, Upstream
 from gateway.ledger.sqlite import AuditRecord
 
 __all__ = ["BLOCK", "FakeBackend", "FakeRecorder", "make_tool", "text_result"]
@@ -104,6 +105,7 @@ class FakeBackend(BackendBase):
         *,
         variant: str | None = None,
         progress: ProgressFn | None = None,
+        upstream: Upstream = NO_UPSTREAM,
     ) -> types.CallToolResult:
         self.calls.append(Call(tool, dict(arguments), variant))
         queue = self._script.get((tool, variant))

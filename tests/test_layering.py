@@ -218,6 +218,32 @@ def test_the_client_facing_side_knows_the_backends_only_by_their_protocol() -> N
     assert found == []
 
 
+SERVER_SIDE = ("starlette", "uvicorn", "mcp.server")
+"""What serves clients: only the front and the command may import it; below them no code can read a request's
+headers or ASGI scope, so a request's context reaches the core and the backends only as arguments."""
+
+
+def foreign_imports(source: str) -> list[str]:
+    """The modules of other packages ``source`` imports, anywhere in the file."""
+    names = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.append(node.module)
+    return [name for name in names if name.split(".")[0] != PACKAGE]
+
+
+def test_below_the_front_no_module_imports_what_serves_clients() -> None:
+    found = {
+        module: served
+        for module, path in sorted(modules().items())
+        if unit(module) not in ("front", "cli", "__main__", "__init__", "testing")
+        and (served := [n for n in foreign_imports(path.read_text()) if n == "starlette" or n.startswith(SERVER_SIDE)])
+    }
+    assert found == {}
+
+
 def test_only_config_touches_the_process_environment() -> None:
     found = {}
     for name, path in modules().items():

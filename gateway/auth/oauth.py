@@ -2,7 +2,7 @@
 
 ``ResourceServer(settings)`` owns what the HTTP guard needs and nothing of HTTP itself: the Protected Resource
 Metadata document and the paths it is served at, the ``WWW-Authenticate`` challenges, and ``verify(token)``, which
-turns a JWT access token into a ``Principal`` or raises ``Refusal`` (401 ``invalid_token``, 403
+turns a JWT access token into a ``Caller`` or raises ``Refusal`` (401 ``invalid_token``, 403
 ``insufficient_scope``, 503 when an issuer's keys cannot be had). A token is accepted only when its ``alg`` is on the
 allow-list, its ``iss`` is a configured issuer, its signature verifies with a key from that issuer's JWKS, its
 ``aud`` names the gateway's resource URI, ``exp``/``nbf``/``iat`` hold within the leeway, and it carries the required
@@ -30,7 +30,7 @@ import json
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
@@ -40,11 +40,11 @@ import httpx2
 import jwt
 import structlog
 
+from gateway.calls import Caller
 from gateway.config.models import OAuth, OAuthIssuer
 
 __all__ = [
     "VERIFICATION_RESULTS",
-    "Principal",
     "Refusal",
     "ResourceServer",
     "TokenCacheStatistics",
@@ -62,18 +62,6 @@ FAILED_FETCH_RETRY_S = 2.0
 VERIFICATION_RESULTS = ("cached", "verified", "refused", "unavailable")
 """What became of a token asked about: accepted from the cache, accepted after the full check, refused (401 or 403),
 or not judged because its issuer's keys could not be had (503)."""
-
-
-@dataclass(frozen=True)
-class Principal:
-    """Who a valid access token speaks for. ``claims`` are the verified claims (for policies); never the token."""
-
-    caller: str
-    issuer_name: str
-    issuer: str
-    subject: str
-    scopes: frozenset[str]
-    claims: Mapping[str, Any] = field(repr=False)
 
 
 class Refusal(Exception):
@@ -261,7 +249,7 @@ class VerifierStatistics:
 class _Verified:
     """A token that passed every check, as remembered under its digest."""
 
-    principal: Principal
+    principal: Caller
     keys: _IssuerKeys
     kid: str | None
     jwk: dict[str, Any] | None  # the key that verified it (the very object its issuer's keys hold)
@@ -286,7 +274,7 @@ class _TokenCache:
         self.evicted = 0
         self.forgotten = 0
 
-    def get(self, digest: bytes) -> Principal | None:
+    def get(self, digest: bytes) -> Caller | None:
         entry = self._entries.get(digest)
         if entry is None:
             self.misses += 1
@@ -401,8 +389,8 @@ class ResourceServer:
             token_cache=cache.statistics() if cache is not None else None,
         )
 
-    async def verify(self, token: str) -> Principal:
-        """The principal a JWT access token speaks for.
+    async def verify(self, token: str) -> Caller:
+        """The caller a JWT access token speaks for.
 
         Raises:
             Refusal: the token is not accepted (the answer to give is on it).
@@ -422,7 +410,7 @@ class ResourceServer:
         self._results["verified"] += 1
         return principal
 
-    async def _verify(self, token: str, cache: _TokenCache | None, digest: bytes | None) -> Principal:
+    async def _verify(self, token: str, cache: _TokenCache | None, digest: bytes | None) -> Caller:
         """``verify`` in full: every check, then the principal is remembered (with the cache on)."""
         header, unverified = _peek(token)
         alg = header.get("alg")
@@ -471,9 +459,8 @@ class ResourceServer:
             raise Refusal(
                 403, "insufficient_scope", f"the token lacks the scope {' '.join(missing)}", scope=" ".join(wanted)
             )
-        principal = Principal(
-            caller=f"{name}:{subject}",
-            issuer_name=name,
+        principal = Caller(
+            name=f"{name}:{subject}",
             issuer=spec.issuer,
             subject=subject,
             scopes=frozenset(scopes),

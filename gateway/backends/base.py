@@ -37,6 +37,7 @@ import structlog
 from anyio.abc import TaskStatus
 from mcp.shared.dispatcher import ProgressFnT
 
+from gateway.calls import NO_UPSTREAM, ClientLink, Upstream
 from gateway.errors import BackendError, BackendUnavailable
 
 log = structlog.get_logger("gateway.backend")
@@ -159,9 +160,15 @@ class Backend(Protocol):
         *,
         variant: str | None = None,
         progress: ProgressFn | None = None,
-    ) -> types.CallToolResult: ...
+        upstream: Upstream = NO_UPSTREAM,
+    ) -> types.CallToolResult:
+        """Call ``tool``; ``upstream`` is the client request it serves (its caller, back-channel, ``_meta`` and, for
+        a retry, its round)."""
+        ...
 
-    async def request(self, request: Any, result_type: Any, *, progress: ProgressFn | None = None) -> Any:
+    async def request(
+        self, request: Any, result_type: Any, *, progress: ProgressFn | None = None, upstream: Upstream = NO_UPSTREAM
+    ) -> Any:
         """Send any other client request (resources, prompts, completion) and return its answer.
 
         Raises:
@@ -187,8 +194,8 @@ class Backend(Protocol):
         """Ask for log messages from ``level`` up (kept across reconnects). Never raises."""
         ...
 
-    async def roots_changed(self, connection: Any) -> None:
-        """The client behind ``connection`` says its roots changed. Never raises."""
+    async def roots_changed(self, client: ClientLink) -> None:
+        """``client`` says its roots changed. Never raises."""
         ...
 
     def process_statistics(self) -> ProcessStatistics | None:
@@ -265,7 +272,9 @@ class BackendBase:
     def prompts(self) -> Sequence[types.Prompt]:
         return ()
 
-    async def request(self, request: Any, result_type: Any, *, progress: ProgressFn | None = None) -> Any:
+    async def request(
+        self, request: Any, result_type: Any, *, progress: ProgressFn | None = None, upstream: Upstream = NO_UPSTREAM
+    ) -> Any:
         raise self._no_session(request.method)
 
     async def subscribe_resource(self, uri: str) -> None:
@@ -277,7 +286,7 @@ class BackendBase:
     async def set_log_level(self, level: types.LoggingLevel | None) -> None:
         return None
 
-    async def roots_changed(self, connection: Any) -> None:
+    async def roots_changed(self, client: ClientLink) -> None:
         return None
 
     def process_statistics(self) -> ProcessStatistics | None:
@@ -366,5 +375,6 @@ class DisabledBackend(BackendBase):
         *,
         variant: str | None = None,
         progress: ProgressFn | None = None,
+        upstream: Upstream = NO_UPSTREAM,
     ) -> types.CallToolResult:
         raise BackendUnavailable(self._name, self._status.reason or "disabled")

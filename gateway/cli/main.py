@@ -36,14 +36,15 @@ import anyio
 import structlog
 
 from gateway.backends.processes import become_subreaper, supervise
+from gateway.calls import Caller
 from gateway.cli.audit import add_audit_subcommands, run_audit
 from gateway.cli.importer import add_import_subcommand, run_import
 from gateway.config.models import Federation, add_project_tools, environ, load_config
-from gateway.core.policies import Identity, Views
+from gateway.core.policies import Views
 from gateway.core.reload import watch_config
-from gateway.core.runtime import VERSION, Gateway, settle_budget
+from gateway.core.runtime import Gateway, settle_budget
 from gateway.errors import ConfigError, GatewayError
-from gateway.front.face import build_server
+from gateway.front.face import Face
 from gateway.front.http.app import Tokens, build_app, is_loopback, status_document
 from gateway.front.http.connections import (
     PARSERS,
@@ -53,6 +54,7 @@ from gateway.front.http.connections import (
     raise_open_files_limit,
 )
 from gateway.observe.logs import config_secrets, configure_logging, redactor
+from gateway.version import VERSION
 
 __all__ = ["main"]
 
@@ -313,7 +315,7 @@ async def _stop_on_signals(gateway: Gateway, stop: Callable[[anyio.Event], Corou
                     log.info("gateway.stopping", signal=name, drain_s=gateway.config.gateway.drain_s)
                     tg.start_soon(stop, hurry)
                 else:
-                    log.warning("gateway.stopping_now", signal=name, calls=gateway.router.calls_in_progress())
+                    log.warning("gateway.stopping_now", signal=name, calls=gateway.router.drain.calls_in_progress())
                     hurry.set()
 
 
@@ -333,7 +335,7 @@ async def _serve_stdio(config: Federation) -> int:
     from gateway.front.stdio import stdio_edge  # the SDK's stdio_server() where stdin/stdout are not pipes
 
     async with Gateway(config).running() as gateway:
-        server, _ = build_server(gateway)
+        server = Face(gateway).server()
         async with anyio.create_task_group() as tg:
 
             async def stop(hurry: anyio.Event) -> None:
@@ -411,7 +413,7 @@ async def _tools(config: Federation, as_json: bool, full: bool, caller: str | No
         await gateway.refresh_costs()  # show {cost:TOOL} placeholders filled, as clients see them
         catalog = gateway.catalog
         entries = list(catalog.entries.values())
-        view = Views().view(catalog, Identity(caller)) if caller is not None else None
+        view = Views().view(catalog, Caller(caller)) if caller is not None else None
         if view is not None:  # that caller's view: its tools, their descriptions as it is shown them
             shown = {tool["name"]: tool.get("description") for tool in view.list_result["tools"]}
             entries = [

@@ -73,6 +73,17 @@ class Provider:
         mapped = _fill(self.arguments, arguments)
         return mapped if isinstance(mapped, dict) else {}
 
+    def published_argument(self, argument: str) -> str:
+        """The client's name for one of this provider's arguments (a dotted path): the published argument a
+        template passed on under another name, else the same path."""
+        head, dot, rest = argument.partition(".")
+        if isinstance(self.arguments, Mapping):
+            template = self.arguments.get(head)
+            match = _PLACEHOLDER.match(template) if isinstance(template, str) else None
+            if match is not None:
+                return match.group(1) + dot + rest
+        return argument
+
 
 _MISSING = object()
 

@@ -21,11 +21,11 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
 
+from gateway.calls import Declared
 from gateway.config.models import Clients
 
-__all__ = ["ClientPolicy", "Declared", "note_without"]
+__all__ = ["ClientPolicy", "note_without"]
 
 _ITEM = re.compile(r"^(\s*)([-*•]|\d+[.)])\s")
 
@@ -59,19 +59,6 @@ def note_without(note: str, names: Collection[str]) -> str:
             out.append(line)
     flush()
     return "\n".join(out)
-
-
-@dataclass(frozen=True, slots=True)
-class Declared:
-    """A client's declared context window and where the figure came from."""
-
-    tokens: int | None
-    source: str  # "header", "clientInfo", "unknown"
-
-    def describe(self) -> str:
-        if self.tokens is None:
-            return "no context size declared"
-        return f"{self.tokens:,} tokens (from {self.source})"
 
 
 class ClientPolicy:

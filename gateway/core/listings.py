@@ -25,21 +25,14 @@ import mcp_types as types
 from mcp.shared.uri_template import InvalidUriTemplate, UriTemplate
 
 from gateway.backends.base import Backend, BackendState
+from gateway.calls import Origin
 from gateway.config.models import Federation
 
-__all__ = ["Listings", "Offers", "Origin"]
+__all__ = ["Listings", "Offers"]
 
 _SERVING = (BackendState.READY, BackendState.DEGRADED)
 
 _ItemT = TypeVar("_ItemT", types.Prompt, types.Resource, types.ResourceTemplate)
-
-
-@dataclass(frozen=True, slots=True)
-class Origin:
-    """Where a published item comes from: the backend and the item's own name (or URI) there."""
-
-    backend: str
-    local: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """Who sees what: the ``policies:`` section applied to a catalog, one pre-serialised view per policy.
 
-A caller's ``Identity`` (its name, and for a JWT its verified scopes and claims) picks its policy: the first one,
+A ``Caller`` (its name, and for a JWT its verified scopes and claims) picks its policy: the first one,
 in file order, whose ``callers`` globs match the name and whose ``claims`` and ``scopes`` the token carries. A
 caller no policy matches sees nothing (with policies configured, access is granted, never assumed); with no
 ``policies:`` section every caller sees everything (``Views.view`` answers None) and nothing here runs.
@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
 
+from gateway.calls import Caller, Origin
 from gateway.config.models import Policy, Selection
 from gateway.core.catalog import Catalog, with_note
 from gateway.core.gate import note_without
-from gateway.core.listings import Origin
 
-__all__ = ["NOBODY", "Identity", "View", "Views", "policy_for"]
+__all__ = ["NOBODY", "View", "Views", "policy_for"]
 
 NOBODY = ""
 """The name of the view of a caller that no policy matches: nothing at all."""
@@ -35,29 +35,6 @@ MAX_CATALOGS = 4
 """Views are kept for this many catalogs (the current one and the ones announcements still compare against)."""
 MAX_CALLERS = 1024
 """Callers remembered for /status (the most recent ones)."""
-
-
-@dataclass(frozen=True)
-class Identity:
-    """Who a request comes from, as far as policies care: never a token."""
-
-    caller: str | None
-    scopes: frozenset[str] = frozenset()
-    claims: Mapping[str, Any] = field(default_factory=dict, repr=False)
-
-    @classmethod
-    def of(cls, state: Mapping[str, Any] | None) -> Identity:
-        """The identity the HTTP guard left in a request's scope state (``caller``, and ``principal`` for a JWT)."""
-        if not state:
-            return ANONYMOUS
-        caller = state.get("caller")
-        principal = state.get("principal")
-        if principal is None:
-            return cls(caller if isinstance(caller, str) else None)
-        return cls(principal.caller, frozenset(principal.scopes), principal.claims)
-
-
-ANONYMOUS = Identity(None)
 
 
 def _claim_holds(claims: Mapping[str, Any], name: str, wanted: str) -> bool:
@@ -69,19 +46,19 @@ def _claim_holds(claims: Mapping[str, Any], name: str, wanted: str) -> bool:
     return value == wanted
 
 
-def _matches(policy: Policy, identity: Identity) -> bool:
-    caller = identity.caller or ""
-    if not any(fnmatchcase(caller, pattern) for pattern in policy.callers):
+def _matches(policy: Policy, caller: Caller) -> bool:
+    name = caller.name or ""
+    if not any(fnmatchcase(name, pattern) for pattern in policy.callers):
         return False
-    if not all(_claim_holds(identity.claims, k, v) for k, v in policy.claims.items()):
+    if not all(_claim_holds(caller.claims, k, v) for k, v in policy.claims.items()):
         return False
-    return all(scope in identity.scopes for scope in policy.scopes)
+    return all(scope in caller.scopes for scope in policy.scopes)
 
 
-def policy_for(policies: Mapping[str, Policy], identity: Identity) -> str:
+def policy_for(policies: Mapping[str, Policy], caller: Caller) -> str:
     """The name of the caller's policy: the first that matches, else ``NOBODY``."""
     for name, policy in policies.items():
-        if _matches(policy, identity):
+        if _matches(policy, caller):
             return name
     return NOBODY
 
@@ -120,9 +97,6 @@ class View:
             return ()
         return tuple(o for o in origins if _selected(self._rule.backends, o.backend))
 
-    def sees_backend(self, backend: str) -> bool:
-        return _selected(self._rule.backends, backend)
-
     def changed(self, other: View | None, catalog: Catalog | None = None) -> frozenset[str]:
         """The lists (``tools``, ``resources``, ``prompts``) that differ between this view and ``other`` (None: the
         whole of ``catalog``, as a caller without policies sees it)."""
@@ -160,9 +134,9 @@ def _diff(a: tuple[Mapping[str, Any] | None, ...], b: tuple[Mapping[str, Any] | 
     return frozenset(changed)
 
 
-def lists_changed(before: Catalog, after: Catalog, identity: Identity, views: Views) -> frozenset[str]:
-    """What ``identity`` sees differently in ``after`` than in ``before`` (policies or none, on either side)."""
-    old, new = views.view(before, identity), views.view(after, identity)
+def lists_changed(before: Catalog, after: Catalog, caller: Caller, views: Views) -> frozenset[str]:
+    """What ``caller`` sees differently in ``after`` than in ``before`` (policies or none, on either side)."""
+    old, new = views.view(before, caller), views.view(after, caller)
     if new is not None:
         return new.changed(old, before)
     if old is not None:
@@ -232,12 +206,12 @@ class Views:
         self.seen: dict[str, str] = {}
         """caller -> its policy, the most recent ``MAX_CALLERS`` callers that asked."""
 
-    def view(self, catalog: Catalog, identity: Identity) -> View | None:
-        """``identity``'s view of ``catalog``; None when ``catalog`` has no policies (everyone sees everything)."""
+    def view(self, catalog: Catalog, caller: Caller) -> View | None:
+        """``caller``'s view of ``catalog``; None when ``catalog`` has no policies (everyone sees everything)."""
         policies = catalog.policies
         if not policies:
             return None
-        name = policy_for(policies, identity)
+        name = policy_for(policies, caller)
         found = self._views.get(id(catalog))
         if found is None or found[0] is not catalog:
             if len(self._views) >= MAX_CATALOGS:
@@ -247,11 +221,12 @@ class Views:
         view = views.get(name)
         if view is None:
             view = views[name] = build_view(catalog, name, policies[name] if name else _SEES_NOTHING)
-        if identity.caller is not None and self.seen.get(identity.caller) != name:
-            self.seen.pop(identity.caller, None)
+        who = caller.name
+        if who is not None and self.seen.get(who) != name:
+            self.seen.pop(who, None)
             if len(self.seen) >= MAX_CALLERS:
                 self.seen.pop(next(iter(self.seen)))
-            self.seen[identity.caller] = name
+            self.seen[who] = name
         return view
 
     def statistics(self, catalog: Catalog, known: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -277,7 +252,7 @@ class Views:
             )
         callers = dict.fromkeys(known, "")
         for caller in known:
-            callers[caller] = policy_for(policies, Identity(caller))
+            callers[caller] = policy_for(policies, Caller(caller))
         for caller, name in self.seen.items():
             callers[caller] = name
         for caller, name in callers.items():

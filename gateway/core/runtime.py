@@ -33,9 +33,9 @@ from gateway.auth.secrets import CallerSecrets
 from gateway.backends import processes
 from gateway.backends.base import Backend, BackendState, BackendStatus, DisabledBackend
 from gateway.backends.cli.backend import CliBackend
-from gateway.backends.mcp.relay import Upstream
 from gateway.backends.mcp.session import HttpPool, McpBackend, NotificationHook
 from gateway.backends.wiki.backend import WikiBackend
+from gateway.calls import ClientLink, Upstream
 from gateway.config.models import Federation
 from gateway.core.breakers import Breakers, BreakerState
 from gateway.core.catalog import Catalog
@@ -49,12 +49,12 @@ from gateway.ledger.engines import stats as audit_stats
 from gateway.ledger.sqlite import ToolStats
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.tracing import CallTracer, open_tracing
+from gateway.version import VERSION
 
 __all__ = ["Gateway", "build_backends", "settle_budget"]
 
 log = structlog.get_logger("gateway.runtime")
 
-VERSION = "0.1.0"
 COSTS_WINDOW_S = 7 * 86400.0
 STARTUP_SETTLE_S = 30.0
 STARTUP_WAIT_S = 10.0
@@ -63,7 +63,9 @@ yet) waits at most this long for backends still connecting (``wait_started``), s
 sees the whole catalog instead of a partial one."""
 
 CatalogListener = Callable[[Catalog], Awaitable[None]]
-NotificationListener = Callable[[Backend, types.ServerNotification, Upstream | None, Any], Awaitable[None]]
+NotificationListener = Callable[
+    [Backend, types.ServerNotification, Upstream | None, ClientLink | None], Awaitable[None]
+]
 """Told of a downstream notification the gateway passes on (see backends/mcp.py ``NotificationHook``)."""
 
 
@@ -229,9 +231,9 @@ class Gateway:
     async def _stop(self, backend: Backend) -> None:
         """Drain ``backend`` (calls in progress finish, bounded by ``gateway.drain_s``), then stop it."""
         with anyio.move_on_after(self.config.gateway.drain_s) as drain:
-            await self.router.wait_idle(backend)
+            await self.router.drain.wait_idle(backend)
         if drain.cancelled_caught:
-            log.warning("reload.drain_timeout", backend=backend.name, inflight=self.router.inflight(backend))
+            log.warning("reload.drain_timeout", backend=backend.name, inflight=self.router.drain.inflight(backend))
         scope = self._scopes.pop(id(backend), None)
         if scope is not None:
             scope.cancel()
@@ -247,7 +249,7 @@ class Gateway:
             async with anyio.create_task_group() as waiting:
 
                 async def calls_done() -> None:
-                    await self.router.wait_no_calls()
+                    await self.router.drain.wait_no_calls()
                     waiting.cancel_scope.cancel()
 
                 waiting.start_soon(calls_done)
@@ -260,10 +262,10 @@ class Gateway:
     def stop_calls(self, reason: str) -> None:
         """Cancel the calls in progress with an answer that gives ``reason`` (each leaves its ``cancelled`` row);
         later calls are answered the same way at once."""
-        left = self.router.calls_in_progress()
+        left = self.router.drain.calls_in_progress()
         if left:
             log.warning("gateway.calls_cancelled", calls=left, reason=reason)
-        self.router.abort(reason)
+        self.router.drain.abort(reason)
 
     async def reload(self, config: Federation) -> ReloadPlan:
         """Apply a new, validated federation without dropping a client session (see reload.py for the plan).
@@ -382,7 +384,11 @@ class Gateway:
         self._notification_listeners.append(listener)
 
     async def _on_notification(
-        self, backend: Backend, notification: types.ServerNotification, upstream: Upstream | None, owner: Any
+        self,
+        backend: Backend,
+        notification: types.ServerNotification,
+        upstream: Upstream | None,
+        owner: ClientLink | None,
     ) -> None:
         for listener in list(self._notification_listeners):
             await listener(backend, notification, upstream, owner)

@@ -1,12 +1,11 @@
-"""Bridged requests: a stateless (2026-07-28) client's request to a handshake-era downstream that asks for input.
+"""Bridged requests: a stateless (2026-07-28) client's request served by a handshake-era downstream that asks for
+input mid-request (``elicitation/create``, ``sampling/createMessage``, ``roots/list``), which a stateless client has
+no channel for.
 
-A handshake-era downstream asks mid-request, with its own request to the client (``elicitation/create``,
-``sampling/createMessage``, ``roots/list``); a stateless client has no channel for it. So the request runs in a task
-of the gateway's own (``Bridges.start``, a ``Bridge`` of backends/relay.py), where the downstream's request can wait:
-the client is answered an input-required result carrying that request (key ``input``) and a sealed state naming a
-key of the ``pending`` table; its retry hands ``inputResponses.input`` to the waiting request and is answered with
-what the request says next (``Bridges.next``). The same for ``tools/call``, ``prompts/get`` and ``resources/read``:
-each hands ``start`` the work that serves it. The waiting request lives in this process only, bounded by
+The request runs in a task of the gateway's own (``Bridges.start``), whose ``BackChannel`` is a ``Bridge``: the
+downstream's request is handed over, the client is answered an input-required result carrying it (key ``input``)
+under a sealed state naming a key of the ``pending`` table, and the downstream waits, bounded, for the client's retry
+to bring the answer (``Bridges.next``). The waiting request lives in this process only, bounded by
 ``gateway.continuation.bridge_ttl_s`` and ``bridge_max_pending``; a retry that finds no such request here (expired,
 another replica, a restart) or comes from another caller is refused with the SDK's -32602.
 """
@@ -15,21 +14,21 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from contextvars import ContextVar
 from typing import Any
 
 import anyio
 import mcp_types as types
-from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
+from pydantic import ValidationError
 
 from gateway.backends.base import Backend
-from gateway.backends.mcp.relay import BRIDGES, Bridge
+from gateway.calls import BackChannel, ClientLink
 from gateway.core.runtime import Gateway
 from gateway.errors import quote
+from gateway.front.channels import result_type
 from gateway.front.continuation import Continuation, Continuations, invalid_state
 
-__all__ = ["BRIDGE_STATE", "Bridges", "may_ask", "require_capabilities"]
+__all__ = ["BRIDGE_STATE", "Bridge", "Bridges", "may_ask", "require_capabilities"]
 
 BRIDGE_STATE = "mcp-gateway/bridge:"
 """Marks a sealed state whose request waits in this process (a handshake-era downstream's request for input)."""
@@ -38,12 +37,99 @@ OnRound = Callable[[str, str], Awaitable[None]]
 """Told of each round that asked: ``(backend, the input request's method)`` (the tool calls' ledger rows)."""
 
 
-_INSIDE: ContextVar[bool] = ContextVar("gateway_inside_bridge", default=False)
-
-
 def may_ask(backends: Mapping[str, Backend], names: Iterable[str]) -> bool:
     """Whether any of the backends ``names`` may ask its client for input mid-request (so it must be bridged)."""
     return any((backend := backends.get(name)) is not None and backend.asks_mid_call for name in names)
+
+
+class Bridge:
+    """One bridged request's ``BackChannel``: a downstream's request is handed to the server as an ``ask`` event and
+    waits, at most ``ttl_s``, for ``answer`` (the client's input response on its retry); the request's end comes
+    through the events too (``done``). Log messages and stream closes go to the request's own channel."""
+
+    __slots__ = ("_answer", "_inner", "_receive", "_send", "caller", "scope", "ttl_s", "waiting")
+
+    def __init__(self, inner: BackChannel, caller: str | None, ttl_s: float) -> None:
+        self._inner = inner
+        self.caller = caller
+        self.ttl_s = ttl_s
+        self._send, self._receive = anyio.create_memory_object_stream[tuple[str, Any]](2)
+        self._answer: anyio.Event | None = None
+        self.scope = anyio.CancelScope()
+        """The request's task runs in it: the client's cancellation of the request waiting for it reaches it."""
+        self.waiting: Any = None
+        """The downstream request now waiting for the client's input (None between rounds)."""
+
+    @property
+    def client(self) -> ClientLink | None:
+        return self._inner.client
+
+    @property
+    def capabilities(self) -> types.ClientCapabilities | None:
+        return self._inner.capabilities
+
+    async def log(self, notification: types.LoggingMessageNotification) -> None:
+        await self._inner.log(notification)
+
+    async def stream_closed(self, retry_ms: int | None) -> None:
+        await self._inner.stream_closed(retry_ms)
+
+    async def ask(self, request: types.ServerRequest, backend: str) -> Any:
+        answered = anyio.Event()
+        box: list[Any] = []
+        self.waiting, self._answer = (request, box), answered
+        try:
+            await self._send.send(("ask", (request, backend)))
+            with anyio.fail_after(self.ttl_s):
+                await answered.wait()
+        except TimeoutError:
+            return types.ErrorData(
+                code=types.REQUEST_TIMEOUT,
+                message=f"The client behind the gateway did not answer {request.method} from {backend!r} within "
+                f"{self.ttl_s:g} s (gateway.continuation.bridge_ttl_s).",
+            )
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            return types.ErrorData(code=types.INVALID_REQUEST, message="The client behind the gateway has gone.")
+        finally:
+            self.waiting, self._answer = None, None
+        raw = box[0] if box else None
+        if raw is None:
+            return types.ErrorData(
+                code=types.INVALID_REQUEST, message=f"The client's retry carried no answer to {request.method}."
+            )
+        try:
+            return result_type(request).model_validate(raw, by_name=False) if isinstance(raw, dict) else raw
+        except ValidationError:
+            return types.ErrorData(
+                code=types.INTERNAL_ERROR, message=f"The client's answer to {request.method} was malformed."
+            )
+
+    def answer(self, response: Any) -> bool:
+        """Hand the client's input response to the waiting downstream request; False when none is waiting."""
+        if self._answer is None or self.waiting is None:
+            return False
+        self.waiting[1].append(response)
+        self._answer.set()
+        return True
+
+    async def finish(self, outcome: tuple[str, Any]) -> None:
+        """The request's end; dropped when nobody can hear it any more (the bridge was closed)."""
+        try:
+            await self._send.send(outcome)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass
+        self._send.close()
+
+    async def next_event(self) -> tuple[str, Any]:
+        event = await self._receive.receive()
+        if event[0] == "done":
+            self.close()
+        return event
+
+    def close(self) -> None:
+        """Nobody will read this request's events any more (it ended, expired, or its client gave up)."""
+        self._send.close()
+        self._receive.close()
 
 
 class Bridges:
@@ -54,31 +140,22 @@ class Bridges:
         self._continuations = continuations
         self._pending: dict[str, tuple[Bridge, float]] = {}
 
-    def start(self, ctx: ServerRequestContext[Any], caller: str | None, work: Callable[[], Awaitable[Any]]) -> Bridge:
-        """Run ``work`` (what serves the request) in the gateway's own task, bridged."""
-        bridge = Bridge(caller, self._gateway.config.gateway.continuation.bridge_ttl_s)
+    def start(self, channel: BackChannel, caller: str | None, work: Callable[[Bridge], Awaitable[Any]]) -> Bridge:
+        """Run ``work`` (what serves the request, given the bridge as its back-channel) in the gateway's own task."""
+        bridge = Bridge(channel, caller, self._gateway.config.gateway.continuation.bridge_ttl_s)
 
         async def run() -> None:
-            _INSIDE.set(True)  # this task's own context: the work serves the request, it does not bridge it again
-            BRIDGES[id(ctx)] = bridge
             outcome: Any = None
             try:
                 with bridge.scope:
-                    outcome = await work()
+                    outcome = await work(bridge)
             except Exception as exc:
                 outcome = exc
-            finally:
-                BRIDGES.pop(id(ctx), None)
             with anyio.CancelScope(shield=True):
                 await bridge.finish(("done", outcome))
 
         self._gateway.start_soon(run, name="bridged-request")
         return bridge
-
-    @staticmethod
-    def inside() -> bool:
-        """Whether this is a bridged request's own task."""
-        return _INSIDE.get()
 
     def reopened(self, found: Continuation, method: str, caller: str | None, responses: Any) -> Bridge | None:
         """The waiting request a retry's verified state names, given the client's answer; None when the state is
@@ -112,7 +189,7 @@ class Bridges:
 
     async def next(
         self,
-        ctx: ServerRequestContext[Any],
+        declared: types.ClientCapabilities | None,
         bridge: Bridge,
         *,
         method: str,
@@ -123,7 +200,7 @@ class Bridges:
     ) -> Any:
         """The next thing a bridged request has to say: its end (result, or the error it raised), or its
         downstream's request for input as an input-required result, the request kept waiting under a key sealed
-        into the state."""
+        into the state. ``declared``: what the client declared it can answer."""
         try:
             event, payload = await bridge.next_event()
         except anyio.get_cancelled_exc_class():
@@ -141,7 +218,7 @@ class Bridges:
         request, backend = payload
         settings = self._gateway.config.gateway.continuation
         try:
-            require_capabilities(ctx.session.client_capabilities, {"input": request})
+            require_capabilities(declared, {"input": request})
         except MCPError:
             bridge.answer(None)  # the downstream hears at once that nobody can answer
             raise
@@ -156,14 +233,9 @@ class Bridges:
         key = secrets.token_urlsafe(16)
         self._pending[key] = (bridge, anyio.current_time() + settings.bridge_ttl_s)
         state = self._continuations.seal(
-            method=method,
-            name=name,
-            arguments=arguments,
-            backend="",
-            local=name,
-            caller=caller,
+            method=method, name=name, arguments=arguments, backend="", local=name, caller=caller,
             state=BRIDGE_STATE + key,
-        )
+        )  # fmt: skip
         if on_round is not None:
             await on_round(backend, request.method)
         return types.InputRequiredResult(input_requests={"input": request}, request_state=state)

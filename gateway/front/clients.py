@@ -1,6 +1,6 @@
 """The gateway's clients, and what it owes each of them besides answers: list changes, log messages, resource updates.
 
-``Upstreams`` holds every live client connection (weakly: a connection that goes away is forgotten) and:
+``Clients`` holds every live client connection (weakly: a connection that goes away is forgotten) and:
   * announces a new catalog as ``notifications/{tools,resources,prompts}/list_changed``, one per list that changed:
     to every handshake-era (2025-xx) connection, and as an event on ``bus``, which serves the stateless era's
     ``subscriptions/listen`` streams (the SDK's ``ListenHandler`` acknowledges, tags each frame with the stream's
@@ -26,7 +26,6 @@ from typing import Any
 import anyio
 import mcp_types as types
 import structlog
-from mcp.server.connection import allowed_log_levels
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
 from mcp.shared.exceptions import MCPError
@@ -39,20 +38,14 @@ from mcp.shared.subscriptions import (
 )
 
 from gateway.backends.base import Backend
-from gateway.backends.mcp.relay import (
-    LOG_LEVELS,
-    Upstream,
-    admits,
-    client_log_level,
-    connection_of,
-    set_client_log_level,
-)
+from gateway.calls import ANONYMOUS, Caller, ClientLink, Origin, Upstream
 from gateway.core.catalog import Catalog
-from gateway.core.listings import Origin
-from gateway.core.policies import Identity, Views, lists_changed
+from gateway.core.policies import Views, lists_changed
 from gateway.errors import BackendError
+from gateway.front.channels import LOG_LEVELS, admits, client_log_level, connection_of, set_client_log_level
+from gateway.front.scope import caller_of
 
-__all__ = ["Upstreams"]
+__all__ = ["Clients"]
 
 _NOTIFICATIONS = {
     "tools": "notifications/tools/list_changed",
@@ -65,13 +58,10 @@ _EVENTS: dict[str, Callable[[], ServerEvent]] = {
     "prompts": PromptsListChanged,
 }
 _KINDS = ("tools", "resources", "prompts")
-_ANYONE = Identity(None)
 
 
-def _identity(ctx: Any) -> Identity:
-    request = getattr(ctx, "request", None)
-    scope = getattr(request, "scope", None)
-    return Identity.of(scope.get("state") if isinstance(scope, dict) else None)
+def _caller(ctx: ServerRequestContext[Any]) -> Caller:
+    return caller_of(getattr(ctx.request, "scope", None))
 
 
 log = structlog.get_logger("gateway.upstreams")
@@ -81,7 +71,7 @@ NOTIFY_TIMEOUT_S = 2.0
 _SUBSCRIPTIONS_KEY = "mcp-gateway/subscriptions"
 
 
-class Upstreams:
+class Clients:
     """Every live client connection and the notifications it is owed (see the module docstring)."""
 
     def __init__(
@@ -91,7 +81,7 @@ class Upstreams:
         tools_changed: Any = None,
         *,
         searching: Callable[[ServerRequestContext[Any]], bool] | None = None,
-        search_list_changed: Callable[[Identity, Catalog, Catalog], bool] | None = None,
+        search_list_changed: Callable[[Caller, Catalog, Catalog], bool] | None = None,
         current: Callable[[], Catalog] | None = None,
     ) -> None:
         self._live: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -109,8 +99,8 @@ class Upstreams:
         self._downstream_level: types.LoggingLevel | None = None
         self.views = Views()
         """Each caller's view of the catalog (auth/policies.py), shared with the server."""
-        self._identities: weakref.WeakKeyDictionary[Any, Identity] = weakref.WeakKeyDictionary()
-        self._buses: dict[tuple[str | None, bool], tuple[Identity, InMemorySubscriptionBus, ListenHandler]] = {}
+        self._identities: weakref.WeakKeyDictionary[Any, Caller] = weakref.WeakKeyDictionary()
+        self._buses: dict[tuple[str | None, bool], tuple[Caller, InMemorySubscriptionBus, ListenHandler]] = {}
         """List changes for the 2026-07-28 era's ``subscriptions/listen`` streams, one bus per caller and exposure
         (a change reaches only the callers whose view it changed; a search-exposure stream hears of ``tools`` only
         when its own list, the search and call tools and the pins, changed)."""
@@ -125,8 +115,8 @@ class Upstreams:
         Each resource it names is subscribed downstream (``resources/subscribe``, counted with the handshake era's
         subscribers) for as long as the stream lasts; one no backend takes is left out of the acknowledgement.
         """
-        identity = _identity(ctx)
-        key = (identity.caller, self._searching is not None and self._searching(ctx))
+        identity = _caller(ctx)
+        key = (identity.name, self._searching is not None and self._searching(ctx))
         found = self._buses.get(key)
         if found is None or found[0] != identity:
             bus = found[1] if found is not None else InMemorySubscriptionBus()
@@ -150,7 +140,7 @@ class Upstreams:
                         self._listened.pop((origin.backend, origin.local), None)
                     await self._release(origin)
 
-    async def _subscribe_any(self, uri: str, identity: Identity) -> Origin | None:
+    async def _subscribe_any(self, uri: str, identity: Caller) -> Origin | None:
         """Subscribe the first backend that serves ``uri`` (in the caller's view) and takes the subscription; None
         when none does."""
         backends = self._backends()
@@ -178,7 +168,7 @@ class Upstreams:
         if connection is not None:
             self._live.add(connection)
             if connection not in self._identities:
-                self._identities[connection] = _identity(ctx)  # a session belongs to one caller (http.py)
+                self._identities[connection] = _caller(ctx)  # a session belongs to one caller (http.py)
         return await call_next(ctx)
 
     # -- list changes ---------------------------------------------------------------------------------------------
@@ -188,7 +178,7 @@ class Upstreams:
         changed hear of it (auth/policies.py)."""
         previous, self._announced = self._announced, catalog
         views = self.views
-        everyone = None if catalog.policies or previous.policies else lists_changed(previous, catalog, _ANYONE, views)
+        everyone = None if catalog.policies or previous.policies else lists_changed(previous, catalog, ANONYMOUS, views)
         told: set[str] = set()
         for (_, searching), (identity, bus, _) in list(self._buses.items()):
             kinds = everyone if everyone is not None else lists_changed(previous, catalog, identity, views)
@@ -196,18 +186,18 @@ class Upstreams:
                 changed = self._search_list_changed(identity, previous, catalog)
                 kinds = (kinds - {"tools"}) | ({"tools"} if changed else frozenset())
             if kinds:
-                told.add(identity.caller or "anonymous")
+                told.add(identity.name or "anonymous")
             for kind in _KINDS:
                 if kind in kinds:
                     await bus.publish(_EVENTS[kind]())  # in-process fan-out: never blocks on a slow stream
         for connection in list(self._live):
             if not connection.initialized.is_set():
                 continue
-            identity = self._identities.get(connection, _ANYONE)
+            identity = self._identities.get(connection, ANONYMOUS)
             kinds = everyone if everyone is not None else lists_changed(previous, catalog, identity, views)
             kinds = self._with_search(kinds, connection, identity, previous, catalog)
             if kinds:
-                told.add(identity.caller or "anonymous")
+                told.add(identity.name or "anonymous")
             for method in (_NOTIFICATIONS[kind] for kind in _KINDS if kind in kinds):
                 with anyio.move_on_after(NOTIFY_TIMEOUT_S):
                     try:
@@ -234,7 +224,7 @@ class Upstreams:
                         self._live.discard(connection)
 
     def _with_search(
-        self, kinds: frozenset[str], connection: Any, identity: Identity, previous: Catalog, catalog: Catalog
+        self, kinds: frozenset[str], connection: Any, identity: Caller, previous: Catalog, catalog: Catalog
     ) -> frozenset[str]:
         """``kinds`` with ``tools`` as a search-exposure connection sees it (its own list: disclosure.py)."""
         found = self._tools_changed(connection, identity, previous, catalog) if self._tools_changed else None
@@ -244,7 +234,7 @@ class Upstreams:
 
     # -- logging --------------------------------------------------------------------------------------------------
 
-    async def set_level(self, ctx: Upstream, level: types.LoggingLevel) -> None:
+    async def set_level(self, ctx: ServerRequestContext[Any], level: types.LoggingLevel) -> None:
         """A client's ``logging/setLevel``: remembered on its connection; the downstreams follow the most verbose."""
         connection = connection_of(ctx)
         if connection is None:
@@ -268,27 +258,26 @@ class Upstreams:
                     tg.start_soon(backend.set_log_level, level)
 
     async def _deliver_log(
-        self, notification: types.LoggingMessageNotification, upstream: Upstream | None, owner: Any
+        self, notification: types.LoggingMessageNotification, upstream: Upstream | None, owner: ClientLink | None
     ) -> None:
-        level = notification.params.level
-        if upstream is not None:
-            connection = connection_of(upstream)
-            if admits(client_log_level(connection), level) and level in allowed_log_levels(
-                upstream.protocol_version, upstream.meta
-            ):
-                await upstream.session.send_notification(notification, related_request_id=upstream.request_id)
+        if upstream is not None and upstream.channel is not None:
+            await upstream.channel.log(notification)  # the call it belongs to, on the call's own stream
             return
         # Not part of a call: the one client whose own session it came on, else the clients that asked for logs.
-        targets = [owner] if owner is not None else [c for c in list(self._live) if client_log_level(c) is not None]
+        if owner is not None:
+            with anyio.move_on_after(NOTIFY_TIMEOUT_S):
+                await owner.log(notification)
+            return
+        level = notification.params.level
         params = notification.params.model_dump(by_alias=True, mode="json", exclude_none=True)
-        for connection in targets:
+        for connection in [c for c in list(self._live) if client_log_level(c) is not None]:
             if admits(client_log_level(connection), level):
                 with anyio.move_on_after(NOTIFY_TIMEOUT_S):
                     await connection.notify("notifications/message", params)
 
     # -- resource subscriptions -----------------------------------------------------------------------------------
 
-    async def subscribe(self, ctx: Upstream, uri: str, origin: Origin, backend: Backend) -> None:
+    async def subscribe(self, ctx: ServerRequestContext[Any], uri: str, origin: Origin, backend: Backend) -> None:
         """Subscribe ``ctx``'s client to ``uri`` (served by ``origin``).
 
         Raises:
@@ -301,7 +290,7 @@ class Upstreams:
         await backend.subscribe_resource(origin.local)
         subscriptions[uri] = origin
 
-    def forget(self, ctx: Upstream, uri: str) -> Origin | None:
+    def forget(self, ctx: ServerRequestContext[Any], uri: str) -> Origin | None:
         """End ``ctx``'s client's subscription to ``uri``: the origin whose backend must be told (the caller tells
         it, ``Backend.unsubscribe_resource``), or None when the client held none."""
         return self._subscriptions(connection_of(ctx)).pop(uri, None)
@@ -340,7 +329,11 @@ class Upstreams:
     # -- from the backends ----------------------------------------------------------------------------------------
 
     async def on_backend_notification(
-        self, backend: Backend, notification: types.ServerNotification, upstream: Upstream | None, owner: Any
+        self,
+        backend: Backend,
+        notification: types.ServerNotification,
+        upstream: Upstream | None,
+        owner: ClientLink | None,
     ) -> None:
         try:
             if isinstance(notification, types.LoggingMessageNotification):

@@ -36,11 +36,12 @@ import mcp_types as types
 import structlog
 
 from gateway.backends.base import Backend, BackendState
+from gateway.calls import Caller
 from gateway.config.models import Exposure, Federation
 from gateway.core.catalog import Catalog, CatalogEntry
 from gateway.core.costs import BYTES_PER_TOKEN, Cost
 from gateway.core.gate import note_without
-from gateway.core.policies import Identity, View, Views
+from gateway.core.policies import View, Views
 from gateway.errors import InvalidArguments
 from gateway.search.ranking import Embedder, SemanticUnavailable, load_embedder
 from gateway.search.tools import ToolDoc, ToolIndex
@@ -181,9 +182,7 @@ class Disclosure:
             size = self._sizes[id(catalog)]
         return size[1] / BYTES_PER_TOKEN > exposure.auto_tokens
 
-    def tools_changed_for(
-        self, connection: Any, identity: Identity, previous: Catalog, catalog: Catalog
-    ) -> bool | None:
+    def tools_changed_for(self, connection: Any, identity: Caller, previous: Catalog, catalog: Catalog) -> bool | None:
         """For a search-exposure ``connection`` of ``identity``: whether its tools/list changed between the catalogs
         (only when the pins or the router note did, as its policy sees them); None for any other connection (it
         lists the catalog itself)."""
@@ -191,7 +190,7 @@ class Disclosure:
             return None
         return self.search_list_changed(identity, previous, catalog)
 
-    def search_list_changed(self, identity: Identity, previous: Catalog, catalog: Catalog) -> bool:
+    def search_list_changed(self, identity: Caller, previous: Catalog, catalog: Catalog) -> bool:
         """Whether the search-exposure tools/list of ``identity`` changed between the catalogs (the pins or the router
         note, as its policy sees them)."""
         if self._views is None:

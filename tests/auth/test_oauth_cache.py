@@ -24,7 +24,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.auth.oauth import Principal, Refusal, ResourceServer
+from gateway.auth.oauth import Refusal, ResourceServer
+from gateway.calls import Caller
 from gateway.config.models import OAuth, parse_config
 from gateway.errors import ConfigError
 from tests.fixtures.gateway_proc import PYTHON, echo_argv, run_gateway
@@ -65,7 +66,7 @@ def results(cached: int = 0, verified: int = 0, refused: int = 0, unavailable: i
     return {"cached": cached, "verified": verified, "refused": refused, "unavailable": unavailable}
 
 
-async def verify(oauth: ResourceServer, token: str) -> Principal:
+async def verify(oauth: ResourceServer, token: str) -> Caller:
     with anyio.fail_after(10):
         return await oauth.verify(token)
 
@@ -80,7 +81,7 @@ async def test_a_verified_token_is_accepted_again_from_the_cache(idp: IdentityPr
     oauth = server(idp)
     token = await idp.client_credentials("alpha")
     first = await verify(oauth, token)
-    assert first.caller == "idp:alpha" and first.scopes >= {"mcp:tools"}
+    assert first.name == "idp:alpha" and first.scopes >= {"mcp:tools"}
     assert cache_statistics(oauth) == counts(entries=1, hits=0, misses=1)
     again = await verify(oauth, token)
     assert again is first  # the remembered principal: no second parse or signature check
@@ -133,7 +134,7 @@ async def test_a_key_removed_from_the_jwks_takes_the_tokens_it_verified_with_it(
     old_kid = idp.kid
     assert idp.rotate() != old_kid  # the provider now publishes only the new key
     after = await idp.client_credentials("beta")
-    assert (await verify(oauth, after)).caller == "idp:beta"  # its unknown kid fetched the new key set
+    assert (await verify(oauth, after)).name == "idp:beta"  # its unknown kid fetched the new key set
     # only the new token: the old key's token was forgotten at once
     assert cache_statistics(oauth) == counts(entries=1, hits=1, misses=2, forgotten=1)
     retired = await refusal(oauth, before)

@@ -110,7 +110,7 @@ async def test_one_fetch_serves_every_request_whose_key_is_known() -> None:
         with anyio.fail_after(10):
             for _ in range(5):
                 principal = await rs.verify(issuer.token("a", key))
-        assert (principal.caller, principal.subject, principal.scopes) == ("idp:svc", "svc", frozenset({"mcp:tools"}))
+        assert (principal.name, principal.subject, principal.scopes) == ("idp:svc", "svc", frozenset({"mcp:tools"}))
         assert issuer.requests == ["/jwks"]
         assert rs.statistics().key_fetches == {"idp": 1}
 
@@ -163,7 +163,7 @@ async def test_keys_are_discovered_from_the_issuers_metadata_which_must_name_the
     async with serving() as issuer:
         issuer.add_key("a", key)
         with anyio.fail_after(10):
-            assert (await server(issuer, discover=True).verify(issuer.token("a", key))).caller == "idp:svc"
+            assert (await server(issuer, discover=True).verify(issuer.token("a", key))).name == "idp:svc"
             assert issuer.requests == ["/.well-known/oauth-authorization-server", "/jwks"]
             issuer.metadata_issuer = "http://127.0.0.1:1"  # a metadata document that speaks for someone else
             with pytest.raises(Refusal) as refused:
@@ -209,7 +209,7 @@ async def test_the_registered_claims_are_checked_within_the_leeway(
         )
         with anyio.fail_after(10):
             if description is None:
-                assert (await rs.verify(token)).caller == "idp:svc"
+                assert (await rs.verify(token)).name == "idp:svc"
             else:
                 with pytest.raises(Refusal) as refused:
                     await rs.verify(token)

@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from gateway.config.models import parse_config
 from gateway.core.runtime import Gateway
-from gateway.front.face import build_server
+from gateway.front.face import Face
 from gateway.ledger.sqlite import query
 from gateway.observe.tracing import CallTracer
 from tests.fixtures.gateway_proc import FIDELITY, PYTHON
@@ -69,7 +69,7 @@ def _sample(gateway: Gateway, name: str, **labels: str) -> float:
 async def test_resources_prompts_and_completions_leave_a_ledger_row_of_their_kind_and_are_counted(
     gateway: Gateway,
 ) -> None:
-    server, _ = build_server(gateway)
+    server = Face(gateway).server()
     async with Client(server, mode="legacy") as client:
         with anyio.fail_after(10):
             read = await client.read_resource("fid://r/1")
@@ -93,7 +93,7 @@ async def test_resources_prompts_and_completions_leave_a_ledger_row_of_their_kin
 
 
 async def test_a_prompt_that_times_out_trips_the_breaker_and_the_next_request_is_not_sent(gateway: Gateway) -> None:
-    server, _ = build_server(gateway)
+    server = Face(gateway).server()
     async with Client(server, mode="legacy") as client:
         with anyio.fail_after(10):
             with pytest.raises(MCPError) as first:
@@ -114,7 +114,7 @@ async def test_a_prompt_that_times_out_trips_the_breaker_and_the_next_request_is
 
 
 async def test_a_subscription_and_its_end_leave_rows_of_their_kind(gateway: Gateway) -> None:
-    server, _ = build_server(gateway)
+    server = Face(gateway).server()
     async with Client(server, mode="legacy") as client:
         with anyio.fail_after(10):
             for request in (
@@ -134,7 +134,7 @@ async def test_a_traced_resource_read_continues_the_clients_trace_with_a_span_an
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     gateway.router.use_instruments(gateway.ledger, CallTracer(provider.get_tracer("test")))
     trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
-    server, _ = build_server(gateway)
+    server = Face(gateway).server()
     try:
         async with Client(server, mode="legacy") as client:
             with anyio.fail_after(10):

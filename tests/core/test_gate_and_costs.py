@@ -10,9 +10,10 @@ from pathlib import Path
 import mcp_types as types
 import pytest
 
+from gateway.calls import Declared
 from gateway.config.models import Clients
 from gateway.core.costs import Cost, costs_from, fill_placeholders
-from gateway.core.gate import ClientPolicy, Declared
+from gateway.core.gate import ClientPolicy
 from gateway.ledger.sqlite import ToolStats, query
 from tests.fixtures.gateway_proc import mcp_session, run_gateway
 from tests.fixtures.procs import RunningServer

@@ -11,8 +11,9 @@ import pytest
 
 from gateway.backends.base import BackendState, BackendStatus
 from gateway.backends.mcp.session import McpBackend
+from gateway.calls import Origin
 from gateway.config.models import parse_config
-from gateway.core.listings import Listings, Offers, Origin
+from gateway.core.listings import Listings, Offers
 
 
 def _backend(

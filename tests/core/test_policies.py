@@ -21,9 +21,10 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from gateway.backends.base import Backend
+from gateway.calls import Caller
 from gateway.config.models import parse_config
 from gateway.core.catalog import Catalog
-from gateway.core.policies import Identity, Views
+from gateway.core.policies import Views
 from gateway.errors import ConfigError
 from tests.fakes import FakeBackend
 from tests.fixtures.gateway_proc import FIXTURES, PYTHON, echo_argv, mcp_session, run_gateway
@@ -253,9 +254,9 @@ policies:
     )
     catalog = Catalog.build(federation, {})
     views = Views()
-    staff = Identity("corp:u1", frozenset({"tools.read"}), {"groups": ["staff", "x"]})
+    staff = Caller("corp:u1", frozenset({"tools.read"}), {"groups": ["staff", "x"]})
     assert (view := views.view(catalog, staff)) is not None and view.policy == "staff"
-    no_scope = Identity("corp:u1", frozenset(), {"groups": ["staff"]})
+    no_scope = Caller("corp:u1", frozenset(), {"groups": ["staff"]})
     assert (view := views.view(catalog, no_scope)) is not None and view.policy == ""
     assert view.list_result == {"tools": []}
     assert views.view(Catalog.build(parse_config("servers: {}"), {}), staff) is None  # no policies: all
@@ -357,7 +358,7 @@ policies:
     }
     catalog = Catalog.build(federation, backends)
     assert set(catalog.entries) == {"search", "secret_tool", "both", "other"}
-    view = Views().view(catalog, Identity("anyone"))
+    view = Views().view(catalog, Caller("anyone"))
     assert view is not None and view.tools == {"search"}  # `both` falls back to b, which the policy excludes
     (search,) = view.list_result["tools"]
     assert search["description"].endswith("Router:\n- search: find things\nEnd.")

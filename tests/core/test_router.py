@@ -12,9 +12,10 @@ import pytest
 from structlog.testing import capture_logs
 
 from gateway.backends.base import Backend, BackendState
+from gateway.calls import CallContext, Caller, Upstream
 from gateway.config.models import parse_config
 from gateway.core.catalog import Catalog
-from gateway.core.router import META_KEY, CallContext, Router
+from gateway.core.router import META_KEY, Router
 from gateway.errors import (
     BackendRpcError,
     BackendThinResult,
@@ -421,8 +422,8 @@ async def test_the_gateway_stopping_ends_the_startup_wait_and_the_call_is_answer
         async with anyio.create_task_group() as tg:
             tg.start_soon(caller)
             await startup.waiting.wait()
-            assert setup.router.calls_in_progress() == 1  # a drain waits for it like for any call
-            setup.router.abort("the gateway is shutting down")
+            assert setup.router.drain.calls_in_progress() == 1  # a drain waits for it like for any call
+            setup.router.drain.abort("the gateway is shutting down")
     [answer] = answers
     assert answer.is_error and "the gateway is shutting down" in answer.content[0].text  # type: ignore[union-attr]
     assert [r.status for r in setup.recorder.records] == ["cancelled"]
@@ -449,7 +450,9 @@ async def test_each_call_leaves_exactly_one_audit_row_with_its_chain_hash_and_de
     qmd.script("files_search", BackendTimeout("qmd", "timed out after 120 s"), variant="deep")
     setup = Setup(a, b, solo, qmd)
     arguments = {"query": "hello world", "mode": "deep", "limit": 3, "token": "not-for-the-ledger"}
-    ctx = CallContext(session_id="s-1", client_name="claude-code", client_version="1.0", caller="alice")
+    ctx = CallContext(
+        upstream=Upstream(Caller("alice")), session_id="s-1", client_name="claude-code", client_version="1.0"
+    )
 
     result = await setup.call("files_search", arguments, ctx=ctx)
     await setup.call("lookup", {"q": 1})

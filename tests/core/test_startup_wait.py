@@ -32,7 +32,7 @@ from mcp.shared.exceptions import MCPError
 from gateway.config.models import parse_config
 from gateway.core import runtime
 from gateway.core.runtime import Gateway
-from gateway.front.face import build_server
+from gateway.front.face import Face
 from gateway.ledger.sqlite import query
 from tests.fixtures.gateway_proc import FIDELITY, PYTHON, echo_argv, run_gateway
 from tests.fixtures.waiting import eventually
@@ -91,7 +91,7 @@ async def test_a_request_cancelled_while_backends_are_still_starting_leaves_one_
     gateway: Gateway, kind: str
 ) -> None:
     name, ask = REQUESTS[kind]
-    server, _ = build_server(gateway)
+    server = Face(gateway).server()
     outcome: list[str] = []
     async with Client(server, mode=MODERN) as client:
 
@@ -155,7 +155,7 @@ async def test_a_call_still_waiting_when_the_waits_bound_passes_is_routed_and_le
     gateway: Gateway, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(runtime, "STARTUP_WAIT_S", 0.5)  # the bound, not the backend, ends the wait here
-    server, _ = build_server(gateway)
+    server = Face(gateway).server()
     async with Client(server, mode=MODERN) as client:
         with anyio.fail_after(10), pytest.raises(MCPError) as refused:
             await client.call_tool("later_tool", {"q": "x"})

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from gateway.backends.base import Backend, BackendState
+from gateway.calls import ANONYMOUS
 from gateway.config.models import Federation, parse_config
 from gateway.core.catalog import Catalog
 from gateway.core.costs import Cost
-from gateway.core.policies import ANONYMOUS
 from gateway.errors import InvalidArguments
 from gateway.front.exposure import Disclosure, cost_band
 from gateway.search.ranking import load_embedder

@@ -14,7 +14,7 @@ from structlog.testing import capture_logs
 
 from gateway.config.models import parse_config
 from gateway.core.runtime import Gateway
-from gateway.front.face import build_server
+from gateway.front.face import Face
 
 pytestmark = pytest.mark.anyio
 
@@ -30,7 +30,7 @@ async def gateway() -> AsyncIterator[Gateway]:
 async def test_an_unexpected_exception_answers_that_request_alone_and_the_session_serves_the_next(
     gateway: Gateway, mode: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    server, _ = build_server(gateway)
+    server = Face(gateway).server()
     real_call = gateway.router.call
 
     async def broken(*args: Any, **kwargs: Any) -> Any:

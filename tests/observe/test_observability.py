@@ -27,9 +27,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
 from gateway.backends.base import Backend
+from gateway.calls import CallContext, Caller, Upstream
 from gateway.config.models import TracingSettings, parse_config
 from gateway.core.catalog import Catalog
-from gateway.core.router import META_KEY, CallContext, Router
+from gateway.core.router import META_KEY, Router
 from gateway.core.runtime import Gateway
 from gateway.errors import BackendTimeout, BackendUnavailable
 from gateway.front.http.app import Tokens, build_app, metrics_need_token
@@ -185,7 +186,9 @@ async def test_every_log_line_written_while_a_call_runs_carries_its_correlation_
     setup = Setup(a, LoggingBackend("b", ["search"]))
 
     with capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:
-        result = await setup.call("search", {"q": "hello"}, ctx=CallContext(caller="alice", client_name="cli"))
+        result = await setup.call(
+            "search", {"q": "hello"}, ctx=CallContext(upstream=Upstream(Caller("alice")), client_name="cli")
+        )
 
     correlation_id = result.meta[META_KEY]["id"]
     assert [line["event"] for line in logs] == ["backend.working", "tool.step_failed", "backend.working", "tool.call"]
@@ -197,7 +200,9 @@ async def test_every_log_line_written_while_a_call_runs_carries_its_correlation_
 
 async def test_the_canonical_line_names_the_caller_client_session_and_chain() -> None:
     setup = Setup(FakeBackend("a", ["search"]), FakeBackend("b", ["search"]))
-    ctx = CallContext(session_id="s-1", client_name="claude-code", client_version="2.1", caller="alice")
+    ctx = CallContext(
+        upstream=Upstream(Caller("alice")), session_id="s-1", client_name="claude-code", client_version="2.1"
+    )
     with capture_logs() as logs:
         await setup.call("search", {"q": "x"}, ctx=ctx)
     (line,) = [entry for entry in logs if entry["event"] == "tool.call"]
@@ -382,7 +387,9 @@ async def test_a_traced_call_has_one_span_with_a_child_span_per_step(
     a.script("search", BackendTimeout("a", "timed out after 15 s"))
     setup = Setup(a, b, tracer=tracer)
 
-    result = await setup.call("search", {"q": "x"}, ctx=CallContext(caller="alice", session_id="s-9"))
+    result = await setup.call(
+        "search", {"q": "x"}, ctx=CallContext(upstream=Upstream(Caller("alice")), session_id="s-9")
+    )
 
     finished: list[ReadableSpan] = list(exporter.get_finished_spans())
     assert [s.name for s in finished] == ["step a/search", "step b/search", "tools/call search"]
@@ -405,7 +412,7 @@ async def test_a_call_continues_the_clients_trace_when_its_meta_carries_a_tracep
     setup = Setup(FakeBackend("a", ["search"]), FakeBackend("b", ["search"]), tracer=tracer)
     trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
     carrier = {"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"}
-    await setup.call("search", {}, ctx=CallContext(trace_carrier=carrier))
+    await setup.call("search", {}, ctx=CallContext(upstream=Upstream(meta=carrier)))
     call = exporter.get_finished_spans()[-1]
     assert format(call.context.trace_id, "032x") == trace_id
     assert call.parent is not None and format(call.parent.span_id, "016x") == "00f067aa0ba902b7"

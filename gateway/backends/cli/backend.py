@@ -56,6 +56,7 @@ from tenacity import AsyncRetrying, retry_if_result
 from gateway.backends import processes
 from gateway.backends.backoff import backoff, spread
 from gateway.backends.base import BackendBase, BackendState, BackendStatus, ProcessStatistics, ProgressFn
+from gateway.calls import NO_UPSTREAM, Upstream
 from gateway.config.models import Adapter, AdapterTool, ThinWhen, VariantProbe, environ
 from gateway.errors import (
     BackendError,
@@ -562,6 +563,7 @@ class CliBackend(BackendBase):
         *,
         variant: str | None = None,
         progress: ProgressFn | None = None,
+        upstream: Upstream = NO_UPSTREAM,
     ) -> types.CallToolResult:
         """Run one rung of a tool: validate, spawn, read, map.
 

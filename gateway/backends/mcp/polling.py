@@ -1,31 +1,20 @@
-"""SEP-1699 polling across the gateway: a downstream's closed stream is resumed when the gateway's client resumes.
+"""SEP-1699 polling through the gateway: a downstream's closed stream is resumed when the gateway's client resumes.
 
-A downstream may close a call's SSE stream mid-call and tell its client, with the SSE ``retry`` field, how long to
-wait before resuming it. The gateway closes its own client's stream too (pool.py), and that client resumes from the
-gateway's event store (events.py) after the gateway's ``retry``, or at once. The SDK's client would resume the
-downstream only after the downstream's ``retry``; a downstream that keeps what a call produced meanwhile only for a
-stream that is connected (the conformance repository's reference server does) then loses the result through the
-gateway that a client connected to it directly, resuming at once, gets.
-
-So the downstream's resume follows the gateway's client: ``HeldRetry`` hands the SDK client each SSE stream with its
-``retry`` fields set to 0 (the SDK then sends its resuming GET at once) and remembers what the downstream asked;
-the pool holds that GET until the gateway's client has resumed the call's stream (``RESUMES``) or the downstream's
-``retry`` has passed, whichever comes first. The downstream is never resumed sooner than the gateway's client asked
-(or than it asked itself), so it carries no load that a client connected to it directly would not cause. The SDK's
-client has no public seam for its reconnection delay: the delay is read from the stream, so it is the stream that
-is rewritten, and the waiting moves to the transport, where the gateway can cut it short.
+A downstream may close a call's SSE stream mid-call and say, with ``retry``, when to resume it. ``HeldRetry`` hands
+the SDK client each stream with its ``retry`` set to 0 (so the SDK resumes at once) and remembers the downstream's;
+the pool then holds the resuming GET until the call's own client has resumed its stream (its ``BackChannel``) or the
+downstream's ``retry`` has passed. So the downstream is resumed as soon as a client connected to it directly would
+resume it, never sooner, and a downstream that keeps a call's output only for a connected stream loses nothing.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
 
-import anyio
 import httpx2
 
-__all__ = ["RESUMES", "HeldRetries", "HeldRetry", "Resumes"]
+__all__ = ["HeldRetries", "HeldRetry", "resume_key"]
 
 KEPT = 1024
 """How many held ``retry`` values a pool remembers (one per stream the downstream closed, until resumed)."""
@@ -35,41 +24,6 @@ LINE_HELD = 1024
 
 Key = tuple[str, str | None, str]
 """A downstream stream's resume: the URL, the downstream's session id, the last event id the client saw."""
-
-
-class Resumes:
-    """Who waits for which of the gateway's clients to resume which stream: (the client's session id, its stream)."""
-
-    def __init__(self) -> None:
-        self._waiting: dict[tuple[str, str], set[anyio.Event]] = {}
-
-    @contextmanager
-    def expecting(self, session: str | None, stream: str | None) -> Iterator[anyio.Event]:
-        """An event set when the client of ``session`` resumes its ``stream`` (never set when either is None)."""
-        resumed = anyio.Event()
-        if session is None or stream is None:
-            yield resumed
-            return
-        key = (session, stream)
-        self._waiting.setdefault(key, set()).add(resumed)
-        try:
-            yield resumed
-        finally:
-            waiting = self._waiting.get(key)
-            if waiting is not None:
-                waiting.discard(resumed)
-                if not waiting:
-                    del self._waiting[key]
-
-    def resumed(self, session: str | None, stream: str) -> None:
-        """The client of ``session`` resumed its ``stream`` (events.py, on a replay)."""
-        if session is not None:
-            for event in self._waiting.get((session, stream), ()):
-                event.set()
-
-
-RESUMES = Resumes()
-"""The process's one registry: session ids are random, so gateways sharing a process cannot mix them up."""
 
 
 class HeldRetries:

@@ -18,8 +18,8 @@ import httpx2
 from gateway.backends.mcp.answers import LimitedTransport
 from gateway.backends.mcp.failures import FOREIGN, ResponseRecorder
 from gateway.backends.mcp.framing import JsonLinesTransport
-from gateway.backends.mcp.polling import RESUMES, HeldRetries, HeldRetry, resume_key
-from gateway.backends.mcp.relay import UPSTREAM
+from gateway.backends.mcp.polling import HeldRetries, HeldRetry, resume_key
+from gateway.backends.mcp.relay import SERVING
 
 __all__ = ["HttpPool"]
 
@@ -98,26 +98,17 @@ class _SharedTransport(httpx2.AsyncBaseTransport):
 
 
 async def _resume_with_upstream(held_ms: int | None) -> None:
-    """A downstream closed a call's SSE stream mid-call (SEP-1699 polling) and the SDK is resuming it: close the
-    upstream call's stream as well, so its client resumes from the gateway's event store (events.py) like it would
-    from the downstream's, and send the resume when that client has resumed, or when the downstream's ``retry``
-    (``held_ms``, taken from the SDK by polling.py; None: the SDK waited it already) has passed. The resuming GET runs
-    in the context of the POST that carried the call, so ``UPSTREAM`` names that call (see relay.py); a resumed
-    standalone stream has none, changes nothing upstream and waits the downstream's ``retry``."""
-    upstream = UPSTREAM.get()
-    close = upstream.close_sse_stream if upstream is not None else None
-    session = stream = None
-    if upstream is not None and close is not None:
-        request = getattr(upstream, "request", None)
-        headers = getattr(request, "headers", None)
-        session = headers.get("mcp-session-id") if headers is not None else None
-        stream = None if upstream.request_id is None else str(upstream.request_id)
-    with RESUMES.expecting(session, stream) as resumed:
-        if close is not None:
-            await close()
-        if held_ms:
-            with anyio.move_on_after(held_ms / 1000):
-                await resumed.wait()
+    """A downstream closed a call's SSE stream mid-call (SEP-1699 polling) and the SDK is resuming it: the client of
+    that call has its stream closed too (its ``BackChannel``), and the resume is sent when that client has resumed,
+    or when the downstream's ``retry`` (``held_ms``, taken from the SDK by polling.py; None: the SDK waited it
+    already) has passed. The resuming GET runs in the context of the POST that carried the call, so ``SERVING`` names
+    that call (relay.py); a resumed standalone stream has none, and waits the downstream's ``retry``."""
+    upstream = SERVING.get()
+    channel = upstream.channel if upstream is not None else None
+    if channel is not None:
+        await channel.stream_closed(held_ms)
+    elif held_ms:
+        await anyio.sleep(held_ms / 1000)
 
 
 class HttpPool:

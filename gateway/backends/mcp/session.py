@@ -47,7 +47,7 @@ import functools
 import math
 import tempfile
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import IO, Any
@@ -76,19 +76,10 @@ from gateway.backends.mcp.answers import ANSWER_TOO_LARGE, answer_too_large
 from gateway.backends.mcp.failures import FOREIGN, ResponseRecorder, classify_failure, exit_detail, gateway_error
 from gateway.backends.mcp.fastpath import DirectLane, HttpLane
 from gateway.backends.mcp.pool import HttpPool
-from gateway.backends.mcp.relay import (
-    UPSTREAM,
-    InFlight,
-    Upstream,
-    attribute,
-    caller_of,
-    connection_of,
-    forwarded_meta,
-    relay_request,
-    subject_token_of,
-)
+from gateway.backends.mcp.relay import SERVING, InFlight, attribute, relay_request
 from gateway.backends.mcp.stdio import StdioProcess, open_stdio
 from gateway.backends.mcp.watch import WatchedReceiveStream
+from gateway.calls import NO_UPSTREAM, ClientLink, Round, Upstream
 from gateway.config.models import HttpServer, ServerConfig, StdioServer
 from gateway.errors import (
     BackendAnswerTooLarge,
@@ -100,7 +91,7 @@ from gateway.errors import (
     InputRequired,
 )
 
-__all__ = ["MODERN", "ROUND", "HttpPool", "McpBackend", "Round"]
+__all__ = ["MODERN", "HttpPool", "McpBackend"]
 
 MODERN = "2026-07-28"
 """The stateless era's protocol version (``protocol:`` of a server)."""
@@ -108,18 +99,6 @@ MAX_CALLER_SESSIONS = 64
 """Per-caller sessions one server keeps open (``${caller.secret:...}`` headers); past it, a new caller's session
 closes the least recently used idle one (that caller's next request opens it again)."""
 
-
-@dataclass(frozen=True, slots=True)
-class Round:
-    """A client's retry of a multi-round-trip request: its answers to the input requests, and the downstream's own
-    ``requestState`` from the round before (as the downstream minted it; the gateway's token is already opened)."""
-
-    input_responses: Mapping[str, Any] | None
-    request_state: str | None
-
-
-ROUND: contextvars.ContextVar[Round | None] = contextvars.ContextVar("gateway_round", default=None)
-"""Set around a retry's downstream call: ``call_tool`` and ``request`` send its fields with the request."""
 
 log = structlog.get_logger("gateway.backend")
 
@@ -149,10 +128,12 @@ LISTEN_BACKOFF_S = (0.5, 30.0)
 """A lost listen stream is reopened after 0.5 s, then twice as long each time it is lost again, at most 30 s."""
 
 
-NotificationHook = Callable[["McpBackend", types.ServerNotification, Upstream | None, Any], Awaitable[None]]
+NotificationHook = Callable[
+    ["McpBackend", types.ServerNotification, Upstream | None, ClientLink | None], Awaitable[None]
+]
 """Told of a downstream notification the gateway passes on (``notifications/message``, ``resources/updated``):
-``(backend, notification, the upstream request it belongs to or None, the upstream connection that owns the
-session it came on or None)``."""
+``(backend, notification, the client request it belongs to or None, the client whose own session it came on or
+None)``."""
 
 LIST_KINDS = ("tools", "resources", "resource_templates", "prompts")
 
@@ -179,7 +160,7 @@ class _Life:
 class _Lane:
     """A downstream session of one upstream client (``session: per_client``), owned by its own task."""
 
-    owner: Any  # the upstream SDK Connection
+    owner: Any  # the client (ClientLink) of a per-client session; the caller's name for a per-caller one
     inflight: InFlight
     ready: anyio.Event = field(default_factory=anyio.Event)
     life: _Life = field(default_factory=_Life)
@@ -248,10 +229,6 @@ class McpBackend(BackendBase):
         return self._config
 
     @property
-    def initialize_result(self) -> types.InitializeResult | None:
-        return self._init
-
-    @property
     def serves_requests(self) -> bool:
         return True
 
@@ -287,12 +264,10 @@ class McpBackend(BackendBase):
         *,
         variant: str | None = None,
         progress: ProgressFn | None = None,
-        meta: dict[str, Any] | None = None,
+        upstream: Upstream = NO_UPSTREAM,
     ) -> types.CallToolResult:
-        upstream = UPSTREAM.get()
-        if meta is None and upstream is not None and upstream.meta:
-            meta = forwarded_meta(upstream.meta)
-        params = types.CallToolRequestParams(name=tool, arguments=arguments, _meta=meta or None)  # type: ignore[arg-type]
+        meta = dict(upstream.meta) if upstream.meta else None
+        params = types.CallToolRequestParams(name=tool, arguments=arguments, _meta=meta)  # type: ignore[arg-type]
         if self._config.protocol != MODERN:
             lane = self._fast
             # Only on the shared session (stdio or streamable HTTP): a per-client server's and a per-caller-credentials
@@ -301,7 +276,7 @@ class McpBackend(BackendBase):
                 return await self._call_fast(lane, tool, arguments, meta, progress, upstream)
             request = types.CallToolRequest(params=params)
             return await self._send(request, types.CallToolResult, progress, upstream, per_client=self._per_client)  # type: ignore[no-any-return]
-        request = types.CallToolRequest(params=_with_round(params))
+        request = types.CallToolRequest(params=_with_round(params, upstream.round))
         result = await self._send(request, _CALL_OR_INPUT, progress, upstream, per_client=False)
         if isinstance(result, types.InputRequiredResult):
             raise InputRequired(result, backend=self._name, tool=tool)
@@ -314,7 +289,7 @@ class McpBackend(BackendBase):
         arguments: dict[str, Any],
         meta: dict[str, Any] | None,
         progress: ProgressFn | None,
-        upstream: Upstream | None,
+        upstream: Upstream,
     ) -> types.CallToolResult:
         """A handshake-era ``tools/call`` on the shared session, sent straight on it (fastpath.py; over stdio,
         stdio.py's ``StdioLane``): the same request, errors and back-channel as ``_send``, without the SDK session's
@@ -328,33 +303,35 @@ class McpBackend(BackendBase):
         async def answer(request: Any) -> Any:
             return await relay_request(request, inflight, name)
 
-        key = inflight.enter(upstream) if upstream is not None else None
-        try:
-            with self.map_call_errors(life):
-                raw = await lane.request(
-                    "tools/call",
-                    params,
-                    timeout_s=self._config.timeout_s,
-                    progress=progress,
-                    answer=answer,
-                    notify=self._on_message,
-                )
-        finally:
-            if key is not None:
-                inflight.leave(key)
+        with _serving(inflight, upstream), self.map_call_errors(life):
+            raw = await lane.request(
+                "tools/call",
+                params,
+                timeout_s=self._config.timeout_s,
+                progress=progress,
+                answer=answer,
+                notify=self._on_message,
+            )
         return _call_result(raw, lane.version or "")
 
-    async def request(self, request: Any, result_type: Any, *, progress: ProgressFn | None = None) -> Any:
+    async def request(
+        self,
+        request: Any,
+        result_type: Any,
+        *,
+        progress: ProgressFn | None = None,
+        upstream: Upstream = NO_UPSTREAM,
+    ) -> Any:
         """Forward any client request (resources, prompts, completion, ...) to this backend.
 
         Raises:
             BackendError: the backend is not ready, or failed to answer (a JSON-RPC error is ``BackendRpcError``).
         """
         if self._config.protocol != MODERN or request.method not in ("prompts/get", "resources/read"):
-            return await self._send(request, result_type, progress, UPSTREAM.get(), per_client=False)
-        request = request.model_copy(update={"params": _with_round(request.params)})
+            return await self._send(request, result_type, progress, upstream, per_client=False)
+        request = request.model_copy(update={"params": _with_round(request.params, upstream.round)})
         either = _PROMPT_OR_INPUT if request.method == "prompts/get" else _READ_OR_INPUT
-        result = await self._send(request, either, progress, UPSTREAM.get(), per_client=False)
+        result = await self._send(request, either, progress, upstream, per_client=False)
         if isinstance(result, types.InputRequiredResult):
             local = request.params.name if request.method == "prompts/get" else request.params.uri
             raise InputRequired(result, backend=self._name, tool=local)
@@ -365,7 +342,7 @@ class McpBackend(BackendBase):
         request: Any,
         result_type: Any,
         progress: ProgressFn | None,
-        upstream: Upstream | None,
+        upstream: Upstream,
         *,
         per_client: bool,
     ) -> Any:
@@ -373,24 +350,19 @@ class McpBackend(BackendBase):
         session = self._require_session()
         inflight = self._inflight
         if self._credentials is not None:
-            own = await self._caller_lane(caller_of(upstream), subject_token_of(upstream))
+            own = await self._caller_lane(upstream.caller.name, upstream.caller.token)
             session, inflight, life = own.session, own.inflight, own.life  # type: ignore[assignment]
-        elif per_client and upstream is not None:
+        elif per_client:
             lane = await self._lane_for(upstream)
             if lane is not None and lane.session is not None:
                 session, inflight, life = lane.session, lane.inflight, lane.life
-        key = inflight.enter(upstream) if upstream is not None else None
-        try:
-            with self.map_call_errors(life):
-                return await session.send_request(
-                    request,
-                    result_type,
-                    request_read_timeout_seconds=self._config.timeout_s,
-                    progress_callback=progress,
-                )
-        finally:
-            if key is not None:
-                inflight.leave(key)
+        with _serving(inflight, upstream), self.map_call_errors(life):
+            return await session.send_request(
+                request,
+                result_type,
+                request_read_timeout_seconds=self._config.timeout_s,
+                progress_callback=progress,
+            )
 
     def _require_session(self) -> ClientSession:
         session = self._session
@@ -470,7 +442,7 @@ class McpBackend(BackendBase):
         """
         if self._subscribed.get(uri, 0) == 0:
             request = types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri))
-            await self._send(request, types.EmptyResult, None, None, per_client=False)
+            await self._send(request, types.EmptyResult, None, NO_UPSTREAM, per_client=False)
         self._subscribed[uri] = self._subscribed.get(uri, 0) + 1
 
     async def unsubscribe_resource(self, uri: str) -> None:
@@ -485,7 +457,7 @@ class McpBackend(BackendBase):
         request = types.UnsubscribeRequest(params=types.UnsubscribeRequestParams(uri=uri))
         try:
             with anyio.fail_after(self._config.connect_timeout_s):
-                await self._send(request, types.EmptyResult, None, None, per_client=False)
+                await self._send(request, types.EmptyResult, None, NO_UPSTREAM, per_client=False)
         except (BackendError, TimeoutError) as exc:
             log.info("backend.unsubscribe_failed", backend=self._name, uri=uri, error=str(exc))
 
@@ -528,19 +500,19 @@ class McpBackend(BackendBase):
         return callbacks
 
     async def _lane_for(self, upstream: Upstream) -> _Lane | None:
-        """The upstream client's own downstream session, opened on its first call; None for a client that cannot
-        answer a downstream's requests (it shares the one session) or when its session could not be opened."""
-        connection = connection_of(upstream)
-        if connection is None or not _takes_back_channel(connection.client_capabilities):
+        """The client's own downstream session, opened on its first call; None for a client that cannot answer a
+        downstream's requests (it shares the one session) or when its session could not be opened."""
+        client = upstream.channel.client if upstream.channel is not None else None
+        if client is None or not _takes_back_channel(client.capabilities):
             return None
-        lane = self._lanes.get(connection)
+        lane = self._lanes.get(client)
         if lane is None:
             if self._lanes_tg is None:
                 return None
-            lane = _Lane(connection, InFlight(owner=connection))
-            self._lanes[connection] = lane
-            connection.exit_stack.callback(lane.closed.set)
-            # A fresh context: the lane's task must not see this request as its UPSTREAM (see _lane_lifetime).
+            lane = _Lane(client, InFlight(owner=client))
+            self._lanes[client] = lane
+            client.on_close(lane.closed.set)
+            # A fresh context: the lane's task must not see this request as the one it serves (see relay.SERVING).
             contextvars.Context().run(self._lanes_tg.start_soon, self._lane_lifetime, lane)
         with anyio.move_on_after(self._config.connect_timeout_s):
             await lane.ready.wait()
@@ -552,7 +524,7 @@ class McpBackend(BackendBase):
     async def _lane_lifetime(self, lane: _Lane) -> None:
         """Own one client's downstream session until the client's connection closes or the session ends."""
         recorder = ResponseRecorder()
-        caps = lane.owner.client_capabilities
+        caps = lane.owner.capabilities or types.ClientCapabilities()
         offered = types.ClientCapabilities(sampling=caps.sampling, elicitation=caps.elicitation, roots=caps.roots)
         try:
             with tempfile.TemporaryFile() as stderr:
@@ -640,10 +612,10 @@ class McpBackend(BackendBase):
                 del self._callers[lane.owner]
             log.info("backend.caller_session", backend=self._name, caller=lane.owner, state="closed")
 
-    async def roots_changed(self, connection: Any) -> None:
-        """The client behind ``connection`` says its roots changed: tell its own session, if it has one (the shared
-        session's roots are whoever's call is in flight, so nothing there to tell)."""
-        lane = self._lanes.get(connection)
+    async def roots_changed(self, client: ClientLink) -> None:
+        """``client`` says its roots changed: tell its own session, if it has one (the shared session's roots are
+        whoever's call is in flight, so nothing there to tell)."""
+        lane = self._lanes.get(client)
         if lane is None or lane.session is None:
             return
         try:
@@ -1085,6 +1057,22 @@ def _call_result(raw: dict[str, Any], version: str) -> types.CallToolResult:
     return types.CallToolResult.model_validate(raw, by_name=False)
 
 
+@contextmanager
+def _serving(inflight: InFlight, upstream: Upstream) -> Iterator[None]:
+    """While a request is sent for ``upstream``'s client: counted in flight on the session, and the one the SDK
+    callbacks it causes are attributed to (relay.py). A request no client's channel stands behind is neither."""
+    if upstream.channel is None:
+        yield
+        return
+    key = inflight.enter(upstream)
+    token = SERVING.set(upstream)
+    try:
+        yield
+    finally:
+        SERVING.reset(token)
+        inflight.leave(key)
+
+
 def _takes_back_channel(caps: types.ClientCapabilities | None) -> bool:
     return caps is not None and (caps.sampling is not None or caps.elicitation is not None or caps.roots is not None)
 
@@ -1100,9 +1088,8 @@ _READ_OR_INPUT: TypeAdapter[types.ReadResourceResult | types.InputRequiredResult
 )
 
 
-def _with_round(params: Any) -> Any:
+def _with_round(params: Any, retry: Round | None) -> Any:
     """``params`` carrying the retry's input responses and the downstream's own state, when this is a retry."""
-    retry = ROUND.get()
     if retry is None:
         return params
     responses = retry.input_responses
@@ -1148,10 +1135,10 @@ def _forward_capabilities(session: ClientSession) -> None:
 
     def forwarding(data: dict[str, Any], opts: Any) -> None:
         stamp(data, opts)
-        upstream = UPSTREAM.get()
-        if upstream is None or data.get("method") == "server/discover":
+        upstream = SERVING.get()
+        if upstream is None or upstream.channel is None or data.get("method") == "server/discover":
             return
-        declared = upstream.session.client_capabilities
+        declared = upstream.channel.capabilities
         meta = data.setdefault("params", {}).setdefault("_meta", {})
         meta[types.CLIENT_CAPABILITIES_META_KEY] = (
             declared.model_dump(by_alias=True, mode="json", exclude_none=True) if declared is not None else {}

@@ -55,6 +55,7 @@ from gateway.backends.base import BackendBase, BackendState, BackendStatus, Prog
 from gateway.backends.wiki.index import EXCLUDED_DIRS, _build_index, _Index, _is_page_name
 from gateway.backends.wiki.semantic import Embedder, SemanticIndex, SemanticUnavailable, build_semantic, load_embedder
 from gateway.backends.wiki.tools import WikiTool, estimate_tokens, tool_specs, validate
+from gateway.calls import NO_UPSTREAM, Upstream
 from gateway.config.models import WIKI_TOOLS
 from gateway.errors import BackendThinResult, BackendUnavailable, InvalidArguments, ToolNotFound
 
@@ -178,6 +179,7 @@ class WikiBackend(BackendBase):
         *,
         variant: str | None = None,
         progress: ProgressFn | None = None,
+        upstream: Upstream = NO_UPSTREAM,
     ) -> types.CallToolResult:
         """Answer one tool call from the current index (rebuilt first if a change is pending).
 

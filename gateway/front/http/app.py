@@ -53,15 +53,18 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.auth.oauth import Refusal, ResourceServer, VerifierStatistics
 from gateway.auth.tokens import Tokens
+from gateway.calls import Caller
 from gateway.config.models import CallerLimit, Limits, Policy
-from gateway.core.runtime import VERSION, Gateway
-from gateway.front.face import build_server, session_digest
+from gateway.core.runtime import Gateway
+from gateway.front.channels import Resumes
+from gateway.front.face import Face
 from gateway.front.http.body import Edge, InFlight
 from gateway.front.http.limits import CallerLimits
 from gateway.front.http.resume import RETRY_MS, RecentEvents
 from gateway.front.http.sessions import SealedSessions, session_seal
 from gateway.front.http.shared import SharedRates, SharedRedis, SharedSessionEnds
 from gateway.front.http.ui import UI_PATHS, build_ui
+from gateway.front.scope import caller_of, session_digest, set_caller
 from gateway.observe.logs import redactor
 from gateway.observe.metrics import (
     CONTENT_TYPE,
@@ -72,6 +75,7 @@ from gateway.observe.metrics import (
     StateSnapshot,
     TokenCacheSnapshot,
 )
+from gateway.version import VERSION
 
 __all__ = [
     "CallerSessions",
@@ -189,12 +193,12 @@ class Guard:
 
     async def _authenticated(self, scope: Scope, receive: Receive, send: Send) -> None:
         authorization = scope.get(_AUTHORIZATION)
-        caller = self.tokens.identify(authorization) if self.tokens else None
+        name = self.tokens.identify(authorization) if self.tokens else None
+        caller = Caller(name) if name is not None else None
         public = scope["path"] in self.public_paths
-        principal = None
         if caller is None and self.oauth is not None and not public and (offered := _bearer(authorization)):
             try:
-                principal = await self.oauth.verify(offered)
+                caller = dataclasses.replace(await self.oauth.verify(offered), token=offered)
             except Refusal as refusal:
                 log.info("auth.refused", status=refusal.status, error=refusal.error, reason=refusal.description)
                 extra = [(b"www-authenticate", self.oauth.challenge(refusal).encode())]
@@ -204,23 +208,18 @@ class Guard:
                     receive, send, refusal.status, f"{_REFUSED[refusal.status]}: {refusal.description}.", extra
                 )
                 return
-            caller = principal.caller
         if caller is not None:
-            scope.setdefault("state", {})["caller"] = caller
+            set_caller(scope, caller)
             # The SDK binds a session to the principal that opened it and answers 404 to any other (POST, GET and
             # DELETE alike); the caller's name is that principal (for a JWT: issuer and subject, never the token).
-            if principal is None:
-                scope["user"] = AuthenticatedUser(AccessToken(token="", client_id=caller, scopes=[]))
-            else:
-                scope["state"]["principal"] = principal
-                access = AccessToken(
-                    token="",
-                    client_id=caller,
-                    scopes=sorted(principal.scopes),
-                    subject=principal.subject,
-                    claims={"iss": principal.issuer},
-                )
-                scope["user"] = AuthenticatedUser(access)
+            access = AccessToken(
+                token="",
+                client_id=caller.name or "",
+                scopes=sorted(caller.scopes),
+                subject=caller.subject,
+                claims={"iss": caller.issuer} if caller.issuer is not None else None,
+            )
+            scope["user"] = AuthenticatedUser(access)
         elif self.required:
             if not public:
                 challenge = self.oauth.challenge() if self.oauth is not None else 'Bearer realm="mcp-gateway"'
@@ -497,8 +496,7 @@ class CallerSessions(SealedSessions):
 
 
 def _caller(scope: Scope) -> str | None:
-    caller = scope.get("state", {}).get("caller")
-    return caller if isinstance(caller, str) else None
+    return caller_of(scope).name
 
 
 class _SessionIdFilter(logging.Filter):
@@ -640,7 +638,9 @@ def metrics_need_token(gateway: Gateway, host: str) -> bool:
 
 def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: bool = False) -> ASGIApp:
     """The gateway's HTTP app. Run it inside ``gateway.running()`` (the caller owns the gateway's lifetime)."""
-    server, connections = build_server(gateway)
+    resumes = Resumes()  # SEP-1699: a call's client resuming its stream (resume.py) lets its downstream resume
+    face = Face(gateway, resumes=resumes)
+    server, connections = face.server(), face.clients
     _filter_session_ids()
     in_flight = InFlight()  # the edge's request ids in flight, told of answers and session ends by the manager
     shared_settings = gateway.config.gateway.shared  # read at start: a reload does not change it
@@ -657,6 +657,7 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
         event_store=RecentEvents(
             max_bytes=gateway.config.gateway.edge.replay_bytes,
             max_stream_bytes=gateway.config.gateway.edge.replay_stream_bytes,
+            resumes=resumes,
         ),
         retry_interval=RETRY_MS,
         # The Guard does Host/Origin checks for every path, so the SDK's own check is off (one policy, one place).

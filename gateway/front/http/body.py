@@ -10,7 +10,7 @@ serializer fails on them in a downstream session every caller shares. ``Edge`` g
   * a request whose ``id`` is not a string or an integer is answered ``-32600`` (Invalid Request), HTTP 400;
   * a ``tools/call`` whose arguments hold a lone surrogate, ``NaN`` or ``Infinity``, or nest beyond
     ``gateway.edge.max_argument_depth``, is passed on with its arguments withheld (``{}``) and the finding in the
-    request's scope state (``WITHHELD``): the router refuses it as invalid params naming the argument, and writes
+    request's scope (front/scope.py): the router refuses it as invalid params naming the argument, and writes
     its ledger row, with the caller's whole context (client, session) — the SDK's own answer path, so either era
     gets its usual answer shape;
   * a ``tools/call`` whose name holds a lone surrogate is passed on with the name escaped: no published name holds
@@ -42,14 +42,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.config.models import EdgeSettings
 from gateway.errors import quote
-from gateway.front.face import WITHHELD
+from gateway.front.scope import caller_of, set_message, set_withheld
 from gateway.inputs import argument_problem, problem
 
-__all__ = ["RPC", "Edge", "InFlight"]
-
-RPC = "edge.rpc"
-"""The scope-state key under which the edge leaves a POST's JSON-RPC message, as sent, for what runs after it
-(quotas.py); only when the body is one JSON object."""
+__all__ = ["Edge", "InFlight"]
 
 INVALID_REQUEST = -32600
 INVALID_PARAMS = -32602
@@ -196,10 +192,7 @@ class Edge:
             decoded = None  # the SDK answers its own parse error
         if isinstance(decoded, dict):
             params = decoded.get("params")
-            scope.setdefault("state", {})[RPC] = {
-                **decoded,
-                "params": dict(params) if isinstance(params, dict) else params,
-            }
+            set_message(scope, {**decoded, "params": dict(params) if isinstance(params, dict) else params})
             answer, body = _check(decoded, scope, body, settings.max_argument_depth)
             if answer is not None:
                 await _reply(send, answer)
@@ -250,7 +243,7 @@ def _check(decoded: dict[str, Any], scope: Scope, body: bytes, depth: int) -> tu
     withheld = argument_problem(arguments, depth) if arguments is not None else None
     if withheld is not None:
         arguments = {}
-        scope.setdefault("state", {})[WITHHELD] = withheld
+        set_withheld(scope, withheld)
     if withheld is None and not rewritten:
         return None, body
     if arguments is not None:
@@ -267,8 +260,7 @@ def _in_flight_key(decoded: dict[str, Any], scope: Scope, headers: Headers) -> K
         # initialize, or the stateless era (which the SDK tells by this header alone, as here): each POST is its
         # own exchange, and nothing else can share its id
         return None
-    caller = scope.get("state", {}).get("caller")
-    return (caller if isinstance(caller, str) else None, session, coerce_request_id(decoded["id"]))
+    return (caller_of(scope).name, session, coerce_request_id(decoded["id"]))
 
 
 def _duplicate(request_id: str | int) -> dict[str, Any]:

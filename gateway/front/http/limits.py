@@ -21,7 +21,6 @@ import fnmatch
 import json
 import math
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,14 +28,12 @@ from typing import Any
 import structlog
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.auth.oauth import Principal
+from gateway.calls import CallContext, Caller, Upstream
 from gateway.config.models import CallerLimit, Policy
-from gateway.core.policies import Identity, policy_for
+from gateway.core.policies import policy_for
 from gateway.core.runtime import Gateway
-from gateway.front.face import session_digest
-from gateway.front.http.body import RPC
 from gateway.front.http.shared import SharedRates
-from gateway.ledger.sqlite import AuditRecord, AuditStep, args_hash
+from gateway.front.scope import caller_of, message_of, session_digest
 
 __all__ = ["LIMITED", "CallerLimits"]
 
@@ -123,20 +120,19 @@ class CallerLimits:
             return state.take(now) if shared.fail_open else None
         return wait
 
-    def _rule(self, caller: str, principal: Principal | None) -> tuple[str, str, CallerLimit] | None:
+    def _rule(self, caller: Caller) -> tuple[str, str, CallerLimit] | None:
         """The limits that apply, and where they are written: the caller's policy's ``limits`` when it sets them
         (auth/policies.py picks the policy), else the first ``gateway.auth.caller_limits`` rule that matches; with
         the name /metrics counts its refusals under."""
         policies = self.policies()
         if policies:
-            identity = Identity(caller, principal.scopes, principal.claims) if principal else Identity(caller)
-            name = policy_for(policies, identity)
+            name = policy_for(policies, caller)
             policy = policies.get(name)
             if policy is not None and policy.limits is not None:
                 return f"policies.{name}.limits", f"policy:{name}", self._policy_rule(name, policy)
         for index, rule in enumerate(self.rules()):
-            if any(fnmatch.fnmatchcase(caller, pattern) for pattern in rule.callers) and _claims_match(
-                rule.claims, principal.claims if principal is not None else None
+            if any(fnmatch.fnmatchcase(caller.name or "", pattern) for pattern in rule.callers) and _claims_match(
+                rule.claims, caller.claims if caller.issuer is not None else None
             ):
                 return f"gateway.auth.caller_limits[{index}]", rule.name or f"rule-{index + 1}", rule
         return None
@@ -165,14 +161,13 @@ class CallerLimits:
         return state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        state_dict = scope.get("state", {}) if scope["type"] == "http" else {}
-        message = state_dict.get(RPC)
-        caller = state_dict.get("caller")
-        if not isinstance(message, dict) or "method" not in message or "id" not in message or not caller:
+        message = message_of(scope) if scope["type"] == "http" else None
+        who = caller_of(scope)
+        caller = who.name
+        if message is None or "method" not in message or "id" not in message or not caller:
             await self.app(scope, receive, send)
             return
-        principal = state_dict.get("principal")
-        found = self._rule(caller, principal if isinstance(principal, Principal) else None)
+        found = self._rule(who)
         if found is None:
             await self.app(scope, receive, send)
             return
@@ -186,14 +181,14 @@ class CallerLimits:
                 f"The request rate of caller {caller} cannot be counted: the shared limits' Redis "
                 "(gateway.shared.redis_url) does not answer and gateway.shared.redis_down is closed; retry shortly."
             )
-            await self._refuse(scope, send, message, caller, rule_name, "shared", text, 1.0, call, status=503)
+            await self._refuse(scope, send, message, who, rule_name, "shared", text, 1.0, call, status=503)
             return
         if wait > 0:
             text = (
                 f"Too many requests for caller {caller}: the limit is {rule.requests_per_s:g} per second "
                 f"(burst {_burst(rule):g}, {where}); retry in {wait:.1f} s."
             )
-            await self._refuse(scope, send, message, caller, rule_name, "rate", text, wait, call)
+            await self._refuse(scope, send, message, who, rule_name, "rate", text, wait, call)
             return
         limit = rule.concurrent_calls
         if call and limit is not None:
@@ -202,7 +197,7 @@ class CallerLimits:
                     f"Too many concurrent tool calls for caller {caller}: {state.in_flight} in flight, the limit "
                     f"({where}.concurrent_calls); retry when one has ended."
                 )
-                await self._refuse(scope, send, message, caller, rule_name, "concurrency", text, None, call)
+                await self._refuse(scope, send, message, who, rule_name, "concurrency", text, None, call)
                 return
             state.in_flight += 1
             try:
@@ -217,7 +212,7 @@ class CallerLimits:
         scope: Scope,
         send: Send,
         message: dict[str, Any],
-        caller: str,
+        caller: Caller,
         rule_name: str,
         limit: str,
         text: str,
@@ -226,7 +221,7 @@ class CallerLimits:
         status: int = 429,
     ) -> None:
         retry = max(1, math.ceil(wait)) if wait is not None else CONCURRENCY_RETRY_S
-        log.info("caller.limited", caller=caller, limit=limit, rule=rule_name, method=message.get("method"))
+        log.info("caller.limited", caller=caller.name, limit=limit, rule=rule_name, method=message.get("method"))
         self.gateway.metrics.observe_limited(rule_name, limit)
         if call:
             await self._record(scope, message, caller, text)
@@ -240,29 +235,21 @@ class CallerLimits:
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
-    async def _record(self, scope: Scope, message: dict[str, Any], caller: str, text: str) -> None:
-        ledger = self.gateway.ledger
-        if ledger is None or ledger.disabled:
-            return
+    async def _record(self, scope: Scope, message: dict[str, Any], caller: Caller, text: str) -> None:
         params = message.get("params")
         params = params if isinstance(params, dict) else {}
         arguments = params.get("arguments")
         name = params.get("name")
         session = dict(scope.get("headers", [])).get(b"mcp-session-id")
-        await ledger.record(
-            AuditRecord(
-                ts=time.time(),
-                correlation_id=uuid.uuid4().hex,
-                session_id=session_digest(session.decode("latin-1")) if session else None,
-                client_name=None,
-                client_version=None,
-                caller=caller,
-                tool=str(name)[:128] if name is not None else "",
-                chain=(AuditStep("gateway", None, "limited", text, 0.0),),
-                status="refused",
-                duration_ms=0.0,
-                result_bytes=0,
-                arg_preview={},
-                args_hash=args_hash(arguments if isinstance(arguments, dict) else {}),
-            )
+        ctx = CallContext(
+            upstream=Upstream(caller=caller),
+            session_id=session_digest(session.decode("latin-1")) if session else None,
+        )
+        await self.gateway.router.refuse(
+            "tools/call",
+            str(name) if name is not None else "",
+            arguments if isinstance(arguments, dict) else {},
+            ctx,
+            "limited",
+            text,
         )

@@ -4,7 +4,7 @@ With an event store the SDK's streamable HTTP transport opens every POST stream 
 no data, and the ``retry`` interval a client waits before reconnecting), numbers every event, and answers a GET
 with ``Last-Event-ID`` by replaying what the stream sent after that event. A client whose connection dropped, or
 whose stream the gateway closed because the downstream closed its own mid-call (see ``backends/mcp.py``), resumes
-without losing a message; a replay tells a downstream resume waiting for it to go on (backends/polling.py).
+without losing a message; a replay tells a downstream resume waiting for it to go on (front/channels.py ``Resumes``).
 
 ``RecentEvents`` keeps, in memory, the events of the last ``max_age_s`` seconds, at most ``capacity`` of them and at
 most ``max_bytes`` across all streams, and at most ``max_stream_bytes`` for any one stream: resumption is for a
@@ -37,7 +37,7 @@ import mcp_types as types
 from mcp.server.streamable_http import EventCallback, EventId, EventMessage, EventStore, StreamId
 from mcp.shared.dispatcher import coerce_request_id
 
-from gateway.backends.mcp.polling import RESUMES
+from gateway.front.channels import Resumes
 
 __all__ = ["RETRY_MS", "RecentEvents", "SessionEvents"]
 
@@ -68,7 +68,10 @@ class RecentEvents(EventStore):
         *,
         max_bytes: int = MAX_BYTES,
         max_stream_bytes: int = MAX_STREAM_BYTES,
+        resumes: Resumes | None = None,
     ) -> None:
+        self.resumes = resumes
+        """Told when a client resumes one of its streams (a downstream call may wait for it: SEP-1699)."""
         self._capacity = capacity
         self._max_age_s = max_age_s
         self._max_bytes = max_bytes
@@ -170,9 +173,9 @@ class SessionEvents(EventStore):
     """One session's view of a ``RecentEvents``. The SDK names a request's stream by the request's id, and every
     session numbers its requests from 1, so in one store shared by all sessions a resume of session B's stream "2"
     would replay what session A's request 2 was sent: each session's stream names carry its own prefix, and a replay
-    finds only its own streams. A replay also lets a downstream resume waiting for this client go on
-    (backends/polling.py). Every message the SDK sends on the session passes here first, to a stream or to no one, so
-    ``on_answer`` learns of each answer (the id it answers, as the SDK correlates it) as it is produced."""
+    finds only its own streams. A replay also lets a downstream resume waiting for this client go on (``Resumes``).
+    Every message the SDK sends on the session passes here first, to a stream or to no one, so ``on_answer`` learns
+    of each answer (the id it answers, as the SDK correlates it) as it is produced."""
 
     def __init__(
         self,
@@ -198,8 +201,8 @@ class SessionEvents(EventStore):
         if stream is None:
             return None
         stream_id = stream.removeprefix(self._prefix)
-        if self._session_id is not None:
-            RESUMES.resumed(self._session_id, stream_id)  # a downstream call waiting for this resume goes on now
+        if self._session_id is not None and self._store.resumes is not None:
+            self._store.resumes.resumed(self._session_id, stream_id)  # a downstream call waiting for it goes on
         return stream_id
 
 

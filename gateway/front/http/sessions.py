@@ -57,7 +57,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.config.models import GatewaySettings, environ
 from gateway.front.continuation import load_key
-from gateway.front.http.body import RPC
+from gateway.front.scope import message_of
 
 __all__ = ["MAX_SEALED_ID", "SealedSession", "SealedSessions", "SessionSeal", "session_seal"]
 
@@ -251,8 +251,8 @@ class SealedSessions(StreamableHTTPSessionManager):
         return True
 
     def _mint(self, seal: SessionSeal, scope: Scope) -> str | None:
-        message = scope.get("state", {}).get(RPC)
-        if not isinstance(message, dict) or message.get("method") != "initialize" or "id" not in message:
+        message = message_of(scope)
+        if message is None or message.get("method") != "initialize" or "id" not in message:
             return None  # not an opening request: the SDK refuses it
         params = message.get("params")
         if not isinstance(params, dict):

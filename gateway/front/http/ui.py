@@ -44,11 +44,12 @@ from gateway.auth.cookies import SESSION_TTL_S, SessionCookies
 from gateway.auth.tokens import Tokens
 from gateway.backends.base import BackendStatus
 from gateway.core.catalog import Catalog
-from gateway.core.runtime import VERSION, Gateway
+from gateway.core.runtime import Gateway
 from gateway.errors import AuditError
 from gateway.ledger.engines import query, stats
 from gateway.ledger.sqlite import AuditRecord, ToolStats
 from gateway.observe.logs import redactor
+from gateway.version import VERSION
 
 __all__ = ["UI_PATHS", "build_ui"]
 

@@ -264,7 +264,7 @@ async def test_eight_calls_lost_to_one_crash_count_as_one_failure_and_calls_flow
             async with anyio.create_task_group() as tg:
                 for _ in range(7):
                     tg.start_soon(call, "sleep", {"seconds": 30})
-                await eventually(lambda: gateway.router.inflight(backend) == 7, within=5)
+                await eventually(lambda: gateway.router.drain.inflight(backend) == 7, within=5)
                 tg.start_soon(call, "crash", {})
         assert len(results) == 8 and all(r.is_error for r in results)
         breaker = gateway.router.breakers["f"]
@@ -302,7 +302,7 @@ async def test_a_cancelled_trial_call_hands_the_trial_back() -> None:
         with anyio.fail_after(10):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(gateway.router.call, "sleep", {"seconds": 0.4})  # the trial
-                await eventually(lambda: gateway.router.inflight(backend) == 1, within=5)
+                await eventually(lambda: gateway.router.drain.inflight(backend) == 1, within=5)
                 assert breaker.state is BreakerState.HALF_OPEN
                 tg.cancel_scope.cancel()  # the trial's caller goes away
         after = await gateway.router.call("echo", {"text": "next"})

@@ -13,9 +13,10 @@ import pytest
 from structlog.testing import capture_logs
 
 from gateway.backends.base import Backend
+from gateway.calls import Caller
 from gateway.config.models import parse_config
 from gateway.core.catalog import Catalog
-from gateway.core.policies import Identity, Views
+from gateway.core.policies import Views
 from gateway.errors import ConfigError
 from tests.core.test_policies import HANDSHAKE, MODERN, raw, rows
 from tests.fakes import FakeBackend
@@ -142,7 +143,7 @@ policies:
 """
     catalog = _catalog(text, {"a": FakeBackend("a", ["echo"])})
     views = Views()
-    view = views.view(catalog, Identity("anyone"))
+    view = views.view(catalog, Caller("anyone"))
     assert view is not None and view.tools == {"echo", "trigger"}
     assert [t["name"] for t in view.list_result["tools"]] == ["echo"]
     assert views.statistics(catalog)["policies"][0]["tools"] == 1  # what it shows, not what it may call

@@ -5,6 +5,7 @@ match callers by name glob and by JWT claim."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import anyio
 import httpx2
 import pytest
 
-from gateway.auth.oauth import Principal
+from gateway.calls import Caller
 from gateway.config.models import CallerLimit, parse_config
 from gateway.errors import ConfigError
 from gateway.front.http.limits import CallerLimits
@@ -168,11 +169,11 @@ def test_the_first_rule_matching_the_callers_name_and_its_tokens_claims_applies(
     )
     limits = CallerLimits(app=None, gateway=None, rules=lambda: rules)  # type: ignore[arg-type]
 
-    def principal(subject: str, **claims: Any) -> Principal:
-        return Principal(f"corp:{subject}", "corp", "https://idp", subject, frozenset(), {"sub": subject, **claims})
+    def principal(subject: str, **claims: Any) -> Caller:
+        return Caller(f"corp:{subject}", frozenset(), {"sub": subject, **claims}, "https://idp", subject)
 
-    def rule(caller: str, who: Principal | None) -> str | None:
-        found = limits._rule(caller, who)
+    def rule(caller: str, who: Caller | None) -> str | None:
+        found = limits._rule(dataclasses.replace(who, name=caller) if who is not None else Caller(caller))
         return found[1] if found is not None else None  # (where it is written, its name, the rule)
 
     assert rule("corp:svc", principal("svc", client_id="batch")) == "batch"

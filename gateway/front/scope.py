@@ -1,0 +1,61 @@
+"""What the HTTP edge hands on about a request in its ASGI scope, the one way ASGI passes a request's values between
+layers of middleware: who is calling (made once by the guard), the JSON-RPC message as the client sent it and what was
+withheld from its arguments (the body check). One key and one typed accessor each, so nothing reads a scope by hand.
+
+Session ids are bearer credentials: the log, the ledger and spans name a session by ``session_digest`` only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, MutableMapping
+from typing import Any
+
+from gateway.calls import ANONYMOUS, Caller
+
+__all__ = ["caller_of", "message_of", "session_digest", "set_caller", "set_message", "set_withheld", "withheld_of"]
+
+_CALLER = "gateway.caller"
+_MESSAGE = "gateway.message"
+_WITHHELD = "gateway.withheld"
+
+
+def _state(scope: MutableMapping[str, Any]) -> dict[str, Any]:
+    state: dict[str, Any] = scope.setdefault("state", {})
+    return state
+
+
+def set_caller(scope: MutableMapping[str, Any], caller: Caller) -> None:
+    _state(scope)[_CALLER] = caller
+
+
+def caller_of(scope: Mapping[str, Any] | None) -> Caller:
+    """The caller the guard attributed the request to; ``ANONYMOUS`` when there was none to attribute."""
+    found = scope.get("state", {}).get(_CALLER) if scope is not None else None
+    return found if isinstance(found, Caller) else ANONYMOUS
+
+
+def set_message(scope: MutableMapping[str, Any], message: dict[str, Any]) -> None:
+    _state(scope)[_MESSAGE] = message
+
+
+def message_of(scope: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A POST's JSON-RPC message as sent (an object), when the body check could read one."""
+    found = scope.get("state", {}).get(_MESSAGE)
+    return found if isinstance(found, dict) else None
+
+
+def set_withheld(scope: MutableMapping[str, Any], withheld: tuple[str, str]) -> None:
+    _state(scope)[_WITHHELD] = withheld
+
+
+def withheld_of(scope: Mapping[str, Any] | None) -> tuple[str, str] | None:
+    """(argument path, reason): what the body check found in a ``tools/call``'s arguments and did not pass on."""
+    found = scope.get("state", {}).get(_WITHHELD) if scope is not None else None
+    return found if isinstance(found, tuple) else None
+
+
+def session_digest(session_id: str | None) -> str | None:
+    """What the log, the ledger and spans say instead of a session id: 12 hex digits of its SHA-256 (whoever has
+    the id can compute it; nobody can use it)."""
+    return hashlib.sha256(session_id.encode()).hexdigest()[:12] if session_id else None

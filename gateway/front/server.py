@@ -1,0 +1,160 @@
+"""The SDK's low-level server as the gateway serves it, and the small translations every handler shares.
+
+``GatewayServer`` offers what the ready backends offer, worked out at each handshake (not when the transport starts,
+before the backends connected), with ``listChanged`` for every list. ``ValidatedLists`` keeps each ``tools/list``
+answer validated once per catalog and protocol version. A 2026-07-28 list result carries SEP-2549's cache hints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import mcp_types as types
+from mcp.server import Server
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel.server import NotificationOptions
+from mcp.server.models import InitializationOptions
+from mcp.server.runner import serve_dual_era_loop
+from mcp.shared.exceptions import MCPError
+from mcp_types import methods as _methods
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from gateway.backends.base import ProgressFn
+from gateway.core.router import Unanswered
+from gateway.core.runtime import Gateway
+from gateway.errors import BackendRpcError
+
+__all__ = ["GatewayServer", "ValidatedLists", "enveloped", "progress_of", "quiet", "refusal"]
+
+
+class GatewayServer(Server[Any]):
+    """The SDK's low-level server, offering what the ready backends offer, with ``listChanged`` for every list."""
+
+    def __init__(self, gateway: Gateway, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._gateway = gateway
+
+    def create_initialization_options(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+    ) -> InitializationOptions:
+        return super().create_initialization_options(
+            notification_options
+            or NotificationOptions(tools_changed=True, resources_changed=True, prompts_changed=True),
+            experimental_capabilities,
+            extensions,
+        )
+
+    async def run(
+        self,
+        read_stream: Any,
+        write_stream: Any,
+        initialization_options: InitializationOptions,
+        raise_exceptions: bool = False,
+    ) -> None:
+        """Serve one connection (stdio). What is offered follows the ready backends, so it is worked out at the
+        handshake (``create_initialization_options``), not fixed by ``initialization_options`` when the transport
+        starts."""
+        async with self.lifespan(self) as lifespan_context:
+            await serve_dual_era_loop(
+                self,
+                read_stream,
+                write_stream,
+                lifespan_state=lifespan_context,
+                init_options=None,
+                raise_exceptions=raise_exceptions,
+            )
+
+    def get_capabilities(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+        *,
+        protocol_version: str | None = None,
+    ) -> types.ServerCapabilities:
+        caps = super().get_capabilities(
+            notification_options, experimental_capabilities, extensions, protocol_version=protocol_version
+        )
+        offers = self._gateway.catalog.lists.offers
+        resources = caps.resources
+        if resources is not None:
+            resources = resources.model_copy(update={"subscribe": bool(resources.subscribe) and offers.subscribe})
+        return caps.model_copy(
+            update={
+                "resources": resources if offers.resources else None,
+                "prompts": caps.prompts if offers.prompts else None,
+                "completions": caps.completions if offers.completions else None,
+                "logging": (caps.logging or types.LoggingCapability()) if offers.logging else None,
+            }
+        )
+
+
+class ValidatedLists:
+    """``tools/list`` answers validated against the protocol version once, reused until the catalog changes."""
+
+    MAX = 64  # a catalog has two listings (large and small clients) per policy and protocol version in use
+
+    def __init__(self) -> None:
+        # (id of the listing, version) -> (the listing, kept alive so its id cannot be reused; the answer)
+        self._answers: dict[tuple[int, str], tuple[Mapping[str, Any], dict[str, Any]]] = {}
+
+    def answer(self, listing: Mapping[str, Any], version: str) -> dict[str, Any]:
+        found = self._answers.get((id(listing), version))
+        if found is not None:
+            return found[1]
+        if len(self._answers) >= self.MAX:
+            self._answers.clear()  # older catalogs' answers: never asked for again
+        answer = _methods.serialize_server_result("tools/list", version, dict(listing))
+        self._answers[(id(listing), version)] = (listing, answer)
+        return answer
+
+
+_MODERN_LIST_ENVELOPE = {"ttlMs": 0, "cacheScope": "private", "resultType": "complete"}
+"""What a 2026-07-28 list result must carry besides its items (SEP-2549 cache hints: "do not cache", the SDK's
+defaults). Handshake-era answers are sent as pre-serialised, untouched."""
+
+
+def enveloped(ctx: ServerRequestContext[Any], listed: Mapping[str, Any]) -> Mapping[str, Any]:
+    if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        return {**listed, **_MODERN_LIST_ENVELOPE}
+    return listed
+
+
+def progress_of(ctx: ServerRequestContext[Any]) -> ProgressFn | None:
+    """Relay a forwarded request's progress on the client's own stream, against its own token, when it asked."""
+    if ctx.meta and ctx.meta.get("progress_token") is not None:
+        return ctx.session.report_progress
+    return None
+
+
+def quiet(progress: ProgressFn | None) -> ProgressFn | None:
+    """``progress`` for a bridged request, whose later rounds come on other requests: a relay to a request that has
+    ended is dropped."""
+    if progress is None:
+        return None
+    relayed = progress
+
+    async def quieted(progress: float, total: float | None, message: str | None) -> None:
+        try:
+            await relayed(progress, total, message)
+        except Exception:  # the request that asked for progress may have ended (a later round)
+            pass
+
+    return quieted
+
+
+def refusal(exc: Unanswered, none_answered: MCPError | None) -> MCPError:
+    """What the client is answered when no backend answered its request (``Router.request``)."""
+    failures = exc.failures
+    if len(failures) > 1 and none_answered is not None:
+        return none_answered
+    failure = failures[0] if failures else None
+    if isinstance(failure, BackendRpcError):
+        return MCPError(failure.code, failure.message, failure.data)
+    if failure is not None:
+        return MCPError(types.INTERNAL_ERROR, str(failure))
+    return MCPError(types.INVALID_PARAMS, "No backend serves this request.")
