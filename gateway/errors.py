@@ -14,7 +14,6 @@
     ├── ToolNotFound           no tool of that name in the catalog (a JSON-RPC error, not a tool result)
     ├── InvalidArguments       a tool argument failed validation (an ``isError`` answer naming the argument)
     ├── InputRequired          not a failure: the backend answered a round with an input-required result (SEP-2322)
-    ├── CatalogConflict        two tools would be published under one name, or a name is invalid
     └── AuditError             the audit ledger cannot be opened or written
 
 Foreign errors (httpx2, anyio, OSError, mcp) are translated into these at the seam, in ``backends/``. Client input
@@ -166,10 +165,6 @@ class InvalidArguments(GatewayError):
         super().__init__(f"Invalid {target} for tool {quote(tool)}: {message}")
 
 
-class CatalogConflict(GatewayError):
-    pass
-
-
 class AuditError(GatewayError):
     pass
 
@@ -190,7 +185,7 @@ class OutOfTime(BackendTimeout):
 class InputRequired(GatewayError):
     """A backend answered with an input-required result (MCP 2026-07-28): the client must answer ``result``'s input
     requests and retry. ``backend`` and ``tool`` (its own name for the tool, prompt or resource) say who asked, so
-    the retry can be routed back there (gateway/continuation.py). Not a failure: nothing falls back past it."""
+    the retry can be routed back there (front/continuation.py). Not a failure: nothing falls back past it."""
 
     def __init__(self, result: object, *, backend: str, tool: str) -> None:
         self.result = result
