@@ -544,6 +544,17 @@ def test_the_cli_queries_and_summarises_the_ledger(tmp_path: Path) -> None:
     assert "fetch" in out.getvalue() and "corr-1" not in out.getvalue()
 
 
+def test_the_cli_stats_count_only_the_rows_of_the_status_asked_for(tmp_path: Path) -> None:
+    # --status was offered by `audit stats` but not applied: the figures covered every status.
+    db = tmp_path / "audit.db"
+    write_rows(db, [make(1, status="ok"), make(2, status="error"), make(3, status="ok"), make(4, tool="fetch")])
+    out = io.StringIO()
+    assert run_audit(_cli(db).parse_args(["audit", "stats", "--status", "ok", "--json"]), stdout=out) == 0
+    assert [(row["tool"], row["calls"], row["by_status"]) for row in json.loads(out.getvalue())] == [
+        ("search", 2, {"ok": 2})
+    ]
+
+
 def test_the_cli_tail_follows_until_interrupted(tmp_path: Path) -> None:
     db = tmp_path / "audit.db"
     write_rows(db, [make(1)])
