@@ -53,9 +53,10 @@ class _Batch:
 
 class GroupCommit(anyio.AsyncContextManagerMixin):
     """The write side's common part, single-use: ``async with`` opens it and closing waits for every pending row.
-    An engine supplies ``_engine`` (its resources, open for the block; it sets ``_slots``, ``_writing`` and
-    ``_drained``, or leaves ``_slots`` None for a disabled ledger) and ``_commit_batch`` (write the rows in one
-    transaction under ``_writing``; return None or the error every caller of the batch gets).
+    An engine sets ``_slots``, ``_writing`` and ``_drained`` before rows arrive (``_slots`` stays None for a disabled
+    ledger) and supplies ``_engine`` (its resources, open for the block; closed after the last pending row) and
+    ``_commit_batch`` (write the rows in one transaction under ``_writing``; return None or the error every caller
+    of the batch gets).
 
     Raises:
         ValueError: a retention, a bound or an interval that is not positive.

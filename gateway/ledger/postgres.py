@@ -1,13 +1,11 @@
 """The audit ledger in PostgreSQL, with a local SQLite spool for when PostgreSQL is unreachable.
 
-Promise, as the SQLite ledger's: ``await PgLedger.record(row)`` returns only after a transaction holding the row has
-committed: in PostgreSQL (group-committed, ``commits.py``: one multi-row insert, one round trip), or, while
-PostgreSQL cannot be reached, in the spool (``spool.py``). A batch whose PostgreSQL commit fails or does not answer
-within ``write_timeout_s`` goes to the spool and the ledger switches to spooling: every later batch goes straight to
-the spool, and a replay task probes PostgreSQL with a growing backoff. When it answers, the task copies the spool
-into it in order, a chunk per transaction, and switches back under the writer's lock once the spool is empty, so
-rows reach PostgreSQL in the order they committed. Row keys (``pgsql.row_key``) make a replayed row that had landed
-a no-op. A spool left with rows at shutdown is replayed by the next start.
+Promise, as the SQLite ledger's: ``await PgLedger.record(row)`` returns only once a transaction holding the row has
+committed, in PostgreSQL or, while PostgreSQL fails or is slower than ``write_timeout_s``, in the spool
+(``spool.py``). While spooling, every batch goes straight to the spool and a task probes PostgreSQL with a growing
+backoff; when it answers, the spool is replayed into it in order and writing switches back once the spool is empty,
+so rows reach PostgreSQL in the order they committed. Row keys (``pgsql.row_key``) make a replayed row that had
+landed a no-op. A spool left at shutdown is replayed by the next start.
 """
 
 from __future__ import annotations

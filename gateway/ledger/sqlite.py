@@ -1,17 +1,12 @@
-"""The audit ledger in a SQLite file (WAL mode): the default engine, group-committed (``commits.py``).
+"""The audit ledger in a SQLite file, the default engine.
 
-Promise: ``await Ledger.record(row)`` returns only after the transaction holding the row has committed, and the
-router awaits it before it answers. With ``synchronous="NORMAL"`` (the default) a committed row is in the WAL but
-not fsynced: it survives the gateway being killed, and is lost only if the machine loses power or its kernel crashes
-before the WAL reaches the disk (the OS's flush, typically within 30 s, or the next checkpoint, which fsyncs, at
-least every ``CHECKPOINT_INTERVAL_S`` while rows arrive). ``"FULL"`` fsyncs every commit and survives power loss
-too, at a cost that depends on the disk (``bench/bench_audit.py``).
-
-With NORMAL a commit runs on the event loop (it only appends to the WAL) and never waits there for a lock another
-connection holds: that batch is committed from a worker thread instead. Checkpoints and retention run in a
-maintenance thread with its own connection. With FULL every commit runs in a worker thread. ``PRAGMA user_version``
-is the schema version, brought up to ``len(MIGRATIONS)`` when a ledger opens; ids are never reused, which is what
-``tail`` follows. ``SqliteReader`` reads the file read-only.
+Promise: ``await Ledger.record(row)`` returns only once the transaction holding the row has committed (group commit,
+``commits.py``), and the router awaits it before it answers. In WAL mode with ``synchronous="NORMAL"`` (the default)
+a committed row survives the gateway being killed; only a power loss or a kernel crash before the WAL reaches the
+disk (the OS's flush, typically within 30 s, or the next checkpoint, at most ``CHECKPOINT_INTERVAL_S`` later while
+rows arrive) can lose it. ``"FULL"`` fsyncs every commit and survives those too. A NORMAL commit runs on the event
+loop and never waits there for another connection's lock; checkpoints and retention run in a maintenance thread.
+``PRAGMA user_version`` is the schema version, migrated on open. ``SqliteReader`` reads the file read-only.
 """
 
 from __future__ import annotations
