@@ -24,7 +24,8 @@ from typing import Any, Literal
 import anyio
 
 from gateway.ledger.engines import AuditLedger
-from gateway.ledger.sqlite import AuditRecord, AuditStep, Ledger, arg_previews, args_hash
+from gateway.ledger.records import AuditRecord, AuditStep, arg_previews, args_hash
+from gateway.ledger.sqlite import Ledger
 
 ARGUMENTS = {"query": "how does the fallback ladder pick a cheaper mode " * 3, "mode": "full", "limit": 10}
 

@@ -84,7 +84,7 @@ sys.path.insert(0, str(ROOT))
 from bench.procs import LOOPBACK, Proc, cmdline, descendants, free_port, say, vm_kb  # noqa: E402
 from bench.procs import Procs as ProcsBase  # noqa: E402
 from bench.run_env import environment, load_average  # noqa: E402
-from gateway.ledger.sqlite import args_hash  # noqa: E402  (the ledger's own definition of a call's identity)
+from gateway.ledger.records import args_hash  # noqa: E402  (the ledger's own definition of a call's identity)
 
 ECHO = ROOT / "tests" / "fixtures" / "echo_server.py"
 FAKE_CLI = ROOT / "tests" / "fixtures" / "fake_cli.py"

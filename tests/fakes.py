@@ -19,7 +19,7 @@ from anyio.abc import TaskStatus
 
 from gateway.backends.base import Backend, BackendBase, BackendState, BackendStatus, ProgressFn
 from gateway.calls import NO_UPSTREAM, Upstream
-from gateway.ledger.sqlite import AuditRecord
+from gateway.ledger.records import AuditRecord
 
 __all__ = ["BLOCK", "FakeBackend", "FakeRecorder", "make_tool", "text_result"]
 

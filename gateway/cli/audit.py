@@ -14,15 +14,17 @@ import json
 import re
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
 import anyio
 
 from gateway.errors import AuditError
-from gateway.ledger.engines import is_url, query, redact_url, stats, tail
-from gateway.ledger.sqlite import KINDS, STATUSES, AuditRecord, ToolStats
+from gateway.ledger.engines import open_reader
+from gateway.ledger.readers import Filters, ToolStats
+from gateway.ledger.records import KINDS, STATUSES, AuditRecord
+from gateway.ledger.urls import is_url, redact_url
 
 _RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -218,6 +220,7 @@ def add_audit_subcommands(
     tail_parser.add_argument("-n", "--lines", type=int, default=10, help="how many recent calls to show first")
     tail_parser.add_argument("-f", "--follow", action="store_true", help="keep printing calls as they are recorded")
     tail_parser.add_argument("--interval", type=float, default=0.5, help="seconds between polls with --follow")
+    tail_parser.set_defaults(since=None, until=None)
     query_parser = commands.add_parser("query", parents=[common, filters, window], help="list calls matching filters")
     query_parser.add_argument("--limit", type=int, default=100, help="the most (newest) calls to list; 0 for all")
     commands.add_parser("stats", parents=[common, filters, window], help="per-tool calls, error rates and latency")
@@ -247,27 +250,10 @@ def run_audit(
     out = sys.stdout if stdout is None else stdout
     err = sys.stderr if stderr is None else stderr
     try:
-        if args.audit_command == "query":
-            records = query(
-                args.db,
-                tool=args.tool,
-                status=args.status,
-                client=args.client,
-                since=args.since,
-                until=args.until,
-                limit=args.limit or None,
-                kind=args.kind,
-            )
-            print(render_records(records, args.json), file=out)
-        elif args.audit_command == "stats":
-            items = stats(
-                args.db, since=args.since, until=args.until, tool=args.tool, client=args.client, kind=args.kind
-            )
-            print(render_stats(items, args.json), file=out)
-        elif args.audit_command == "copy":
+        if args.audit_command == "copy":
             _run_copy(args, out)
         else:
-            _run_tail(args, out, sleep)
+            _run_read(args, out, sleep)
     except AuditError as exc:
         print(f"gateway audit: {exc}", file=err)
         return 1
@@ -281,25 +267,28 @@ def _run_copy(args: argparse.Namespace, out: TextIO) -> None:
         raise AuditError("gateway audit copy needs --to postgresql://... (or gateway.audit.url in the config).")
     if is_url(args.db):
         raise AuditError("gateway audit copy reads a SQLite ledger file (--db), not a URL.")
-    from gateway.ledger.postgres import copy_ledger
+    from gateway.ledger.pgsql import copy_ledger
 
     copied, skipped = anyio.run(copy_ledger, args.db, args.to)
     print(f"copied {copied} row(s) from {args.db} into {redact_url(args.to)}; {skipped} were there already", file=out)
 
 
-def _run_tail(args: argparse.Namespace, out: TextIO, sleep: Callable[[float], None]) -> None:
-    rows = tail(
-        args.db,
-        tool=args.tool,
-        status=args.status,
-        client=args.client,
-        last=args.lines,
-        follow=args.follow,
-        poll_interval=args.interval,
-        sleep=sleep,
-        kind=args.kind,
+def _run_read(args: argparse.Namespace, out: TextIO, sleep: Callable[[float], None]) -> None:
+    reader = open_reader(args.db)
+    filters = Filters(
+        tool=args.tool, status=args.status, client=args.client, kind=args.kind, since=args.since, until=args.until
     )
-    if args.json:
+    if args.audit_command == "query":
+        print(render_records(reader.query(filters, limit=args.limit or None), args.json), file=out)
+    elif args.audit_command == "stats":
+        print(render_stats(reader.stats(filters), args.json), file=out)
+    else:
+        rows = reader.tail(filters, last=args.lines, follow=args.follow, poll_interval=args.interval, sleep=sleep)
+        _print_tail(rows, args.json, out)
+
+
+def _print_tail(rows: Iterator[AuditRecord], as_json: bool, out: TextIO) -> None:
+    if as_json:
         for rec in rows:
             print(json.dumps(record_to_json(rec), ensure_ascii=False), file=out, flush=True)
         return

@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from gateway.ledger.sqlite import ToolStats
+from gateway.ledger.readers import ToolStats
 
 __all__ = ["Cost", "costs_from", "fill_placeholders"]
 

@@ -21,7 +21,7 @@ import structlog
 
 from gateway.calls import CallContext
 from gateway.errors import ECHO_CHARS
-from gateway.ledger.sqlite import AuditRecord, AuditStep, arg_previews, args_hash
+from gateway.ledger.records import AuditRecord, AuditStep, arg_previews, args_hash
 from gateway.observe.logs import redactor
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.tracing import CallTracer

@@ -32,7 +32,7 @@ from typing import Any
 import mcp_types as types
 
 from gateway.config.models import SearchHitsResult
-from gateway.ledger.sqlite import AuditStep
+from gateway.ledger.records import AuditStep
 
 __all__ = ["RESULT_META_KEY", "SCALES", "shape_result"]
 

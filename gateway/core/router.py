@@ -51,7 +51,7 @@ from gateway.errors import (
     quote,
 )
 from gateway.inputs import MAX_DEPTH, argument_problem
-from gateway.ledger.sqlite import AuditStep
+from gateway.ledger.records import AuditStep
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.tracing import CallTracer
 

@@ -44,9 +44,8 @@ from gateway.core.gate import ClientPolicy
 from gateway.core.reload import ReloadPlan, check_reload, plan_reload
 from gateway.core.router import Router
 from gateway.errors import AuditError
-from gateway.ledger.engines import AuditLedger, open_ledger
-from gateway.ledger.engines import stats as audit_stats
-from gateway.ledger.sqlite import ToolStats
+from gateway.ledger.engines import AuditLedger, open_ledger, open_reader
+from gateway.ledger.readers import Filters, ToolStats
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.tracing import CallTracer, open_tracing
 from gateway.version import VERSION
@@ -329,9 +328,8 @@ class Gateway:
             try:
                 stats = await anyio.to_thread.run_sync(
                     # Only answered calls: a refusal's or a timeout's size says nothing about what the tool costs.
-                    functools.partial(
-                        audit_stats, target, since=time.time() - COSTS_WINDOW_S, status="ok", kind="tools/call"
-                    )
+                    open_reader(target).stats,
+                    Filters(since=time.time() - COSTS_WINDOW_S, status="ok", kind="tools/call"),
                 )
             except AuditError as exc:
                 log.warning("costs.ledger_unreadable", error=str(exc))

@@ -1,64 +1,43 @@
 """The audit ledger in PostgreSQL, with a local SQLite spool for when PostgreSQL is unreachable.
 
-Guarantee, as the SQLite ledger's: ``await PgLedger.record(row)`` returns only after a transaction holding the row
-has committed: in PostgreSQL, or, while PostgreSQL cannot be reached, in the spool (a local SQLite ledger file with
-the same schema, ``audit.py``'s durability). Rows are group-committed as in ``audit.py``: the caller that opens a
-batch leads it, the callers that arrive while it commits form the next one, one transaction per batch (one
-multi-row ``INSERT`` on an autocommit connection: one round trip).
-
-Spooling: a batch whose PostgreSQL commit fails, or does not answer within ``write_timeout_s``, is committed to the
-spool instead and the ledger switches to spooling: every later batch goes straight to the spool (the answer waits
-only for that commit) and a replay task probes PostgreSQL with a growing backoff. When PostgreSQL answers, the task
-copies the spool into it in order, a chunk per transaction, deleting each chunk from the spool after its commit, and
-switches back to PostgreSQL under the writer's lock once the spool is empty, so rows reach PostgreSQL in the order
-they were committed. Every row carries an idempotency key (``row_key``: a hash of the row's identity columns, the
-call's correlation id and time among them) with a unique index, and every insert is ``ON CONFLICT DO NOTHING``: a
-batch whose commit timed out but did land, a chunk replayed again after a crash between its commit and its deletion
-from the spool, or a ledger copied twice, leaves one row each. A spool left with rows at shutdown is replayed by the
-next start.
-
-Schema: ``audit.MIGRATIONS`` is the one list both engines apply (``_pg_ddl`` translates SQLite's column types); the
-version lives in the table ``ledger_schema``, and migrations run under an advisory lock, so replicas starting
-together migrate once. ``row_key`` is PostgreSQL's own addition. The URL's password is never shown: messages use
-``ledgers.redact_url`` and psycopg's texts are scrubbed of it.
+Promise, as the SQLite ledger's: ``await PgLedger.record(row)`` returns only once a transaction holding the row has
+committed, in PostgreSQL or, while PostgreSQL fails or is slower than ``write_timeout_s``, in the spool
+(``spool.py``). While spooling, every batch goes straight to the spool and a task probes PostgreSQL with a growing
+backoff; when it answers, the spool is replayed into it in order and writing switches back once the spool is empty,
+so rows reach PostgreSQL in the order they committed. Row keys (``pgsql.row_key``) make a replayed row that had
+landed a no-op. A spool left at shutdown is replayed by the next start.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
-import re
 import sqlite3
 import time
-from collections.abc import AsyncGenerator, Callable, Generator, Sequence
+from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Final, Self, Unpack
+from typing import Any, Final
 
 import anyio
 import anyio.abc
 import anyio.to_thread
 import psycopg
-import psycopg.conninfo
-import psycopg.errors
 import psycopg_pool
 import structlog
 
 from gateway.errors import AuditError
-from gateway.ledger import sqlite as audit
-from gateway.ledger.engines import redact_url, scrub_url
-from gateway.ledger.sqlite import (
+from gateway.ledger.commits import (
+    DEFAULT_MAX_PENDING,
     MAX_BATCH,
-    MIGRATIONS,
-    AuditRecord,
-    Filters,
+    PRUNE_CHUNK,
+    PRUNE_INTERVAL_S,
+    GroupCommit,
     LedgerStatistics,
-    TailFilters,
-    ToolStats,
-    _GroupCommit,
 )
+from gateway.ledger.pgsql import CONNECT_TIMEOUT_S, FAILURES, conninfo, describe, insert, migrate
+from gateway.ledger.spool import Spool
+from gateway.ledger.urls import redact_url
 
 _log = structlog.get_logger(__name__)
 # The pool logs a warning per failed reconnection attempt (several a second while PostgreSQL is down); the ledger's
@@ -66,173 +45,15 @@ _log = structlog.get_logger(__name__)
 logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
 
 WRITE_TIMEOUT_S: Final = 2.0  # a PostgreSQL commit slower than this is committed to the spool instead
-CONNECT_TIMEOUT_S: Final = 5  # libpq's connect_timeout, unless the URL sets one: bounds a connection to a dead host
 REPLAY_TIMEOUT_S: Final = 30.0  # one replay pass (connect, migrate, a chunk): a hung server is abandoned and retried
 PROBE_MIN_S: Final = 0.1  # the replay task's first wait after PostgreSQL failed; doubles up to PROBE_MAX_S
 PROBE_MAX_S: Final = 2.0
 CLOSE_REPLAY_S: Final = 5.0  # at shutdown, how long the spool may still be replayed; what is left waits for next start
 POOL_SIZE: Final = 3  # the writer, the replay task, and a timed-out write still being cancelled
-SCHEMA_LOCK: Final = 0x6761_7465_6175  # pg_advisory_xact_lock key: one migrating replica at a time
-TAIL_WINDOW: Final = 1000  # ids below the highest seen that tail re-reads: rows whose transactions committed late
-
-_NAMES: Final = tuple(name.strip() for name in audit._COLUMNS.split(","))
-_KEY_COLUMNS: Final = ("ts", "correlation_id", "session_id", "caller", "tool", "status", "duration_ms", "args_hash")
-_KEY_INDEX: Final = tuple(_NAMES.index(name) for name in _KEY_COLUMNS)
-_INSERT: Final = f"INSERT INTO calls ({audit._COLUMNS}, row_key) VALUES "
-_ROW: Final = f"({', '.join(['%s'] * (len(_NAMES) + 1))})"
-_ON_CONFLICT: Final = " ON CONFLICT (row_key) DO NOTHING"
-_EXTRAS: Final = (  # PostgreSQL's own, after the shared migrations: the idempotency key
-    "ALTER TABLE calls ADD COLUMN IF NOT EXISTS row_key TEXT",
-    "CREATE UNIQUE INDEX IF NOT EXISTS calls_row_key ON calls (row_key)",
-)
-_TYPES: Final = (
-    (
-        re.compile(r"\bINTEGER\s+PRIMARY\s+KEY\s+AUTOINCREMENT\b", re.I),
-        "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY",
-    ),
-    (re.compile(r"\bREAL\b", re.I), "DOUBLE PRECISION"),  # PostgreSQL's REAL is 4 bytes: a unix time needs 8
-    (re.compile(r"\bINTEGER\b", re.I), "BIGINT"),
-)
-_FAILURES: Final = (psycopg.Error, psycopg_pool.PoolTimeout, TimeoutError, OSError)
 
 
-def _pg_ddl(statement: str) -> str:
-    """A shared migration statement in PostgreSQL's types (the identity column, 8-byte floats and integers)."""
-    for pattern, replacement in _TYPES:
-        statement = pattern.sub(replacement, statement)
-    return statement
-
-
-def row_key(row: Sequence[Any]) -> str:
-    """A row's idempotency key: 32 hex digits of the SHA-256 of its identity columns (in ``_COLUMNS`` order)."""
-    identity = [row[i] for i in _KEY_INDEX]
-    return hashlib.sha256(json.dumps(identity, ensure_ascii=False).encode("utf-8", "surrogatepass")).hexdigest()[:32]
-
-
-def _text(value: Any) -> Any:
-    """A value as PostgreSQL's text accepts it: NUL (which SQLite keeps) and lone surrogates become U+FFFD."""
-    if not isinstance(value, str) or value.isascii() and "\x00" not in value:
-        return value
-    value = value.replace("\x00", "\ufffd")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        value = value.encode("utf-8", "replace").decode("utf-8")
-    return value
-
-
-def _params(row: Sequence[Any]) -> list[Any]:
-    return [*(_text(v) for v in row), row_key(row)]
-
-
-def _conninfo(url: str) -> str:
-    """``url`` with libpq's ``connect_timeout`` (unless it sets one) and an application name."""
-    try:
-        given = psycopg.conninfo.conninfo_to_dict(url)
-    except psycopg.Error as exc:
-        raise AuditError(f"gateway.audit.url is not a PostgreSQL URL: {scrub_url(str(exc), url)}") from None
-    extra: dict[str, Any] = {}
-    if "connect_timeout" not in given:
-        extra["connect_timeout"] = CONNECT_TIMEOUT_S
-    if "application_name" not in given:
-        extra["application_name"] = "gateway-audit"
-    return psycopg.conninfo.make_conninfo(url, **extra)
-
-
-def _why(exc: BaseException, url: str) -> str:
-    if isinstance(exc, TimeoutError):
-        return "PostgreSQL did not answer in time"
-    text = str(exc).strip() or type(exc).__name__
-    return scrub_url(" ".join(text.split()), url)
-
-
-async def _migrate(conn: psycopg.AsyncConnection[Any], url: str) -> None:
-    """Bring the database's schema up to ``len(MIGRATIONS)``, one transaction per step, under the schema lock."""
-    latest = len(MIGRATIONS)
-    while True:
-        async with conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
-            await conn.execute("CREATE TABLE IF NOT EXISTS ledger_schema (version INTEGER NOT NULL)")
-            cur = await conn.execute("SELECT version FROM ledger_schema")
-            found = await cur.fetchone()
-            if found is None:
-                await conn.execute("INSERT INTO ledger_schema (version) VALUES (0)")
-                version = 0
-            else:
-                version = int(found[0])
-            if version > latest:
-                raise AuditError(
-                    f"The audit ledger at {redact_url(url)} has schema version {version}, newer than this gateway's "
-                    f"{latest}; upgrade the gateway or point audit.url at another database."
-                )
-            if version == latest:
-                for statement in _EXTRAS:
-                    await conn.execute(statement)
-                return
-            for statement in MIGRATIONS[version]:
-                await conn.execute(_pg_ddl(statement))
-            await conn.execute("UPDATE ledger_schema SET version = %s", (version + 1,))
-
-
-async def _insert(conn: psycopg.AsyncConnection[Any], rows: Sequence[Sequence[Any]]) -> int:
-    """Insert ``rows`` with one statement on an autocommit connection (one round trip, one transaction), skipping
-    those already there; return how many were new."""
-    params = [value for row in rows for value in _params(row)]
-    cur = await conn.execute(_INSERT + ", ".join([_ROW] * len(rows)) + _ON_CONFLICT, params)
-    return max(cur.rowcount, 0)
-
-
-# --- the spool --------------------------------------------------------------------------------------------------
-
-
-class _Spool:
-    """A local SQLite ledger file (``audit.py``'s schema, WAL, synchronous NORMAL) used as a queue: rows are
-    appended in batches and read back, oldest first, by id. One connection, used on the event loop only: every
-    operation is one short transaction without an fsync (a commit appends to the WAL)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            if not path.exists():
-                os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))  # previews may be sensitive
-            self._conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=5.0)
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA synchronous=NORMAL")
-            audit._migrate(self._conn, path)
-            self.count: int = self._conn.execute("SELECT count(*) FROM calls").fetchone()[0]
-        except (OSError, sqlite3.Error) as exc:
-            raise AuditError(f"Cannot open the audit spool at {path}: {exc}.") from exc
-
-    def append(self, rows: Sequence[Sequence[Any]]) -> None:
-        conn = self._conn
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.executemany(audit._INSERT, rows)
-            conn.execute("COMMIT")
-        except sqlite3.Error:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        self.count += len(rows)
-
-    def head(self, limit: int) -> tuple[int, list[tuple[Any, ...]]]:
-        """The oldest ``limit`` rows and the id of the last of them (0 when the spool is empty)."""
-        found = self._conn.execute(f"SELECT id, {audit._COLUMNS} FROM calls ORDER BY id LIMIT ?", (limit,)).fetchall()
-        return (found[-1][0] if found else 0), [tuple(row[1:]) for row in found]
-
-    def drop(self, upto: int) -> None:
-        self.count -= self._conn.execute("DELETE FROM calls WHERE id <= ?", (upto,)).rowcount
-
-    def close(self) -> None:
-        self._conn.close()
-
-
-# --- the write side ---------------------------------------------------------------------------------------------
-
-
-class PgLedger(_GroupCommit, anyio.AsyncContextManagerMixin):
-    """The write side of a PostgreSQL ledger; see the module docstring. Single-use, like ``audit.Ledger``.
+class PgLedger(GroupCommit):
+    """The write side of a PostgreSQL ledger; see the module docstring. Single-use, like ``sqlite.Ledger``.
 
     Args:
         url: a libpq URL (``postgresql://user:password@host:port/db``; or leave the password to ``PGPASSWORD`` or
@@ -249,17 +70,17 @@ class PgLedger(_GroupCommit, anyio.AsyncContextManagerMixin):
         *,
         spool_path: str | os.PathLike[str],
         retention_days: float | None = None,
-        max_pending: int = audit.DEFAULT_MAX_PENDING,
+        max_pending: int = DEFAULT_MAX_PENDING,
         write_timeout_s: float = WRITE_TIMEOUT_S,
-        prune_interval_s: float = audit.PRUNE_INTERVAL_S,
+        prune_interval_s: float = PRUNE_INTERVAL_S,
     ) -> None:
         super().__init__(retention_days=retention_days, max_pending=max_pending, prune_interval_s=prune_interval_s)
         self._url = url
-        self._conninfo = _conninfo(url)
+        self._conninfo = conninfo(url)
         self._spool_path = Path(spool_path)
         self._write_timeout_s = write_timeout_s
         self._pool: psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
-        self._spool: _Spool | None = None
+        self._spool: Spool | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._slots: anyio.Semaphore = anyio.Semaphore(max_pending, fast_acquire=True)
         # Held while a batch commits, and while replay switches back.
@@ -270,7 +91,7 @@ class PgLedger(_GroupCommit, anyio.AsyncContextManagerMixin):
         self._spooling = False
         self._migrated = False
         self._problem: str | None = None
-        self._rows_spooled = self._rows_replayed = 0
+        self._rows_replayed = 0
 
     @property
     def disabled(self) -> bool:
@@ -279,10 +100,6 @@ class PgLedger(_GroupCommit, anyio.AsyncContextManagerMixin):
     @property
     def target(self) -> str:
         return self._url
-
-    @property
-    def spool_path(self) -> Path:
-        return self._spool_path
 
     def statistics(self) -> LedgerStatistics:
         return self._statistics(
@@ -293,11 +110,9 @@ class PgLedger(_GroupCommit, anyio.AsyncContextManagerMixin):
         )
 
     @asynccontextmanager
-    async def __asynccontextmanager__(self) -> AsyncGenerator[Self]:
-        if self._state != "new":
-            raise RuntimeError("A PgLedger cannot be reopened once closed; create a new one.")
-        spool = self._spool = await anyio.to_thread.run_sync(_Spool, self._spool_path)
-        pool: psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[Any]] = psycopg_pool.AsyncConnectionPool(
+    async def _engine(self) -> AsyncGenerator[None]:
+        spool = self._spool = await anyio.to_thread.run_sync(Spool, self._spool_path)
+        pool = self._pool = psycopg_pool.AsyncConnectionPool(
             self._conninfo,
             min_size=1,
             max_size=POOL_SIZE,
@@ -307,15 +122,14 @@ class PgLedger(_GroupCommit, anyio.AsyncContextManagerMixin):
             kwargs={"autocommit": True},  # each insert is one statement: its own transaction, one round trip
             name="audit-ledger",
         )
-        self._pool = pool
         try:
             await pool.open(wait=False)
             try:
                 with anyio.fail_after(CONNECT_TIMEOUT_S):
                     async with pool.connection() as conn:
-                        await _migrate(conn, self._url)
+                        await migrate(conn, self._url)
                 self._migrated = True
-            except _FAILURES as exc:
+            except FAILURES as exc:
                 self._enter_spooling(exc, "at start")
             if spool.count:
                 self._spooling = True  # older rows first: replay them before writing to PostgreSQL
@@ -325,31 +139,27 @@ class PgLedger(_GroupCommit, anyio.AsyncContextManagerMixin):
                 tg.start_soon(self._replay_loop, name="audit-ledger:replay")
                 if self._retention_s is not None:
                     tg.start_soon(self._prune_loop, name="audit-ledger:prune")
-                self._state = "open"
                 try:
-                    yield self
+                    yield
                 finally:
-                    await self._drain()
-                    with anyio.CancelScope(shield=True):
+                    with anyio.CancelScope(shield=True), anyio.move_on_after(CLOSE_REPLAY_S):
                         if spool.count and not self._problem:
-                            with anyio.move_on_after(CLOSE_REPLAY_S):
-                                try:
-                                    await self._replay_once()
-                                except (*_FAILURES, AuditError) as exc:  # what is left waits for the next start
-                                    self._problem = _why(exc, self._url)
+                            try:
+                                await self._replay_once()
+                            except (*FAILURES, AuditError) as exc:  # what is left waits for the next start
+                                self._problem = describe(exc, self._url)
                     tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
                 await pool.close(timeout=1.0)
                 spool.close()
-                if spool.count:
-                    _log.warning(
-                        "audit.spool_left",
-                        spool=str(self._spool_path),
-                        rows=spool.count,
-                        message="rows wait in the spool; the next start replays them into PostgreSQL",
-                    )
-            self._state = "closed"
+            if spool.count:
+                _log.warning(
+                    "audit.spool_left",
+                    spool=str(self._spool_path),
+                    rows=spool.count,
+                    message="rows wait in the spool; the next start replays them into PostgreSQL",
+                )
 
     async def _commit_batch(self, rows: list[tuple[Any, ...]]) -> str | None:
         """Commit ``rows`` to PostgreSQL or, when spooling or when that fails or is slow, to the spool."""
@@ -375,7 +185,6 @@ class PgLedger(_GroupCommit, anyio.AsyncContextManagerMixin):
             self._spool.append(rows)
         except sqlite3.Error as exc:
             return f"Could not write {len(rows)} row(s) to the audit spool at {self._spool_path}: {exc}."
-        self._rows_spooled += len(rows)
         self._count_commit(len(rows))
         self._wake.set()
         return None
@@ -391,15 +200,15 @@ class PgLedger(_GroupCommit, anyio.AsyncContextManagerMixin):
         try:
             with scope:
                 async with self._pool.connection() as conn:
-                    await _insert(conn, rows)
+                    await insert(conn, rows)
                 outcome.append(None)
-        except _FAILURES as exc:
+        except FAILURES as exc:
             outcome.append(exc)
         finally:
             done.set()
 
     def _enter_spooling(self, exc: BaseException | None, when: str) -> None:
-        why = "the schema is not migrated yet" if exc is None else _why(exc, self._url)
+        why = "the schema is not migrated yet" if exc is None else describe(exc, self._url)
         self._problem = why
         if not self._spooling:
             self._spooling = True
@@ -425,8 +234,8 @@ class PgLedger(_GroupCommit, anyio.AsyncContextManagerMixin):
                     with anyio.fail_after(REPLAY_TIMEOUT_S):
                         await self._replay_once()
                     delay = PROBE_MIN_S
-                except (*_FAILURES, AuditError) as exc:  # AuditError: a newer gateway migrated the database meanwhile
-                    self._problem = _why(exc, self._url)
+                except (*FAILURES, AuditError) as exc:  # AuditError: a newer gateway migrated the database meanwhile
+                    self._problem = describe(exc, self._url)
                     await anyio.sleep(delay)
                     delay = min(delay * 2, PROBE_MAX_S)
 
@@ -436,12 +245,12 @@ class PgLedger(_GroupCommit, anyio.AsyncContextManagerMixin):
         spool = self._spool
         async with self._replaying, self._pool.connection() as conn:
             if not self._migrated:
-                await _migrate(conn, self._url)
+                await migrate(conn, self._url)
                 self._migrated = True
             while True:
                 upto, rows = spool.head(MAX_BATCH)
                 if rows:
-                    await _insert(conn, rows)
+                    await insert(conn, rows)
                     spool.drop(upto)  # after the commit; a crash in between replays them again: no-op
                     self._rows_replayed += len(rows)
                     continue
@@ -470,148 +279,11 @@ class PgLedger(_GroupCommit, anyio.AsyncContextManagerMixin):
                             cur = await conn.execute(
                                 "DELETE FROM calls WHERE id IN"
                                 " (SELECT id FROM calls WHERE ts < %s ORDER BY ts LIMIT %s)",
-                                (time.time() - self._retention_s, audit.PRUNE_CHUNK),
+                                (time.time() - self._retention_s, PRUNE_CHUNK),
                             )
                             self._rows_pruned += max(cur.rowcount, 0)
-                            if cur.rowcount < audit.PRUNE_CHUNK:
+                            if cur.rowcount < PRUNE_CHUNK:
                                 break
-            except _FAILURES as exc:
-                _log.warning("audit.maintenance_failed", url=redact_url(self._url), error=_why(exc, self._url))
+            except FAILURES as exc:
+                _log.warning("audit.maintenance_failed", url=redact_url(self._url), error=describe(exc, self._url))
             await anyio.sleep(self._prune_interval_s)
-
-
-# --- the read side ----------------------------------------------------------------------------------------------
-
-
-def _connect(url: str) -> psycopg.Connection[Any]:
-    try:
-        conn = psycopg.connect(_conninfo(url), autocommit=True)
-    except psycopg.Error as exc:
-        raise AuditError(f"Cannot read the audit ledger at {redact_url(url)}: {_why(exc, url)}.") from None
-    try:
-        found = conn.execute("SELECT version FROM ledger_schema").fetchone()
-    except psycopg.errors.UndefinedTable:
-        conn.close()
-        raise AuditError(f"There is no audit ledger in the database at {redact_url(url)}.") from None
-    except psycopg.Error as exc:
-        conn.close()
-        raise AuditError(f"Cannot read the audit ledger at {redact_url(url)}: {_why(exc, url)}.") from None
-    version = 0 if found is None else int(found[0])
-    latest = len(MIGRATIONS)
-    if version != latest:
-        conn.close()
-        raise AuditError(
-            f"The audit ledger at {redact_url(url)} has schema version {version} and this gateway reads version "
-            f"{latest}; " + ("upgrade the gateway." if version > latest else "a gateway writing to it migrates it.")
-        )
-    return conn
-
-
-def _pg(sql: str) -> str:
-    """A statement of ``audit``'s read side (``?`` placeholders) in psycopg's (``%s``); no ``?`` is ever literal."""
-    return sql.replace("?", "%s")
-
-
-def _read(url: str, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
-    conn = _connect(url)
-    try:
-        return conn.execute(_pg(sql), params).fetchall()
-    except psycopg.Error as exc:
-        raise AuditError(f"Cannot read the audit ledger at {redact_url(url)}: {_why(exc, url)}.") from None
-    finally:
-        conn.close()
-
-
-def query(url: str, *, limit: int | None = 100, **filters: Unpack[Filters]) -> list[AuditRecord]:
-    """``audit.query`` over a PostgreSQL ledger."""
-    return [audit._decode(row) for row in reversed(_read(url, *audit._query_sql(limit, **filters)))]
-
-
-def stats(url: str, **filters: Unpack[Filters]) -> list[ToolStats]:
-    """``audit.stats`` over a PostgreSQL ledger."""
-    return audit._tool_stats(_read(url, *audit._stats_sql(**filters)))
-
-
-def tail(
-    url: str,
-    *,
-    last: int = 10,
-    follow: bool = True,
-    poll_interval: float = 0.5,
-    sleep: Callable[[float], None] = time.sleep,
-    **filters: Unpack[TailFilters],
-) -> Generator[AuditRecord]:
-    """``audit.tail`` over a PostgreSQL ledger. Several writers (replicas) commit out of id order, so each poll also
-    re-reads the ``TAIL_WINDOW`` ids below the highest seen and skips the rows it has yielded."""
-    where, params = audit._where(**filters)
-    where = _pg(where)
-    conn = _connect(url)
-    columns = f"id, {audit._COLUMNS}"
-    try:
-        found = conn.execute("SELECT coalesce(max(id), 0) FROM calls").fetchone()
-        top = 0 if found is None else int(found[0])
-        rows = conn.execute(
-            f"SELECT {columns} FROM calls WHERE id <= %s AND {where} ORDER BY id DESC LIMIT %s",
-            [top, *params, last],
-        ).fetchall()
-        # Every row already there counts as seen (shown or not); only rows committed later are news.
-        window = conn.execute("SELECT id FROM calls WHERE id > %s AND id <= %s", [top - TAIL_WINDOW, top]).fetchall()
-        yielded = {row[0] for row in window}
-        yield from (audit._decode(row[1:]) for row in reversed(rows))
-        while follow:
-            sleep(poll_interval)
-            low = top - TAIL_WINDOW
-            rows = conn.execute(
-                f"SELECT {columns} FROM calls WHERE id > %s AND {where} ORDER BY id",
-                [low, *params],
-            ).fetchall()
-            for row in rows:
-                if row[0] not in yielded:
-                    yielded.add(row[0])
-                    yield audit._decode(row[1:])
-            top = max([top, *(row[0] for row in rows)])
-            yielded = {i for i in yielded if i > top - TAIL_WINDOW}
-    except psycopg.Error as exc:
-        raise AuditError(f"Cannot read the audit ledger at {redact_url(url)}: {_why(exc, url)}.") from None
-    finally:
-        conn.close()
-
-
-# --- copy -------------------------------------------------------------------------------------------------------
-
-
-def _chunk_after(source: sqlite3.Connection, after: int, chunk: int) -> list[tuple[Any, ...]]:
-    sql = f"SELECT id, {audit._COLUMNS} FROM calls WHERE id > ? ORDER BY id LIMIT ?"
-    return source.execute(sql, (after, chunk)).fetchall()
-
-
-async def copy_ledger(path: str | os.PathLike[str], url: str, *, chunk: int = 5000) -> tuple[int, int]:
-    """Copy the SQLite ledger at ``path`` into the PostgreSQL ledger at ``url`` (migrating it first), in id order, one
-    transaction per ``chunk`` rows. Rows already there (same ``row_key``) are skipped, so a re-run copies nothing
-    twice. Returns (rows copied, rows already there).
-
-    Raises:
-        AuditError: either ledger cannot be read or written.
-    """
-    source = audit._connect_readonly(path)
-    copied = skipped = 0
-    try:
-        async with await psycopg.AsyncConnection.connect(_conninfo(url), autocommit=True) as conn:
-            await _migrate(conn, url)
-            after = 0
-            while True:
-                found = _chunk_after(source, after, chunk)  # a local read-only file: short
-                if not found:
-                    break
-                rows = [tuple(row[1:]) for row in found]
-                new = await _insert(conn, rows)
-                copied += new
-                skipped += len(rows) - new
-                after = found[-1][0]
-    except psycopg.Error as exc:
-        raise AuditError(f"Cannot copy into the audit ledger at {redact_url(url)}: {_why(exc, url)}.") from None
-    except sqlite3.Error as exc:
-        raise AuditError(f"Cannot read the audit ledger at {path}: {exc}.") from exc
-    finally:
-        source.close()
-    return copied, skipped

@@ -31,7 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
-from gateway.ledger.sqlite import LedgerStatistics
+from gateway.ledger.commits import LedgerStatistics
 
 __all__ = [
     "CONTENT_TYPE",

@@ -34,7 +34,7 @@ from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
 
 from gateway.config.models import TracingSettings
 from gateway.errors import ConfigError
-from gateway.ledger.sqlite import ERROR_STATUSES
+from gateway.ledger.records import ERROR_STATUSES
 from gateway.observe.metrics import SERVED_OUTCOMES
 
 __all__ = ["SHUTDOWN_TIMEOUT_S", "CallTracer", "open_tracing"]

@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from gateway.config.models import parse_config
 from gateway.errors import ConfigError
-from gateway.ledger.sqlite import query
+from gateway.ledger.engines import open_reader
 from tests.fixtures.gateway_proc import PYTHON, echo_argv, mcp_session, run_gateway
 from tests.fixtures.identity import IdentityProvider, start_identity_provider
 from tests.fixtures.procs import RunningServer, free_port
@@ -293,8 +293,8 @@ async def test_a_valid_token_calls_a_tool_and_the_ledger_names_the_caller_never_
                 assert renewed.status_code == 200, renewed.text
 
         ledger = tmp_path / "audit.db"
-        await eventually(lambda: len(query(tmp_path / "audit.db")) == 3)
-        rows = query(ledger)
+        await eventually(lambda: len(open_reader(tmp_path / "audit.db").query()) == 3)
+        rows = open_reader(ledger).query()
         assert [(row.caller, row.tool, row.status) for row in rows] == [
             ("test-idp:alpha", "echo", "ok"),
             ("test-idp:ada", "echo", "ok"),

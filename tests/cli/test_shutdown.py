@@ -23,7 +23,7 @@ import mcp_types as types
 import pytest
 
 from gateway.core.router import META_KEY
-from gateway.ledger.sqlite import query
+from gateway.ledger.engines import open_reader
 from tests.fixtures.gateway_proc import FIXTURES, PYTHON, mcp_session, run_gateway
 from tests.fixtures.procs import RunningServer, read_pids
 from tests.fixtures.waiting import eventually
@@ -174,7 +174,7 @@ async def a_call_in_flight(server: RunningServer, pidfile: Path) -> AsyncIterato
 
 
 def rows(folder: Path) -> list[tuple[str, str]]:
-    return [(row.correlation_id, row.status) for row in query(folder / "audit.db", limit=None)]
+    return [(row.correlation_id, row.status) for row in open_reader(folder / "audit.db").query(limit=None)]
 
 
 def answer_of(answers: Answers) -> tuple[str, str]:

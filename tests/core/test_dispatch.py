@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from gateway.config.models import parse_config
 from gateway.core.runtime import Gateway
 from gateway.front.face import Face
-from gateway.ledger.sqlite import query
+from gateway.ledger.engines import open_reader
 from gateway.observe.tracing import CallTracer
 from tests.fixtures.gateway_proc import FIDELITY, PYTHON
 
@@ -51,9 +51,10 @@ servers:
 
 
 def _rows(gateway: Gateway) -> list[tuple[str, str, str, list[str]]]:
-    assert gateway.ledger is not None and gateway.ledger.path is not None
+    assert gateway.ledger is not None and gateway.ledger.target is not None
     return [
-        (r.kind, r.tool, r.status, [f"{s.provider}:{s.outcome}" for s in r.chain]) for r in query(gateway.ledger.path)
+        (r.kind, r.tool, r.status, [f"{s.provider}:{s.outcome}" for s in r.chain])
+        for r in open_reader(gateway.ledger.target).query()
     ]
 
 

@@ -14,7 +14,8 @@ from gateway.calls import Declared
 from gateway.config.models import Clients
 from gateway.core.costs import Cost, costs_from, fill_placeholders
 from gateway.core.gate import ClientPolicy
-from gateway.ledger.sqlite import ToolStats, query
+from gateway.ledger.engines import open_reader
+from gateway.ledger.readers import Filters, ToolStats
 from tests.fixtures.gateway_proc import mcp_session, run_gateway
 from tests.fixtures.procs import RunningServer
 from tests.fixtures.waiting import eventually
@@ -103,7 +104,7 @@ async def test_small_and_unknown_clients_do_not_see_or_call_wiki_read_all(
     assert "wiki_read_all" not in names and "wiki_index" in names
     assert refused.is_error
     assert "files_search" in refused.content[0].text and "no context size declared" in refused.content[0].text
-    rows = [r for r in query(root / "audit.db", tool="wiki_read_all") if r.status == "refused"]
+    rows = [r for r in open_reader(root / "audit.db").query(Filters(tool="wiki_read_all")) if r.status == "refused"]
     assert rows and rows[-1].chain == ()
 
 

@@ -15,7 +15,7 @@ import mcp_types as types
 
 from gateway.config.models import SearchHitsResult
 from gateway.core.results import RESULT_META_KEY, SCALES, map_path, shape_result
-from gateway.ledger.sqlite import AuditStep
+from gateway.ledger.records import AuditStep
 
 SPEC = SearchHitsResult(
     shape="search_hits",

@@ -24,7 +24,7 @@ from gateway.errors import (
     InvalidArguments,
     ToolNotFound,
 )
-from gateway.ledger.sqlite import AuditStep, args_hash
+from gateway.ledger.records import AuditStep, args_hash
 from tests.fakes import BLOCK, FakeBackend, FakeRecorder, text_result
 
 pytestmark = pytest.mark.anyio

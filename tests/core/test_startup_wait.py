@@ -33,7 +33,7 @@ from gateway.config.models import parse_config
 from gateway.core import runtime
 from gateway.core.runtime import Gateway
 from gateway.front.face import Face
-from gateway.ledger.sqlite import query
+from gateway.ledger.engines import open_reader
 from tests.fixtures.gateway_proc import FIDELITY, PYTHON, echo_argv, run_gateway
 from tests.fixtures.waiting import eventually
 from tests.front.http.test_body import ACCEPT, MODERN_META
@@ -67,10 +67,10 @@ async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
 
 
 def _rows(gateway: Gateway) -> list[tuple[str, str, str, list[tuple[str, str, str | None]]]]:
-    assert gateway.ledger is not None and gateway.ledger.path is not None
+    assert gateway.ledger is not None and gateway.ledger.target is not None
     return [
         (r.kind, r.tool, r.status, [(s.provider, s.outcome, s.reason) for s in r.chain])
-        for r in query(gateway.ledger.path)
+        for r in open_reader(gateway.ledger.target).query()
     ]
 
 

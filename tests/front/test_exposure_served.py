@@ -19,7 +19,8 @@ import mcp_types as types
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from gateway.ledger import sqlite as audit
+from gateway.ledger.engines import open_reader
+from gateway.ledger.readers import Filters
 from tests.fixtures.gateway_proc import echo_argv, mcp_session, run_gateway
 from tests.fixtures.procs import RunningServer, free_port, start_http_server
 from tests.fixtures.waiting import eventually
@@ -119,10 +120,10 @@ async def test_the_call_tool_is_audited_under_the_real_tools_name(gateway: Runni
     ledger = tmp_path / "audit.db"
 
     def recorded() -> bool:
-        return ledger.exists() and bool(audit.query(ledger, tool="get-sum"))
+        return ledger.exists() and bool(open_reader(ledger).query(Filters(tool="get-sum")))
 
     await eventually(recorded, within=10)
-    assert audit.query(ledger, tool="call_tool") == []
+    assert open_reader(ledger).query(Filters(tool="call_tool")) == []
     async with httpx2.AsyncClient() as http:
         status = (await http.get(gateway.url("/status"), headers={"Authorization": f"Bearer {TOKEN}"})).json()
     assert status["catalog"]["tools"] > 20  # the whole catalog is still served, only listed differently

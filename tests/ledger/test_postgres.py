@@ -23,10 +23,13 @@ from gateway.cli.audit import add_audit_subcommands, run_audit
 from gateway.config.models import parse_config
 from gateway.core.router import META_KEY
 from gateway.errors import AuditError, ConfigError
-from gateway.ledger import sqlite as audit
-from gateway.ledger.engines import query, redact_url, stats, tail, url_secrets
-from gateway.ledger.postgres import PgLedger, _pg_ddl, copy_ledger, row_key
-from gateway.ledger.sqlite import MIGRATIONS, Ledger
+from gateway.ledger.engines import open_reader
+from gateway.ledger.pgsql import _pg_ddl, copy_ledger, row_key
+from gateway.ledger.postgres import PgLedger
+from gateway.ledger.readers import Filters
+from gateway.ledger.records import COLUMN_NAMES, MIGRATIONS, encode_row
+from gateway.ledger.sqlite import Ledger
+from gateway.ledger.urls import redact_url, url_secrets
 from tests.engines import PostgresServer
 from tests.fixtures.gateway_proc import PYTHON, echo_argv, mcp_session, run_gateway
 from tests.fixtures.waiting import eventually
@@ -51,7 +54,7 @@ async def test_a_row_is_in_postgresql_when_record_returns(pg_url: str, tmp_path:
             # Another connection sees it at once: the transaction committed before record() returned.
             assert await anyio.to_thread.run_sync(pg_rows, pg_url) == [(f"c{i}",) for i in range(n + 1)]
         assert ledger.statistics().spooling is False
-    assert query(pg_url, limit=None) == [make(n, correlation_id=f"c{n}") for n in range(3)]
+    assert open_reader(pg_url).query(limit=None) == [make(n, correlation_id=f"c{n}") for n in range(3)]
 
 
 async def test_concurrent_records_are_group_committed_and_all_written_once(pg_url: str, tmp_path: Path) -> None:
@@ -77,10 +80,10 @@ async def test_the_schema_is_the_shared_migration_list_in_postgresql_types(pg_ur
                 "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = 'calls'"
             ).fetchall()
         )
-    sqlite_columns = {name.strip() for name in audit._COLUMNS.split(",")}
+    sqlite_columns = set(COLUMN_NAMES)
     assert set(types) == sqlite_columns | {"id", "row_key"}
     assert types["ts"] == "double precision" and types["id"] == "bigint"
-    assert query(pg_url)[0].ts == 1_750_000_000.123456  # 8 bytes: not rounded to a float4
+    assert open_reader(pg_url).query()[0].ts == 1_750_000_000.123456  # 8 bytes: not rounded to a float4
     assert "DOUBLE PRECISION" in _pg_ddl(MIGRATIONS[0][0]) and "AUTOINCREMENT" not in _pg_ddl(MIGRATIONS[0][0])
 
 
@@ -93,18 +96,18 @@ async def test_a_database_of_a_newer_schema_is_refused(pg_url: str, tmp_path: Pa
         async with PgLedger(pg_url, spool_path=tmp_path / "spool.db"):
             pass
     with pytest.raises(AuditError, match="schema version 99"):
-        query(pg_url)
+        open_reader(pg_url).query()
 
 
 async def test_text_postgresql_refuses_is_kept_as_replacement_characters(pg_url: str, tmp_path: Path) -> None:
     async with PgLedger(pg_url, spool_path=tmp_path / "spool.db") as ledger:
         await ledger.record(make(1, client_name="nul\x00inside"))
         assert ledger.statistics().spooling is False
-    assert query(pg_url)[0].client_name == "nul\ufffdinside"
+    assert open_reader(pg_url).query()[0].client_name == "nul\ufffdinside"
 
 
 def test_the_row_key_is_the_same_for_equal_rows_and_differs_otherwise() -> None:
-    one, same, other = (audit._encode(make(1)), audit._encode(make(1)), audit._encode(make(2)))
+    one, same, other = (encode_row(make(1)), encode_row(make(1)), encode_row(make(2)))
     assert row_key(one) == row_key(same) != row_key(other)
     assert len(row_key(one)) == 32
 
@@ -124,11 +127,11 @@ def test_a_url_is_shown_without_its_password_in_either_place() -> None:
 async def test_errors_never_show_the_password(postgres_server: PostgresServer, tmp_path: Path) -> None:
     wrong = postgres_server.dsn().replace(postgres_server.password, "wrong-pass-9f3e")
     with pytest.raises(AuditError) as caught:
-        query(wrong)
+        open_reader(wrong).query()
     assert "wrong-pass-9f3e" not in str(caught.value) and "password authentication failed" in str(caught.value)
     absent = postgres_server.dsn("no_such_db")
     with pytest.raises(AuditError) as caught:
-        stats(absent)
+        open_reader(absent).stats()
     assert postgres_server.password not in str(caught.value) and "no_such_db" in str(caught.value)
 
 
@@ -145,10 +148,16 @@ async def test_a_postgresql_ledger_keeps_each_rows_kind_and_filters_by_it(pg_url
     async with PgLedger(pg_url, spool_path=tmp_path / "spool.db") as ledger:
         await ledger.record(make(1, tool="search"))
         await ledger.record(make(2, tool="fid://r/1", kind="resources/read"))
-    assert [(r.tool, r.kind) for r in query(pg_url)] == [("search", "tools/call"), ("fid://r/1", "resources/read")]
-    assert [r.correlation_id for r in query(pg_url, kind="resources/read")] == ["corr-2"]
-    assert [(s.tool, s.kind) for s in stats(pg_url)] == [("fid://r/1", "resources/read"), ("search", "tools/call")]
-    assert [s.tool for s in stats(pg_url, kind="tools/call")] == ["search"]
+    assert [(r.tool, r.kind) for r in open_reader(pg_url).query()] == [
+        ("search", "tools/call"),
+        ("fid://r/1", "resources/read"),
+    ]
+    assert [r.correlation_id for r in open_reader(pg_url).query(Filters(kind="resources/read"))] == ["corr-2"]
+    assert [(s.tool, s.kind) for s in open_reader(pg_url).stats()] == [
+        ("fid://r/1", "resources/read"),
+        ("search", "tools/call"),
+    ]
+    assert [s.tool for s in open_reader(pg_url).stats(Filters(kind="tools/call"))] == ["search"]
 
 
 async def test_gateway_audit_query_stats_and_tail_read_postgresql(pg_url: str, tmp_path: Path) -> None:
@@ -194,7 +203,7 @@ async def test_gateway_audit_query_stats_and_tail_read_postgresql(pg_url: str, t
 def _follow(url: str, sleep: Any) -> list[str]:
     seen: list[str] = []
     try:
-        for rec in tail(url, last=1, follow=True, poll_interval=0, sleep=sleep):
+        for rec in open_reader(url).tail(last=1, follow=True, poll_interval=0, sleep=sleep):
             seen.append(rec.tool)
     except KeyboardInterrupt:
         pass
@@ -226,7 +235,7 @@ async def test_copy_moves_a_sqlite_ledger_into_postgresql_once_however_often_it_
     assert (code, err) == (0, "")
     assert "copied 10 row(s)" in out and "30 were there already" in out
     assert pg_pass_free(out, pg_url)
-    assert query(pg_url, limit=None) == records  # every field, in order, once
+    assert open_reader(pg_url).query(limit=None) == records  # every field, in order, once
     assert await copy_ledger(db, pg_url) == (0, 40)
 
 
@@ -255,7 +264,7 @@ async def test_rows_spool_while_postgresql_is_down_and_arrive_in_order_when_it_r
         figures = ledger.statistics()
         assert figures.spooling and figures.spooled_rows == 20, figures
         assert figures.problem is not None and own_postgres.password not in figures.problem
-        assert [r.correlation_id for r in audit.query(spool, limit=None)] == written[5:]  # a ledger file
+        assert [r.correlation_id for r in open_reader(spool).query(limit=None)] == written[5:]  # a ledger file
         await anyio.to_thread.run_sync(own_postgres.start)
         await eventually(lambda: not ledger.statistics().spooling, within=30)
         assert ledger.statistics().spooled_rows == 0
@@ -301,13 +310,13 @@ async def test_a_spool_left_at_shutdown_is_replayed_by_the_next_start(
         assert ledger.statistics().spooling
         for n in range(3):
             await ledger.record(make(n, correlation_id=f"s{n}"))
-    assert [r.correlation_id for r in audit.query(spool, limit=None)] == ["s0", "s1", "s2"]
+    assert [r.correlation_id for r in open_reader(spool).query(limit=None)] == ["s0", "s1", "s2"]
     own_postgres.start()
     async with PgLedger(url, spool_path=spool) as ledger:
         await eventually(lambda: ledger.statistics().spooled_rows == 0, within=30)
         await ledger.record(make(9, correlation_id="next"))
     assert [r[0] for r in pg_rows(url)] == ["s0", "s1", "s2", "next"]
-    assert audit.query(spool, limit=None) == []
+    assert open_reader(spool).query(limit=None) == []
 
 
 async def test_a_batch_replayed_twice_leaves_one_row_each(pg_url: str, tmp_path: Path) -> None:

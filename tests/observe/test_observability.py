@@ -34,7 +34,7 @@ from gateway.core.router import META_KEY, Router
 from gateway.core.runtime import Gateway
 from gateway.errors import BackendTimeout, BackendUnavailable
 from gateway.front.http.app import Tokens, build_app, metrics_need_token
-from gateway.ledger.sqlite import query
+from gateway.ledger.engines import open_reader
 from gateway.observe.logs import MASK, Redactor, config_secrets, is_secret_name, redactor
 from gateway.observe.metrics import NO_PROVIDER, GatewayMetrics
 from gateway.observe.tracing import CallTracer, open_tracing
@@ -282,7 +282,7 @@ async def test_an_unknown_tool_is_counted_without_its_name_so_clients_cannot_gro
 
 
 def test_gateway_state_is_read_at_scrape_time() -> None:
-    from gateway.ledger.sqlite import LedgerStatistics
+    from gateway.ledger.commits import LedgerStatistics
     from gateway.observe.metrics import AdapterSnapshot, BackendSnapshot, StateSnapshot
 
     metrics = GatewayMetrics("kg", "9.9", process=False)
@@ -558,7 +558,7 @@ routes:
     # ... and the paths that carried them were exercised: the redacted reasons are there, masked.
     assert degraded.meta is not None and degraded.meta[META_KEY]["status"] == "degraded"
     assert echoed.content[0].text == "hi"  # type: ignore[union-attr]
-    rows = query(tmp_path / "audit.db")
+    rows = open_reader(tmp_path / "audit.db").query()
     (login_row,) = [r for r in rows if r.tool == "login_or_echo"]
     assert login_row.chain[0].reason is not None and f"denied for {MASK}" in login_row.chain[0].reason
     assert login_row.caller == "alice"

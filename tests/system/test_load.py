@@ -37,7 +37,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.core.router import META_KEY
-from gateway.ledger.sqlite import AuditRecord, args_hash, query
+from gateway.ledger.engines import open_reader
+from gateway.ledger.records import AuditRecord, args_hash
 from tests.fixtures.gateway_proc import FIXTURES, PYTHON, echo_argv, mcp_session, run_gateway
 
 pytestmark = pytest.mark.anyio
@@ -258,7 +259,7 @@ async def test_every_call_of_a_mixed_load_has_exactly_one_row_with_its_planned_s
         await anyio.to_thread.run_sync(stop, gateway.process)
         output = gateway.output()
 
-    rows = await anyio.to_thread.run_sync(lambda: query(tmp_path / "audit.db", limit=None))
+    rows = await anyio.to_thread.run_sync(lambda: open_reader(tmp_path / "audit.db").query(limit=None))
     check_ledger(rows, received, CALLS_PER_SESSION)
 
     lines = canonical_lines(output)
@@ -305,7 +306,7 @@ async def test_after_a_sigkill_mid_load_every_answer_a_client_received_has_its_r
         await anyio.to_thread.run_sync(gateway.process.wait, 30)
         assert gateway.process.returncode == -signal.SIGKILL
 
-    rows = await anyio.to_thread.run_sync(lambda: query(tmp_path / "audit.db", limit=None))
+    rows = await anyio.to_thread.run_sync(lambda: open_reader(tmp_path / "audit.db").query(limit=None))
     recorded = {row.correlation_id for row in rows}
     assert len(received) >= target
     missing = [cid for cid in received if cid not in recorded]

@@ -14,8 +14,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from gateway.ledger.engines import query
-from gateway.ledger.sqlite import args_hash
+from gateway.ledger.engines import open_reader
+from gateway.ledger.readers import Filters
+from gateway.ledger.records import args_hash
 from tests.engines import PostgresServer, RedisServer
 from tests.replicas import Load, Outcome, deployment, kill_replica
 
@@ -83,7 +84,11 @@ async def test_three_replicas_behind_haproxy_lose_no_call_and_no_row_to_a_replic
             lost = {args_hash({"text": o.text}) for o in failed}
 
             def rows() -> Counter[str]:
-                return Counter(row.args_hash for row in query(pg_url, tool="echo", limit=None) if row.status == "ok")
+                return Counter(
+                    row.args_hash
+                    for row in open_reader(pg_url).query(Filters(tool="echo"), limit=None)
+                    if row.status == "ok"
+                )
 
             # The replicas replay their spools once PostgreSQL is back: wait (bounded) until every answer has a row.
             with anyio.fail_after(60):

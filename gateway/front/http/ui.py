@@ -46,8 +46,9 @@ from gateway.backends.base import BackendStatus
 from gateway.core.catalog import Catalog
 from gateway.core.runtime import Gateway
 from gateway.errors import AuditError
-from gateway.ledger.engines import query, stats
-from gateway.ledger.sqlite import AuditRecord, ToolStats
+from gateway.ledger.engines import open_reader
+from gateway.ledger.readers import Filters, ToolStats
+from gateway.ledger.records import AuditRecord
 from gateway.observe.logs import redactor
 from gateway.version import VERSION
 
@@ -241,13 +242,15 @@ class _LedgerView:
         ledger = self._gateway.ledger
         if ledger is None or ledger.target is None:
             return _LedgerData(problem="The audit ledger is off (gateway.audit.enabled: false), so no calls are kept.")
-        path = ledger.target
+        reader = open_reader(ledger.target)
         try:
-            calls = await anyio.to_thread.run_sync(lambda: query(path, limit=RECENT_CALLS))
+            calls = await anyio.to_thread.run_sync(lambda: reader.query(limit=RECENT_CALLS))
             now = anyio.current_time()
             cached = self._stats
             if cached is None or now - cached[0] >= STATS_CACHE_S:
-                figures = await anyio.to_thread.run_sync(lambda: stats(path, since=time.time() - STATS_WINDOW_S))
+                figures = await anyio.to_thread.run_sync(
+                    lambda: reader.stats(Filters(since=time.time() - STATS_WINDOW_S))
+                )
                 cached = self._stats = (now, figures)
         except AuditError as exc:
             return _LedgerData(problem=str(exc))

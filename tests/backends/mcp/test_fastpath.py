@@ -32,7 +32,7 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from gateway.core.router import META_KEY
-from gateway.ledger.sqlite import query
+from gateway.ledger.engines import open_reader
 from tests.fixtures.gateway_proc import (
     FIDELITY,
     PYTHON,
@@ -174,7 +174,9 @@ async def test_the_ledger_row_is_committed_before_the_answer_and_the_answer_carr
             }
             assert result.meta is not None
             entry = result.meta[META_KEY]
-            rows = {r.correlation_id: r for r in query(ledger, limit=None)}  # read at once: no wait, no retry
+            rows = {
+                r.correlation_id: r for r in open_reader(ledger).query(limit=None)
+            }  # read at once: no wait, no retry
             assert entry["id"] in rows
             row = rows[entry["id"]]
             assert (row.tool, row.status) == (f"{echo.name}__echo", "ok")
@@ -229,7 +231,9 @@ async def test_a_client_cancelling_its_call_cancels_it_downstream_and_the_row_sa
             assert first_text(await session.call_tool(f"{fid.name}__progress", {"steps": 1})) == "done"
     assert fid.direct("sleep") == before + 1
     tool = f"{fid.name}__sleep"
-    await eventually(lambda: any(r.status == "cancelled" and r.tool == tool for r in query(ledger)), within=WAIT)
+    await eventually(
+        lambda: any(r.status == "cancelled" and r.tool == tool for r in open_reader(ledger).query()), within=WAIT
+    )
 
 
 async def test_a_call_past_its_timeout_is_cancelled_downstream_and_answered_as_timed_out(
@@ -246,7 +250,7 @@ async def test_a_call_past_its_timeout_is_cancelled_downstream_and_answered_as_t
     assert "timed out after 1 s (cancellation sent downstream)" in first_text(result)
     await eventually(lambda: short.count("cancelled sleep") == cancelled + 1, within=WAIT)
     correlation = result.meta[META_KEY]["id"] if result.meta else None
-    assert {r.correlation_id: r.status for r in query(ledger, limit=None)}[correlation] == "timeout"
+    assert {r.correlation_id: r.status for r in open_reader(ledger).query(limit=None)}[correlation] == "timeout"
 
 
 async def test_a_downstreams_elicitation_and_sampling_during_a_call_reach_the_client(

@@ -18,7 +18,7 @@ from gateway.calls import Caller
 from gateway.config.models import CallerLimit, parse_config
 from gateway.errors import ConfigError
 from gateway.front.http.limits import CallerLimits
-from gateway.ledger.sqlite import query
+from gateway.ledger.engines import open_reader
 from tests.fixtures.gateway_proc import PYTHON, echo_argv, run_gateway
 from tests.fixtures.raw_http import headers, open_session
 from tests.fixtures.waiting import eventually
@@ -77,7 +77,9 @@ async def test_a_caller_over_its_request_rate_gets_429_with_retry_after_and_othe
     assert answer["error"]["data"]["limit"] == "rate"
     assert 'mcp_gateway_caller_limited_total{limit="rate",rule="slow-lane"} 1.0' in metrics
 
-    rows = [(row.caller, row.status, row.chain[0].outcome) for row in query(tmp_path / "audit.db", limit=None)]
+    rows = [
+        (row.caller, row.status, row.chain[0].outcome) for row in open_reader(tmp_path / "audit.db").query(limit=None)
+    ]
     assert rows.count(("alice", "refused", "limited")) == 1
     assert rows.count(("alice", "ok", "ok")) == 2 and rows.count(("bob", "ok", "ok")) == 5
     ledger = await anyio.to_thread.run_sync(lambda: b"".join(p.read_bytes() for p in tmp_path.glob("audit.db*")))

@@ -26,7 +26,7 @@ from mcp.server.lowlevel import Server
 
 from gateway.front.continuation import Continuations
 from gateway.front.http.sessions import SealedSessions, SessionSeal
-from gateway.ledger.sqlite import query
+from gateway.ledger.engines import open_reader
 from tests.engines import RedisServer
 from tests.fixtures.gateway_proc import FIDELITY, PYTHON, echo_argv, run_gateway
 from tests.fixtures.procs import RunningServer
@@ -125,7 +125,7 @@ async def test_a_session_opened_on_one_replica_goes_on_at_another_without_initia
         b.process.wait(timeout=20)
         log = b.output()
 
-    rows = query(tmp_path / "r1" / "audit.db")
+    rows = open_reader(tmp_path / "r1" / "audit.db").query()
     # The client's info came from the sealed id: b never saw its initialize.
     assert [(r.caller, r.tool, r.client_name, r.client_version, r.status) for r in rows] == [
         ("alice", "echo", "raw", "1", "ok")

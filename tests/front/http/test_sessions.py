@@ -16,7 +16,7 @@ import pytest
 
 from gateway.config.models import parse_config
 from gateway.errors import ConfigError
-from gateway.ledger.sqlite import query
+from gateway.ledger.engines import open_reader
 from tests.fixtures.gateway_proc import PYTHON, echo_argv, mcp_session, run_gateway
 from tests.fixtures.procs import RunningServer
 from tests.fixtures.raw_http import INITIALIZE, headers, messages, open_session
@@ -81,7 +81,7 @@ async def test_another_caller_gets_404_for_a_session_it_did_not_open_and_cannot_
                 assert (await call_echo(http, url, "tok-alice", alices, "gone")).status_code == 404
         log = stop(gateway)
 
-    rows = query(tmp_path / "audit.db")
+    rows = open_reader(tmp_path / "audit.db").query()
     assert [(row.caller, row.tool) for row in rows] == [("alice", "echo"), ("alice", "echo")]
     digest = hashlib.sha256(alices.encode()).hexdigest()[:12]
     assert {row.session_id for row in rows} == {digest}  # correlatable, not the id

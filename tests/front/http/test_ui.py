@@ -27,7 +27,7 @@ from gateway.config.models import parse_config
 from gateway.core.runtime import Gateway
 from gateway.front.http.app import Tokens, build_app
 from gateway.front.http.ui import COOKIE
-from gateway.ledger.sqlite import AuditRecord, AuditStep
+from gateway.ledger.records import AuditRecord, AuditStep
 from tests.fixtures import ROOT
 from tests.fixtures.gateway_proc import PYTHON, echo_argv, mcp_session, run_gateway
 from tests.fixtures.procs import RunningServer
