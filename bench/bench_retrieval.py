@@ -34,9 +34,9 @@ from typing import Any
 import yaml
 
 from bench.bench_wiki import _WORDS, generate
+from gateway.backends.wiki.handlers import _snippet
 from gateway.backends.wiki.index import _Bm25, _build_index, _Index, _tokens
 from gateway.backends.wiki.semantic import _STOPWORDS, SemanticIndex, build_semantic, load_embedder
-from gateway.backends.wiki.tools import _snippet
 
 _HERE = Path(__file__).resolve().parent
 _HEADING = re.compile(r"^(#{1,6})[ \t]+(.+?)[ \t]*$")

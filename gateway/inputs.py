@@ -1,31 +1,59 @@
-"""What a caller's input must be before the gateway acts on it, and how it is quoted back in an error.
+"""What a caller's input must be before the gateway acts on it, and how it is said back when it is not.
 
-Three rules hold at the edge of every request, so nothing downstream (a pipe's UTF-8 encoder, pydantic's serializer,
-an argv, a path join, the ledger) ever meets input it cannot handle:
-  * every string, key or value, is valid Unicode text: a lone surrogate (JSON ``"\\ud800"``, which Python's ``json``
-    accepts) cannot be encoded as UTF-8 and would fail wherever the value is next written;
-  * numbers are finite: ``NaN`` and ``Infinity`` (which ``json`` and pydantic accept) are not JSON, and would reach
-    the tool as ``null``;
-  * nesting is bounded (``MAX_DEPTH`` by default; ``gateway.edge.max_argument_depth``): pydantic refuses to serialise
-    beyond a few hundred levels, ``json`` beyond the recursion limit.
-
-``problem(value)`` finds the first breach as (path, reason); ``argument_problem`` names the argument, and the router
-refuses a ``tools/call`` with it as invalid params. ``quote(text)`` (errors.py) is the one way client input is echoed
-into an error message: cut to ``ECHO_CHARS`` characters, so an error can never be as large as the request behind it.
+``problem`` holds every request to three rules, so nothing downstream (a UTF-8 encoder, pydantic's serializer, an
+argv, a path join, the ledger) meets input it cannot write: strings are valid Unicode (no lone surrogate), numbers are
+finite, nesting is at most ``MAX_DEPTH`` deep. ``ArgumentValidator`` holds a tool's arguments to its published input
+schema (JSON Schema, compiled once, no remote ``$ref`` ever fetched) and refuses them with ``InvalidArguments``
+naming the argument in words a client can act on. ``did_you_mean`` is the gateway's one guess at a misspelt name.
+Client input is echoed into a message only cut to ``ECHO_CHARS`` (``quote``, errors.py).
 """
 
 from __future__ import annotations
 
+import copy
+import difflib
+import json
 import math
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from gateway.errors import ECHO_CHARS, quote
+import referencing
+import referencing.exceptions
+from jsonschema import exceptions as jsonschema_errors  # type: ignore[import-untyped]
+from jsonschema import validators as jsonschema_validators
 
-__all__ = ["ECHO_CHARS", "MAX_DEPTH", "argument_problem", "problem", "quote"]
+from gateway.errors import ECHO_CHARS, InvalidArguments, quote
+
+__all__ = [
+    "ECHO_CHARS",
+    "MAX_DEPTH",
+    "ArgumentValidator",
+    "InvalidSchema",
+    "argument_problem",
+    "did_you_mean",
+    "problem",
+    "quote",
+]
 
 MAX_DEPTH = 64
 """Nesting levels an argument value may have (``{"a": {"b": 1}}`` is 2 deep); far above what any tool schema uses,
 far below the few hundred where pydantic's serializer and ``json`` give up."""
+
+MISSPELT = 0.75
+"""How alike (difflib's ratio) a name must be to another to be taken for its misspelling."""
+
+_MESSAGE_CHARS = 500  # a message jsonschema words itself is cut here
+_LISTED = 20  # names or values listed in a message before the rest are counted
+
+
+def did_you_mean(word: str, choices: Iterable[str], *, most: int = 1, cutoff: float = MISSPELT) -> list[str]:
+    """The ``choices`` that look most like ``word``, best first, at most ``most`` of them (difflib's similarity
+    ratio, at least ``cutoff``); empty when none does."""
+    return difflib.get_close_matches(word, list(choices), n=most, cutoff=cutoff)
+
+
+# --------------------------------------------------------------------------------------------------- the three rules
 
 
 def _lone_surrogate(text: str) -> int | None:
@@ -84,3 +112,198 @@ def _surrogate_reason(text: str, at: int) -> str:
         f"it holds a lone surrogate (U+{ord(text[at]):04X} at character {at}), which is not valid Unicode text "
         "and cannot be sent on"
     )
+
+
+# --------------------------------------------------------------------------------------------------- the schema
+
+
+class InvalidSchema(ValueError):
+    """A tool's input schema is not a valid JSON Schema; the message says where and why."""
+
+
+class ArgumentValidator:
+    """One tool's input schema, compiled once: ``check`` refuses the arguments it does not describe.
+
+    The schema's ``$schema`` picks the JSON Schema draft (2020-12 when it names none). A ``$ref`` is resolved within
+    the schema only: a remote one is never fetched (the call is refused, saying so).
+
+    Args:
+        schema: the published input schema.
+
+    Raises:
+        InvalidSchema: ``schema`` is not a valid JSON Schema.
+    """
+
+    __slots__ = ("_defaults", "_integers", "_validator", "schema")
+
+    def __init__(self, schema: Mapping[str, Any]) -> None:
+        cls = jsonschema_validators.validator_for(schema, default=jsonschema_validators.Draft202012Validator)
+        try:
+            cls.check_schema(schema)
+        except jsonschema_errors.SchemaError as exc:
+            raise InvalidSchema(f"not a valid JSON Schema: {exc.message}") from None
+        self.schema = schema
+        self._validator = cls(schema, registry=referencing.Registry())
+        properties = schema.get("properties")
+        properties = properties if isinstance(properties, Mapping) else {}
+        subs = {key: sub for key, sub in properties.items() if isinstance(sub, Mapping)}
+        self._defaults = {key: sub["default"] for key, sub in subs.items() if "default" in sub}
+        self._integers = frozenset(key for key, sub in subs.items() if sub.get("type") == "integer")
+
+    def check(self, tool: str, arguments: object) -> None:
+        """Refuse ``arguments`` unless they are an object the schema accepts.
+
+        Raises:
+            InvalidArguments: naming the offending argument (a dotted path, "" for the whole) and what it must be.
+        """
+        if not isinstance(arguments, Mapping):
+            raise InvalidArguments(tool, "", f"must be an object, got {_described(arguments)}")
+        try:
+            error = jsonschema_errors.best_match(self._validator.iter_errors(arguments), key=_RELEVANCE)
+        except referencing.exceptions.Unresolvable as exc:
+            unresolved = f"the tool's input schema refers to {quote(exc.ref)}, which the gateway cannot resolve"
+            raise InvalidArguments(tool, "", f"cannot be checked: {unresolved}") from None
+        if error is not None:
+            raise InvalidArguments(tool, *_explained(error))
+
+    def prepare(self, tool: str, arguments: object) -> dict[str, Any]:
+        """``check``, then the arguments a provider that acts on them itself receives: a copy with each absent
+        top-level property's ``default`` filled in, and an integral number an ``integer`` property was sent as a
+        float (``10.0``: JSON does not tell it from ``10``) as an int.
+
+        Raises:
+            InvalidArguments: as ``check``.
+        """
+        self.check(tool, arguments)
+        assert isinstance(arguments, Mapping)
+        prepared = dict(arguments)
+        for key, default in self._defaults.items():
+            if key not in prepared:
+                prepared[key] = copy.deepcopy(default)
+        for key in self._integers:
+            value = prepared.get(key)
+            if isinstance(value, float):
+                prepared[key] = int(value)
+        return prepared
+
+
+_RELEVANCE: Callable[[Any], Any] = jsonschema_errors.by_relevance(strong=frozenset({"additionalProperties"}))
+"""jsonschema's ranking (the shallowest error first), but an unknown argument before a missing one at the same level:
+a misspelt name explains both, and is the one to name."""
+
+_A_TYPE = {
+    "integer": "an integer",
+    "number": "a number",
+    "string": "a string",
+    "boolean": "a boolean",
+    "array": "an array",
+    "object": "an object",
+    "null": "null",
+}
+
+
+def _explained(error: Any) -> tuple[str, str]:
+    """(dotted path of the offending argument, what it must be) for a jsonschema ``ValidationError``."""
+    path = [str(part) for part in error.absolute_path]
+    keyword, expected, schema, value = error.validator, error.validator_value, error.schema, error.instance
+    if keyword == "required" and isinstance(value, Mapping):
+        missing = [key for key in expected if key not in value]
+        if missing:
+            return ".".join([*path, str(missing[0])]), "is required"
+    if keyword == "additionalProperties" and isinstance(value, Mapping):
+        unknown = _unknown(value, schema)
+        if unknown:
+            return ".".join([*path, unknown[0]]), _unknown_message(unknown[0], value, schema, nested=bool(path))
+    where = ".".join(path)
+    if keyword == "type":
+        wanted = expected if isinstance(expected, list) else [expected]
+        kinds = " or ".join(_A_TYPE.get(str(kind), f"of type {kind}") for kind in wanted)
+        return where, f"must be {kinds}, got {_described(value)}"
+    if keyword == "const":
+        return where, f"must be {_shown(expected)}, got {_shown(value)}"
+    if keyword == "enum":
+        return where, f"must be one of {_listing([_shown(item) for item in expected])}; got {_shown(value)}"
+    bound = _bound(keyword, expected, schema, value)
+    if bound is not None:
+        return where, bound
+    return where, _own_words(error)
+
+
+def _unknown(value: Mapping[str, Any], schema: Mapping[str, Any]) -> list[str]:
+    declared = schema.get("properties", {})
+    patterns = schema.get("patternProperties", {})
+    return [str(key) for key in value if key not in declared and not any(re.search(p, str(key)) for p in patterns)]
+
+
+def _unknown_message(name: str, value: Mapping[str, Any], schema: Mapping[str, Any], *, nested: bool) -> str:
+    noun = "key" if nested else "argument"
+    declared = [str(key) for key in schema.get("properties", {})]
+    close = did_you_mean(name, [key for key in declared if key not in value])
+    if close:
+        return f"unknown {noun}; did you mean {quote(close[0])}?"
+    if not declared:
+        return f"unknown {noun} (none is expected)"
+    return f"unknown {noun} (expected: {_listing(declared)})"
+
+
+def _bound(keyword: str, expected: Any, schema: Mapping[str, Any], value: Any) -> str | None:
+    """How a bound the value broke is said (with the value sent), or None for another keyword."""
+    if keyword in ("minimum", "maximum") and "minimum" in schema and "maximum" in schema:
+        return f"must be between {schema['minimum']:,} and {schema['maximum']:,}, got {_shown(value)}"
+    words = {
+        "minimum": "at least",
+        "maximum": "at most",
+        "exclusiveMinimum": "greater than",
+        "exclusiveMaximum": "less than",
+    }.get(keyword)
+    if words is not None:
+        return f"must be {words} {expected:,}, got {_shown(value)}"
+    if keyword == "minLength":
+        return "must not be empty" if expected == 1 else f"must be at least {expected:,} characters, got {len(value):,}"
+    if keyword == "maxLength":
+        return f"must be at most {expected:,} characters, got {len(value):,}"
+    if keyword in ("minItems", "maxItems"):
+        return f"must have {'at least' if keyword == 'minItems' else 'at most'} {expected:,} items, got {len(value):,}"
+    if keyword == "pattern":
+        return f"must match the pattern `{expected}`, got {_shown(value)}"
+    return None
+
+
+def _own_words(error: Any) -> str:
+    """jsonschema's message for a rarer keyword, the value it quotes shown as the client wrote it (JSON, cut)."""
+    message = str(error.message)
+    value = error.instance
+    if message.startswith(repr(value)):
+        message = _shown(value) + message[len(repr(value)) :]
+    return message if len(message) <= _MESSAGE_CHARS else message[:_MESSAGE_CHARS] + "…"
+
+
+def _shown(value: Any) -> str:
+    """``value`` as JSON, the way the client wrote it, cut to ``ECHO_CHARS`` characters with the full length said."""
+    text = json.dumps(value, ensure_ascii=False, default=repr)
+    if _lone_surrogate(text) is not None:
+        text = json.dumps(value, default=repr)
+    return text if len(text) <= ECHO_CHARS else f"{text[:ECHO_CHARS]}… ({len(text):,} characters)"
+
+
+def _described(value: Any) -> str:
+    """``value``'s JSON type and the value itself (``string "ten"``, ``boolean true``, ``null``)."""
+    if value is None:
+        return "null"
+    kind = next((name for cls, name in _JSON_TYPES if isinstance(value, cls)), None)
+    return f"{kind} {_shown(value)}" if kind is not None else type(value).__name__
+
+
+_JSON_TYPES: tuple[tuple[type | tuple[type, ...], str], ...] = (
+    (bool, "boolean"),  # before int: a bool is an int in Python
+    (int, "integer"),
+    (float, "number"),
+    (str, "string"),
+    ((list, tuple), "array"),
+    (Mapping, "object"),
+)
+
+
+def _listing(items: Sequence[str]) -> str:
+    shown = ", ".join(items[:_LISTED])
+    return shown if len(items) <= _LISTED else f"{shown}, … ({len(items):,} in all)"

@@ -1,32 +1,12 @@
-"""The built-in wiki provider: seven read-only tools over a folder of markdown pages, served in process.
+"""The built-in wiki provider: read-only tools over a folder of markdown pages, served in process.
 
-``WikiBackend`` owns an in-memory index of the pages under its root (paths, titles, sizes, outgoing and inbound
-links, BM25 postings). ``run`` installs a file watcher on the root *first* and builds the index *second*, so no change
-can slip between the two; every later change marks the index dirty and rebuilds it in the background. A call that
-finds the index dirty waits for (or runs) the rebuild, so it never sees a stale index it was told about, and an index
-is swapped in whole, so a call never sees a half-built one. When nothing changed, no call walks the tree.
-
-Semantic search (``wiki_vector_search``, ``wiki_hybrid_search``; ``wiki_semantic``) is served from a second snapshot
-that follows the first: once the wiki is READY, a task loads the embedding model and embeds the sections in worker
-threads (never on the event loop, never before READY), then rebuilds after each index build, re-embedding only the
-pages that changed. A semantic call first brings the snapshot up to the index it sees, so it is as fresh as the other
-tools. While the model loads, or for good when it cannot, a semantic call raises ``BackendThinResult`` naming the
-reason (thin, not unavailable, so the wiki's breaker stays closed and its other tools keep serving); a disabled
-semantic search is logged once and kept as the wiki's ``last_error``.
-
-Pages are ``*.md`` and ``*.markdown`` files under the root, skipping hidden names, ``node_modules`` and
-``graphify-out``; symbolic links to directories are not followed and linked files resolving outside the root are not
-pages. Every file is opened through ``wiki_index._open_in_root`` (``files_read`` too, for any path it is given):
-component by component relative to descriptors, never following a link out of the root, so a folder or page swapped
-for a link to the outside, at any moment, is refused rather than read (``mcp``'s ``safe_join`` checks a path and then
-opens it, which such a swap can slip between). Every file is decoded as UTF-8 with replacement, so no byte sequence
-crashes a tool. File-level problems
-(not found, a path refused because it leaves the root) are ``is_error`` answers; bad arguments raise
-``InvalidArguments`` naming the argument; ``OSError`` never escapes (``map_wiki_errors``).
-
-This module owns the index's lifecycle (the watcher, the rebuilds, the semantic snapshot); the tools themselves, their
-schemas and handlers, are backends/wiki_tools.py; the index is backends/wiki_index.py, the semantic snapshot
-backends/wiki_semantic.py.
+``WikiBackend`` owns the lifecycle of the index of its root (index.py). ``run`` installs a file watcher *first* and
+builds the index *second*, so no change slips between the two; each later change marks the index dirty and rebuilds
+it in the background, and a call that finds it dirty waits for (or runs) the rebuild, so it never sees a stale or
+half-built index. The semantic tools are served from a second snapshot (semantic.py) that follows the first once the
+wiki is READY; while its model loads, or for good when it cannot, a semantic call is a ``BackendThinResult`` naming
+the reason (so the wiki's breaker stays closed). Bad arguments raise ``InvalidArguments``; ``OSError`` never escapes
+(``map_wiki_errors``); the tools themselves are tools.py.
 """
 
 from __future__ import annotations
@@ -52,12 +32,13 @@ from tenacity import wait_fixed
 
 from gateway.backends.backoff import supervise
 from gateway.backends.base import BackendBase, BackendState, BackendStatus, ProgressFn
+from gateway.backends.wiki.handlers import estimate_tokens
 from gateway.backends.wiki.index import EXCLUDED_DIRS, _build_index, _Index, _is_page_name
 from gateway.backends.wiki.semantic import Embedder, SemanticIndex, SemanticUnavailable, build_semantic, load_embedder
-from gateway.backends.wiki.tools import WikiTool, estimate_tokens, tool_specs, validate
+from gateway.backends.wiki.tools import WikiTool, tool_specs
 from gateway.calls import NO_UPSTREAM, Upstream
 from gateway.config.models import WIKI_TOOLS
-from gateway.errors import BackendThinResult, BackendUnavailable, InvalidArguments, ToolNotFound
+from gateway.errors import BackendThinResult, BackendUnavailable, ToolNotFound
 
 __all__ = ["TOOL_NAMES", "WikiBackend", "WikiStatistics", "map_wiki_errors"]
 
@@ -141,7 +122,6 @@ class WikiBackend(BackendBase):
         self._root = Path(root)
         self._root_real = self._root.resolve()
         self._read_all_max_bytes = read_all_max_bytes
-        self._default_max_bytes = default_max_bytes
         wanted = TOOL_NAMES if tools is None else tuple(t for t in TOOL_NAMES if t in tools)
         specs = tool_specs(default_max_bytes, read_all_max_bytes, self._semantic_view)
         self._tools: dict[str, WikiTool] = {n: specs[n] for n in wanted}
@@ -193,9 +173,7 @@ class WikiBackend(BackendBase):
         spec = self._tools.get(tool)
         if spec is None:
             raise ToolNotFound(tool)
-        if not isinstance(arguments, Mapping):
-            raise InvalidArguments(tool, "", "arguments must be an object")
-        valid = validate(tool, spec.tool.input_schema, arguments)
+        valid = spec.arguments.prepare(tool, arguments)
         if self._status.state not in (BackendState.READY, BackendState.DEGRADED):
             raise BackendUnavailable(self._name, self._status.reason or f"the wiki is {self._status.state}")
         index = await self._fresh_index()
@@ -365,13 +343,8 @@ class WikiBackend(BackendBase):
         return self.measure() if self._status.state is BackendState.READY else {}
 
     def measure(self) -> dict[str, int]:
-        """Estimate the output size, in tokens, of ``wiki_index`` and ``wiki_read_all`` (default arguments).
-
-        Tokens are estimated as ``ceil(bytes / 4)`` of the UTF-8 text the tool returns (the usual rule of thumb for
-        English text with BPE tokenizers; code and non-Latin scripts cost more). ``wiki_read_all`` counts its headers
-        and pages up to its default cap. Uses the current index; before ``run`` has built one, it builds one now
-        (blocking, and not kept).
-        """
+        """The output size, in tokens, of ``wiki_index`` and ``wiki_read_all`` (handlers.estimate_tokens) over the
+        current index; before ``run`` has built one, over one built now (blocking, and not kept)."""
         index = self._index if self._index is not None else _build_index(self._root_real)
         return estimate_tokens(index, self._read_all_max_bytes)
 

@@ -1,18 +1,14 @@
-"""The index of a markdown folder, built by pure, blocking functions (no async, no Backend protocol).
+"""The index of a markdown folder, built by pure, blocking functions: pages, titles, links and BM25 postings.
 
-This module owns what ``WikiBackend`` (``gateway.backends.wiki``) serves from: walking the tree under a root (pages are
-``*.md`` and ``*.markdown`` files, skipping hidden names, ``node_modules`` and ``graphify-out``, following no directory
-symlinks and admitting no file that resolves outside the root), reading pages safely, front matter and titles, link
-extraction and resolution (wikilinks and markdown links, with broken links recorded), BM25 postings, and the
-``_Index`` snapshot that ``_build_index`` assembles, reusing unchanged pages of the previous build. Each page's parse
-keeps its decoded text, from which ``wiki_semantic`` cuts its sections (a reused parse means an unchanged page). BM25
-stays hand-written rather than SQLite FTS5: docs/benchmarks.md ("SQLite FTS5 instead of ...") has the numbers.
+``_build_index`` walks the root (pages are ``*.md`` and ``*.markdown``; hidden names, ``node_modules`` and
+``graphify-out`` skipped; a link to a folder not followed, a linked page kept only inside the root) into one
+immutable ``_Index``, reusing the parse of every page unchanged since the previous build (semantic.py cuts its
+sections from the same parse). Wikilinks and relative markdown links are resolved, broken ones recorded.
 
 Confinement: nothing under the root is opened by path. ``_open_in_root`` walks a path one component at a time, each
-opened relative to its parent's descriptor with ``O_NOFOLLOW``; a symbolic link met on the way is read
-(``readlink``) and its target walked the same way from the root, refused if it would leave it. The walk of the tree
-opens each folder the same way. So swapping a folder for a link to the outside while the wiki reads can make a read
-fail, never reach the outside; links that stay inside the root keep working.
+opened relative to its parent's descriptor with ``O_NOFOLLOW``, and follows a symbolic link only by walking its
+target from the root, refused if it would leave it; the walk of the tree opens folders the same way. So a folder
+swapped for a link to the outside while the wiki reads can make a read fail, never reach the outside.
 """
 
 from __future__ import annotations

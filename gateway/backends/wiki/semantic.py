@@ -1,21 +1,12 @@
-"""Semantic and hybrid search over the wiki's sections, by pure, blocking functions (no async, no Backend protocol).
+"""Semantic and hybrid search over the wiki's sections, by pure, blocking functions.
 
-The model, BM25 and the fusion are the gateway's one search engine (``gateway/ranking.py``, shared with the tool
-search): a static embedding model loaded from the installed ``wordllama`` wheel's own files. When it cannot be
-loaded (``SemanticUnavailable``), the wiki serves its semantic tools as thin answers naming the reason, and
-everything else as before.
-
-What is indexed: each page is cut into *sections* at its headings (outside fenced code), and a section longer than
-``SECTION_WORDS`` words into windows at paragraph boundaries; a window is embedded with its page title and heading in
-front. ``SemanticIndex`` holds one immutable snapshot: the sections, their vectors (one float32 matrix), and BM25
-postings over the same sections (``wiki_index._Bm25``). ``build_semantic`` reuses the vectors of every page whose
-parse the keyword index reused (the same ``_Parsed`` object), so a rebuild after an edit embeds only what changed.
-
-Search: ``vector`` ranks sections by cosine similarity; ``hybrid`` fuses the BM25 ranking and the vector ranking by
-reciprocal rank fusion (score = sum of 1 / (60 + rank) over the two lists, Cormack et al. 2009). Results are
-``{file, title, line, score, snippet}``: ``file`` is the page's path under the root (what ``files_read`` and
-``files_neighbors`` take), ``title`` the page title and section heading, ``line`` the 1-based line the snippet
-starts at.
+Each page is cut into sections at its headings (outside fenced code), one over ``SECTION_WORDS`` words into windows
+at paragraph boundaries, and each is embedded with its page title and heading in front by the gateway's static
+embedding model (search/ranking.py; ``SemanticUnavailable`` when it cannot be loaded). ``build_semantic`` makes one
+immutable ``SemanticIndex``, embedding only the pages whose parse the keyword index did not reuse. ``vector`` ranks
+sections by cosine similarity; ``hybrid`` fuses that ranking with BM25's over the same sections by reciprocal rank
+fusion. A hit is ``{file, title, line, score, snippet}``: ``file`` is the path ``files_read`` takes, ``line`` the
+1-based line the snippet starts at.
 """
 
 from __future__ import annotations

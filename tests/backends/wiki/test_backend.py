@@ -22,7 +22,7 @@ from gateway.backends.base import BackendState
 from gateway.backends.wiki import backend as wiki_module
 from gateway.backends.wiki import semantic as wiki_semantic
 from gateway.backends.wiki.backend import TOOL_NAMES, WikiBackend
-from gateway.backends.wiki.tools import INDEX_FULL_LISTING_MAX_PAGES
+from gateway.backends.wiki.schemas import INDEX_FULL_LISTING_MAX_PAGES
 from gateway.errors import BackendThinResult, BackendUnavailable, InvalidArguments, ToolNotFound
 
 pytestmark = pytest.mark.anyio
@@ -760,7 +760,7 @@ def test_sections_are_cut_at_headings_outside_code_and_long_ones_at_paragraphs()
         ("files_read", {"path": "a.md", "max_bytes": 1.5}, "max_bytes", "must be an integer, got number"),
         ("files_neighbors", {"path": "a", "depth": 2}, "depth", "unknown argument"),
         ("wiki_read_all", {"max_bytes": -1}, "max_bytes", "between 1"),
-        ("wiki_search", {"query": "   "}, "query", "must not be empty"),
+        ("wiki_search", {"query": "   "}, "query", "must match the pattern `\\S`"),  # the schema says: not blank
         ("wiki_search", {"query": "x", "limit": 51}, "limit", "between 1 and 50"),
         ("wiki_search", {"query": ["x"]}, "query", "must be a string, got array"),
         ("wiki_search", {"query": "x" * 1001}, "query", "at most 1,000 characters"),
@@ -776,11 +776,20 @@ async def test_bad_arguments_raise_invalid_arguments_naming_the_argument(
     assert message in caught.value.message
 
 
-async def test_null_and_integral_floats_are_accepted(root: Path) -> None:
+async def test_integral_floats_are_accepted_as_integers(root: Path) -> None:
     async with wiki_at(root) as backend:
         result = await call(backend, "files_read", path="big.md", max_bytes=10.0)
-        search = await call(backend, "wiki_search", query="kiwi", limit=None)
     assert "first 10 of" in text(result)
+
+
+async def test_null_for_an_optional_argument_is_refused_as_its_published_schema_says(root: Path) -> None:
+    # The schema publishes `limit` as an integer (one type per node: no nullable list type), so null is not one: the
+    # wiki holds arguments to its published schema, as every other provider and the gateway's edge do.
+    async with wiki_at(root) as backend:
+        with pytest.raises(InvalidArguments) as caught:
+            await call(backend, "wiki_search", query="kiwi", limit=None)
+        search = await call(backend, "wiki_search", query="kiwi")
+    assert (caught.value.argument, caught.value.message) == ("limit", "must be an integer, got null")
     assert not search.is_error
 
 
