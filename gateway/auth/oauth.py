@@ -40,7 +40,7 @@ import httpx2
 import jwt
 import structlog
 
-from gateway.config.models import OAuth, OAuthIssuer
+from gateway.config import OAuth, OAuthIssuer
 
 __all__ = [
     "VERIFICATION_RESULTS",

@@ -32,7 +32,7 @@ from typing import Any, Literal, TextIO
 import json5
 import yaml
 
-from gateway.config.models import parse_config
+from gateway.config import parse_config
 from gateway.errors import ConfigError
 
 __all__ = ["FORMATS", "Imported", "Variable", "add_import_subcommand", "convert", "parse_client_config", "run_import"]

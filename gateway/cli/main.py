@@ -38,7 +38,7 @@ import structlog
 from gateway.backends.processes import become_subreaper, supervise
 from gateway.cli.audit import add_audit_subcommands, run_audit
 from gateway.cli.importer import add_import_subcommand, run_import
-from gateway.config.models import Federation, add_project_tools, environ, load_config
+from gateway.config import Federation, add_project_tools, environ, load_config
 from gateway.core.policies import Identity, Views
 from gateway.core.reload import watch_config
 from gateway.core.runtime import VERSION, Gateway, settle_budget

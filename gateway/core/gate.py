@@ -23,7 +23,7 @@ import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from gateway.config.models import Clients
+from gateway.config import Clients
 
 __all__ = ["ClientPolicy", "Declared", "note_without"]
 

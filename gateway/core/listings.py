@@ -25,7 +25,7 @@ import mcp_types as types
 from mcp.shared.uri_template import InvalidUriTemplate, UriTemplate
 
 from gateway.backends.base import Backend, BackendState
-from gateway.config.models import Federation
+from gateway.config import Federation
 
 __all__ = ["Listings", "Offers", "Origin"]
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
 
-from gateway.config.models import Policy, Selection
+from gateway.config import Policy, Selection
 from gateway.core.catalog import Catalog, with_note
 from gateway.core.gate import note_without
 from gateway.core.listings import Origin

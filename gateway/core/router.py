@@ -66,7 +66,7 @@ import structlog
 
 from gateway.backends.base import Backend, BackendState, ProgressFn
 from gateway.backends.mcp.relay import UPSTREAM, Upstream
-from gateway.config.models import CallBudget, EdgeSettings
+from gateway.config import CallBudget, EdgeSettings
 from gateway.core.breakers import Breakers
 from gateway.core.budget import CallDeadline
 from gateway.core.catalog import Catalog, CatalogEntry, Provider

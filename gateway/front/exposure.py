@@ -36,7 +36,7 @@ import mcp_types as types
 import structlog
 
 from gateway.backends.base import Backend, BackendState
-from gateway.config.models import Exposure, Federation
+from gateway.config import Exposure, Federation
 from gateway.core.catalog import Catalog, CatalogEntry
 from gateway.core.costs import BYTES_PER_TOKEN, Cost
 from gateway.core.gate import note_without

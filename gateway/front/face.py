@@ -65,7 +65,7 @@ from pydantic import ValidationError
 from gateway.backends.base import Backend, ProgressFn
 from gateway.backends.mcp.relay import Bridge, connection_of, forwarded_meta
 from gateway.backends.mcp.session import ROUND, Round
-from gateway.config.models import environ
+from gateway.config import environ
 from gateway.core.gate import ClientPolicy
 from gateway.core.listings import Origin
 from gateway.core.policies import ANONYMOUS, Identity, View

@@ -18,7 +18,7 @@ from gateway.ledger import sqlite as audit
 from gateway.ledger.sqlite import AuditRecord, Ledger, LedgerStatistics, ToolStats
 
 if TYPE_CHECKING:
-    from gateway.config.models import AuditSettings
+    from gateway.config import AuditSettings
     from gateway.ledger.postgres import PgLedger
 
 URL_SCHEMES = ("postgresql://", "postgres://")

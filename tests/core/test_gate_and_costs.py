@@ -10,7 +10,7 @@ from pathlib import Path
 import mcp_types as types
 import pytest
 
-from gateway.config.models import Clients
+from gateway.config import Clients
 from gateway.core.costs import Cost, costs_from, fill_placeholders
 from gateway.core.gate import ClientPolicy, Declared
 from gateway.ledger.sqlite import ToolStats, query

@@ -21,7 +21,7 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from gateway.backends.base import Backend
-from gateway.config.models import parse_config
+from gateway.config import parse_config
 from gateway.core.catalog import Catalog
 from gateway.core.policies import Identity, Views
 from gateway.errors import ConfigError

@@ -12,7 +12,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from gateway.backends.base import Backend, BackendState
-from gateway.config.models import parse_config
+from gateway.config import parse_config
 from gateway.core.catalog import Catalog
 from gateway.core.router import META_KEY, CallContext, Router
 from gateway.errors import (

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gateway.backends.base import Backend, BackendState
-from gateway.config.models import Federation, parse_config
+from gateway.config import Federation, parse_config
 from gateway.core.catalog import Catalog
 from gateway.core.costs import Cost
 from gateway.core.policies import ANONYMOUS

@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
 from gateway.backends.base import Backend
-from gateway.config.models import TracingSettings, parse_config
+from gateway.config import TracingSettings, parse_config
 from gateway.core.catalog import Catalog
 from gateway.core.router import META_KEY, CallContext, Router
 from gateway.core.runtime import Gateway

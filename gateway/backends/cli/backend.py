@@ -56,7 +56,7 @@ from tenacity import AsyncRetrying, retry_if_result
 from gateway.backends import processes
 from gateway.backends.backoff import backoff, spread
 from gateway.backends.base import BackendBase, BackendState, BackendStatus, ProcessStatistics, ProgressFn
-from gateway.config.models import Adapter, AdapterTool, ThinWhen, VariantProbe, environ
+from gateway.config import Adapter, AdapterTool, ThinWhen, VariantProbe, environ
 from gateway.errors import (
     BackendError,
     BackendProtocolError,

@@ -89,7 +89,7 @@ from gateway.backends.mcp.relay import (
 )
 from gateway.backends.mcp.stdio import StdioProcess, open_stdio
 from gateway.backends.mcp.watch import WatchedReceiveStream
-from gateway.config.models import HttpServer, ServerConfig, StdioServer
+from gateway.config import HttpServer, ServerConfig, StdioServer
 from gateway.errors import (
     BackendAnswerTooLarge,
     BackendError,

@@ -55,7 +55,7 @@ from gateway.backends.base import BackendBase, BackendState, BackendStatus, Prog
 from gateway.backends.wiki.index import EXCLUDED_DIRS, _build_index, _Index, _is_page_name
 from gateway.backends.wiki.semantic import Embedder, SemanticIndex, SemanticUnavailable, build_semantic, load_embedder
 from gateway.backends.wiki.tools import WikiTool, estimate_tokens, tool_specs, validate
-from gateway.config.models import WIKI_TOOLS
+from gateway.config import WIKI_TOOLS
 from gateway.errors import BackendThinResult, BackendUnavailable, InvalidArguments, ToolNotFound
 
 __all__ = ["TOOL_NAMES", "WikiBackend", "WikiStatistics", "map_wiki_errors"]

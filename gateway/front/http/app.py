@@ -53,7 +53,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.auth.oauth import Refusal, ResourceServer, VerifierStatistics
 from gateway.auth.tokens import Tokens
-from gateway.config.models import CallerLimit, Limits, Policy
+from gateway.config import CallerLimit, Limits, Policy
 from gateway.core.runtime import VERSION, Gateway
 from gateway.front.face import build_server, session_digest
 from gateway.front.http.body import Edge, InFlight

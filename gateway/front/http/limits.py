@@ -30,7 +30,7 @@ import structlog
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.auth.oauth import Principal
-from gateway.config.models import CallerLimit, Policy
+from gateway.config import CallerLimit, Policy
 from gateway.core.policies import Identity, policy_for
 from gateway.core.runtime import Gateway
 from gateway.front.face import session_digest

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import anyio
 import structlog
 
-from gateway.config.models import CallerLimit, SharedSettings
+from gateway.config import CallerLimit, SharedSettings
 
 __all__ = [
     "FAILURE_REASONS",

@@ -19,7 +19,7 @@ import pytest
 from gateway.backends.base import BackendState, BackendStatus
 from gateway.backends.cli import backend as cli_module
 from gateway.backends.cli.backend import ChildProcess, CliBackend, build_argv
-from gateway.config.models import Adapter
+from gateway.config import Adapter
 from gateway.errors import (
     BackendError,
     BackendProtocolError,

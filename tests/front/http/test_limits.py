@@ -14,7 +14,7 @@ import httpx2
 import pytest
 
 from gateway.auth.oauth import Principal
-from gateway.config.models import CallerLimit, parse_config
+from gateway.config import CallerLimit, parse_config
 from gateway.errors import ConfigError
 from gateway.front.http.limits import CallerLimits
 from gateway.ledger.sqlite import query
