@@ -13,7 +13,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from gateway.config.backends import BACKEND_NAME_RE, CALLER_SECRET_RE, WIKI_TOOLS, Adapter, ServerConfig, Wiki
 from gateway.config.base import Model, Problem, check_tool_name
-from gateway.config.policies import Policy
+from gateway.config.policies import Policy, limit_policies
 from gateway.config.settings import GatewaySettings
 
 __all__ = [
@@ -175,11 +175,20 @@ class Federation(Model):
     """Who sees and may call what, first match wins; none: every caller sees everything (gateway/core/policies.py)."""
     exposure: Exposure = Exposure()
     _source: str = PrivateAttr(default="<memory>")
+    _limit_policies: dict[str, Policy] = PrivateAttr(default_factory=dict)
+    _limit_problems: list[Problem] = PrivateAttr(default_factory=list)
 
     @property
     def source(self) -> str:
         """The file this federation was read from."""
         return self._source
+
+    @property
+    def limit_policies(self) -> Mapping[str, Policy]:
+        """The policies whose ``limits`` limit each caller, first match wins: ``policies``, with the deprecated
+        ``gateway.auth.caller_limits`` rewritten into them (config/policies.py ``limit_policies``). Their ``limits``
+        know the key they were written at and their /metrics label. They decide limits only, never what is seen."""
+        return self._limit_policies
 
     @field_validator("servers", "adapters")
     @classmethod
@@ -196,6 +205,11 @@ class Federation(Model):
             check_tool_name(name)
         return value
 
+    @model_validator(mode="after")
+    def _one_way_to_limit(self) -> Federation:
+        self._limit_policies, self._limit_problems = limit_policies(self.policies, self.gateway.auth.caller_limits)
+        return self
+
     def cross_reference_problems(self) -> list[Problem]:
         """Every reference between sections that does not resolve, as (key path, message); empty when all do."""
         seen: dict[str, str] = {}
@@ -207,7 +221,7 @@ class Federation(Model):
                     message = f"policy {name!r} names backend {listed!r}, which is not declared"
                     problems.append((("policies", name, "backends"), message))
         problems += self._header_problems()
-        return problems
+        return problems + self._limit_problems
 
     def _unique_backend_names(self, seen: dict[str, str]) -> Iterator[Problem]:
         """Names used twice across servers, adapters and wiki; ``seen`` gets each name's section."""

@@ -18,15 +18,19 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import structlog
 import yaml
 from pydantic import ValidationError
 
 from gateway.config.base import Problem
 from gateway.config.federation import Federation
 from gateway.config.interpolation import Expansions, interpolate
+from gateway.config.policies import RULES, caller_limits_advice
 from gateway.errors import ConfigError
 
 __all__ = ["ConfigProblems", "add_project_tools", "environ", "load_config", "parse_config"]
+
+log = structlog.get_logger("gateway.config")
 
 Lines = dict[tuple[str, ...], int]
 """Every key path of the document -> the 1-based line of its key."""
@@ -162,6 +166,14 @@ def parse_config(text: str, *, file: str = "<memory>", env: Mapping[str, str] | 
     ]
     if problems:
         raise _refuse(problems)
+    if "caller_limits" in fed.gateway.auth.model_fields_set:
+        line = lines.get(RULES)
+        advice = caller_limits_advice(fed.gateway.auth.caller_limits, fed.policies)
+        log.warning(
+            "config.deprecated",
+            message=f"{file}{f':{line}' if line else ''}: gateway.auth.caller_limits is deprecated (read as the "
+            f"policies' limits, every caller limited as before): {advice}",
+        )
     fed._source = file
     return fed
 

@@ -131,8 +131,8 @@ class Auth(Model):
     oauth: OAuth | None = None
     """JWT access tokens from trusted issuers, accepted beside the static tokens (see docs/security.md)."""
     caller_limits: tuple[CallerLimit, ...] = ()
-    """Per-caller request rate and concurrent calls; the first rule that matches a caller applies. A caller whose
-    policy (``policies:``) sets ``limits`` is limited by those instead."""
+    """Deprecated: per-caller limits are written ``policies.NAME.limits``. Read as an alias (config/policies.py
+    ``limit_policies``): the first rule that matches a caller whose policy sets no ``limits`` applies."""
     caller_secrets: str | None = None
     """A YAML file of per-caller secrets, ``{CALLER: {NAME: VALUE}}``, that ``${caller.secret:NAME}`` in a server's
     headers takes its value from (caller ``"*"``: the gateway's own session, which lists the tools). Read at start and
@@ -290,7 +290,7 @@ class SharedSettings(Model):
 
     Sessions need nothing here: a session-era client's session travels sealed in its ``Mcp-Session-Id`` under the
     ``gateway.continuation`` key (gateway/front/http/sessions.py), so every replica that holds the key serves it. The
-    per-caller rate limits (``gateway.auth.caller_limits``) are counted per replica unless ``redis_url`` is set."""
+    per-caller rate limits (``policies.NAME.limits``) are counted per replica unless ``redis_url`` is set."""
 
     redis_url: str | None = None
     """A Redis server (``redis://[:password@]host:port/db``, or ``rediss://``) where the per-caller request rates are
