@@ -49,12 +49,12 @@ from gateway.ledger.engines import stats as audit_stats
 from gateway.ledger.sqlite import ToolStats
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.tracing import CallTracer, open_tracing
+from gateway.version import VERSION as VERSION  # re-exported: the front and the command read it here
 
 __all__ = ["Gateway", "build_backends", "settle_budget"]
 
 log = structlog.get_logger("gateway.runtime")
 
-VERSION = "0.1.0"
 COSTS_WINDOW_S = 7 * 86400.0
 STARTUP_SETTLE_S = 30.0
 STARTUP_WAIT_S = 10.0
