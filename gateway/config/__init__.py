@@ -4,6 +4,7 @@ made of the ``gateway:`` section (settings.py), the backends (backends.py) and t
 a ``ConfigError`` naming the file, key path and line of every problem."""
 
 from gateway.config.backends import (
+    BACKEND_NAME_RE,
     CALLER_SECRET_RE,
     WIKI_TOOLS,
     Adapter,
@@ -51,6 +52,7 @@ from gateway.config.settings import (
 )
 
 __all__ = [
+    "BACKEND_NAME_RE",
     "CALLER_SECRET_RE",
     "TOOL_NAME_RE",
     "WIKI_TOOLS",

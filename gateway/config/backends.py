@@ -11,6 +11,7 @@ from pydantic import AfterValidator, Field, field_validator, model_validator
 from gateway.config.base import Model, check_tool_name, check_url, resolve, resolve_env_paths
 
 __all__ = [
+    "BACKEND_NAME_RE",
     "CALLER_SECRET_RE",
     "WIKI_TOOLS",
     "Adapter",
