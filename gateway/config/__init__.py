@@ -25,15 +25,13 @@ from gateway.config.base import TOOL_NAME_RE
 from gateway.config.federation import (
     Clients,
     Exposure,
-    ExposureMode,
     Federation,
     Route,
     RouteStep,
-    ScoreScale,
     SearchHitsResult,
 )
 from gateway.config.loading import ConfigProblems, add_project_tools, environ, load_config, parse_config
-from gateway.config.policies import CallerLimit, Policy, PolicyLimits, Selection
+from gateway.config.policies import Policy, PolicyLimits, Selection
 from gateway.config.settings import (
     AuditSettings,
     Auth,
@@ -61,7 +59,6 @@ __all__ = [
     "AuditSettings",
     "Auth",
     "CallBudget",
-    "CallerLimit",
     "CircuitBreaker",
     "Clients",
     "ConfigProblems",
@@ -69,7 +66,6 @@ __all__ = [
     "EdgeSettings",
     "ExitCodes",
     "Exposure",
-    "ExposureMode",
     "Federation",
     "GatewaySettings",
     "HttpServer",
@@ -82,7 +78,6 @@ __all__ = [
     "PolicyLimits",
     "Route",
     "RouteStep",
-    "ScoreScale",
     "SearchHitsResult",
     "Selection",
     "ServerConfig",

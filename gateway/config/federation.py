@@ -164,6 +164,9 @@ class Exposure(Model):
 
 
 class Federation(Model):
+    """The whole of federation.yaml, as read (``source``); built by config/loading.py, which also reports every
+    ``cross_reference_problems`` as a configuration error."""
+
     version: Literal[1] = 1
     gateway: GatewaySettings = GatewaySettings()
     servers: dict[str, ServerConfig] = {}

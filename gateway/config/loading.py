@@ -155,15 +155,14 @@ def parse_config(text: str, *, file: str = "<memory>", env: Mapping[str, str] | 
     try:
         fed = Federation.model_validate(data, context={"base_dir": base_dir})
     except ValidationError as exc:
-        unset_at = {problem.key_path for problem in problems}
-        for key_path, line, message in _validation_problems(exc.errors(include_url=False), lines, expansions):
-            if not any(key_path == at or key_path.startswith(f"{at}.") for at in unset_at):
-                problems.append(ConfigError(file, key_path, line, message))
+        refused = _validation_problems(exc.errors(include_url=False), lines, expansions)
+        problems += _besides(unset, (ConfigError(file, key_path, line, text) for key_path, line, text in refused))
         raise _refuse(problems) from None  # pydantic's own text would echo the input
-    problems += [
-        ConfigError(file, ".".join(path), lines.get(path), expansions.redact(what, at=".".join(path)))
-        for path, what in fed.cross_reference_problems()
-    ]
+    if not problems:  # references are checked between the values the file will have, every variable set
+        problems = [
+            ConfigError(file, ".".join(path), lines.get(path), expansions.redact(what, at=".".join(path)))
+            for path, what in fed.cross_reference_problems()
+        ]
     if problems:
         raise _refuse(problems)
     if "caller_limits" in fed.gateway.auth.model_fields_set:
@@ -176,6 +175,13 @@ def parse_config(text: str, *, file: str = "<memory>", env: Mapping[str, str] | 
         )
     fed._source = file
     return fed
+
+
+def _besides(unset: list[Problem], problems: Iterable[ConfigError]) -> list[ConfigError]:
+    """``problems`` but those at or below a key whose variable is not set (its value is the text written, which
+    may well be refused: the missing variable is the news)."""
+    at = [".".join(path) for path, _ in unset]
+    return [p for p in problems if not any(p.key_path == key or p.key_path.startswith(f"{key}.") for key in at)]
 
 
 def _validation_problems(

@@ -1,11 +1,9 @@
-"""The ``policies:`` section: who (callers, claims, scopes) sees and may call what, and at what rate.
+"""The ``policies:`` section: who (callers, claims, scopes) sees and may call what, and how often (``limits``).
 
-``policies.NAME.limits`` is the one way to limit a caller. The older ``gateway.auth.caller_limits`` is read as a
-deprecated alias: ``limit_policies`` rewrites its rules into the policies that decide each caller's limits, so that
-every caller is limited exactly as before. A rule applied to a caller whose own policy sets no limits; so the rewrite
-puts, before each such policy, the rule's conditions joined to the policy's, and after every policy the rules alone
-(for callers no policy matches, and for a file without policies). Where no policy can say exactly what the rule
-said, the combination is refused (``Problem``), never approximated.
+``policies.NAME.limits`` is the one way to limit a caller. ``gateway.auth.caller_limits`` is a deprecated alias:
+``limit_policies`` rewrites its rules into the ordered policies that decide each caller's limits, so that every
+caller is limited exactly as before, and reports each rule no policy can say exactly as a ``Problem`` (the loader
+refuses the file) rather than approximate it.
 """
 
 from __future__ import annotations

@@ -678,13 +678,18 @@ def test_every_key_given_twice_is_reported_in_one_run() -> None:
     assert [(p.key_path, p.line) for p in err.problems] == [("gateway.name", 3), ("servers", 5)]
 
 
-def test_a_value_whose_variable_is_not_set_is_reported_once_as_the_missing_variable() -> None:
-    err = config_error(STDIO + "    timeout_s: ${SLOW}\n")
+@pytest.mark.parametrize(
+    ("text", "key_path"),
+    [
+        (STDIO + "    timeout_s: ${SLOW}\n", "servers.mem.timeout_s"),
+        (STDIO + "routes:\n  r: ['${SLOW}/search']\n", "routes.r.0"),
+    ],
+    ids=["a-value", "a-reference"],
+)
+def test_a_value_whose_variable_is_not_set_is_reported_once_as_the_missing_variable(text: str, key_path: str) -> None:
+    err = config_error(text)
     assert not isinstance(err, ConfigProblems)
-    assert (err.key_path, err.message) == (
-        "servers.mem.timeout_s",
-        "environment variable SLOW is not set (referenced as ${SLOW})",
-    )
+    assert (err.key_path, err.message) == (key_path, "environment variable SLOW is not set (referenced as ${SLOW})")
 
 
 # ----------------------------------------------------------------------------------------------- property
