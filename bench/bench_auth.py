@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from starlette.types import Message, Receive, Scope, Send
 
 from gateway.auth.oauth import ResourceServer
-from gateway.config.models import OAuth
+from gateway.config import OAuth
 from gateway.front.http.app import Guard, Tokens
 
 RESOURCE = "http://127.0.0.1:8080/mcp"

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 import anyio
 
 from gateway.backends.cli.backend import CliBackend
-from gateway.config.models import Adapter
+from gateway.config import Adapter
 
 WARMUP = 20
 

@@ -44,7 +44,7 @@ import anyio
 import httpx2
 import structlog
 
-from gateway.config.models import parse_config
+from gateway.config import parse_config
 from gateway.core.catalog import Catalog
 from gateway.core.router import Router
 from gateway.ledger.sqlite import Ledger

@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from bench.bench_retrieval import _rss_mb
-from gateway.config.models import Exposure
+from gateway.config import Exposure
 from gateway.front.exposure import meta_tools
 from gateway.search import tools as toolsearch
 from gateway.search.ranking import Embedder, load_embedder

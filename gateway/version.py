@@ -1,12 +1,15 @@
-"""The gateway's version, as its package metadata says (one place: pyproject.toml)."""
+"""The gateway's version: the installed distribution's (pyproject.toml holds the one version), as clients, downstream
+servers, ``/status``, ``/metrics`` and ``gateway --version`` are told it."""
 
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-__all__ = ["VERSION"]
+__all__ = ["DISTRIBUTION", "VERSION"]
+
+DISTRIBUTION = "mcp-federation-gateway"
 
 try:
-    VERSION = version("mcp-federation-gateway")
-except PackageNotFoundError:  # a tree on sys.path that was never installed
+    VERSION = version(DISTRIBUTION)
+except PackageNotFoundError:  # run from a source tree that was never installed (PYTHONPATH=. python -m gateway)
     VERSION = "0+unknown"

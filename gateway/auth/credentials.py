@@ -15,7 +15,7 @@ import anyio.to_thread
 
 from gateway.auth.exchange import ExchangeRefused, exchange
 from gateway.auth.secrets import CallerSecrets, MissingSecret, uses_caller_secrets
-from gateway.config.models import ServerConfig, TokenExchange
+from gateway.config import ServerConfig, TokenExchange
 from gateway.errors import ConfigError
 
 __all__ = ["CallerCredentials", "NoCredential"]

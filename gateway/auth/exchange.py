@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import httpx2
 
-from gateway.config.models import TokenExchange
+from gateway.config import TokenExchange
 from gateway.observe.logs import redactor
 
 __all__ = ["GRANT_TYPE", "Exchanged", "ExchangeRefused", "exchange"]

@@ -41,7 +41,7 @@ import jwt
 import structlog
 
 from gateway.calls import Caller
-from gateway.config.models import OAuth, OAuthIssuer
+from gateway.config import OAuth, OAuthIssuer
 
 __all__ = [
     "VERIFICATION_RESULTS",

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from gateway.config.models import CALLER_SECRET_RE
+from gateway.config import CALLER_SECRET_RE
 from gateway.errors import ConfigError
 from gateway.observe.logs import redactor
 

@@ -39,7 +39,7 @@ from gateway.backends.processes import become_subreaper, supervise
 from gateway.calls import Caller
 from gateway.cli.audit import add_audit_subcommands, run_audit
 from gateway.cli.importer import add_import_subcommand, run_import
-from gateway.config.models import Federation, add_project_tools, environ, load_config
+from gateway.config import Federation, add_project_tools, environ, load_config
 from gateway.core.policies import Views
 from gateway.core.reload import watch_config
 from gateway.core.runtime import Gateway, settle_budget

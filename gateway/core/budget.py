@@ -17,7 +17,7 @@ from typing import TypeVar
 
 import anyio
 
-from gateway.config.models import CallBudget
+from gateway.config import CallBudget
 from gateway.errors import BackendTimeout, OutOfTime
 
 __all__ = ["CallDeadline"]

@@ -34,7 +34,7 @@ import mcp_types as types
 import structlog
 
 from gateway.backends.base import Backend, BackendState
-from gateway.config.models import TOOL_NAME_RE, Exposure, Federation, Policy, RouteStep, SearchHitsResult
+from gateway.config import TOOL_NAME_RE, Exposure, Federation, Policy, RouteStep, SearchHitsResult
 from gateway.core.costs import Cost, fill_placeholders
 from gateway.core.gate import note_without
 from gateway.core.listings import Listings

@@ -23,7 +23,7 @@ import re
 from collections.abc import Collection, Mapping
 
 from gateway.calls import Declared
-from gateway.config.models import Clients
+from gateway.config import Clients
 
 __all__ = ["ClientPolicy", "note_without"]
 

@@ -26,7 +26,7 @@ from mcp.shared.uri_template import InvalidUriTemplate, UriTemplate
 
 from gateway.backends.base import Backend, BackendState
 from gateway.calls import Origin
-from gateway.config.models import Federation
+from gateway.config import Federation
 
 __all__ = ["Listings", "Offers"]
 

@@ -23,7 +23,7 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from gateway.calls import Caller, Origin
-from gateway.config.models import Policy, Selection
+from gateway.config import Policy, Selection
 from gateway.core.catalog import Catalog, with_note
 from gateway.core.gate import note_without
 

@@ -27,7 +27,7 @@ import anyio.abc
 import structlog
 from pydantic import BaseModel
 
-from gateway.config.models import Federation
+from gateway.config import Federation
 from gateway.errors import ConfigError
 
 __all__ = ["ReloadPlan", "backend_specs", "check_reload", "plan_reload", "watch_config"]

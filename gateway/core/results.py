@@ -31,7 +31,7 @@ from typing import Any
 
 import mcp_types as types
 
-from gateway.config.models import SearchHitsResult
+from gateway.config import SearchHitsResult
 from gateway.ledger.records import AuditStep
 
 __all__ = ["RESULT_META_KEY", "SCALES", "shape_result"]

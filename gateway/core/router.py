@@ -33,7 +33,7 @@ import structlog
 
 from gateway.backends.base import Backend, BackendState, ProgressFn
 from gateway.calls import NO_CONTEXT, CallContext, Origin
-from gateway.config.models import CallBudget, EdgeSettings
+from gateway.config import CallBudget, EdgeSettings
 from gateway.core.breakers import Breakers
 from gateway.core.budget import CallDeadline
 from gateway.core.catalog import Catalog, CatalogEntry, Provider

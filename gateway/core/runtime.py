@@ -36,7 +36,7 @@ from gateway.backends.cli.backend import CliBackend
 from gateway.backends.mcp.session import HttpPool, McpBackend, NotificationHook
 from gateway.backends.wiki.backend import WikiBackend
 from gateway.calls import ClientLink, Upstream
-from gateway.config.models import Federation
+from gateway.config import Federation
 from gateway.core.breakers import Breakers, BreakerState
 from gateway.core.catalog import Catalog
 from gateway.core.costs import Cost, costs_from

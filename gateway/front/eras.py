@@ -24,7 +24,7 @@ from mcp.shared.message import ServerMessageMetadata
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway.calls import Origin, Round
-from gateway.config.models import environ
+from gateway.config import environ
 from gateway.core.runtime import Gateway
 from gateway.errors import InputRequired
 from gateway.front.bridges import Bridges, require_capabilities

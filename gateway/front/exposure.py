@@ -37,7 +37,7 @@ import structlog
 
 from gateway.backends.base import Backend, BackendState
 from gateway.calls import Caller
-from gateway.config.models import Exposure, Federation
+from gateway.config import Exposure, Federation
 from gateway.core.catalog import Catalog, CatalogEntry
 from gateway.core.costs import BYTES_PER_TOKEN, Cost
 from gateway.core.gate import note_without

@@ -18,7 +18,7 @@ from gateway.ledger.sqlite import Ledger, SqliteReader
 from gateway.ledger.urls import is_url
 
 if TYPE_CHECKING:
-    from gateway.config.models import AuditSettings
+    from gateway.config import AuditSettings
     from gateway.ledger.postgres import PgLedger
 
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import structlog
 
-from gateway.config.models import Federation, StdioServer, environ
+from gateway.config import Federation, StdioServer, environ
 from gateway.ledger.urls import url_secrets
 
 __all__ = ["MASK", "Redactor", "config_secrets", "configure_logging", "is_secret_name", "redactor"]

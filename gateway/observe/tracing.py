@@ -32,7 +32,7 @@ import anyio.to_thread
 from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
 
-from gateway.config.models import TracingSettings
+from gateway.config import TracingSettings
 from gateway.errors import ConfigError
 from gateway.ledger.records import ERROR_STATUSES
 from gateway.observe.metrics import SERVED_OUTCOMES

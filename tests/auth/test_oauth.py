@@ -22,7 +22,7 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from gateway.config.models import parse_config
+from gateway.config import parse_config
 from gateway.errors import ConfigError
 from gateway.ledger.engines import open_reader
 from tests.fixtures.gateway_proc import PYTHON, echo_argv, mcp_session, run_gateway

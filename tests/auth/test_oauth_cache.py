@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.auth.oauth import Refusal, ResourceServer
 from gateway.calls import Caller
-from gateway.config.models import OAuth, parse_config
+from gateway.config import OAuth, parse_config
 from gateway.errors import ConfigError
 from tests.fixtures.gateway_proc import PYTHON, echo_argv, run_gateway
 from tests.fixtures.identity import IdentityProvider, start_identity_provider

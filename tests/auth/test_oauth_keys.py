@@ -19,7 +19,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from gateway.auth.oauth import Refusal, ResourceServer
-from gateway.config.models import OAuth
+from gateway.config import OAuth
 
 pytestmark = pytest.mark.anyio
 

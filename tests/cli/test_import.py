@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from gateway.cli.importer import Imported, add_import_subcommand, convert, parse_client_config, run_import
-from gateway.config.models import Federation, HttpServer, SseServer, StdioServer, parse_config
+from gateway.config import Federation, HttpServer, SseServer, StdioServer, parse_config
 from gateway.errors import ConfigError
 from tests.fixtures import FIXTURES
 

@@ -14,10 +14,11 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from gateway.config.models import (
+from gateway.config import (
     Adapter,
     AdapterTool,
     AuditSettings,
+    ConfigProblems,
     ExitCodes,
     Federation,
     GatewaySettings,
@@ -118,7 +119,7 @@ def test_the_design_example_parses_into_typed_frozen_models(tmp_path: Path) -> N
     recall = fed.routes["recall"]
     assert recall.providers[0].arguments == {"query": "{question}"}
     assert (recall.schema_from, recall.audit) == ("memory/search_nodes", {"question": 50})
-    assert fed.backend_names() == ["qmd-mcp", "memory", "events", "qmd", "wiki"]
+    assert [*fed.servers, *fed.adapters, fed.wiki.name] == ["qmd-mcp", "memory", "events", "qmd", "wiki"]
 
     with pytest.raises(pydantic.ValidationError):
         fed.gateway.listen.port = 1
@@ -454,9 +455,9 @@ def test_a_value_two_variables_hold_is_shown_as_the_variable_written_at_that_key
 
 
 def test_a_value_two_variables_hold_echoed_away_from_its_key_names_both() -> None:
-    from gateway.config.models import _Expansions
+    from gateway.config.interpolation import Expansions
 
-    expansions = _Expansions()
+    expansions = Expansions()
     expansions.add(SAME, "${A}", ("servers", "web", "url"))
     expansions.add(SAME, "${B}", ("servers", "mem", "command"))
     assert expansions.redact(f"'{SAME}' twice", at="routes.r") == "'${A} or ${B}' twice"
@@ -621,6 +622,74 @@ def test_a_top_level_source_key_is_an_unknown_key() -> None:
     text = "source: elsewhere.yaml\n"
     err = config_error(text)
     assert_names(err, "source", 1)
+
+
+def test_every_problem_of_a_file_is_reported_in_one_run_in_the_order_of_the_file() -> None:
+    text = yaml_text(
+        """
+        gateway:
+          listen: {port: 70000}
+        servers:
+          web:
+            transport: streamable_http
+            url: http://127.0.0.1:1/mcp
+            headers: {Authorization: "Bearer ${TOKEN}"}
+          mem:
+            transport: stdio
+            command: npx
+            bogus: 1
+            timeout_s: fast
+        """
+    )
+    err = config_error(text)
+    assert isinstance(err, ConfigProblems)
+    found = [(p.key_path, p.line) for p in err.problems]
+    assert found == [
+        ("gateway.listen.port", line_of(text, "port")),
+        ("servers.web.headers.Authorization", line_of(text, "Authorization")),
+        ("servers.mem.bogus", line_of(text, "bogus")),
+        ("servers.mem.timeout_s", line_of(text, "timeout_s")),
+    ]
+    assert_names(err, "gateway.listen.port", line_of(text, "port"))  # it reads as the first
+    assert str(err).splitlines() == [str(p) for p in err.problems]
+    assert "environment variable TOKEN is not set" in err.problems[1].message
+
+
+def test_every_reference_that_does_not_resolve_is_reported_in_one_run() -> None:
+    text = yaml_text(
+        STDIO
+        + "adapters:\n  mem:\n    command: x\n    tools: {}\n"
+        + "routes:\n  find: [ghost/search]\n"
+        + "policies:\n  readers: {backends: {include: [nowhere]}}\n"
+    )
+    err = config_error(text)
+    assert isinstance(err, ConfigProblems)
+    assert [(p.key_path, p.line) for p in err.problems] == [
+        ("adapters.mem", line_of(text, "mem:", nth=2)),
+        ("routes.find", line_of(text, "find:")),
+        ("policies.readers.backends", line_of(text, "readers")),
+    ]
+
+
+def test_every_key_given_twice_is_reported_in_one_run() -> None:
+    text = yaml_text("gateway:\n  name: a\n  name: b\nservers: {}\nservers: {}\n")
+    err = config_error(text)
+    assert isinstance(err, ConfigProblems)
+    assert [(p.key_path, p.line) for p in err.problems] == [("gateway.name", 3), ("servers", 5)]
+
+
+@pytest.mark.parametrize(
+    ("text", "key_path"),
+    [
+        (STDIO + "    timeout_s: ${SLOW}\n", "servers.mem.timeout_s"),
+        (STDIO + "routes:\n  r: ['${SLOW}/search']\n", "routes.r.0"),
+    ],
+    ids=["a-value", "a-reference"],
+)
+def test_a_value_whose_variable_is_not_set_is_reported_once_as_the_missing_variable(text: str, key_path: str) -> None:
+    err = config_error(text)
+    assert not isinstance(err, ConfigProblems)
+    assert (err.key_path, err.message) == (key_path, "environment variable SLOW is not set (referenced as ${SLOW})")
 
 
 # ----------------------------------------------------------------------------------------------- property

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.backends.base import Backend, BackendState
-from gateway.config.models import Federation, parse_config
+from gateway.config import Federation, parse_config
 from gateway.core.catalog import Catalog, Provider
 from tests.fakes import FakeBackend, make_tool
 

@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from gateway.config.models import parse_config
+from gateway.config import parse_config
 from gateway.core.runtime import Gateway
 from gateway.front.face import Face
 from gateway.ledger.engines import open_reader

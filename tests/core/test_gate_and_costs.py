@@ -11,7 +11,7 @@ import mcp_types as types
 import pytest
 
 from gateway.calls import Declared
-from gateway.config.models import Clients
+from gateway.config import Clients
 from gateway.core.costs import Cost, costs_from, fill_placeholders
 from gateway.core.gate import ClientPolicy
 from gateway.ledger.engines import open_reader

@@ -12,7 +12,7 @@ import pytest
 from gateway.backends.base import BackendState, BackendStatus
 from gateway.backends.mcp.session import McpBackend
 from gateway.calls import Origin
-from gateway.config.models import parse_config
+from gateway.config import parse_config
 from gateway.core.listings import Listings, Offers
 
 

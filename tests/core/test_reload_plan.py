@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.config.models import parse_config
+from gateway.config import parse_config
 from gateway.core.reload import check_reload, plan_reload
 from gateway.errors import ConfigError
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import mcp_types as types
 
-from gateway.config.models import SearchHitsResult
+from gateway.config import SearchHitsResult
 from gateway.core.results import RESULT_META_KEY, SCALES, map_path, shape_result
 from gateway.ledger.records import AuditStep
 

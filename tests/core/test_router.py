@@ -13,7 +13,7 @@ from structlog.testing import capture_logs
 
 from gateway.backends.base import Backend, BackendState
 from gateway.calls import CallContext, Caller, Upstream
-from gateway.config.models import parse_config
+from gateway.config import parse_config
 from gateway.core.catalog import Catalog
 from gateway.core.router import META_KEY, Router
 from gateway.errors import (

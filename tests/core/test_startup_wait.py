@@ -29,7 +29,7 @@ import pytest
 from mcp.client.client import Client
 from mcp.shared.exceptions import MCPError
 
-from gateway.config.models import parse_config
+from gateway.config import parse_config
 from gateway.core import runtime
 from gateway.core.runtime import Gateway
 from gateway.front.face import Face

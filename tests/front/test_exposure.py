@@ -10,7 +10,7 @@ import pytest
 
 from gateway.backends.base import Backend, BackendState
 from gateway.calls import ANONYMOUS
-from gateway.config.models import Federation, parse_config
+from gateway.config import Federation, parse_config
 from gateway.core.catalog import Catalog
 from gateway.core.costs import Cost
 from gateway.errors import InvalidArguments

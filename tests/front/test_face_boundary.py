@@ -12,7 +12,7 @@ from mcp.client.client import Client
 from mcp.shared.exceptions import MCPError
 from structlog.testing import capture_logs
 
-from gateway.config.models import parse_config
+from gateway.config import parse_config
 from gateway.core.runtime import Gateway
 from gateway.front.face import Face
 

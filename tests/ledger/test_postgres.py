@@ -20,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.cli.audit import add_audit_subcommands, run_audit
-from gateway.config.models import parse_config
+from gateway.config import parse_config
 from gateway.core.router import META_KEY
 from gateway.errors import AuditError, ConfigError
 from gateway.ledger.engines import open_reader

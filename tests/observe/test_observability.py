@@ -28,7 +28,7 @@ from structlog.testing import capture_logs
 
 from gateway.backends.base import Backend
 from gateway.calls import CallContext, Caller, Upstream
-from gateway.config.models import TracingSettings, parse_config
+from gateway.config import TracingSettings, parse_config
 from gateway.core.catalog import Catalog
 from gateway.core.router import META_KEY, Router
 from gateway.core.runtime import Gateway

@@ -14,7 +14,7 @@ from typing import Any
 import mcp_types as types
 
 from gateway.backends.cli.runs import Outcome
-from gateway.config.models import AdapterTool, ThinWhen
+from gateway.config import AdapterTool, ThinWhen
 from gateway.errors import BackendError, BackendProtocolError, BackendThinResult
 
 __all__ = ["answer", "clipped", "exit_description"]

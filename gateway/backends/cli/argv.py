@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gateway.config.models import AdapterTool
+from gateway.config import AdapterTool
 from gateway.errors import InvalidArguments, quote
 
 __all__ = ["build_argv", "unknown_placeholder"]

@@ -29,7 +29,7 @@ from gateway.backends.cli.answers import answer
 from gateway.backends.cli.argv import build_argv, unknown_placeholder
 from gateway.backends.cli.runs import ChildProcess, Outcome, Runs, Spawner, spawn_process
 from gateway.calls import NO_UPSTREAM, Upstream
-from gateway.config.models import Adapter, AdapterTool, ThinWhen, VariantProbe
+from gateway.config import Adapter, AdapterTool, ThinWhen, VariantProbe
 from gateway.errors import (
     BackendTimeout,
     BackendUnavailable,

@@ -18,7 +18,7 @@ import structlog
 
 from gateway.backends.cli.answers import clipped, exit_description
 from gateway.backends.cli.runs import Outcome, environment
-from gateway.config.models import Adapter, VariantProbe
+from gateway.config import Adapter, VariantProbe
 from gateway.errors import BackendError
 
 __all__ = ["PROBE_TIMEOUT_S", "Run", "locate_problem", "log_variants", "probe_problem", "unready_variants"]

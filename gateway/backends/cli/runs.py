@@ -23,7 +23,7 @@ import anyio
 import anyio.abc
 
 from gateway.backends import processes
-from gateway.config.models import Adapter, environ
+from gateway.config import Adapter, environ
 from gateway.errors import BackendError, BackendUnavailable
 
 __all__ = ["ChildProcess", "Outcome", "Runs", "Spawner", "environment", "spawn_process"]

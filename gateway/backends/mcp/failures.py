@@ -20,7 +20,7 @@ import httpx2
 from mcp.client.subscriptions import SubscriptionLost
 from mcp.shared.exceptions import MCPError
 
-from gateway.config.models import HttpServer, ServerConfig, SseServer, StdioServer
+from gateway.config import HttpServer, ServerConfig, SseServer, StdioServer
 from gateway.errors import (
     BackendError,
     BackendProtocolError,

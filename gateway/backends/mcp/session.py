@@ -80,7 +80,7 @@ from gateway.backends.mcp.relay import SERVING, InFlight, attribute, relay_reque
 from gateway.backends.mcp.stdio import StdioProcess, open_stdio
 from gateway.backends.mcp.watch import WatchedReceiveStream
 from gateway.calls import NO_UPSTREAM, ClientLink, Round, Upstream
-from gateway.config.models import HttpServer, ServerConfig, StdioServer
+from gateway.config import HttpServer, ServerConfig, StdioServer
 from gateway.errors import (
     BackendAnswerTooLarge,
     BackendError,

@@ -37,7 +37,7 @@ from gateway.backends.wiki.index import EXCLUDED_DIRS, _build_index, _Index, _is
 from gateway.backends.wiki.semantic import Embedder, SemanticIndex, SemanticUnavailable, build_semantic, load_embedder
 from gateway.backends.wiki.tools import WikiTool, tool_specs
 from gateway.calls import NO_UPSTREAM, Upstream
-from gateway.config.models import WIKI_TOOLS
+from gateway.config import WIKI_TOOLS
 from gateway.errors import BackendThinResult, BackendUnavailable, ToolNotFound
 
 __all__ = ["TOOL_NAMES", "WikiBackend", "WikiStatistics", "map_wiki_errors"]

@@ -54,7 +54,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.auth.oauth import Refusal, ResourceServer, VerifierStatistics
 from gateway.auth.tokens import Tokens
 from gateway.calls import Caller
-from gateway.config.models import CallerLimit, Limits, Policy
+from gateway.config import Limits, Policy
 from gateway.core.runtime import Gateway
 from gateway.front.channels import Resumes
 from gateway.front.face import Face
@@ -705,11 +705,8 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
         assert oauth is not None
         return JSONResponse(oauth.metadata(), headers={"cache-control": "max-age=300"})
 
-    def limits() -> tuple[CallerLimit, ...]:
-        return gateway.config.gateway.auth.caller_limits
-
-    def policies() -> Mapping[str, Policy]:
-        return gateway.config.policies
+    def limit_policies() -> Mapping[str, Policy]:
+        return gateway.config.limit_policies
 
     metadata_routes = [Route(p, resource_metadata, methods=["GET"]) for p in (oauth.metadata_paths if oauth else ())]
 
@@ -740,7 +737,7 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
             Route(
                 "/mcp",
                 endpoint=Edge(
-                    CallerLimits(mcp_app, gateway, limits, policies, shared=shared),
+                    CallerLimits(mcp_app, gateway, limit_policies, shared=shared),
                     lambda: gateway.config.gateway.edge,
                     in_flight,
                 ),

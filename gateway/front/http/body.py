@@ -40,7 +40,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.config.models import EdgeSettings
+from gateway.config import EdgeSettings
 from gateway.errors import quote
 from gateway.front.scope import caller_of, set_message, set_withheld
 from gateway.inputs import argument_problem, problem

@@ -41,7 +41,7 @@ import structlog
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gateway.config.models import Limits
+from gateway.config import Limits
 
 __all__ = [
     "MAX_HEAD_BYTES",

@@ -1,23 +1,23 @@
 """Per-caller limits at ``/mcp``: a request rate (token bucket) and concurrent tool calls, per caller.
 
-``CallerLimits`` is pure ASGI middleware between the edge (``edge.py``, which leaves each POST's JSON-RPC message in
-the scope state) and the SDK. The rules are ``gateway.auth.caller_limits``, read at every request (so a reload
-applies): the first rule whose ``callers`` globs match the caller's name and whose ``claims`` its verified JWT
-carries applies, and each caller it matches gets its own bucket and its own in-flight count (one caller's burst never
-spends another's share). Counted: every JSON-RPC request (not notifications, responses or GET streams) against
-``requests_per_s`` / ``burst``; every ``tools/call`` against ``concurrent_calls`` while its answer is being sent.
-Over a limit, the request is answered HTTP 429 with ``Retry-After`` and a JSON-RPC error (``LIMITED``) naming the
-limit and when to retry, before the SDK sees it; a refused ``tools/call`` leaves a ``refused`` ledger row (the
-arguments only hashed) and every refusal is counted in ``/metrics`` (``mcp_gateway_caller_limited_total``, by rule and
-limit). The state is per process (a replica keeps its own buckets); callers idle with a full bucket are forgotten
-once more than ``MAX_TRACKED`` are held. With ``gateway.shared.redis_url`` the request rate is counted in Redis
-instead, for all replicas at once (shared_limits.py); when Redis cannot answer, ``gateway.shared.redis_down`` says
-whether the request is counted here alone (``open``) or refused with HTTP 503 (``closed``).
+``CallerLimits`` is pure ASGI middleware between the edge (``body.py``, which leaves each POST's JSON-RPC message in
+the scope state) and the SDK. A caller's limits are the ``limits`` of the first of ``Federation.limit_policies``
+that matches it (``policies``, with the deprecated ``gateway.auth.caller_limits`` rewritten into them by the config
+loader), read at every request so a reload applies; each caller gets its own bucket and its own in-flight count (one
+caller's burst never spends another's share). Counted: every JSON-RPC request (not notifications, responses or GET
+streams) against ``requests_per_s`` / ``burst``; every ``tools/call`` against ``concurrent_calls`` while its answer
+is being sent. Over a limit, the request is answered HTTP 429 with ``Retry-After`` and a JSON-RPC error (``LIMITED``)
+naming the limit, where it is written and when to retry, before the SDK sees it; a refused ``tools/call`` leaves a
+``refused`` ledger row (the arguments only hashed) and every refusal is counted in ``/metrics``
+(``mcp_gateway_caller_limited_total``, by the limits' label and the limit). The state is per process (a replica
+keeps its own buckets); callers idle with a full bucket are forgotten once more than ``MAX_TRACKED`` are held. With
+``gateway.shared.redis_url`` the request rate is counted in Redis instead, for all replicas at once (shared.py);
+when Redis cannot answer, ``gateway.shared.redis_down`` says whether the request is counted here alone (``open``)
+or refused with HTTP 503 (``closed``).
 """
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import math
 import time
@@ -29,7 +29,7 @@ import structlog
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.calls import CallContext, Caller, Upstream
-from gateway.config.models import CallerLimit, Policy
+from gateway.config import Policy, PolicyLimits
 from gateway.core.policies import policy_for
 from gateway.core.runtime import Gateway
 from gateway.front.http.shared import SharedRates
@@ -49,7 +49,7 @@ CONCURRENCY_RETRY_S = 1
 
 @dataclass
 class _State:
-    rule: CallerLimit
+    rule: PolicyLimits
     tokens: float
     stamp: float
     in_flight: int = 0
@@ -73,42 +73,27 @@ class _State:
         return full and self.in_flight == 0
 
 
-def _burst(rule: CallerLimit) -> float:
+def _burst(rule: PolicyLimits) -> float:
     return float(rule.burst if rule.burst is not None else math.ceil(rule.requests_per_s or 1.0))
 
 
-def _claims_match(wanted: Mapping[str, str], claims: Mapping[str, Any] | None) -> bool:
-    if not wanted:
-        return True
-    if claims is None:
-        return False
-    for name, value in wanted.items():
-        have = claims.get(name)
-        if not (have == value or (isinstance(have, list) and value in have)):
-            return False
-    return True
-
-
 class CallerLimits:
-    """Pure ASGI middleware: each caller's request rate and concurrent tool calls, per ``gateway.auth``."""
+    """Pure ASGI middleware: each caller's request rate and concurrent tool calls, per its policy's ``limits``."""
 
     def __init__(
         self,
         app: ASGIApp,
         gateway: Gateway,
-        rules: Callable[[], tuple[CallerLimit, ...]],
-        policies: Callable[[], Mapping[str, Policy]] = dict,
+        policies: Callable[[], Mapping[str, Policy]],
         shared: SharedRates | None = None,
     ) -> None:
         self.app = app
         self.gateway = gateway
-        self.rules = rules
         self.policies = policies
         self.shared = shared
         self._callers: dict[str, _State] = {}
-        self._policy_rules: dict[int, tuple[Policy, CallerLimit]] = {}
 
-    async def _take(self, state: _State, caller: str, rule: CallerLimit, now: float) -> float | None:
+    async def _take(self, state: _State, caller: str, rule: PolicyLimits, now: float) -> float | None:
         """One token of the caller's rate: from Redis when shared, else (or when Redis is down and the
         configuration says ``open``) this replica's bucket; None: Redis is down and the configuration says
         ``closed``."""
@@ -120,37 +105,13 @@ class CallerLimits:
             return state.take(now) if shared.fail_open else None
         return wait
 
-    def _rule(self, caller: Caller) -> tuple[str, str, CallerLimit] | None:
-        """The limits that apply, and where they are written: the caller's policy's ``limits`` when it sets them
-        (auth/policies.py picks the policy), else the first ``gateway.auth.caller_limits`` rule that matches; with
-        the name /metrics counts its refusals under."""
+    def _limits(self, caller: Caller) -> PolicyLimits | None:
+        """The limits of the caller's policy (core/policies.py ``policy_for`` picks it); None: not limited."""
         policies = self.policies()
-        if policies:
-            name = policy_for(policies, caller)
-            policy = policies.get(name)
-            if policy is not None and policy.limits is not None:
-                return f"policies.{name}.limits", f"policy:{name}", self._policy_rule(name, policy)
-        for index, rule in enumerate(self.rules()):
-            if any(fnmatch.fnmatchcase(caller.name or "", pattern) for pattern in rule.callers) and _claims_match(
-                rule.claims, caller.claims if caller.issuer is not None else None
-            ):
-                return f"gateway.auth.caller_limits[{index}]", rule.name or f"rule-{index + 1}", rule
-        return None
+        policy = policies.get(policy_for(policies, caller))
+        return policy.limits if policy is not None else None
 
-    def _policy_rule(self, name: str, policy: Policy) -> CallerLimit:
-        """A policy's limits as a rule (built once per policy object: a reload makes new ones, and fresh buckets)."""
-        found = self._policy_rules.get(id(policy))
-        if found is not None and found[0] is policy:
-            return found[1]
-        limits = policy.limits
-        assert limits is not None
-        rule = CallerLimit(name=f"policy:{name}", **limits.model_dump())  # PolicyLimits validated the same way
-        if len(self._policy_rules) > 64:
-            self._policy_rules.clear()
-        self._policy_rules[id(policy)] = (policy, rule)
-        return rule
-
-    def _state(self, caller: str, rule: CallerLimit, now: float) -> _State:
+    def _state(self, caller: str, rule: PolicyLimits, now: float) -> _State:
         state = self._callers.get(caller)
         if state is None or state.rule != rule:  # new, or its rule changed on a reload: a fresh bucket
             if len(self._callers) >= MAX_TRACKED:
@@ -167,11 +128,11 @@ class CallerLimits:
         if message is None or "method" not in message or "id" not in message or not caller:
             await self.app(scope, receive, send)
             return
-        found = self._rule(who)
-        if found is None:
+        rule = self._limits(who)
+        if rule is None:
             await self.app(scope, receive, send)
             return
-        where, rule_name, rule = found
+        where, rule_name = rule.written_at, rule.label
         now = time.monotonic()
         state = self._state(caller, rule, now)
         call = message.get("method") == "tools/call"

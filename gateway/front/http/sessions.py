@@ -55,7 +55,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERS
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from gateway.config.models import GatewaySettings, environ
+from gateway.config import GatewaySettings, environ
 from gateway.front.continuation import load_key
 from gateway.front.scope import message_of
 

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import anyio
 import structlog
 
-from gateway.config.models import CallerLimit, SharedSettings
+from gateway.config import PolicyLimits, SharedSettings
 
 __all__ = [
     "FAILURE_REASONS",
@@ -75,7 +75,7 @@ return tostring(wait)
 """
 
 
-def _key(caller: str, rule: CallerLimit, burst: float) -> str:
+def _key(caller: str, rule: PolicyLimits, burst: float) -> str:
     digest = hashlib.sha256(caller.encode("utf-8", "surrogatepass")).hexdigest()[:24]
     return f"{_PREFIX}{rule.requests_per_s:g}:{burst:g}:{digest}"
 
@@ -184,7 +184,7 @@ class SharedRates:
         self.fail_open = redis.fail_open
         self._script: Any = redis.client.register_script(_TAKE)
 
-    async def take(self, caller: str, rule: CallerLimit, burst: float) -> float | None:
+    async def take(self, caller: str, rule: PolicyLimits, burst: float) -> float | None:
         """Spend one of the caller's tokens: 0.0 if there was one, else the seconds until there is; None when Redis
         cannot answer now (then ``gateway.shared.redis_down`` decides)."""
         assert rule.requests_per_s is not None

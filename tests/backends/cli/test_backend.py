@@ -21,7 +21,7 @@ from gateway.backends.cli import backend as cli_module
 from gateway.backends.cli.argv import build_argv
 from gateway.backends.cli.backend import CliBackend
 from gateway.backends.cli.runs import ChildProcess
-from gateway.config.models import Adapter
+from gateway.config import Adapter
 from gateway.errors import (
     BackendError,
     BackendProtocolError,

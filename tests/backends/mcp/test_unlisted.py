@@ -14,7 +14,7 @@ from structlog.testing import capture_logs
 
 from gateway.backends.base import Backend
 from gateway.calls import Caller
-from gateway.config.models import parse_config
+from gateway.config import parse_config
 from gateway.core.catalog import Catalog
 from gateway.core.policies import Views
 from gateway.errors import ConfigError

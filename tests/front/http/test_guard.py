@@ -15,7 +15,7 @@ import pytest
 from starlette.types import Message, Receive, Scope, Send
 
 from gateway.backends.base import BackendState
-from gateway.config.models import Federation, parse_config
+from gateway.config import Federation, parse_config
 from gateway.core.catalog import Catalog
 from gateway.core.runtime import Gateway
 from gateway.front.http.app import Guard, Tokens, is_loopback, status_document

@@ -1,4 +1,4 @@
-"""Per-caller limits at ``/mcp`` (``gateway/quotas.py``), over a real gateway process on loopback: a caller over its
+"""Per-caller limits at ``/mcp`` (``front/http/limits.py``), over a real gateway process on loopback: a caller over its
 request rate or its concurrent tool calls is answered HTTP 429 with ``Retry-After`` and a JSON-RPC error naming the
 limit, leaves a ``refused`` ledger row and a count in ``/metrics``, while other callers are untouched; and the rules
 match callers by name glob and by JWT claim."""
@@ -15,7 +15,7 @@ import httpx2
 import pytest
 
 from gateway.calls import Caller
-from gateway.config.models import CallerLimit, parse_config
+from gateway.config import parse_config
 from gateway.errors import ConfigError
 from gateway.front.http.limits import CallerLimits
 from gateway.ledger.engines import open_reader
@@ -160,23 +160,21 @@ def test_a_caller_limit_must_limit_something_and_its_burst_needs_a_rate() -> Non
 
 
 def test_the_first_rule_matching_the_callers_name_and_its_tokens_claims_applies() -> None:
-    rules = tuple(
-        CallerLimit.model_validate(rule)
-        for rule in (
-            {"name": "batch", "callers": ["corp:*"], "claims": {"client_id": "batch"}, "concurrent_calls": 1},
-            {"name": "admins", "claims": {"groups": "admins"}, "requests_per_s": 100},
-            {"name": "corp", "callers": ["corp:*"], "requests_per_s": 5},
-            {"name": "ops", "callers": ["ops"], "concurrent_calls": 4},
-        )
-    )
-    limits = CallerLimits(app=None, gateway=None, rules=lambda: rules)  # type: ignore[arg-type]
+    rules = [
+        {"name": "batch", "callers": ["corp:*"], "claims": {"client_id": "batch"}, "concurrent_calls": 1},
+        {"name": "admins", "claims": {"groups": "admins"}, "requests_per_s": 100},
+        {"name": "corp", "callers": ["corp:*"], "requests_per_s": 5},
+        {"name": "ops", "callers": ["ops"], "concurrent_calls": 4},
+    ]
+    fed = parse_config(json.dumps({"gateway": {"auth": {"caller_limits": rules}}}))  # JSON is YAML
+    limits = CallerLimits(app=None, gateway=None, policies=lambda: fed.limit_policies)  # type: ignore[arg-type]
 
     def principal(subject: str, **claims: Any) -> Caller:
         return Caller(f"corp:{subject}", frozenset(), {"sub": subject, **claims}, "https://idp", subject)
 
     def rule(caller: str, who: Caller | None) -> str | None:
-        found = limits._rule(dataclasses.replace(who, name=caller) if who is not None else Caller(caller))
-        return found[1] if found is not None else None  # (where it is written, its name, the rule)
+        found = limits._limits(dataclasses.replace(who, name=caller) if who is not None else Caller(caller))
+        return found.label if found is not None else None  # the name /metrics counts its refusals under
 
     assert rule("corp:svc", principal("svc", client_id="batch")) == "batch"
     assert rule("corp:ada", principal("ada", groups=["staff", "admins"])) == "admins"  # a list claim contains it

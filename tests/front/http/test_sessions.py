@@ -14,7 +14,7 @@ import anyio
 import httpx2
 import pytest
 
-from gateway.config.models import parse_config
+from gateway.config import parse_config
 from gateway.errors import ConfigError
 from gateway.ledger.engines import open_reader
 from tests.fixtures.gateway_proc import PYTHON, echo_argv, mcp_session, run_gateway

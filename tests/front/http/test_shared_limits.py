@@ -194,7 +194,7 @@ async def test_metrics_say_whether_redis_answers_and_count_its_failures_by_reaso
 
 
 def test_the_redis_password_is_a_secret_the_log_never_shows() -> None:
-    from gateway.config.models import parse_config
+    from gateway.config import parse_config
     from gateway.errors import ConfigError
     from gateway.observe.logs import config_secrets
 

@@ -23,7 +23,7 @@ import httpx2
 import pytest
 
 from gateway.auth.cookies import SessionCookies
-from gateway.config.models import parse_config
+from gateway.config import parse_config
 from gateway.core.runtime import Gateway
 from gateway.front.http.app import Tokens, build_app
 from gateway.front.http.ui import COOKIE
