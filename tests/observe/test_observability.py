@@ -1,9 +1,9 @@
 """Observability: which configured values are secrets and that none of them leaks (logs, ledger, /status, /metrics),
 the correlation id on every log line of a call, Prometheus metrics and their auth switch, and OpenTelemetry spans.
 
-Router-level behaviour runs in memory against scripted backends (tests/fakes.py); what only the real process can show
-(a secret a backend prints reaching neither the log nor the ledger; spans exported and the trace context reaching a
-downstream server) runs the real gateway (tests/fixtures/gateway_proc.py).
+Router-level behaviour runs in memory against scripted backends (gateway/testing.py); what only the real process can
+show (a secret a backend prints reaching neither the log nor the ledger; spans exported and the trace context reaching
+a downstream server) runs the real gateway (tests/fixtures/gateway_proc.py).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from gateway.ledger.sqlite import query
 from gateway.observe.logs import MASK, Redactor, config_secrets, is_secret_name, redactor
 from gateway.observe.metrics import NO_PROVIDER, GatewayMetrics
 from gateway.observe.tracing import CallTracer, open_tracing
-from tests.fakes import FakeBackend, FakeRecorder, text_result
+from gateway.testing import FakeBackend, FakeRecorder, text_result
 from tests.fixtures.gateway_proc import PYTHON, echo_argv, mcp_session, run_gateway
 from tests.fixtures.procs import RunningServer, free_port, start_http_server
 from tests.fixtures.waiting import eventually
