@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import mcp_types as types
@@ -15,7 +14,7 @@ from gateway.config.models import Clients
 from gateway.core.costs import Cost, costs_from, fill_placeholders
 from gateway.core.gate import ClientPolicy
 from gateway.ledger.sqlite import ToolStats, query
-from tests.fixtures.gateway_proc import mcp_session, run_gateway
+from tests.fixtures.gateway_proc import GatewayProcesses, mcp_session
 from tests.fixtures.procs import RunningServer
 from tests.fixtures.waiting import eventually
 
@@ -71,7 +70,9 @@ TOKEN = "gate-token"
 
 
 @pytest.fixture(scope="module")
-def wiki_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningServer, Path]]:
+def wiki_gateway(
+    tmp_path_factory: pytest.TempPathFactory, gateway_process: GatewayProcesses
+) -> tuple[RunningServer, Path]:
     root = tmp_path_factory.mktemp("gate")
     docs = root / "docs"
     docs.mkdir()
@@ -88,8 +89,7 @@ wiki:
 clients:
   known: {{claude-code: 200000}}
 """
-    with run_gateway(config, root, tokens=TOKEN) as server:
-        yield server, root
+    return gateway_process(config, tokens=TOKEN, folder=root), root
 
 
 @pytest.mark.anyio

@@ -39,8 +39,9 @@ from gateway.observe.logs import MASK, Redactor, config_secrets, is_secret_name,
 from gateway.observe.metrics import NO_PROVIDER, GatewayMetrics
 from gateway.observe.tracing import CallTracer, open_tracing
 from gateway.testing import FakeBackend, FakeRecorder, text_result
+from tests.fixtures.downstreams import Downstream, Downstreams
 from tests.fixtures.gateway_proc import PYTHON, echo_argv, mcp_session, run_gateway
-from tests.fixtures.procs import RunningServer, free_port, start_http_server
+from tests.fixtures.procs import RunningServer
 from tests.fixtures.waiting import eventually
 
 pytestmark = pytest.mark.anyio
@@ -480,14 +481,12 @@ def _ledger_evidence(folder: Path) -> tuple[str, str]:
 
 
 @pytest.fixture(scope="module")
-def echo_http() -> Iterator[RunningServer]:
-    port = free_port()
-    with start_http_server(echo_argv("--http", str(port), "--name", "remote"), port) as server:
-        yield server
+def echo_http(downstream: Downstreams) -> Downstream:
+    return downstream("echo", "streamable_http", "--name", "remote")
 
 
 async def test_no_planted_secret_reaches_the_log_the_ledger_status_or_metrics(
-    tmp_path: Path, echo_http: RunningServer
+    tmp_path: Path, echo_http: Downstream
 ) -> None:
     secrets = {
         "token": "planted-bearer-token-0b1c",
