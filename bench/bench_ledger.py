@@ -50,7 +50,7 @@ from gateway.core.router import Router
 from gateway.ledger.sqlite import Ledger
 from gateway.observe.logs import configure_logging
 from gateway.observe.metrics import GatewayMetrics
-from tests.fakes import FakeBackend
+from gateway.testing import FakeBackend
 from tests.fixtures.gateway_proc import PYTHON, echo_argv, mcp_session, run_gateway
 from tests.fixtures.procs import RunningServer, free_port, start_http_server
 

@@ -1,16 +1,21 @@
 """Shared test setup: the anyio backend, a clean environment, a garbage collection after each test, the project's
-locally installed tools on PATH, and the ``pidfile`` of the fixture program that leaves a grandchild behind."""
+locally installed tools on PATH, the session's factories of processes (``downstream``: the fixture servers;
+``gateway_process``: ``gateway serve`` on loopback) and the ``pidfile`` of the fixture program that leaves a
+grandchild behind."""
 
 from __future__ import annotations
 
 import gc
 import os
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 
 from tests.engines import own_postgres, pg_url, postgres_server, redis_server  # noqa: F401  # real engines on loopback
+from tests.fixtures.downstreams import Downstreams
+from tests.fixtures.gateway_proc import GatewayProcesses
 from tests.fixtures.procs import kill_pids
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,3 +56,19 @@ def pidfile(tmp_path: Path) -> Iterator[Path]:
     path = tmp_path / "pids"
     yield path
     kill_pids(path)
+
+
+@pytest.fixture(scope="session")
+def downstream() -> Iterator[Downstreams]:
+    """``downstream(kind, transport, *args)``: a fixture server, served once per session for the same arguments
+    (tests/fixtures/downstreams.py)."""
+    with ExitStack() as stack:
+        yield Downstreams(stack)
+
+
+@pytest.fixture(scope="session")
+def gateway_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcesses]:
+    """``gateway_process(config, tokens=...)``: ``gateway serve`` on loopback, started once per session for the same
+    arguments (tests/fixtures/gateway_proc.py)."""
+    with ExitStack() as stack:
+        yield GatewayProcesses(stack, lambda: tmp_path_factory.mktemp("gateway"))

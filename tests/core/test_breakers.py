@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gateway.backends.base import BackendState
 from gateway.core.breakers import Breaker, Breakers, BreakerState
-from tests.fakes import FakeBackend
+from gateway.testing import FakeBackend
 
 
 class Clock:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from gateway.backends.base import Backend, BackendState
 from gateway.config import Federation, parse_config
 from gateway.core.catalog import Catalog, Provider
-from tests.fakes import FakeBackend, make_tool
+from gateway.testing import FakeBackend, make_tool
 
 NOTE = "ROUTER NOTE: start with wiki_index."
 

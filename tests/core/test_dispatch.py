@@ -1,8 +1,8 @@
 """One dispatcher: every request that reaches a backend (tools, resources, prompts, completion, subscriptions) goes
 through the router, with one error policy, circuit breaker, audit row of its own kind, and metrics.
 
-Real parts: an in-process gateway (``Gateway.running()`` and the MCP server of gateway/server.py, reached by the
-SDK's in-memory client) in front of tests/fixtures/fidelity_server.py over a real stdio pipe, writing a real ledger.
+Real parts: an in-process gateway (gateway/testing.py ``in_process_gateway``, reached by the SDK's client in memory)
+in front of tests/fixtures/fidelity_server.py over a real stdio pipe, writing a real ledger.
 """
 
 from __future__ import annotations
@@ -14,24 +14,22 @@ from pathlib import Path
 import anyio
 import mcp_types as types
 import pytest
-from mcp.client.client import Client
 from mcp.shared.exceptions import MCPError
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from gateway.config import parse_config
 from gateway.core.runtime import Gateway
-from gateway.front.face import Face
 from gateway.ledger.engines import open_reader
 from gateway.observe.tracing import CallTracer
+from gateway.testing import InProcess, in_process_gateway
 from tests.fixtures.gateway_proc import FIDELITY, PYTHON
 
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
+async def connected(tmp_path: Path) -> AsyncIterator[InProcess]:
     text = f"""
 gateway:
   audit: {{path: {json.dumps(str(tmp_path / "audit.db"))}}}
@@ -43,11 +41,8 @@ servers:
     args: {json.dumps([FIDELITY, "--stdio", "--name", "s"])}
     timeout_s: 1
 """
-    config = parse_config(text, file="federation.yaml", env={})
-    async with Gateway(config).running() as running:
-        with anyio.fail_after(15):
-            assert await running.wait_settled(15)
-        yield running
+    async with in_process_gateway(text, settle_s=15) as connected:
+        yield connected
 
 
 def _rows(gateway: Gateway) -> list[tuple[str, str, str, list[str]]]:
@@ -68,16 +63,15 @@ def _sample(gateway: Gateway, name: str, **labels: str) -> float:
 
 
 async def test_resources_prompts_and_completions_leave_a_ledger_row_of_their_kind_and_are_counted(
-    gateway: Gateway,
+    connected: InProcess,
 ) -> None:
-    server = Face(gateway).server()
-    async with Client(server, mode="legacy") as client:
-        with anyio.fail_after(10):
-            read = await client.read_resource("fid://r/1")
-            prompt = await client.get_prompt("greet", {"name": "ada"})
-            done = await client.complete(types.PromptReference(name="greet"), {"name": "name", "value": "al"})
-            with pytest.raises(MCPError) as refused:
-                await client.get_prompt("no_such_prompt")
+    client, gateway = connected
+    with anyio.fail_after(10):
+        read = await client.read_resource("fid://r/1")
+        prompt = await client.get_prompt("greet", {"name": "ada"})
+        done = await client.complete(types.PromptReference(name="greet"), {"name": "name", "value": "al"})
+        with pytest.raises(MCPError) as refused:
+            await client.get_prompt("no_such_prompt")
     assert [c.text for c in read.contents if isinstance(c, types.TextResourceContents)] == ["resource 1 of s"]
     assert [m.content.text for m in prompt.messages if isinstance(m.content, types.TextContent)] == [
         "Hello ada, from s."
@@ -93,14 +87,13 @@ async def test_resources_prompts_and_completions_leave_a_ledger_row_of_their_kin
     assert _sample(gateway, "requests_total", method="resources/read", backend="s", status="ok") == 1.0
 
 
-async def test_a_prompt_that_times_out_trips_the_breaker_and_the_next_request_is_not_sent(gateway: Gateway) -> None:
-    server = Face(gateway).server()
-    async with Client(server, mode="legacy") as client:
-        with anyio.fail_after(10):
-            with pytest.raises(MCPError) as first:
-                await client.get_prompt("greet", {"name": "ada", "delay": "5"})
-            with pytest.raises(MCPError) as second:
-                await client.get_prompt("greet", {"name": "bob"})
+async def test_a_prompt_that_times_out_trips_the_breaker_and_the_next_request_is_not_sent(connected: InProcess) -> None:
+    client, gateway = connected
+    with anyio.fail_after(10):
+        with pytest.raises(MCPError) as first:
+            await client.get_prompt("greet", {"name": "ada", "delay": "5"})
+        with pytest.raises(MCPError) as second:
+            await client.get_prompt("greet", {"name": "bob"})
     assert "timed out after 1 s" in first.value.error.message
     assert "circuit open" in second.value.error.message
     breaker = gateway.router.breakers.get("s")
@@ -114,32 +107,30 @@ async def test_a_prompt_that_times_out_trips_the_breaker_and_the_next_request_is
     assert _sample(gateway, "requests_total", method="prompts/get", backend="s", status="timeout") == 1.0
 
 
-async def test_a_subscription_and_its_end_leave_rows_of_their_kind(gateway: Gateway) -> None:
-    server = Face(gateway).server()
-    async with Client(server, mode="legacy") as client:
-        with anyio.fail_after(10):
-            for request in (
-                types.SubscribeRequest(params=types.SubscribeRequestParams(uri="fid://r/2")),
-                types.UnsubscribeRequest(params=types.UnsubscribeRequestParams(uri="fid://r/2")),
-            ):
-                await client.session.send_request(request, types.EmptyResult)
+async def test_a_subscription_and_its_end_leave_rows_of_their_kind(connected: InProcess) -> None:
+    client, gateway = connected
+    with anyio.fail_after(10):
+        for request in (
+            types.SubscribeRequest(params=types.SubscribeRequestParams(uri="fid://r/2")),
+            types.UnsubscribeRequest(params=types.UnsubscribeRequestParams(uri="fid://r/2")),
+        ):
+            await client.session.send_request(request, types.EmptyResult)
     assert _rows(gateway) == [
         ("resources/subscribe", "fid://r/2", "ok", ["s:ok"]),
         ("resources/unsubscribe", "fid://r/2", "ok", ["s:ok"]),
     ]
 
 
-async def test_a_traced_resource_read_continues_the_clients_trace_with_a_span_and_a_step(gateway: Gateway) -> None:
+async def test_a_traced_resource_read_continues_the_clients_trace_with_a_span_and_a_step(connected: InProcess) -> None:
+    client, gateway = connected
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     gateway.router.use_instruments(gateway.ledger, CallTracer(provider.get_tracer("test")))
     trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
-    server = Face(gateway).server()
     try:
-        async with Client(server, mode="legacy") as client:
-            with anyio.fail_after(10):
-                await client.read_resource("fid://r/3", meta={"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"})
+        with anyio.fail_after(10):
+            await client.read_resource("fid://r/3", meta={"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"})
     finally:
         provider.shutdown()
     finished: list[ReadableSpan] = list(exporter.get_finished_spans())

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import mcp_types as types
@@ -16,7 +15,7 @@ from gateway.core.costs import Cost, costs_from, fill_placeholders
 from gateway.core.gate import ClientPolicy
 from gateway.ledger.engines import open_reader
 from gateway.ledger.readers import Filters, ToolStats
-from tests.fixtures.gateway_proc import mcp_session, run_gateway
+from tests.fixtures.gateway_proc import GatewayProcesses, mcp_session
 from tests.fixtures.procs import RunningServer
 from tests.fixtures.waiting import eventually
 
@@ -72,7 +71,9 @@ TOKEN = "gate-token"
 
 
 @pytest.fixture(scope="module")
-def wiki_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningServer, Path]]:
+def wiki_gateway(
+    tmp_path_factory: pytest.TempPathFactory, gateway_process: GatewayProcesses
+) -> tuple[RunningServer, Path]:
     root = tmp_path_factory.mktemp("gate")
     docs = root / "docs"
     docs.mkdir()
@@ -89,8 +90,7 @@ wiki:
 clients:
   known: {{claude-code: 200000}}
 """
-    with run_gateway(config, root, tokens=TOKEN) as server:
-        yield server, root
+    return gateway_process(config, tokens=TOKEN, folder=root), root
 
 
 @pytest.mark.anyio

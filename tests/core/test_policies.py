@@ -26,7 +26,7 @@ from gateway.config import parse_config
 from gateway.core.catalog import Catalog
 from gateway.core.policies import Views
 from gateway.errors import ConfigError
-from tests.fakes import FakeBackend
+from gateway.testing import FakeBackend
 from tests.fixtures.gateway_proc import FIXTURES, PYTHON, echo_argv, mcp_session, run_gateway
 from tests.fixtures.procs import free_port, start_http_server
 from tests.fixtures.waiting import eventually

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import anyio
 import httpx2
 import pytest
 
-from tests.fixtures.gateway_proc import mcp_session, run_gateway
+from tests.fixtures.gateway_proc import GatewayProcesses, mcp_session
 from tests.fixtures.procs import RunningServer
 
 pytestmark = pytest.mark.anyio
@@ -60,9 +59,8 @@ adapters:
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    with run_gateway(_config(), tmp_path_factory.mktemp("budget"), tokens=TOKEN) as server:
-        yield server
+def gateway(gateway_process: GatewayProcesses) -> RunningServer:
+    return gateway_process(_config(), tokens=TOKEN)
 
 
 async def _call(server: RunningServer, mode: str) -> tuple[Any, float]:

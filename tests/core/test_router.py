@@ -25,7 +25,7 @@ from gateway.errors import (
     ToolNotFound,
 )
 from gateway.ledger.records import AuditStep, args_hash
-from tests.fakes import BLOCK, FakeBackend, FakeRecorder, text_result
+from gateway.testing import BLOCK, FakeBackend, FakeRecorder, text_result
 
 pytestmark = pytest.mark.anyio
 

@@ -5,8 +5,8 @@ Until every backend has had its first outcome (bounded), a ``tools/call`` naming
 (gateway/runtime.py ``wait_started``). A request cancelled during that wait never reaches a backend; it still leaves
 exactly one row of its kind: ``cancelled``, with one ``gateway`` step that says it was waiting for startup.
 
-Real parts: an in-process gateway (``Gateway.running()`` and the MCP server of gateway/server.py, reached by the SDK's
-in-memory client in the stateless 2026-07-28 era, which has no handshake that would wait first) in front of
+Real parts: an in-process gateway (gateway/testing.py ``in_process_gateway``, reached by the SDK's client in memory
+in the stateless 2026-07-28 era, which has no handshake that would wait first) in front of
 tests/fixtures/fidelity_server.py over a real stdio pipe, started by a shell that first sleeps for a minute, and a
 real SQLite ledger. The request is known to be waiting once every task of the test's loop is blocked. The last test
 does the same over real HTTP against the gateway process (``python -m gateway serve``), whose client goes away; the
@@ -29,11 +29,10 @@ import pytest
 from mcp.client.client import Client
 from mcp.shared.exceptions import MCPError
 
-from gateway.config import parse_config
 from gateway.core import runtime
 from gateway.core.runtime import Gateway
-from gateway.front.face import Face
 from gateway.ledger.engines import open_reader
+from gateway.testing import InProcess, in_process_gateway
 from tests.fixtures.gateway_proc import FIDELITY, PYTHON, echo_argv, run_gateway
 from tests.fixtures.waiting import eventually
 from tests.front.http.test_body import ACCEPT, MODERN_META
@@ -59,11 +58,10 @@ servers:
 
 
 @pytest.fixture
-async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
+async def connected(tmp_path: Path) -> AsyncIterator[InProcess]:
     text = slow_start_config(tmp_path, "s", [PYTHON, FIDELITY, "--stdio", "--name", "s"])
-    config = parse_config(text, file="federation.yaml", env={})
-    async with Gateway(config).running() as running:
-        yield running
+    async with in_process_gateway(text, mode=MODERN, settle_s=None) as connected:
+        yield connected
 
 
 def _rows(gateway: Gateway) -> list[tuple[str, str, str, list[tuple[str, str, str | None]]]]:
@@ -88,29 +86,28 @@ REQUESTS: dict[str, tuple[str, Ask]] = {
 
 @pytest.mark.parametrize("kind", list(REQUESTS))
 async def test_a_request_cancelled_while_backends_are_still_starting_leaves_one_cancelled_row_of_its_kind(
-    gateway: Gateway, kind: str
+    connected: InProcess, kind: str
 ) -> None:
+    client, gateway = connected
     name, ask = REQUESTS[kind]
-    server = Face(gateway).server()
     outcome: list[str] = []
-    async with Client(server, mode=MODERN) as client:
 
-        async def caller() -> None:
-            try:
-                await ask(client)
-            except anyio.get_cancelled_exc_class():
-                outcome.append("cancelled")
-                raise
-            outcome.append("answered")  # pragma: no cover - the backend cannot answer for a minute
+    async def caller() -> None:
+        try:
+            await ask(client)
+        except anyio.get_cancelled_exc_class():
+            outcome.append("cancelled")
+            raise
+        outcome.append("answered")  # pragma: no cover - the backend cannot answer for a minute
 
-        with anyio.fail_after(10):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(caller)
-                await anyio.wait_all_tasks_blocked()  # the request waits for the backend's first outcome
-                assert not gateway.started
-                tg.cancel_scope.cancel()
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(caller)
+            await anyio.wait_all_tasks_blocked()  # the request waits for the backend's first outcome
+            assert not gateway.started
+            tg.cancel_scope.cancel()
 
-        await eventually(lambda: bool(_rows(gateway)), within=10)
+    await eventually(lambda: bool(_rows(gateway)), within=10)
     assert outcome == ["cancelled"]
     assert _rows(gateway) == [
         (kind, name, "cancelled", [("gateway", "cancelled", "cancelled while waiting for backends still starting")])
@@ -152,13 +149,12 @@ async def test_a_stateless_call_whose_client_goes_away_during_the_startup_wait_l
 
 
 async def test_a_call_still_waiting_when_the_waits_bound_passes_is_routed_and_leaves_exactly_one_row(
-    gateway: Gateway, monkeypatch: pytest.MonkeyPatch
+    connected: InProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    client, gateway = connected
     monkeypatch.setattr(runtime, "STARTUP_WAIT_S", 0.5)  # the bound, not the backend, ends the wait here
-    server = Face(gateway).server()
-    async with Client(server, mode=MODERN) as client:
-        with anyio.fail_after(10), pytest.raises(MCPError) as refused:
-            await client.call_tool("later_tool", {"q": "x"})
+    with anyio.fail_after(10), pytest.raises(MCPError) as refused:
+        await client.call_tool("later_tool", {"q": "x"})
     assert gateway.started
     assert "later_tool" in refused.value.error.message  # an unknown tool, once startup stopped waiting
     assert _rows(gateway) == [("tools/call", "later_tool", "unknown_tool", [])]

@@ -16,7 +16,7 @@ from gateway.core.costs import Cost
 from gateway.errors import InvalidArguments
 from gateway.front.exposure import Disclosure, cost_band
 from gateway.search.ranking import load_embedder
-from tests.fakes import FakeBackend, make_tool
+from gateway.testing import FakeBackend, make_tool
 
 pytestmark = pytest.mark.anyio
 

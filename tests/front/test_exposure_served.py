@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,8 @@ from mcp.shared.exceptions import MCPError
 
 from gateway.ledger.engines import open_reader
 from gateway.ledger.readers import Filters
-from tests.fixtures.gateway_proc import echo_argv, mcp_session, run_gateway
+from tests.fixtures.downstreams import Downstream, Downstreams
+from tests.fixtures.gateway_proc import GatewayProcesses, echo_argv, mcp_session, run_gateway
 from tests.fixtures.procs import RunningServer, free_port, start_http_server
 from tests.fixtures.waiting import eventually
 
@@ -65,17 +65,28 @@ servers:
 """
 
 
-@pytest.fixture
-def echo() -> Iterator[RunningServer]:
-    port = free_port()
-    with start_http_server(echo_argv("--http", str(port), "--name", "echo", "--prefix", "remote_"), port) as s:
-        yield s
+ECHO = ("echo", "streamable_http", "--name", "echo", "--prefix", "remote_")
+
+
+@pytest.fixture(scope="module")
+def echo(downstream: Downstreams) -> Downstream:
+    return downstream(*ECHO)
 
 
 @pytest.fixture
-def gateway(echo: RunningServer, tmp_path: Path) -> Iterator[RunningServer]:
-    with run_gateway(_config(echo.url(), tmp_path), tmp_path, tokens=TOKEN) as server:
-        yield server
+def stoppable_echo(downstream: Downstreams) -> Downstream:
+    """An echo server of the test's own, which it may stop."""
+    return downstream(*ECHO, own=True)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("exposure")
+
+
+@pytest.fixture(scope="module")
+def gateway(echo: Downstream, folder: Path, gateway_process: GatewayProcesses) -> RunningServer:
+    return gateway_process(_config(echo.url(), folder), tokens=TOKEN, folder=folder)
 
 
 def _payload(result: types.CallToolResult) -> Any:
@@ -114,10 +125,10 @@ async def test_a_tool_found_by_search_is_called_through_the_call_tool_and_direct
         assert "5" in str(summed.content)
 
 
-async def test_the_call_tool_is_audited_under_the_real_tools_name(gateway: RunningServer, tmp_path: Path) -> None:
+async def test_the_call_tool_is_audited_under_the_real_tools_name(gateway: RunningServer, folder: Path) -> None:
     async with mcp_session(gateway.url(), token=TOKEN) as session:
         await session.call_tool("call_tool", {"name": "get-sum", "arguments": {"a": 1, "b": 1}})
-    ledger = tmp_path / "audit.db"
+    ledger = folder / "audit.db"
 
     def recorded() -> bool:
         return ledger.exists() and bool(open_reader(ledger).query(Filters(tool="get-sum")))
@@ -142,8 +153,9 @@ async def test_filters_and_bad_arguments_of_the_search_tool(gateway: RunningServ
 
 
 async def test_a_backend_that_goes_down_is_left_out_of_searches_or_shown_as_down(
-    echo: RunningServer, tmp_path: Path
+    stoppable_echo: Downstream, tmp_path: Path
 ) -> None:
+    echo = stoppable_echo
     with run_gateway(_config(echo.url(), tmp_path), tmp_path, tokens=TOKEN) as gateway:
         async with mcp_session(gateway.url(), token=TOKEN) as session:
             up = _payload(await session.call_tool("find_tools", {"query": "echo the text back", "backend": "echo"}))
@@ -167,7 +179,7 @@ async def test_a_backend_that_goes_down_is_left_out_of_searches_or_shown_as_down
 
 
 async def test_all_mode_lists_every_tool_and_auto_mode_searches_for_a_small_client(
-    echo: RunningServer, tmp_path: Path
+    echo: Downstream, tmp_path: Path
 ) -> None:
     with run_gateway(_config(echo.url(), tmp_path, "auto"), tmp_path, tokens=TOKEN) as gateway:
         async with mcp_session(gateway.url(), token=TOKEN) as small:  # no declared context: below the gate
@@ -261,7 +273,7 @@ async def test_a_search_mode_client_is_told_of_list_changes_only_when_its_pins_c
 
 @pytest.mark.skipif(INSPECTOR is None, reason="run scripts/install: mcp-inspector is not on PATH")
 def test_the_inspector_in_auto_mode_searches_unless_it_declares_a_large_context(
-    echo: RunningServer, tmp_path: Path
+    echo: Downstream, tmp_path: Path
 ) -> None:
     def listed(*headers: str) -> list[str]:
         command = [str(INSPECTOR), "--cli", gateway.url(), "--header", f"Authorization: Bearer {TOKEN}"]
@@ -279,7 +291,7 @@ def test_the_inspector_in_auto_mode_searches_unless_it_declares_a_large_context(
         assert {"get-sum", "create_entities", "remote_echo"} <= set(every) and "find_tools" not in every
 
 
-async def test_search_mode_respects_the_callers_policy(echo: RunningServer, tmp_path: Path) -> None:
+async def test_search_mode_respects_the_callers_policy(echo: Downstream, tmp_path: Path) -> None:
     """A caller whose policy shows only the time backend finds only its tools, is not pinned what it cannot see,
     and a call through the call tool to a hidden tool is answered as an unknown tool; another caller sees all."""
     policies = """

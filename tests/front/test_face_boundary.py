@@ -8,45 +8,40 @@ from typing import Any
 
 import anyio
 import pytest
-from mcp.client.client import Client
 from mcp.shared.exceptions import MCPError
 from structlog.testing import capture_logs
 
-from gateway.config import parse_config
-from gateway.core.runtime import Gateway
-from gateway.front.face import Face
+from gateway.testing import InProcess, in_process_gateway
 
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-async def gateway() -> AsyncIterator[Gateway]:
-    config = parse_config("gateway:\n  audit: {enabled: false}\n", file="federation.yaml", env={})
-    async with Gateway(config).running() as running:
-        yield running
+async def connected(mode: str) -> AsyncIterator[InProcess]:
+    async with in_process_gateway("gateway:\n  audit: {enabled: false}\n", mode=mode) as connected:
+        yield connected
 
 
 @pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
 async def test_an_unexpected_exception_answers_that_request_alone_and_the_session_serves_the_next(
-    gateway: Gateway, mode: str, monkeypatch: pytest.MonkeyPatch
+    connected: InProcess, mode: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    server = Face(gateway).server()
+    client, gateway = connected
     real_call = gateway.router.call
 
     async def broken(*args: Any, **kwargs: Any) -> Any:
         raise KeyError("a bug")
 
-    async with Client(server, mode=mode) as client:
-        monkeypatch.setattr(gateway.router, "call", broken)
-        with capture_logs() as logs, anyio.fail_after(5), pytest.raises(MCPError) as info:
-            await client.call_tool("anything", {})
-        assert info.value.error.code == -32603
-        assert info.value.error.message == (
-            "The gateway failed while serving this tools/call request (KeyError); "
-            "the session and other requests are not affected."
-        )
-        assert [entry["event"] for entry in logs if entry["log_level"] == "error"] == ["request.internal_error"]
-        monkeypatch.setattr(gateway.router, "call", real_call)
-        with anyio.fail_after(5), pytest.raises(MCPError) as info:  # the same session, the next request
-            await client.call_tool("no_such_tool", {})
-        assert info.value.error.message == "Unknown tool: 'no_such_tool'."
+    monkeypatch.setattr(gateway.router, "call", broken)
+    with capture_logs() as logs, anyio.fail_after(5), pytest.raises(MCPError) as info:
+        await client.call_tool("anything", {})
+    assert info.value.error.code == -32603
+    assert info.value.error.message == (
+        "The gateway failed while serving this tools/call request (KeyError); "
+        "the session and other requests are not affected."
+    )
+    assert [entry["event"] for entry in logs if entry["log_level"] == "error"] == ["request.internal_error"]
+    monkeypatch.setattr(gateway.router, "call", real_call)
+    with anyio.fail_after(5), pytest.raises(MCPError) as info:  # the same session, the next request
+        await client.call_tool("no_such_tool", {})
+    assert info.value.error.message == "Unknown tool: 'no_such_tool'."

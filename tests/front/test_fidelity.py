@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -27,9 +27,11 @@ from mcp.client.session import ClientRequestContext, ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 
+from tests.fixtures.downstreams import Downstream, Downstreams
 from tests.fixtures.gateway_proc import (
     FIDELITY,
     PYTHON,
+    GatewayProcesses,
     answer_elicitation,
     answer_sampling,
     call_abandoning_sampling,
@@ -38,7 +40,7 @@ from tests.fixtures.gateway_proc import (
     mcp_session,
     run_gateway,
 )
-from tests.fixtures.procs import RunningServer, conformance_server_argv, free_port, start_http_server
+from tests.fixtures.procs import RunningServer, free_port, start_http_server
 from tests.fixtures.raw_http import sse_events
 from tests.fixtures.waiting import eventually
 
@@ -52,23 +54,17 @@ def _fidelity_argv(*extra: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def fid_http() -> Iterator[RunningServer]:
-    port = free_port()
-    with start_http_server(_fidelity_argv("--http", str(port), "--name", "h"), port) as server:
-        yield server
+def fid_http(downstream: Downstreams) -> Downstream:
+    return downstream("fidelity", "streamable_http", "--name", "h", own=True)  # the tests read what it writes
 
 
 @pytest.fixture(scope="module")
-def conf_http() -> Iterator[RunningServer]:
-    port = free_port()
-    with start_http_server(conformance_server_argv(port), port) as server:
-        yield server
+def conf_http(downstream: Downstreams) -> Downstream:
+    return downstream("conformance", "streamable_http")
 
 
 @pytest.fixture(scope="module")
-def gateway(
-    fid_http: RunningServer, conf_http: RunningServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[RunningServer]:
+def gateway(fid_http: Downstream, conf_http: Downstream, gateway_process: GatewayProcesses) -> RunningServer:
     config = f"""
 gateway:
   audit: {{enabled: false}}
@@ -92,8 +88,7 @@ servers:
     transport: streamable_http
     url: {conf_http.url()}
 """
-    with run_gateway(config, tmp_path_factory.mktemp("fidelity")) as server:
-        yield server
+    return gateway_process(config)
 
 
 class Inbox:
@@ -131,7 +126,7 @@ async def direct_stdio(name: str, **kwargs: Any) -> AsyncIterator[ClientSession]
 
 
 @asynccontextmanager
-async def direct(backend: str, fid_http: RunningServer, **kwargs: Any) -> AsyncIterator[ClientSession]:
+async def direct(backend: str, fid_http: Downstream, **kwargs: Any) -> AsyncIterator[ClientSession]:
     """A client straight to the downstream that the gateway publishes as ``backend``."""
     if backend == "h":
         async with mcp_session(fid_http.url(), **kwargs) as session:
@@ -224,7 +219,7 @@ servers:
 
 @pytest.mark.parametrize("backend", ["h", "s"])
 async def test_lists_are_merged_from_every_page_and_colliding_names_get_a_reversible_prefix(
-    backend: str, gateway: RunningServer, fid_http: RunningServer
+    backend: str, gateway: RunningServer, fid_http: Downstream
 ) -> None:
     async with direct(backend, fid_http) as downstream:
         prompts = await _all_pages(downstream, _paged(types.ListPromptsRequest), types.ListPromptsResult)
@@ -257,7 +252,7 @@ async def test_lists_are_merged_from_every_page_and_colliding_names_get_a_revers
 
 @pytest.mark.parametrize("backend", ["h", "s", "p"])
 async def test_resource_reads_prompts_and_completions_match_the_downstream(
-    backend: str, gateway: RunningServer, fid_http: RunningServer
+    backend: str, gateway: RunningServer, fid_http: Downstream
 ) -> None:
     prefix = f"{backend}__"
     greet = types.GetPromptRequestParams(name="greet", arguments={"name": "Ada"})
@@ -298,7 +293,7 @@ async def test_resource_reads_prompts_and_completions_match_the_downstream(
 
 
 async def test_untouched_names_read_and_complete_like_the_conformance_server(
-    gateway: RunningServer, conf_http: RunningServer
+    gateway: RunningServer, conf_http: Downstream
 ) -> None:
     ref = types.PromptReference(name="test_prompt_with_arguments")
     request = types.CompleteRequest(
@@ -406,7 +401,7 @@ servers:
 
 
 async def test_each_client_is_sent_the_log_messages_its_own_level_admits(
-    gateway: RunningServer, fid_http: RunningServer
+    gateway: RunningServer, fid_http: Downstream
 ) -> None:
     quiet_inbox, chatty_inbox, silent_inbox = Inbox(), Inbox(), Inbox()
     async with (
@@ -445,7 +440,7 @@ async def test_each_client_is_sent_the_log_messages_its_own_level_admits(
 
 @pytest.mark.parametrize("backend", ["h", "s"])
 async def test_progress_reaches_the_client_under_its_own_token(
-    backend: str, gateway: RunningServer, fid_http: RunningServer
+    backend: str, gateway: RunningServer, fid_http: Downstream
 ) -> None:
     runs: list[list[tuple[float, float | None, str | None]]] = []
     for target in ("direct", "gateway"):
@@ -465,9 +460,7 @@ async def test_progress_reaches_the_client_under_its_own_token(
     assert runs[0] == runs[1] == [(1, 3, "step 1"), (2, 3, "step 2"), (3, 3, "step 3")]
 
 
-async def test_a_client_cancelling_its_call_cancels_it_downstream(
-    gateway: RunningServer, fid_http: RunningServer
-) -> None:
+async def test_a_client_cancelling_its_call_cancels_it_downstream(gateway: RunningServer, fid_http: Downstream) -> None:
     async with mcp_session(gateway.url()) as session:
         with pytest.raises(MCPError):
             await session.call_tool("h__sleep", {"seconds": 60}, read_timeout_seconds=0.5)
@@ -515,7 +508,7 @@ async def test_a_stream_the_downstream_closes_mid_call_is_closed_and_resumed_thr
 
 @pytest.mark.parametrize("backend", ["h", "s", "p"])
 async def test_sampling_elicitation_and_roots_round_trips_match_the_downstream(
-    backend: str, gateway: RunningServer, fid_http: RunningServer
+    backend: str, gateway: RunningServer, fid_http: Downstream
 ) -> None:
     async def roots(context: ClientRequestContext) -> Any:
         return types.ListRootsResult(roots=[types.Root(uri="file:///work/a"), types.Root(uri="file:///work/b")])

@@ -12,7 +12,7 @@ import json
 import sqlite3
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -25,8 +25,9 @@ from mcp.client import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
+from tests.fixtures.downstreams import Downstream, Downstreams
 from tests.fixtures.gateway_proc import FIXTURES, mcp_session, run_gateway
-from tests.fixtures.procs import RunningServer, free_port, start_http_server
+from tests.fixtures.procs import free_port, start_http_server
 from tests.system.test_conformance_direct import INPUT_REQUIRED_SCENARIOS, _conformance_launcher
 
 pytestmark = pytest.mark.anyio
@@ -37,21 +38,18 @@ TOKENS = "alice=tok-alice,bob=tok-bob"
 
 
 @pytest.fixture(scope="module")
-def downstream() -> Iterator[RunningServer]:
-    port = free_port()
-    argv = [sys.executable, str(FIXTURES / "mrtr_server.py"), "--port", str(port)]
-    with start_http_server(argv, port) as server:
-        yield server
+def mrtr(downstream: Downstreams) -> Downstream:
+    return downstream("mrtr")
 
 
-def _config(downstream: RunningServer, *, audit: bool = True) -> str:
+def _config(mrtr: Downstream, *, audit: bool = True) -> str:
     return f"""
 gateway:
   audit: {{enabled: {"true" if audit else "false"}, path: audit.db}}
 servers:
   asker:
     transport: streamable_http
-    url: {downstream.url()}
+    url: {mrtr.url()}
     protocol: "{MODERN}"
     timeout_s: 10
     ping_interval_s: 0.3
@@ -109,15 +107,13 @@ def _rows(folder: Path) -> list[tuple[str, str, str, list[str]]]:
     return [(t, s, c, [f"{step['provider']}:{step['outcome']}" for step in json.loads(ch)]) for t, s, c, ch in rows]
 
 
-def _rounds(downstream: RunningServer) -> dict[str, int]:
-    return dict(httpx2.get(downstream.url("/rounds")).json())
+def _rounds(mrtr: Downstream) -> dict[str, int]:
+    return dict(httpx2.get(mrtr.url("/rounds")).json())
 
 
-async def test_a_tool_asks_over_three_rounds_with_two_requests_in_one(
-    downstream: RunningServer, tmp_path: Path
-) -> None:
-    before = _rounds(downstream).get("tools/call", 0)
-    with run_gateway(_config(downstream), tmp_path, tokens=TOKENS, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
+async def test_a_tool_asks_over_three_rounds_with_two_requests_in_one(mrtr: Downstream, tmp_path: Path) -> None:
+    before = _rounds(mrtr).get("tools/call", 0)
+    with run_gateway(_config(mrtr), tmp_path, tokens=TOKENS, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
         answers = Answers()
         with anyio.fail_after(30):
             async with client(gateway.url(), answers=answers) as c:
@@ -126,7 +122,7 @@ async def test_a_tool_asks_over_three_rounds_with_two_requests_in_one(
     assert _text(result) == "interview: name=Ada motto=onward confirmed=True rounds=3"
     assert sorted(answers.asked[:2]) == ["elicit:Your name?", "sample"]  # round 1 asked both at once
     assert answers.asked[2:] == ["elicit:Confirm Ada?"]
-    assert _rounds(downstream)["tools/call"] - before == 3  # every round reached the backend that asked
+    assert _rounds(mrtr)["tools/call"] - before == 3  # every round reached the backend that asked
     assert _rows(tmp_path) == [
         ("interview", "input_required", "alice", ["asker/interview:input_required"]),
         ("interview", "input_required", "alice", ["asker/interview:input_required"]),
@@ -134,8 +130,8 @@ async def test_a_tool_asks_over_three_rounds_with_two_requests_in_one(
     ]
 
 
-async def test_a_prompt_and_a_resource_that_need_input(downstream: RunningServer, tmp_path: Path) -> None:
-    with run_gateway(_config(downstream, audit=False), tmp_path, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
+async def test_a_prompt_and_a_resource_that_need_input(mrtr: Downstream, tmp_path: Path) -> None:
+    with run_gateway(_config(mrtr, audit=False), tmp_path, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
         answers = Answers()
         with anyio.fail_after(30):
             async with client(gateway.url(), token=None, answers=answers) as c:
@@ -163,8 +159,8 @@ def _assert_refused(exc: pytest.ExceptionInfo[MCPError]) -> None:
     assert exc.value.error.data == {"reason": "invalid_request_state"}
 
 
-async def test_a_tampered_state_is_refused(downstream: RunningServer, tmp_path: Path) -> None:
-    with run_gateway(_config(downstream), tmp_path, tokens=TOKENS, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
+async def test_a_tampered_state_is_refused(mrtr: Downstream, tmp_path: Path) -> None:
+    with run_gateway(_config(mrtr), tmp_path, tokens=TOKENS, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
         with anyio.fail_after(30):
             async with client(gateway.url()) as c:
                 first = await _first_round(c)
@@ -182,8 +178,8 @@ async def test_a_tampered_state_is_refused(downstream: RunningServer, tmp_path: 
     assert [row[1] for row in _rows(tmp_path)] == ["input_required", "ok"]  # refusals reach no backend
 
 
-async def test_another_caller_cannot_replay_the_state(downstream: RunningServer, tmp_path: Path) -> None:
-    with run_gateway(_config(downstream), tmp_path, tokens=TOKENS, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
+async def test_another_caller_cannot_replay_the_state(mrtr: Downstream, tmp_path: Path) -> None:
+    with run_gateway(_config(mrtr), tmp_path, tokens=TOKENS, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
         with anyio.fail_after(30):
             async with client(gateway.url(), token="tok-alice") as alice:
                 first = await _first_round(alice)
@@ -196,16 +192,16 @@ async def test_another_caller_cannot_replay_the_state(downstream: RunningServer,
 
 
 @pytest.mark.parametrize("key", ["env", "file"])
-async def test_a_restart_between_rounds_still_completes(downstream: RunningServer, tmp_path: Path, key: str) -> None:
+async def test_a_restart_between_rounds_still_completes(mrtr: Downstream, tmp_path: Path, key: str) -> None:
     env = {"GATEWAY_STATE_KEY": KEY} if key == "env" else {"GATEWAY_STATE_KEY": ""}
-    with run_gateway(_config(downstream), tmp_path, tokens=TOKENS, env=env) as gateway:
+    with run_gateway(_config(mrtr), tmp_path, tokens=TOKENS, env=env) as gateway:
         with anyio.fail_after(30):
             async with client(gateway.url()) as c:
                 first = await _first_round(c)
     if key == "file":
         state_key = tmp_path / "audit.db.state-key"
         assert state_key.stat().st_mode & 0o777 == 0o600
-    with run_gateway(_config(downstream), tmp_path, tokens=TOKENS, env=env) as gateway:  # a new process
+    with run_gateway(_config(mrtr), tmp_path, tokens=TOKENS, env=env) as gateway:  # a new process
         with anyio.fail_after(30):
             async with client(gateway.url()) as c:
                 done = await c.session.call_tool(
@@ -215,8 +211,8 @@ async def test_a_restart_between_rounds_still_completes(downstream: RunningServe
     assert [row[1] for row in _rows(tmp_path)] == ["input_required", "ok"]
 
 
-async def test_a_capability_the_client_did_not_declare(downstream: RunningServer, tmp_path: Path) -> None:
-    with run_gateway(_config(downstream, audit=False), tmp_path, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
+async def test_a_capability_the_client_did_not_declare(mrtr: Downstream, tmp_path: Path) -> None:
+    with run_gateway(_config(mrtr, audit=False), tmp_path, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
         with anyio.fail_after(30):
             async with client(gateway.url(), token=None, sampling=False) as c:
                 with pytest.raises(MCPError) as sampling:
@@ -231,11 +227,11 @@ async def test_a_capability_the_client_did_not_declare(downstream: RunningServer
     assert _text(plain) == "plain: ok"
 
 
-async def test_a_handshake_era_client_is_asked_on_its_call_stream(downstream: RunningServer, tmp_path: Path) -> None:
+async def test_a_handshake_era_client_is_asked_on_its_call_stream(mrtr: Downstream, tmp_path: Path) -> None:
     """A 2025-11-25 session cannot take an input-required result: the gateway asks it over the back-channel and
     retries for it, one ledger row per round all the same."""
     answers = Answers()
-    with run_gateway(_config(downstream), tmp_path, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
+    with run_gateway(_config(mrtr), tmp_path, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
         with anyio.fail_after(30):
             async with mcp_session(
                 gateway.url(), elicitation_callback=answers.elicit, sampling_callback=answers.sample
@@ -267,21 +263,21 @@ async def test_a_handshake_era_client_is_asked_on_its_call_stream(downstream: Ru
     ]
 
 
-def _renamed(downstream: RunningServer, *, backend: str = "asker", rename: str = "") -> str:
-    config = _config(downstream).replace("  asker:\n", f"  {backend}:\n")
+def _renamed(mrtr: Downstream, *, backend: str = "asker", rename: str = "") -> str:
+    config = _config(mrtr).replace("  asker:\n", f"  {backend}:\n")
     return config + (f"    tools: {{rename: {{interview: {rename}}}}}\n" if rename else "")
 
 
 async def test_the_retry_reaches_the_backend_that_asked_after_the_catalog_changed(
-    downstream: RunningServer, tmp_path: Path
+    mrtr: Downstream, tmp_path: Path
 ) -> None:
     env = {"GATEWAY_STATE_KEY": KEY}
-    with run_gateway(_config(downstream), tmp_path, tokens=TOKENS, env=env) as gateway:
+    with run_gateway(_config(mrtr), tmp_path, tokens=TOKENS, env=env) as gateway:
         with anyio.fail_after(30):
             async with client(gateway.url()) as c:
                 first = await _first_round(c)
     # The next process publishes the tool under another name: "interview" is no longer in its catalog.
-    with run_gateway(_renamed(downstream, rename="quiz"), tmp_path, tokens=TOKENS, env=env) as gateway:
+    with run_gateway(_renamed(mrtr, rename="quiz"), tmp_path, tokens=TOKENS, env=env) as gateway:
         with anyio.fail_after(30):
             async with client(gateway.url()) as c:
                 assert [t.name for t in (await c.list_tools()).tools] == ["quiz", "needs_roots", "plain", "polite"]
@@ -292,13 +288,13 @@ async def test_the_retry_reaches_the_backend_that_asked_after_the_catalog_change
     assert _rows(tmp_path)[-1] == ("interview", "ok", "alice", ["asker/interview:ok"])
 
 
-async def test_a_state_naming_a_backend_that_is_gone_is_refused(downstream: RunningServer, tmp_path: Path) -> None:
+async def test_a_state_naming_a_backend_that_is_gone_is_refused(mrtr: Downstream, tmp_path: Path) -> None:
     env = {"GATEWAY_STATE_KEY": KEY}
-    with run_gateway(_config(downstream), tmp_path, tokens=TOKENS, env=env) as gateway:
+    with run_gateway(_config(mrtr), tmp_path, tokens=TOKENS, env=env) as gateway:
         with anyio.fail_after(30):
             async with client(gateway.url()) as c:
                 first = await _first_round(c)
-    with run_gateway(_renamed(downstream, backend="other"), tmp_path, tokens=TOKENS, env=env) as gateway:
+    with run_gateway(_renamed(mrtr, backend="other"), tmp_path, tokens=TOKENS, env=env) as gateway:
         with anyio.fail_after(30):
             async with client(gateway.url()) as c:
                 with pytest.raises(MCPError) as refused:
@@ -310,8 +306,8 @@ async def test_a_state_naming_a_backend_that_is_gone_is_refused(downstream: Runn
     assert [row[1] for row in _rows(tmp_path)] == ["input_required"]
 
 
-async def test_a_prompt_state_is_not_a_tool_state(downstream: RunningServer, tmp_path: Path) -> None:
-    with run_gateway(_config(downstream, audit=False), tmp_path, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
+async def test_a_prompt_state_is_not_a_tool_state(mrtr: Downstream, tmp_path: Path) -> None:
+    with run_gateway(_config(mrtr, audit=False), tmp_path, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
         with anyio.fail_after(30):
             async with client(gateway.url(), token=None) as c:
                 first = await c.session.get_prompt("greeting", allow_input_required=True)
@@ -338,10 +334,10 @@ async def test_a_server_with_resources_but_no_templates_handler_connects(tmp_pat
     assert [x.text for x in read.contents] == ["secret for 42"]  # type: ignore[union-attr]
 
 
-async def test_the_backend_sees_the_calling_clients_capabilities(downstream: RunningServer, tmp_path: Path) -> None:
+async def test_the_backend_sees_the_calling_clients_capabilities(mrtr: Downstream, tmp_path: Path) -> None:
     """The downstream decides what to ask from the capabilities of the client behind the gateway, not the gateway's
     own (which relays all three): the conformance suite's input-required-result-capability-check."""
-    with run_gateway(_config(downstream, audit=False), tmp_path, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
+    with run_gateway(_config(mrtr, audit=False), tmp_path, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
         with anyio.fail_after(30):
             async with client(gateway.url(), token=None, sampling=False) as c:
                 first = await c.session.call_tool("polite", {}, allow_input_required=True)

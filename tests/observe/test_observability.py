@@ -1,9 +1,9 @@
 """Observability: which configured values are secrets and that none of them leaks (logs, ledger, /status, /metrics),
 the correlation id on every log line of a call, Prometheus metrics and their auth switch, and OpenTelemetry spans.
 
-Router-level behaviour runs in memory against scripted backends (tests/fakes.py); what only the real process can show
-(a secret a backend prints reaching neither the log nor the ledger; spans exported and the trace context reaching a
-downstream server) runs the real gateway (tests/fixtures/gateway_proc.py).
+Router-level behaviour runs in memory against scripted backends (gateway/testing.py); what only the real process can
+show (a secret a backend prints reaching neither the log nor the ledger; spans exported and the trace context reaching
+a downstream server) runs the real gateway (tests/fixtures/gateway_proc.py).
 """
 
 from __future__ import annotations
@@ -38,9 +38,10 @@ from gateway.ledger.engines import open_reader
 from gateway.observe.logs import MASK, Redactor, config_secrets, is_secret_name, redactor
 from gateway.observe.metrics import NO_PROVIDER, GatewayMetrics
 from gateway.observe.tracing import CallTracer, open_tracing
-from tests.fakes import FakeBackend, FakeRecorder, text_result
+from gateway.testing import FakeBackend, FakeRecorder, text_result
+from tests.fixtures.downstreams import Downstream, Downstreams
 from tests.fixtures.gateway_proc import PYTHON, echo_argv, mcp_session, run_gateway
-from tests.fixtures.procs import RunningServer, free_port, start_http_server
+from tests.fixtures.procs import RunningServer
 from tests.fixtures.waiting import eventually
 
 pytestmark = pytest.mark.anyio
@@ -480,14 +481,12 @@ def _ledger_evidence(folder: Path) -> tuple[str, str]:
 
 
 @pytest.fixture(scope="module")
-def echo_http() -> Iterator[RunningServer]:
-    port = free_port()
-    with start_http_server(echo_argv("--http", str(port), "--name", "remote"), port) as server:
-        yield server
+def echo_http(downstream: Downstreams) -> Downstream:
+    return downstream("echo", "streamable_http", "--name", "remote")
 
 
 async def test_no_planted_secret_reaches_the_log_the_ledger_status_or_metrics(
-    tmp_path: Path, echo_http: RunningServer
+    tmp_path: Path, echo_http: Downstream
 ) -> None:
     secrets = {
         "token": "planted-bearer-token-0b1c",

@@ -19,15 +19,15 @@ import json
 import re
 import shutil
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.fixtures.downstreams import Downstream, Downstreams
 from tests.fixtures.gateway_proc import FIXTURES, PYTHON, run_gateway
-from tests.fixtures.procs import RunningServer, conformance_server_argv, free_port, start_http_server
 from tests.system.test_conformance_direct import (
     MUST_SUCCEED,
     SUITE_TIMEOUT,
@@ -90,14 +90,12 @@ def _run_suite(suite: str, url: str, output_dir: Path) -> SuiteRun:
 
 
 @pytest.fixture(scope="module")
-def target() -> Iterator[RunningServer]:
-    port = free_port()
-    with start_http_server(conformance_server_argv(port), port) as server:
-        yield server
+def target(downstream: Downstreams) -> Downstream:
+    return downstream("conformance", "streamable_http", own=True)  # no other test's requests between the suite's
 
 
 @pytest.fixture(scope="module")
-def direct(target: RunningServer, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], SuiteRun]:
+def direct(target: Downstream, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], SuiteRun]:
     """The suite's run against the target itself, once per suite row."""
     runs: dict[str, SuiteRun] = {}
 
@@ -110,7 +108,7 @@ def direct(target: RunningServer, tmp_path_factory: pytest.TempPathFactory) -> C
     return run
 
 
-def _config(target: RunningServer, setup: str, suite: str) -> str:
+def _config(target: Downstream, setup: str, suite: str) -> str:
     # The 2026-07-28 row reaches the target in its own era (server/discover, per-request capabilities), as a modern
     # downstream would be configured; the 2025 rows keep the handshake, as such a downstream would be.
     protocol = '\n    protocol: "2026-07-28"' if suite == "next-2026-07-28" else ""
@@ -144,7 +142,7 @@ servers:
 @pytest.mark.parametrize("suite", list(SUITES))
 @pytest.mark.parametrize("setup", ["a", "b"], ids=["alone", "beside-time-and-everything"])
 def test_every_check_that_passes_directly_passes_through_the_gateway(
-    setup: str, suite: str, target: RunningServer, direct: Callable[[str], SuiteRun], tmp_path: Path
+    setup: str, suite: str, target: Downstream, direct: Callable[[str], SuiteRun], tmp_path: Path
 ) -> None:
     _launcher(suite)
     baseline = direct(suite)

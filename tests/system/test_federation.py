@@ -12,7 +12,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,8 @@ import pytest
 from mcp.client.session import ClientSession
 from mcp.shared.exceptions import MCPError
 
-from tests.fixtures.gateway_proc import FIXTURES, PYTHON, echo_argv, mcp_session, run_gateway
+from tests.fixtures.downstreams import Downstream, Downstreams
+from tests.fixtures.gateway_proc import PYTHON, GatewayProcesses, echo_argv, mcp_session, run_gateway
 from tests.fixtures.procs import RunningServer, free_port, start_http_server
 from tests.fixtures.waiting import eventually
 
@@ -37,21 +37,17 @@ def _yaml_list(items: list[str]) -> str:
 
 
 @pytest.fixture(scope="module")
-def echo_http() -> Iterator[RunningServer]:
-    port = free_port()
-    with start_http_server(echo_argv("--http", str(port), "--name", "b"), port) as server:
-        yield server
+def echo_http(downstream: Downstreams) -> Downstream:
+    return downstream("echo", "streamable_http", "--name", "b", own=True)  # a test reads what it writes
 
 
 @pytest.fixture(scope="module")
-def html_502() -> Iterator[RunningServer]:
-    port = free_port()
-    with start_http_server([PYTHON, str(FIXTURES / "html_error_server.py"), str(port)], port) as server:
-        yield server
+def html_502(downstream: Downstreams) -> Downstream:
+    return downstream("html_error")
 
 
 @pytest.fixture(scope="module")
-def federation(echo_http: RunningServer, html_502: RunningServer, tmp_path_factory: pytest.TempPathFactory) -> str:
+def federation(echo_http: Downstream, html_502: Downstream, tmp_path_factory: pytest.TempPathFactory) -> str:
     return f"""
 version: 1
 gateway:
@@ -94,10 +90,8 @@ servers:
 
 
 @pytest.fixture(scope="module")
-def gateway(federation: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    folder = tmp_path_factory.mktemp("gw")
-    with run_gateway(federation, folder, tokens=f"tester={TOKEN}") as server:
-        yield server
+def gateway(federation: str, gateway_process: GatewayProcesses) -> RunningServer:
+    return gateway_process(federation, tokens=f"tester={TOKEN}")
 
 
 async def _wait_state(server: RunningServer, backend: str, state: str, *, limit: float = 20.0) -> dict[str, Any]:
@@ -145,7 +139,7 @@ async def test_router_note_is_appended_only_to_router_marked_tools(gateway: Runn
     assert tools["b__echo"].description == "Echo the text back."
 
 
-async def test_schemas_pass_through_byte_for_byte(gateway: RunningServer, echo_http: RunningServer) -> None:
+async def test_schemas_pass_through_byte_for_byte(gateway: RunningServer, echo_http: Downstream) -> None:
     async with mcp_session(echo_http.url()) as direct:
         direct_tools = {t.name: t for t in (await direct.list_tools()).tools}
     async with mcp_session(gateway.url(), token=TOKEN) as session:
@@ -168,7 +162,7 @@ async def test_schemas_pass_through_byte_for_byte(gateway: RunningServer, echo_h
     ],
 )
 async def test_results_are_the_same_direct_and_through_the_gateway(
-    gateway: RunningServer, echo_http: RunningServer, tool: str, arguments: dict[str, Any]
+    gateway: RunningServer, echo_http: Downstream, tool: str, arguments: dict[str, Any]
 ) -> None:
     async with mcp_session(echo_http.url()) as direct:
         expected = await direct.call_tool(tool, arguments)
@@ -343,7 +337,7 @@ async def test_progress_notifications_come_back_through_the_gateway(gateway: Run
             assert seen == [(1, 3, "step 1"), (2, 3, "step 2"), (3, 3, "step 3")]
 
 
-async def test_cancellation_reaches_the_downstream(gateway: RunningServer, echo_http: RunningServer) -> None:
+async def test_cancellation_reaches_the_downstream(gateway: RunningServer, echo_http: Downstream) -> None:
     async with mcp_session(gateway.url(), token=TOKEN) as session:
         with pytest.raises(MCPError):
             await session.call_tool("b__sleep", {"seconds": 60}, read_timeout_seconds=0.5)

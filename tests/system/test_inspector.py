@@ -6,14 +6,14 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.fixtures.gateway_proc import PYTHON, echo_argv, run_gateway
-from tests.fixtures.procs import RunningServer, free_port, start_http_server
+from tests.fixtures.downstreams import Downstreams
+from tests.fixtures.gateway_proc import PYTHON, GatewayProcesses, echo_argv
+from tests.fixtures.procs import RunningServer
 
 pytestmark = pytest.mark.node
 
@@ -26,10 +26,9 @@ TOKEN = "inspector-token"
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    port = free_port()
-    with start_http_server(echo_argv("--http", str(port), "--name", "b"), port) as http_echo:
-        config = f"""
+def gateway(downstream: Downstreams, gateway_process: GatewayProcesses) -> RunningServer:
+    http_echo = downstream("echo", "streamable_http", "--name", "b")
+    config = f"""
 servers:
   a:
     transport: stdio
@@ -44,8 +43,7 @@ servers:
     args: [stdio]
     tools: {{include: [get-sum]}}
 """
-        with run_gateway(config, tmp_path_factory.mktemp("insp"), tokens=f"inspector={TOKEN}") as server:
-            yield server
+    return gateway_process(config, tokens=f"inspector={TOKEN}")
 
 
 def _inspector(url: str, *args: str, token: str | None = TOKEN, folder: Path) -> tuple[int, Any]:

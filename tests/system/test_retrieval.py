@@ -15,7 +15,6 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ import pytest
 import yaml
 
 from tests.fixtures import ROOT
-from tests.fixtures.gateway_proc import mcp_session, run_gateway
+from tests.fixtures.gateway_proc import GatewayProcesses, mcp_session, run_gateway
 from tests.fixtures.procs import RunningServer
 from tests.fixtures.waiting import eventually
 
@@ -102,9 +101,8 @@ def _federation(root: Path, *, qmd_mcp_enabled: bool = True) -> str:
 
 
 @pytest.fixture(scope="module")
-def gateway(wiki: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    with run_gateway(_federation(wiki), tmp_path_factory.mktemp("gw"), tokens=TOKEN) as server:
-        yield server
+def gateway(wiki: Path, gateway_process: GatewayProcesses) -> RunningServer:
+    return gateway_process(_federation(wiki), tokens=TOKEN)
 
 
 def _meta(result: Any) -> dict[str, Any]:

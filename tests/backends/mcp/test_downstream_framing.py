@@ -10,41 +10,34 @@ tests/fixtures/conformance_server.py with `--json-lines`, over streamable HTTP; 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
 import mcp_types as types
 import pytest
 
+from tests.fixtures.downstreams import Downstream, Downstreams
 from tests.fixtures.gateway_proc import mcp_session, one_backend_config, run_gateway
-from tests.fixtures.procs import RunningServer, conformance_server_argv, free_port, start_http_server
 
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def downstream() -> Iterator[RunningServer]:
-    port = free_port()
-    with start_http_server(conformance_server_argv(port, "--json-lines"), port) as server:
-        yield server
-
-
-def _config(downstream: RunningServer) -> str:
+def _config(downstream: Downstream) -> str:
     return one_backend_config(
         "framing-gateway", "modern", transport="streamable_http", url=downstream.url(), protocol="2026-07-28"
     )
 
 
 async def test_results_without_result_type_and_json_lines_answers_pass_through(
-    downstream: RunningServer, tmp_path: Path
+    downstream: Downstreams, tmp_path: Path
 ) -> None:
+    json_lines = downstream("conformance", "streamable_http", "--json-lines")
     progress: list[tuple[float, float | None]] = []
 
     async def on_progress(value: float, total: float | None, message: str | None) -> None:
         progress.append((value, total))
 
-    with run_gateway(_config(downstream), tmp_path) as gateway:
+    with run_gateway(_config(json_lines), tmp_path) as gateway:
         async with mcp_session(gateway.url()) as session:
             with anyio.fail_after(30):
                 image = await session.call_tool("test_image_content", {})

@@ -19,9 +19,8 @@ paths (its ``h`` and ``s`` servers) against a direct client, with stream resumpt
 from __future__ import annotations
 
 import json
-import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,9 +32,12 @@ from mcp.shared.exceptions import MCPError
 
 from gateway.core.router import META_KEY
 from gateway.ledger.engines import open_reader
+from tests.fixtures.downstreams import Downstream as Served
+from tests.fixtures.downstreams import Downstreams
 from tests.fixtures.gateway_proc import (
     FIDELITY,
     PYTHON,
+    GatewayProcesses,
     answer_elicitation,
     answer_sampling,
     call_abandoning_sampling,
@@ -44,7 +46,7 @@ from tests.fixtures.gateway_proc import (
     mcp_session,
     run_gateway,
 )
-from tests.fixtures.procs import RunningServer, free_port, start_http_server
+from tests.fixtures.procs import RunningServer
 from tests.fixtures.waiting import eventually
 
 pytestmark = pytest.mark.anyio
@@ -93,18 +95,13 @@ def _stdio(argv: list[str], notes: Path, **keys: Any) -> str:
 
 
 @pytest.fixture(scope="module")
-def fid_http() -> Iterator[RunningServer]:
-    port = free_port()
-    with start_http_server([PYTHON, FIDELITY, "--http", str(port), "--name", "h"], port) as server:
-        yield server
+def fid_http(downstream: Downstreams) -> Served:
+    return downstream("fidelity", "streamable_http", "--name", "h", own=True)  # the tests read what it notes
 
 
 @pytest.fixture(scope="module")
-def echo_http() -> Iterator[RunningServer]:
-    port = free_port()
-    env = {**os.environ, "ECHO_LOG_IDS": "1"}
-    with start_http_server(echo_argv("--http", str(port)), port, env=env) as server:
-        yield server
+def echo_http(downstream: Downstreams) -> Served:
+    return downstream("echo", "streamable_http", env={"ECHO_LOG_IDS": "1"}, own=True)
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +115,9 @@ def ledger(folder: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def gateway(fid_http: RunningServer, echo_http: RunningServer, folder: Path, ledger: Path) -> Iterator[RunningServer]:
+def gateway(
+    fid_http: Served, echo_http: Served, folder: Path, ledger: Path, gateway_process: GatewayProcesses
+) -> RunningServer:
     config = f"""
 gateway:
   audit: {{enabled: true, path: {json.dumps(str(ledger))}}}
@@ -143,12 +142,11 @@ servers:
   f:
 {_stdio(echo_argv("--stdio"), folder / "echo-notes.txt", max_answer_bytes=LIMIT, min_uptime_s=0)}
 """
-    with run_gateway(config, folder) as server:
-        yield server
+    return gateway_process(config, folder=folder)
 
 
 @pytest.fixture(params=["http", "stdio"])
-def lane(request: pytest.FixtureRequest, fid_http: RunningServer, echo_http: RunningServer, folder: Path) -> Lane:
+def lane(request: pytest.FixtureRequest, fid_http: Served, echo_http: Served, folder: Path) -> Lane:
     if request.param == "http":
         return Lane(
             Downstream("h", fid_http.output), Downstream("t", fid_http.output), Downstream("e", echo_http.output)

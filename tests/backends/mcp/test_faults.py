@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -24,8 +24,8 @@ from gateway.config import HttpServer, ServerConfig, SseServer, StdioServer, par
 from gateway.core.breakers import BreakerState
 from gateway.core.runtime import Gateway
 from gateway.errors import BackendAnswerTooLarge, BackendError, BackendUnavailable
+from tests.fixtures.downstreams import Downstream, Downstreams
 from tests.fixtures.gateway_proc import FIXTURES, PYTHON, first_text
-from tests.fixtures.procs import RunningServer, free_port, start_http_server
 from tests.fixtures.waiting import eventually
 
 pytestmark = pytest.mark.anyio
@@ -57,24 +57,18 @@ async def serving(config: ServerConfig) -> AsyncIterator[McpBackend]:
 
 
 @pytest.fixture(scope="module")
-def faults_http() -> Iterator[RunningServer]:
-    port = free_port()
-    with start_http_server([PYTHON, FAULTS, "--http", str(port)], port) as server:
-        yield server
+def faults_http(downstream: Downstreams) -> Downstream:
+    return downstream("faults", "streamable_http")
 
 
 @pytest.fixture(scope="module")
-def faults_json() -> Iterator[RunningServer]:
-    port = free_port()
-    with start_http_server([PYTHON, FAULTS, "--http", str(port), "--json-response"], port) as server:
-        yield server
+def faults_json(downstream: Downstreams) -> Downstream:
+    return downstream("faults", "streamable_http", "--json-response")
 
 
 @pytest.fixture(scope="module")
-def faults_sse() -> Iterator[RunningServer]:
-    port = free_port()
-    with start_http_server([PYTHON, FAULTS, "--sse", str(port)], port) as server:
-        yield server
+def faults_sse(downstream: Downstreams) -> Downstream:
+    return downstream("faults", "sse")
 
 
 # ------------------------------------------------------------------------------------------------ A: big answers
@@ -105,13 +99,11 @@ async def _big_answer_with_a_bystander(backend: McpBackend, size: int) -> tuple[
 
 
 @pytest.fixture
-def transports(
-    faults_http: RunningServer, faults_json: RunningServer, faults_sse: RunningServer
-) -> dict[str, RunningServer]:
+def transports(faults_http: Downstream, faults_json: Downstream, faults_sse: Downstream) -> dict[str, Downstream]:
     return {"streamable_http": faults_http, "streamable_http-json": faults_json, "sse": faults_sse}
 
 
-def _config(transport: str, servers: dict[str, RunningServer], **keys: Any) -> ServerConfig:
+def _config(transport: str, servers: dict[str, Downstream], **keys: Any) -> ServerConfig:
     if transport.startswith("stdio"):
         return stdio("--id-last", **keys) if transport == "stdio-id-last" else stdio(**keys)
     if transport == "sse":
@@ -124,7 +116,7 @@ TRANSPORTS = ["stdio", "stdio-id-last", "streamable_http", "streamable_http-json
 
 @pytest.mark.parametrize("transport", TRANSPORTS[:-1])  # SSE: see the next-but-one test
 async def test_an_answer_of_3_5_mb_passes_under_the_default_limit(
-    transport: str, transports: dict[str, RunningServer]
+    transport: str, transports: dict[str, Downstream]
 ) -> None:
     config = _config(transport, transports)
     async with serving(config) as backend:
@@ -147,14 +139,14 @@ async def _fails_alone(backend: McpBackend, size: int, limit: int) -> None:
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_an_answer_over_max_answer_bytes_fails_that_call_alone_naming_size_and_limit(
-    transport: str, transports: dict[str, RunningServer]
+    transport: str, transports: dict[str, Downstream]
 ) -> None:
     config = _config(transport, transports, max_answer_bytes=MiB // 2)
     async with serving(config) as backend:
         await _fails_alone(backend, 2 * MiB, MiB // 2)
 
 
-async def test_over_sse_an_answer_over_the_sdks_1_mib_event_cap_fails_alone(faults_sse: RunningServer) -> None:
+async def test_over_sse_an_answer_over_the_sdks_1_mib_event_cap_fails_alone(faults_sse: Downstream) -> None:
     async with serving(SseServer(transport="sse", url=faults_sse.url("/sse"))) as backend:
         await _fails_alone(backend, 3_500_000, SSE_EVENT_CAP)
 

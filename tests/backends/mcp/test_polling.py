@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -19,8 +18,9 @@ import httpx2
 import pytest
 
 from gateway.backends.mcp.polling import HeldRetries, HeldRetry, resume_key
-from tests.fixtures.gateway_proc import run_gateway
-from tests.fixtures.procs import RunningServer, conformance_server_argv, free_port, start_http_server
+from tests.fixtures.downstreams import Downstream, Downstreams
+from tests.fixtures.gateway_proc import GatewayProcesses
+from tests.fixtures.procs import RunningServer
 from tests.fixtures.raw_http import sse_events
 
 pytestmark = pytest.mark.anyio
@@ -32,14 +32,12 @@ DONE = "Reconnection test completed successfully"
 
 
 @pytest.fixture(scope="module")
-def polling() -> Iterator[RunningServer]:
-    port = free_port()
-    with start_http_server(conformance_server_argv(port, "--reference-polling"), port) as server:
-        yield server
+def polling(downstream: Downstreams) -> Downstream:
+    return downstream("conformance", "streamable_http", "--reference-polling")
 
 
 @pytest.fixture(scope="module")
-def gateway(polling: RunningServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+def gateway(polling: Downstream, gateway_process: GatewayProcesses) -> RunningServer:
     config = f"""
 gateway:
   audit: {{enabled: false}}
@@ -49,8 +47,7 @@ servers:
     url: {polling.url()}
     timeout_s: 10
 """
-    with run_gateway(config, tmp_path_factory.mktemp("resume")) as server:
-        yield server
+    return gateway_process(config)
 
 
 async def _call_and_resume(url: str, *, resume_after_s: float = 0.0) -> tuple[dict[str, Any] | None, float]:
@@ -79,7 +76,7 @@ async def _call_and_resume(url: str, *, resume_after_s: float = 0.0) -> tuple[di
     return None, time.monotonic() - closed
 
 
-async def test_the_reference_like_server_keeps_the_result_only_for_a_prompt_resume(polling: RunningServer) -> None:
+async def test_the_reference_like_server_keeps_the_result_only_for_a_prompt_resume(polling: Downstream) -> None:
     """The fixture is the faithful stand-in: directly, a resume at once gets the result, a late one does not."""
     result, _ = await _call_and_resume(polling.url())
     assert result is not None and result["result"]["content"][0]["text"].startswith(DONE)

@@ -7,9 +7,8 @@ SSE. scripts/install puts their launchers in .tools/bin; without them these test
 from __future__ import annotations
 
 import json
-import os
 import shutil
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,9 @@ from mcp.client.session import ClientSession
 from mcp.client.sse import sse_client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
-from tests.fixtures.gateway_proc import mcp_session, run_gateway
-from tests.fixtures.procs import RunningServer, free_port, start_http_server
+from tests.fixtures.downstreams import Downstream, Downstreams
+from tests.fixtures.gateway_proc import GatewayProcesses, mcp_session
+from tests.fixtures.procs import RunningServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.node]
 
@@ -34,23 +34,19 @@ TOKEN = "third-party-token"
 
 
 @pytest.fixture(scope="module")
-def everything_http() -> Iterator[RunningServer]:
-    port = free_port()
-    with start_http_server([str(EVERYTHING), "streamableHttp"], port, env={**os.environ, "PORT": str(port)}) as s:
-        yield s
+def everything_http(downstream: Downstreams) -> Downstream:
+    return downstream("everything", "streamable_http")
 
 
 @pytest.fixture(scope="module")
-def everything_sse() -> Iterator[RunningServer]:
-    port = free_port()
-    with start_http_server([str(EVERYTHING), "sse"], port, env={**os.environ, "PORT": str(port)}) as s:
-        yield s
+def everything_sse(downstream: Downstreams) -> Downstream:
+    return downstream("everything", "sse")
 
 
 @pytest.fixture(scope="module")
 def gateway(
-    everything_http: RunningServer, everything_sse: RunningServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[RunningServer]:
+    everything_http: Downstream, everything_sse: Downstream, gateway_process: GatewayProcesses
+) -> RunningServer:
     config = f"""
 gateway:
   naming: {{mode: always, separator: "__"}}
@@ -70,8 +66,7 @@ servers:
     transport: sse
     url: {everything_sse.url("/sse")}
 """
-    with run_gateway(config, tmp_path_factory.mktemp("tp"), tokens=TOKEN) as server:
-        yield server
+    return gateway_process(config, tokens=TOKEN)
 
 
 @asynccontextmanager
@@ -115,8 +110,8 @@ async def test_every_transport_backend_is_listed_under_its_prefix(gateway: Runni
 )
 async def test_server_everything_answers_the_same_on_every_transport(
     gateway: RunningServer,
-    everything_http: RunningServer,
-    everything_sse: RunningServer,
+    everything_http: Downstream,
+    everything_sse: Downstream,
     tool: str,
     arguments: dict[str, Any],
 ) -> None:

@@ -18,8 +18,8 @@ from gateway.config import parse_config
 from gateway.core.catalog import Catalog
 from gateway.core.policies import Views
 from gateway.errors import ConfigError
+from gateway.testing import FakeBackend
 from tests.core.test_policies import HANDSHAKE, MODERN, raw, rows
-from tests.fakes import FakeBackend
 from tests.fixtures.gateway_proc import PYTHON, echo_argv, run_gateway
 
 pytestmark = pytest.mark.anyio

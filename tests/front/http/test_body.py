@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ import anyio
 import httpx2
 import pytest
 
-from tests.fixtures.gateway_proc import echo_argv, run_gateway
+from tests.fixtures.gateway_proc import GatewayProcesses, echo_argv
 from tests.fixtures.procs import RunningServer
 
 pytestmark = pytest.mark.anyio
@@ -37,12 +36,11 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("edge")
 
 
-@contextmanager
-def echo_gateway(folder: Path, settings: dict[str, Any]) -> Iterator[RunningServer]:
-    """The gateway in ``folder``, in front of tests/fixtures/echo_server.py over stdio (server ``e``), with
-    ``settings`` as its config's ``gateway`` section."""
+def echo_config(settings: dict[str, Any]) -> str:
+    """A gateway in front of tests/fixtures/echo_server.py over stdio (server ``e``), with ``settings`` as its
+    config's ``gateway`` section."""
     argv = echo_argv("--stdio")
-    config = f"""
+    return f"""
 gateway: {json.dumps(settings)}
 servers:
   e:
@@ -50,16 +48,12 @@ servers:
     command: {argv[0]}
     args: {json.dumps(argv[1:])}
 """
-    with run_gateway(config, folder) as server:
-        yield server
 
 
 @pytest.fixture(scope="module")
-def gateway(folder: Path) -> Iterator[RunningServer]:
-    with echo_gateway(
-        folder, {"audit": {"path": str(folder / "audit.db")}, "edge": {"replay_bytes": REPLAY_BYTES}}
-    ) as server:
-        yield server
+def gateway(folder: Path, gateway_process: GatewayProcesses) -> RunningServer:
+    settings = {"audit": {"path": str(folder / "audit.db")}, "edge": {"replay_bytes": REPLAY_BYTES}}
+    return gateway_process(echo_config(settings), folder=folder)
 
 
 def rows(folder: Path) -> list[tuple[str, str, list[dict[str, Any]]]]:
@@ -265,10 +259,8 @@ async def test_a_tool_name_holding_a_lone_surrogate_is_an_unknown_tool_with_its_
 
 
 @pytest.fixture(scope="module")
-def small_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    folder = tmp_path_factory.mktemp("edge-small")
-    with echo_gateway(folder, {"audit": {"enabled": False}, "edge": {"max_body_bytes": 65536}}) as server:
-        yield server
+def small_gateway(gateway_process: GatewayProcesses) -> RunningServer:
+    return gateway_process(echo_config({"audit": {"enabled": False}, "edge": {"max_body_bytes": 65536}}))
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])

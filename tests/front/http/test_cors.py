@@ -7,13 +7,12 @@ the MCP request headers, and lets the page read the session id and the 401 chall
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import anyio
 import httpx2
 import pytest
 
-from tests.fixtures.gateway_proc import PYTHON, echo_argv, run_gateway
+from tests.fixtures.gateway_proc import PYTHON, GatewayProcesses, echo_argv
 from tests.fixtures.procs import RunningServer, free_port
 
 pytestmark = pytest.mark.anyio
@@ -32,7 +31,7 @@ ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "appl
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+def gateway(gateway_process: GatewayProcesses) -> RunningServer:
     port = free_port()
     # The issuer is never contacted: no test here offers a JWT.
     config = f"""
@@ -49,8 +48,7 @@ servers:
     command: {PYTHON}
     args: {json.dumps(echo_argv()[1:])}
 """
-    with run_gateway(config, tmp_path_factory.mktemp("cors"), tokens="ops=tok-ops", port=port) as server:
-        yield server
+    return gateway_process(config, tokens="ops=tok-ops", port=port)
 
 
 async def send(method: str, url: str, headers: dict[str, str], body: object = None) -> httpx2.Response:

@@ -19,7 +19,7 @@ from gateway.config import Federation, parse_config
 from gateway.core.catalog import Catalog
 from gateway.core.runtime import Gateway
 from gateway.front.http.app import Guard, Tokens, is_loopback, status_document
-from tests.fakes import FakeBackend
+from gateway.testing import FakeBackend
 
 BASE_URL = "http://127.0.0.1:8080"
 

@@ -10,7 +10,7 @@ sleeps.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -20,9 +20,10 @@ import httpx2
 import pytest
 
 from gateway.front.http.body import RELEASE_GRACE_S, InFlight
+from tests.fixtures.gateway_proc import GatewayProcesses
 from tests.fixtures.procs import RunningServer
 from tests.fixtures.waiting import eventually
-from tests.front.http.test_body import MODERN, WAIT, Raw, echo_gateway
+from tests.front.http.test_body import MODERN, WAIT, Raw, echo_config
 
 pytestmark = pytest.mark.anyio
 
@@ -30,10 +31,9 @@ SESSION = "2025-11-25"
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+def gateway(tmp_path_factory: pytest.TempPathFactory, gateway_process: GatewayProcesses) -> RunningServer:
     folder: Path = tmp_path_factory.mktemp("ids")
-    with echo_gateway(folder, {"audit": {"path": str(folder / "audit.db")}}) as server:
-        yield server
+    return gateway_process(echo_config({"audit": {"path": str(folder / "audit.db")}}), folder=folder)
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import json
 import shutil
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -29,7 +29,7 @@ from gateway.front.http.app import Tokens, build_app
 from gateway.front.http.ui import COOKIE
 from gateway.ledger.records import AuditRecord, AuditStep
 from tests.fixtures import ROOT
-from tests.fixtures.gateway_proc import PYTHON, echo_argv, mcp_session, run_gateway
+from tests.fixtures.gateway_proc import PYTHON, GatewayProcesses, echo_argv, mcp_session
 from tests.fixtures.procs import RunningServer
 from tests.fixtures.waiting import eventually
 from tests.test_layering import imports as imports_of
@@ -448,12 +448,13 @@ async def _make_calls(server: RunningServer) -> None:
 
 
 @pytest.fixture(scope="module")
-def with_calls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+def with_calls(tmp_path_factory: pytest.TempPathFactory, gateway_process: GatewayProcesses) -> RunningServer:
     """The real gateway process (tokens on, the ledger on) after ``_make_calls``: made once for the module, so each
-    test below sees the same five calls, whatever order they run in."""
-    with run_gateway(CONFIG, tmp_path_factory.mktemp("ui"), tokens=f"tester={TOKEN}") as server:
-        anyio.run(_make_calls, server)
-        yield server
+    test below sees the same five calls, whatever order they run in (in a folder of its own: no other caller of
+    ``gateway_process`` shares it)."""
+    server = gateway_process(CONFIG, tokens=f"tester={TOKEN}", folder=tmp_path_factory.mktemp("ui"))
+    anyio.run(_make_calls, server)
+    return server
 
 
 async def test_the_real_gateway_shows_backends_calls_and_figures(with_calls: RunningServer) -> None:
