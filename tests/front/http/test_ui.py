@@ -23,9 +23,10 @@ import httpx2
 import pytest
 
 from gateway.auth.cookies import SessionCookies
+from gateway.auth.tokens import Tokens
 from gateway.config.models import parse_config
 from gateway.core.runtime import Gateway
-from gateway.front.http.app import Tokens, build_app
+from gateway.front.http.app import build_app
 from gateway.front.http.ui import COOKIE
 from gateway.ledger.sqlite import AuditRecord, AuditStep
 from tests.fixtures import ROOT
