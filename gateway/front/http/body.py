@@ -36,20 +36,18 @@ from typing import Any
 
 import anyio
 from mcp.shared.dispatcher import coerce_request_id
+from mcp_types import INVALID_PARAMS, INVALID_REQUEST
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.config.models import EdgeSettings
 from gateway.errors import quote
+from gateway.front.http.replies import reply, rpc_error
 from gateway.front.scope import caller_of, set_message, set_withheld
 from gateway.inputs import argument_problem, problem
 
 __all__ = ["Edge", "InFlight"]
-
-INVALID_REQUEST = -32600
-INVALID_PARAMS = -32602
-
 
 RELEASE_GRACE_S = 1.0
 """How long a request reusing an in-flight id waits for that request to end before it is refused: a client may
@@ -169,7 +167,7 @@ class Edge:
         headers = Headers(scope=scope)
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
-            await _reply(send, _too_large(int(declared), limit), 413)
+            await reply(send, 413, _too_large(int(declared), limit))
             return
         chunks: list[bytes] = []
         size = 0
@@ -180,7 +178,7 @@ class Edge:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:  # no Content-Length (chunked), or more than it said: stop reading at the limit
-                await _reply(send, _too_large(size, limit, more=True), 413)
+                await reply(send, 413, _too_large(size, limit, more=True))
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -195,12 +193,12 @@ class Edge:
             set_message(scope, {**decoded, "params": dict(params) if isinstance(params, dict) else params})
             answer, body = _check(decoded, scope, body, settings.max_argument_depth)
             if answer is not None:
-                await _reply(send, answer)
+                await reply(send, 400, answer)
                 return
             key = _in_flight_key(decoded, scope, headers)
             if key is not None:
                 if not await self.in_flight.claim(key):
-                    await _reply(send, _duplicate(decoded["id"]))
+                    await reply(send, 400, _duplicate(decoded["id"]))
                     return
                 status: list[int] = []
 
@@ -226,7 +224,7 @@ def _check(decoded: dict[str, Any], scope: Scope, body: bytes, depth: int) -> tu
         if request_id is None or isinstance(request_id, bool) or not isinstance(request_id, str | int):
             kind = "null" if request_id is None else type(request_id).__name__
             text = f"Invalid Request: a request's id must be a string or an integer, not {kind}."
-            return _error(None, INVALID_REQUEST, text), body
+            return rpc_error(None, INVALID_REQUEST, text), body
     raw_params = decoded.get("params")
     params: dict[str, Any] = raw_params if isinstance(raw_params, dict) else {}
     call = decoded.get("method") == "tools/call" and isinstance(raw_params, dict)
@@ -239,7 +237,7 @@ def _check(decoded: dict[str, Any], scope: Scope, body: bytes, depth: int) -> tu
     found = problem(decoded, depth + 2)  # the envelope and params around the values
     if found is not None:
         where, reason = found
-        return _error(request_id, INVALID_PARAMS, f"Invalid params: at {quote('.'.join(where))}, {reason}."), body
+        return rpc_error(request_id, INVALID_PARAMS, f"Invalid params: at {quote('.'.join(where))}, {reason}."), body
     withheld = argument_problem(arguments, depth) if arguments is not None else None
     if withheld is not None:
         arguments = {}
@@ -266,7 +264,7 @@ def _in_flight_key(decoded: dict[str, Any], scope: Scope, headers: Headers) -> K
 def _duplicate(request_id: str | int) -> dict[str, Any]:
     shown = quote(request_id) if isinstance(request_id, str) else str(request_id)
     text = f"Invalid Request: request id {shown} is already in flight on this session."
-    return _error(request_id, INVALID_REQUEST, text)
+    return rpc_error(request_id, INVALID_REQUEST, text)
 
 
 def _too_large(size: int, limit: int, *, more: bool = False) -> dict[str, Any]:
@@ -274,18 +272,7 @@ def _too_large(size: int, limit: int, *, more: bool = False) -> dict[str, Any]:
         f"Request body too large: {'more than ' if more else ''}{size:,} bytes; the limit is {limit:,} "
         "(gateway.edge.max_body_bytes)."
     )
-    return _error(None, INVALID_REQUEST, text)
-
-
-def _error(request_id: Any, code: int, message: str) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}
-
-
-async def _reply(send: Send, answer: dict[str, Any], status: int = 400) -> None:
-    body = json.dumps(answer).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    return rpc_error(None, INVALID_REQUEST, text)
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
