@@ -50,7 +50,7 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
     in_flight = InFlight()  # the edge's request ids in flight, told of answers and session ends by the sessions
     sessions = _sessions(gateway, face.server(), in_flight, resumes, redis, json_response)
     status = StatusRoutes(
-        gateway, host=host, tokens=tokens, clients=face.clients, sessions=sessions, redis=redis, oauth=oauth
+        gateway=gateway, host=host, tokens=tokens, clients=face.clients, sessions=sessions, redis=redis, oauth=oauth
     )
     gateway.metrics.watch(status.snapshot)
     limited = CallerLimits(

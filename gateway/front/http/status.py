@@ -38,27 +38,17 @@ from gateway.version import VERSION
 __all__ = ["StatusRoutes", "metrics_need_token", "state_snapshot", "status_document"]
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class StatusRoutes:
     """The routes above, one method each, over a running gateway and the parts of the HTTP app they report on."""
 
-    def __init__(
-        self,
-        gateway: Gateway,
-        *,
-        host: str,
-        tokens: Tokens,
-        clients: Clients,
-        sessions: CallerSessions,
-        redis: SharedRedis | None = None,
-        oauth: ResourceServer | None = None,
-    ) -> None:
-        self.gateway = gateway
-        self.host = host
-        self.tokens = tokens
-        self.clients = clients
-        self.sessions = sessions
-        self.redis = redis
-        self.oauth = oauth
+    gateway: Gateway
+    host: str
+    tokens: Tokens
+    clients: Clients
+    sessions: CallerSessions
+    redis: SharedRedis | None = None
+    oauth: ResourceServer | None = None
 
     def routes(self) -> list[BaseRoute]:
         metadata = self.oauth.metadata_paths if self.oauth is not None else ()
