@@ -26,9 +26,10 @@ from gateway.auth.tokens import Tokens
 from gateway.core.runtime import Gateway
 from gateway.front.channels import Resumes
 from gateway.front.face import Face
-from gateway.front.http.body import Edge, InFlight
+from gateway.front.http.body import Edge
 from gateway.front.http.guard import Guard, is_loopback
 from gateway.front.http.limits import CallerLimits
+from gateway.front.http.request_ids import InFlight
 from gateway.front.http.resume import RETRY_MS, RecentEvents
 from gateway.front.http.seal import session_seal
 from gateway.front.http.sessions import CallerSessions, filter_session_ids

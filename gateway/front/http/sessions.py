@@ -36,8 +36,8 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERS
 from starlette.types import Receive, Scope, Send
 
 from gateway.config.models import Limits
-from gateway.front.http.body import InFlight
 from gateway.front.http.replies import reply, rpc_error
+from gateway.front.http.request_ids import InFlight
 from gateway.front.http.resume import RecentEvents
 from gateway.front.http.seal import SealedSession, SessionSeal, owner_digest
 from gateway.front.scope import caller_of, message_of, session_digest
