@@ -35,7 +35,7 @@ from gateway.front.http.seal import session_seal
 from gateway.front.http.sessions import CallerSessions, filter_session_ids
 from gateway.front.http.shared import SharedRates, SharedRedis, SharedSessionEnds
 from gateway.front.http.status import StatusRoutes
-from gateway.front.http.ui import UI_PATHS, build_ui
+from gateway.front.http.ui import UI_PATHS, StatusPage
 
 __all__ = ["build_app"]
 
@@ -66,7 +66,7 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
             *status.routes(),
             Route("/mcp", endpoint=Edge(limited, lambda: gateway.config.gateway.edge, in_flight)),
             # the status page signs people in itself, with the static tokens only (so with OAuth alone it is shut)
-            Mount("/ui", app=build_ui(gateway, tokens, is_loopback(host) and oauth is None, status.access)),
+            Mount("/ui", app=StatusPage(gateway, tokens, is_loopback(host) and oauth is None, status.access).app()),
         ],
         lifespan=partial(_lifespan, sessions, redis),
     )
