@@ -1,18 +1,10 @@
-"""Per-caller limits at ``/mcp``: a request rate (token bucket) and concurrent tool calls, per caller.
-
-``CallerLimits`` is pure ASGI middleware between the edge (``edge.py``, which leaves each POST's JSON-RPC message in
-the scope state) and the SDK. The rules are ``gateway.auth.caller_limits``, read at every request (so a reload
-applies): the first rule whose ``callers`` globs match the caller's name and whose ``claims`` its verified JWT
-carries applies, and each caller it matches gets its own bucket and its own in-flight count (one caller's burst never
-spends another's share). Counted: every JSON-RPC request (not notifications, responses or GET streams) against
-``requests_per_s`` / ``burst``; every ``tools/call`` against ``concurrent_calls`` while its answer is being sent.
-Over a limit, the request is answered HTTP 429 with ``Retry-After`` and a JSON-RPC error (``LIMITED``) naming the
-limit and when to retry, before the SDK sees it; a refused ``tools/call`` leaves a ``refused`` ledger row (the
-arguments only hashed) and every refusal is counted in ``/metrics`` (``mcp_gateway_caller_limited_total``, by rule and
-limit). The state is per process (a replica keeps its own buckets); callers idle with a full bucket are forgotten
-once more than ``MAX_TRACKED`` are held. With ``gateway.shared.redis_url`` the request rate is counted in Redis
-instead, for all replicas at once (shared_limits.py); when Redis cannot answer, ``gateway.shared.redis_down`` says
-whether the request is counted here alone (``open``) or refused with HTTP 503 (``closed``).
+"""Per-caller limits at ``/mcp`` (``CallerLimits``, between the body check and the SDK): each caller's request rate
+(a token bucket) and concurrent tool calls, as its policy's ``limits`` set them, else the first matching rule of
+``gateway.auth.caller_limits``, read at every request (a reload applies). Over a limit, a request is answered HTTP 429
+with ``Retry-After`` and a JSON-RPC error (``LIMITED``) naming the limit, before the SDK sees it; a refused
+``tools/call`` leaves a ``refused`` ledger row (the arguments only hashed), and ``/metrics`` counts every refusal
+(``mcp_gateway_caller_limited_total``, by rule and limit). With ``gateway.shared.redis_url`` the request rate is
+counted for all replicas at once (shared.py).
 """
 
 from __future__ import annotations
@@ -90,7 +82,16 @@ def _claims_match(wanted: Mapping[str, str], claims: Mapping[str, Any] | None) -
 
 
 class CallerLimits:
-    """Pure ASGI middleware: each caller's request rate and concurrent tool calls, per ``gateway.auth``."""
+    """Pure ASGI middleware: each caller's request rate and concurrent tool calls.
+
+    A rule matches a caller when its ``callers`` globs match the caller's name and its verified JWT carries the
+    rule's ``claims``; each caller it matches gets its own bucket and in-flight count (one caller's burst never
+    spends another's share). Counted: every JSON-RPC request (not notifications, responses or GET streams) against
+    ``requests_per_s`` and ``burst``; every ``tools/call`` against ``concurrent_calls`` while its answer is sent. The
+    state is per process (callers idle with a full bucket are forgotten once more than ``MAX_TRACKED`` are held),
+    except the rate when shared; when the shared store cannot answer, ``gateway.shared.redis_down`` says whether the
+    request is counted here alone (``open``) or refused with HTTP 503 (``closed``).
+    """
 
     def __init__(
         self,
@@ -122,7 +123,7 @@ class CallerLimits:
 
     def _rule(self, caller: Caller) -> tuple[str, str, CallerLimit] | None:
         """The limits that apply, and where they are written: the caller's policy's ``limits`` when it sets them
-        (auth/policies.py picks the policy), else the first ``gateway.auth.caller_limits`` rule that matches; with
+        (core/policies.py picks the policy), else the first ``gateway.auth.caller_limits`` rule that matches; with
         the name /metrics counts its refusals under."""
         policies = self.policies()
         if policies:
