@@ -26,8 +26,9 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from starlette.types import Message, Receive, Scope, Send
 
 from gateway.auth.oauth import ResourceServer
+from gateway.auth.tokens import Tokens
 from gateway.config import OAuth
-from gateway.front.http.app import Guard, Tokens
+from gateway.front.http.guard import Guard
 
 RESOURCE = "http://127.0.0.1:8080/mcp"
 

@@ -35,6 +35,7 @@ from typing import Any
 import anyio
 import structlog
 
+from gateway.auth.tokens import Tokens
 from gateway.backends.processes import become_subreaper, supervise
 from gateway.calls import Caller
 from gateway.cli.audit import add_audit_subcommands, run_audit
@@ -45,7 +46,7 @@ from gateway.core.reload import watch_config
 from gateway.core.runtime import Gateway, settle_budget
 from gateway.errors import ConfigError, GatewayError
 from gateway.front.face import Face
-from gateway.front.http.app import Tokens, build_app, is_loopback, status_document
+from gateway.front.http.app import build_app
 from gateway.front.http.connections import (
     PARSERS,
     edge_protocol,
@@ -53,6 +54,8 @@ from gateway.front.http.connections import (
     quiet_edge_logs,
     raise_open_files_limit,
 )
+from gateway.front.http.guard import is_loopback
+from gateway.front.http.status import status_document
 from gateway.observe.logs import config_secrets, configure_logging, redactor
 from gateway.version import VERSION
 

@@ -15,8 +15,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
+from gateway.calls import Caller
 from gateway.config import Federation, parse_config
-from gateway.core.policies import Identity, policy_for
+from gateway.core.policies import policy_for
 from gateway.errors import ConfigError
 
 FILE = "conf/federation.yaml"
@@ -26,7 +27,7 @@ def parse(doc: Mapping[str, Any]) -> Federation:
     return parse_config(json.dumps(doc), file=FILE, env={})  # JSON is YAML
 
 
-def limited_by(fed: Federation, identity: Identity) -> str | None:
+def limited_by(fed: Federation, identity: Caller) -> str | None:
     """Where the limits applied to ``identity`` are written, as a refusal names them; None: not limited."""
     policy = fed.limit_policies.get(policy_for(fed.limit_policies, identity))
     return policy.limits.written_at if policy is not None and policy.limits is not None else None
@@ -39,7 +40,7 @@ def limited_before(
     set them, else the first ``gateway.auth.caller_limits`` rule whose callers and claims match."""
     fed = Federation.model_validate({"policies": doc.get("policies", {})})
     if fed.policies:
-        name = policy_for(fed.policies, Identity(caller, scopes, claims) if claims is not None else Identity(caller))
+        name = policy_for(fed.policies, Caller(caller, scopes, claims) if claims is not None else Caller(caller))
         policy = fed.policies.get(name)
         if policy is not None and policy.limits is not None:
             return f"policies.{name}.limits"
@@ -89,7 +90,7 @@ def test_every_caller_is_limited_exactly_as_before_whichever_spelling_the_file_u
         assert "cannot be rewritten exactly" in str(exc), str(exc)
         assume(False)
         raise
-    identity = Identity(caller, scopes, claims) if claims is not None else Identity(caller)
+    identity = Caller(caller, scopes, claims) if claims is not None else Caller(caller)
     assert limited_by(fed, identity) == limited_before(doc, caller, claims, scopes)
     assert fed.policies == parse({"policies": policies}).policies  # what each caller sees is as written
 
@@ -132,7 +133,7 @@ def test_the_advice_written_as_policies_limits_every_caller_as_the_rules_did() -
     advice = logs[0]["message"].split("`")[1]
     new = parse_config(advice, file=FILE, env={})
     for caller in ("alice", "bob"):
-        was, now = (fed.limit_policies[policy_for(fed.limit_policies, Identity(caller))].limits for fed in (old, new))
+        was, now = (fed.limit_policies[policy_for(fed.limit_policies, Caller(caller))].limits for fed in (old, new))
         assert was is not None and now is not None
         assert (was.requests_per_s, was.burst, was.concurrent_calls) == (
             now.requests_per_s,
@@ -148,7 +149,7 @@ def test_a_file_without_the_deprecated_key_is_not_warned_about_and_its_policies_
     alpha = fed.limit_policies["alpha"].limits
     assert alpha is not None and (alpha.label, alpha.written_at) == ("policy:alpha", "policies.alpha.limits")
     assert fed.limit_policies["rest"].limits is None
-    assert limited_by(fed, Identity("bob")) is None
+    assert limited_by(fed, Caller("bob")) is None
 
 
 @pytest.mark.parametrize(
@@ -190,9 +191,9 @@ def test_a_rule_over_callers_a_policy_with_its_own_limits_never_sees_is_not_refu
             "gateway": {"auth": {"caller_limits": [{"callers": ["b*"], "concurrent_calls": 1}]}},
         }
     )
-    assert limited_by(fed, Identity("ab")) is None  # p, no limits
-    assert limited_by(fed, Identity("bb")) == "policies.q.limits"
-    assert limited_by(fed, Identity("bc")) == "gateway.auth.caller_limits[0]"  # no policy: the rule, as before
+    assert limited_by(fed, Caller("ab")) is None  # p, no limits
+    assert limited_by(fed, Caller("bb")) == "policies.q.limits"
+    assert limited_by(fed, Caller("bc")) == "gateway.auth.caller_limits[0]"  # no policy: the rule, as before
 
 
 def test_a_caller_of_a_policy_without_limits_that_no_rule_matches_is_not_limited_by_a_later_policy() -> None:
@@ -202,9 +203,9 @@ def test_a_caller_of_a_policy_without_limits_that_no_rule_matches_is_not_limited
             "gateway": {"auth": {"caller_limits": [{"callers": ["ab"], "concurrent_calls": 1}]}},
         }
     )
-    assert limited_by(fed, Identity("ab")) == "gateway.auth.caller_limits[0]"
-    assert limited_by(fed, Identity("ax")) is None  # its policy is p: q's limits were never its
-    assert limited_by(fed, Identity("bx")) == "policies.q.limits"
+    assert limited_by(fed, Caller("ab")) == "gateway.auth.caller_limits[0]"
+    assert limited_by(fed, Caller("ax")) is None  # its policy is p: q's limits were never its
+    assert limited_by(fed, Caller("bx")) == "policies.q.limits"
 
 
 def test_a_rule_joined_to_a_policy_keeps_the_policys_scopes() -> None:
@@ -214,5 +215,5 @@ def test_a_rule_joined_to_a_policy_keeps_the_policys_scopes() -> None:
             "gateway": {"auth": {"caller_limits": [{"concurrent_calls": 1}]}},
         }
     )
-    assert limited_by(fed, Identity("ann", frozenset({"admin"}), {})) == "gateway.auth.caller_limits[0]"
-    assert limited_by(fed, Identity("ann", frozenset(), {})) == "policies.q.limits"  # not p's caller: q's
+    assert limited_by(fed, Caller("ann", frozenset({"admin"}), {})) == "gateway.auth.caller_limits[0]"
+    assert limited_by(fed, Caller("ann", frozenset(), {})) == "policies.q.limits"  # not p's caller: q's

@@ -26,6 +26,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
+from gateway.auth.tokens import Tokens
 from gateway.backends.base import Backend
 from gateway.calls import CallContext, Caller, Upstream
 from gateway.config import TracingSettings, parse_config
@@ -33,7 +34,8 @@ from gateway.core.catalog import Catalog
 from gateway.core.router import META_KEY, Router
 from gateway.core.runtime import Gateway
 from gateway.errors import BackendTimeout, BackendUnavailable
-from gateway.front.http.app import Tokens, build_app, metrics_need_token
+from gateway.front.http.app import build_app
+from gateway.front.http.status import metrics_need_token
 from gateway.ledger.engines import open_reader
 from gateway.observe.logs import MASK, Redactor, config_secrets, is_secret_name, redactor
 from gateway.observe.metrics import NO_PROVIDER, GatewayMetrics

@@ -1,29 +1,8 @@
-"""HTTP connections at the edge: deadlines, a connection cap that keeps room for token holders, and a quiet log.
-
-uvicorn closes a kept-alive connection that stays silent after a response (``timeout_keep_alive``) and nothing
-else: a connection that never sends a whole request lives forever, so idle or slowloris sockets could exhaust the
-open-files limit and lock every token holder out. ``edge_protocol(limits)`` is one of uvicorn's HTTP protocols
-(h11 by default, httptools with ``GATEWAY_HTTP_PARSER=httptools``: the same rules on both, tested on both) with the
-missing deadlines (``gateway.limits``):
-
-- ``keep_alive_s``: a connection silent while no request is on it, fresh or between requests, is closed;
-- ``header_timeout_s``: from a connection's opening (or its previous response) to a complete request head, else
-  ``408`` and closed, however slowly the bytes trickle in;
-- ``body_timeout_s``: from a complete head to the end of its body, else closed (the app sees a disconnect);
-- ``max_connections``: at the cap, a new connection closes the connection that has waited longest for a request
-  head; only when none is waiting (every connection is serving a request) is the new one answered ``503`` and
-  closed. The Guard (http.py) closes every connection that is refused or has no token with its response, so the
-  waiting connections are fresh ones or token holders' idle ones: a token holder's new connection, which sends its
-  head within milliseconds, always finds room however many idle sockets others hold.
-
-A request head is at most ``MAX_HEAD_BYTES`` (h11's own bound; httptools has none, so the edge keeps it: a longer
-head is answered ``431`` and closed). Once a head is complete nothing here limits a request: a long tool call or an
-open GET stream (SSE) is never cut. ``raise_open_files_limit`` raises the soft RLIMIT_NOFILE to the hard one, and
-``effective_max_connections`` keeps the cap (and the listen backlog, which bounds how many sockets one accept burst
-opens) below it with room for the gateway's own files. ``quiet_edge_logs`` rate-limits asyncio's "socket.accept()
-out of system resource" report (CPython logs it once per pending connection, with a traceback, in a tight loop) to
-one line per second with a count of the ones suppressed, and puts uvicorn's own per-request warnings through the same
-throttle (``ThrottledLog``). Only ``cli.py`` uses this module.
+"""HTTP connections at the edge: ``edge_protocol`` is uvicorn's HTTP protocol with the deadlines uvicorn lacks and a
+connection cap that keeps room for token holders; ``quiet_edge_logs`` throttles the reports a flood of connections
+makes. uvicorn closes a kept-alive connection silent after a response and nothing else, so idle or slowloris sockets
+could exhaust the open-files limit and lock every token holder out. Once a request head is complete nothing here
+limits the request: a long tool call or an open GET stream (SSE) is never cut. Only the CLI uses this module.
 """
 
 from __future__ import annotations
@@ -276,8 +255,21 @@ PARSERS: dict[str, type[_Edge]] = {"httptools": _EdgeHttpTools, "h11": _EdgeH11}
 
 
 def edge_protocol(limits: Limits, *, max_connections: int | None = None, parser: str = "h11") -> type[Any]:
-    """uvicorn's HTTP protocol (``parser``: httptools or h11) with ``limits`` applied (pass it as
-    ``uvicorn.Config(http=...)``)."""
+    """uvicorn's HTTP protocol (``parser``: httptools or h11, the same rules on both) with ``limits`` applied (pass it
+    as ``uvicorn.Config(http=...)``):
+
+    - ``keep_alive_s``: a connection silent while no request is on it, fresh or between requests, is closed;
+    - ``header_timeout_s``: from a connection's opening (or its previous response) to a complete request head, else
+      ``408`` and closed, however slowly the bytes trickle in;
+    - ``body_timeout_s``: from a complete head to the end of its body, else closed (the app sees a disconnect);
+    - ``max_connections``: at the cap, a new connection closes the connection that has waited longest for a request
+      head; only when none is waiting (every connection is serving a request) is the new one answered ``503`` and
+      closed. The Guard (guard.py) closes every connection that is refused or has no token with its response, so the
+      waiting connections are fresh ones or token holders' idle ones: a token holder's new connection, which sends
+      its head within milliseconds, always finds room however many idle sockets others hold.
+
+    A request head is at most ``MAX_HEAD_BYTES`` (h11's own bound; httptools has none, so the edge keeps it: a longer
+    head is answered ``431`` and closed)."""
     cap = max_connections if max_connections is not None else limits.max_connections
     attributes = {"limits": limits, "max_connections": cap, "throttle": Throttle()}
     return type("EdgeProtocol", (PARSERS[parser],), attributes)
@@ -298,7 +290,7 @@ def raise_open_files_limit() -> int:
 
 def effective_max_connections(limits: Limits, open_files: int) -> int:
     """``limits.max_connections``, lowered (with a warning) so that twice as many, plus ``OWN_FILES``, fit in
-    ``open_files``. Twice: asyncio accepts up to the listen backlog (which ``cli.py`` sets to this cap) in one go
+    ``open_files``. Twice: asyncio accepts up to the listen backlog (which the CLI sets to this cap) in one go
     before any protocol sees a connection, so the open sockets can briefly reach the cap plus the backlog."""
     room = max((open_files - OWN_FILES) // 2, 1)
     if limits.max_connections <= room:
@@ -318,7 +310,9 @@ _ACCEPT_ERROR = "socket.accept() out of system resource"
 
 
 def quiet_edge_logs(loop: asyncio.AbstractEventLoop) -> None:
-    """Report asyncio's accept failures (e.g. EMFILE) once per second with a count, not once per attempt."""
+    """Report asyncio's accept failures (e.g. EMFILE: CPython logs one per pending connection, with a traceback, in a
+    tight loop) once per second with a count, not once per attempt; uvicorn's per-request warnings pass the same
+    throttle (``ThrottledLog``)."""
     previous = loop.get_exception_handler()
     throttle = Throttle()
 

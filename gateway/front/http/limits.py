@@ -18,7 +18,6 @@ or refused with HTTP 503 (``closed``).
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -32,6 +31,7 @@ from gateway.calls import CallContext, Caller, Upstream
 from gateway.config import Policy, PolicyLimits
 from gateway.core.policies import policy_for
 from gateway.core.runtime import Gateway
+from gateway.front.http.replies import reply, rpc_error
 from gateway.front.http.shared import SharedRates
 from gateway.front.scope import caller_of, message_of, session_digest
 
@@ -186,15 +186,8 @@ class CallerLimits:
         self.gateway.metrics.observe_limited(rule_name, limit)
         if call:
             await self._record(scope, message, caller, text)
-        error = {"code": LIMITED, "message": text, "data": {"limit": limit, "retry_after_s": retry}}
-        body = json.dumps({"jsonrpc": "2.0", "id": message.get("id"), "error": error}).encode()
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"retry-after", str(retry).encode()),
-        ]
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        error = rpc_error(message.get("id"), LIMITED, text, {"limit": limit, "retry_after_s": retry})
+        await reply(send, status, error, [(b"retry-after", str(retry).encode())])
 
     async def _record(self, scope: Scope, message: dict[str, Any], caller: Caller, text: str) -> None:
         params = message.get("params")

@@ -1,26 +1,9 @@
-"""Resumable SSE streams (SEP-1699): the recent events of the gateway's streams, so a client can pick one up again.
-
-With an event store the SDK's streamable HTTP transport opens every POST stream with a priming event (an event id,
-no data, and the ``retry`` interval a client waits before reconnecting), numbers every event, and answers a GET
-with ``Last-Event-ID`` by replaying what the stream sent after that event. A client whose connection dropped, or
-whose stream the gateway closed because the downstream closed its own mid-call (see ``backends/mcp.py``), resumes
-without losing a message; a replay tells a downstream resume waiting for it to go on (front/channels.py ``Resumes``).
-
-``RecentEvents`` keeps, in memory, the events of the last ``max_age_s`` seconds, at most ``capacity`` of them and at
-most ``max_bytes`` across all streams, and at most ``max_stream_bytes`` for any one stream: resumption is for a
-stream that broke moments ago, not a log, and what one caller's answers weigh must not decide how much memory the
-gateway holds (a caller asking 200 times for a 4 MB answer would otherwise park 800 MB here for half a minute). So
-each event is kept as its JSON text (what the transport sends; its size is what is counted, and the transport's
-messages are not kept alive) and parsed back only when replayed. The oldest events go first, and an event too large
-for its stream's budget is sent but not kept, together with its stream's earlier events: a resume never replays a
-stream with a hole in it — it finds its event gone and the client starts over. A ``tools/list`` answer carries the same
-pre-serialised listing for every caller, so its JSON is made once and shared. (The store has no ``__len__``: the SDK
-tests it for truth, and an empty store must still count as one.)
-
-The SDK names a request's stream by its JSON-RPC id (``str(id)``) and hands one store to every session, so two
-sessions' requests ``5`` would be one stream, and a client resuming its own stream ``5`` would be replayed another
-session's answer (and another caller's). So each session gets its own view (``for_session``): its stream names
-carry the session's own prefix, and it replays only events of its own streams, while the budgets stay shared.
+"""Resumable SSE streams (SEP-1699): ``RecentEvents`` keeps the recent events of the gateway's streams, so that a
+client whose connection dropped, or whose stream the gateway closed because a downstream closed its own mid-call,
+picks the stream up again without losing a message. With an event store the SDK's transport opens every POST stream
+with a priming event (an event id and the ``retry`` a client waits before reconnecting), numbers every event, and
+answers a GET with ``Last-Event-ID`` by replaying what the stream sent after that event; a replay lets a downstream
+resume waiting for it go on (front/channels.py ``Resumes``).
 """
 
 from __future__ import annotations
@@ -59,7 +42,19 @@ _OVERHEAD = 200
 
 class RecentEvents(EventStore):
     """The recent events of every stream, in order, within a count, an age and two byte budgets; replayable after
-    any of them."""
+    any of them.
+
+    In memory: the events of the last ``max_age_s`` seconds, at most ``capacity`` of them, ``max_bytes`` across all
+    streams and ``max_stream_bytes`` for any one. Resumption is for a stream that broke moments ago, not a log, and
+    what one caller's answers weigh must not decide how much memory the gateway holds (200 asks for a 4 MB answer
+    would otherwise park 800 MB here for half a minute). So each event is kept as its JSON text (what the transport
+    sends; its size is what is counted) and parsed back only when replayed. The oldest events go first, and an event
+    too large for its stream's budget is sent but not kept, together with its stream's earlier events: a resume never
+    replays a stream with a hole in it (it finds its event gone and the client starts over). A large result's JSON is
+    made once for the responses carrying the very same values (every caller's ``tools/list`` listing). Each session
+    sees the store through its own view (``for_session``). No ``__len__``: the SDK tests the store for truth, and an
+    empty store must still count as one.
+    """
 
     def __init__(
         self,
@@ -89,7 +84,8 @@ class RecentEvents(EventStore):
         self, session_id: str | None = None, on_answer: Callable[[str | int], None] | None = None
     ) -> SessionEvents:
         """A view of this store for one new session: its own streams, the shared budgets. ``session_id``: the
-        client's (for backends/polling.py); ``on_answer`` is told the id of every answer the session produces."""
+        client's, told to ``Resumes`` with each stream it resumes; ``on_answer`` is told the id of every answer the
+        session produces."""
         return SessionEvents(self, f"s{next(self._sessions)}/", session_id, on_answer)
 
     def statistics(self) -> tuple[int, int]:

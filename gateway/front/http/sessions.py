@@ -1,42 +1,23 @@
-"""Sessions any replica can serve: a session-era (2025-xx) session's own state travels sealed in its ``Mcp-Session-Id``.
+"""The gateway's session manager: the SDK's ``StreamableHTTPSessionManager`` with session ids any replica can serve
+(``SealedSessions``, ids from seal.py) and a fair share of the sessions for each caller (``CallerSessions``).
 
-At ``initialize`` the gateway mints the session id itself (``SessionSeal.mint``): the negotiated protocol version,
-the client's info and capabilities, a digest of the caller that opened it (the SDK's ``AuthorizationContext``: the
-token's caller name, or a JWT's issuer and subject), when it was opened and until when it may be used, sealed with
-the SDK's AES-256-GCM codec under the key of ``gateway.continuation`` (continuation.py's ``load_key``: several
-comma-separated keys for a rotation, the first seals, all open), derived for this one purpose so that a session id
-and a ``requestState`` can never stand in for each other. A replica that is sent an id it does not hold opens it and,
-when it unseals, is unexpired and belongs to the caller presenting it, re-creates the session from it: a server
-session that is already initialized (``Connection.for_loop`` with the client's params), so the client goes on
-without a new ``initialize`` and a balancer needs no affinity. An id that does not unseal (tampered, or minted by a
-deployment with another key), has expired, or belongs to another caller answers 404, exactly as an unknown one.
-
-What stays with the replica that holds it: an open GET stream, a call's back-channel on its own POST stream (both
-are connections to that process), and what the client changed after ``initialize`` (its ``logging/setLevel``, its
-resource subscriptions): a replica that re-creates the session starts from the client's ``initialize`` and no
-subscriptions. A session this replica ended (DELETE, idle timeout, eviction at the caller's cap) answers 404 here.
-
-A DELETE ends the session on every replica when they share a store (``ends``: Redis, shared_limits.py): the replica
-that gets it, once it knows the DELETE comes from the session's owner, records the end for what is left of the id's
-lifetime, and every replica asks before it serves any other request on a sealed id, held or about to be re-created
-(one ``EXISTS`` round trip per request); a replica that learns its session was ended elsewhere ends it too (its GET
-stream closes) and answers 404. When the store cannot answer, ``gateway.shared.redis_down`` decides as for the
-limits: ``open`` serves the request, ``closed`` answers 503; a DELETE is then an end on this replica only (logged).
-Without a shared store, another replica accepts an ended session's id until ``gateway.shared.session_max_age_s``
-after its ``initialize``. Idle timeouts and evictions stay per replica: they are this replica's bookkeeping, not the
-client's word.
+A replica sent a sealed id it does not hold re-creates the session from it when the id unseals, is unexpired and
+belongs to the caller presenting it: a server session born initialized, so the client needs no new ``initialize``
+and a balancer no affinity; any other id answers 404, as an unknown one does. What stays with the replica that holds
+a session: its open GET stream, a call's back-channel on its own POST stream, and what the client changed after
+``initialize`` (its ``logging/setLevel``, its resource subscriptions). A DELETE ends a session on every replica that
+shares a store (``SessionEnds``); idle timeouts and evictions are each replica's own. Session ids are bearer
+credentials: the SDK's log lines about them name them by digest only (``filter_session_ids``).
 """
 
 from __future__ import annotations
 
-import base64
 import contextvars
-import hashlib
-import json
 import logging
+import math
+import re
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 import anyio
@@ -44,30 +25,28 @@ import structlog
 from anyio.abc import TaskStatus
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, AuthorizationContext, authorization_context
 from mcp.server.connection import Connection
-from mcp.server.request_state import AESGCMRequestStateCodec, InvalidRequestState
+from mcp.server.lowlevel.server import Server
 from mcp.server.runner import serve_connection
 from mcp.server.streamable_http import MCP_SESSION_ID_HEADER, StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 from mcp.shared.transport_context import TransportContext
-from mcp_types import INTERNAL_ERROR, ErrorData, InitializeRequestParams, JSONRPCError
+from mcp_types import INTERNAL_ERROR, INVALID_REQUEST, InitializeRequestParams
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
-from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from gateway.config import GatewaySettings, environ
-from gateway.front.continuation import load_key
-from gateway.front.scope import message_of
+from gateway.config import Limits
+from gateway.front.http.replies import reply, rpc_error
+from gateway.front.http.request_ids import InFlight
+from gateway.front.http.resume import RecentEvents
+from gateway.front.http.seal import SealedSession, SessionSeal, owner_digest
+from gateway.front.scope import caller_of, message_of, session_digest
 
-__all__ = ["MAX_SEALED_ID", "SealedSession", "SealedSessions", "SessionSeal", "session_seal"]
+__all__ = ["CallerSessions", "SealedSessions", "SessionEnds", "filter_session_ids"]
 
-logger = logging.getLogger("mcp.server.streamable_http_manager")  # its lines pass the session-id filter (http.py)
+log = structlog.get_logger("gateway.http")
+logger = logging.getLogger("mcp.server.streamable_http_manager")  # its lines pass the session-id filter
 
-_VERSION = 1
-_KEY_LABEL = b"mcp-gateway/session-id/v1:"
-MAX_SEALED_ID = 4096
-"""The longest sealed id minted (a client's info and capabilities are its own to make large); past it the session
-gets a plain random id and lives on this replica only (said in a log line)."""
 MAX_ENDED = 100_000
 """Ids of sessions this replica ended, remembered (until they expire) so that they answer 404 here."""
 
@@ -75,70 +54,13 @@ _MINTED: contextvars.ContextVar[str | None] = contextvars.ContextVar("gateway.se
 
 
 class SessionEnds(Protocol):
-    """Ends of sessions shared by the replicas (shared_limits.py ``SharedSessionEnds``)."""
+    """Ends of sessions shared by the replicas (shared.py ``SharedSessionEnds``)."""
 
     fail_open: bool
 
     async def end(self, session_id: str, ttl_s: float) -> bool: ...
 
     async def ended(self, session_id: str) -> bool | None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class SealedSession:
-    """What an opened session id says."""
-
-    owner: str | None
-    """A digest of the caller that opened it (None: no caller, an unauthenticated loopback gateway)."""
-    protocol_version: str
-    client_params: dict[str, Any]
-    """The client's ``initialize`` params (protocol version, capabilities, client info), as it sent them."""
-    expires: float
-
-
-def owner_digest(owner: AuthorizationContext | None) -> str | None:
-    if owner is None:
-        return None
-    text = json.dumps(dict(owner), sort_keys=True, separators=(",", ":"))
-    return base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()[:16]).decode().rstrip("=")
-
-
-class SessionSeal:
-    """Mints and opens sealed session ids under the replicas' shared keys (the first seals, every one opens)."""
-
-    def __init__(self, keys: Sequence[bytes], max_age_s: float, *, clock: Callable[[], float] = time.time) -> None:
-        self._codec = AESGCMRequestStateCodec([_KEY_LABEL + key for key in keys])
-        self._max_age = max_age_s
-        self._clock = clock
-
-    def mint(self, *, owner: AuthorizationContext | None, protocol_version: str, client_params: Any) -> str | None:
-        """A sealed id for a session opened now, or None when it would be longer than ``MAX_SEALED_ID``."""
-        claims = {
-            "v": _VERSION,
-            "exp": round(self._clock() + self._max_age, 3),
-            "o": owner_digest(owner),
-            "pv": protocol_version,
-            "cp": client_params,
-        }
-        token = self._codec.seal(json.dumps(claims, separators=(",", ":")).encode())
-        return token if len(token) <= MAX_SEALED_ID else None
-
-    def open(self, session_id: str) -> SealedSession | None:
-        """The session an id carries; None unless it unseals under one of the keys, is well-formed and unexpired."""
-        if len(session_id) > MAX_SEALED_ID:
-            return None
-        try:
-            claims = json.loads(self._codec.unseal(session_id))
-        except (InvalidRequestState, ValueError):
-            return None
-        if not isinstance(claims, dict) or claims.get("v") != _VERSION:
-            return None
-        expires, owner, version, params = claims.get("exp"), claims.get("o"), claims.get("pv"), claims.get("cp")
-        if not isinstance(expires, int | float) or not self._clock() < expires:
-            return None
-        if not isinstance(owner, str | None) or not isinstance(version, str) or not isinstance(params, dict):
-            return None
-        return SealedSession(owner, version, params, float(expires))
 
 
 def _requestor(scope: Scope) -> AuthorizationContext | None:
@@ -149,7 +71,14 @@ def _requestor(scope: Scope) -> AuthorizationContext | None:
 class SealedSessions(StreamableHTTPSessionManager):
     """The SDK's session manager with sealed session ids: any replica holding the key serves any session.
 
-    ``seal=None`` keeps the SDK's random ids (sessions of this process only)."""
+    ``seal=None`` keeps the SDK's random ids (sessions of this process only). A session this replica ended (DELETE,
+    idle timeout, eviction) answers 404 here. With ``ends`` (Redis, shared.py), the replica sent a DELETE by the
+    session's owner records the end for what is left of the id's lifetime, and every replica asks before it serves
+    any other request on a sealed id, held or about to be re-created (one ``EXISTS`` per request), and ends its own
+    copy of a session ended elsewhere (its GET stream closes). When the store cannot answer,
+    ``gateway.shared.redis_down`` decides as for the limits: ``open`` serves the request, ``closed`` answers 503, and
+    a DELETE ends the session on this replica only (logged). Without a shared store another replica accepts an ended
+    session's id until ``gateway.shared.session_max_age_s`` after its ``initialize``."""
 
     def __init__(
         self, app: Any, *, seal: SessionSeal | None = None, ends: SessionEnds | None = None, **kwargs: Any
@@ -190,9 +119,7 @@ class SealedSessions(StreamableHTTPSessionManager):
             if opened is None or opened.owner != owner_digest(requestor):
                 await super()._handle_stateful_request(scope, receive, send)  # 404, as for any unknown id
                 return
-        if self.ends is not None and not await self._shared_end(
-            session_id, held, opened, requestor, scope, receive, send
-        ):
+        if self.ends is not None and not await self._shared_end(session_id, held, opened, requestor, scope, send):
             return
         if self._serving(session_id) or session_id in self._ended or opened is None:
             await super()._handle_stateful_request(scope, receive, send)  # served here, or 404: ended (elsewhere)
@@ -211,7 +138,6 @@ class SealedSessions(StreamableHTTPSessionManager):
         opened: SealedSession | None,
         requestor: AuthorizationContext | None,
         scope: Scope,
-        receive: Receive,
         send: Send,
     ) -> bool:
         """Before a request on a sealed id: a DELETE from its owner records the end for every replica; any other
@@ -231,15 +157,11 @@ class SealedSessions(StreamableHTTPSessionManager):
             return True
         ended = await self.ends.ended(session_id)
         if ended is None and not self.ends.fail_open:
-            error = ErrorData(
-                code=INTERNAL_ERROR,
-                message="The session cannot be checked: the shared store (gateway.shared.redis_url) does not answer "
-                "and gateway.shared.redis_down is closed; retry shortly.",
+            text = (
+                "The session cannot be checked: the shared store (gateway.shared.redis_url) does not answer "
+                "and gateway.shared.redis_down is closed; retry shortly."
             )
-            body = JSONRPCError(jsonrpc="2.0", id=None, error=error).model_dump_json(by_alias=True)
-            await Response(body, status_code=503, media_type="application/json", headers={"retry-after": "1"})(
-                scope, receive, send
-            )
+            await reply(send, 503, rpc_error(None, INTERNAL_ERROR, text), [(b"retry-after", b"1")])
             return False
         if ended:
             self.ended_elsewhere += 1
@@ -311,9 +233,7 @@ class SealedSessions(StreamableHTTPSessionManager):
                     finally:
                         self._reviving.discard(session_id)
         if transport is None:  # at max_sessions: the SDK's answer to a new session there (sent outside the lock)
-            error = ErrorData(code=INTERNAL_ERROR, message="Too many open sessions")
-            body = JSONRPCError(jsonrpc="2.0", id=None, error=error).model_dump_json(by_alias=True)
-            await Response(body, status_code=503, media_type="application/json")(scope, receive, send)
+            await reply(send, 503, rpc_error(None, INTERNAL_ERROR, "Too many open sessions"))
             return
         await transport.handle_request(scope, receive, send)
         if transport.is_terminated:
@@ -382,16 +302,127 @@ class SealedSessions(StreamableHTTPSessionManager):
         self._ended[session_id] = opened.expires
 
 
-def session_seal(config: GatewaySettings, file: str = "") -> SessionSeal:
-    """The seal of this gateway's session ids, under the ``gateway.continuation`` key (the one replicas share)."""
-    settings = config.continuation
-    ledger = config.audit.path if config.audit.enabled else None
-    keys, source = load_key(settings.key_env, environ(settings.key_env), ledger, file=file)
-    if not source.startswith("environment") and (config.audit.url or config.shared.redis_url):
-        # The signs of several replicas (a shared ledger, shared limits) without a shared key: say it once.
-        structlog.get_logger("gateway.sessions").warning(
-            "sessions.own_key",
-            note=f"{settings.key_env} is not set: this replica seals session ids with a key of its own ({source}), so "
-            "another replica answers 404 to its sessions; give every replica the same key",
-        )
-    return SessionSeal(keys, config.shared.session_max_age_s)
+class _CallerAtCap(Exception):
+    """Raised inside session admission: the caller's sessions are all busy and it is at its cap."""
+
+
+class CallerSessions(SealedSessions):
+    """The SDK's session manager, shared fairly between callers (``gateway.limits``).
+
+    A session belongs to the caller that opened it: the Guard puts the caller in ``scope["user"]`` and the SDK
+    answers 404 to every other caller, for POST, GET and DELETE alike, as if the session did not exist. One caller
+    holds at most ``sessions_per_caller`` sessions. At that cap its new ``initialize`` closes its own
+    least-recently-used *idle* session (no request in flight, no open GET stream), whose id then answers 404 (a
+    client that comes back re-initializes, as for an expired session); if every one of its sessions is busy, the
+    new ``initialize`` is answered 429 naming the cap. Other callers are never touched: only ``max_sessions``, which
+    many callers within their shares are needed to reach, is global. The choice to evict rather than refuse is
+    deliberate: a client that forgets to DELETE its sessions keeps working instead of locking itself out for
+    ``session_idle_s``, and it can only ever displace its own sessions.
+
+    Admission overrides the SDK's ``_admit_session``, which runs under the SDK's creation lock, so the cap holds
+    against concurrent ``initialize`` requests.
+    """
+
+    def __init__(self, app: Server[Any], *, limits: Limits, in_flight: InFlight | None = None, **kwargs: Any) -> None:
+        super().__init__(app, session_idle_timeout=limits.session_idle_s, max_sessions=limits.max_sessions, **kwargs)
+        self.per_caller = limits.sessions_per_caller
+        self.evicted = 0
+        # The edge's ids in flight (body.py) learn of each session's answers and ends here, so an id whose POST
+        # ended before its answer stays held until the answer is produced or the session ends.
+        self.in_flight = in_flight
+        if in_flight is not None and isinstance(self.event_store, RecentEvents):
+            in_flight.answers_known = True
+
+    def statistics(self) -> dict[str, int]:
+        """For ``/status``: sessions open now, how many were evicted at their caller's cap, and how many were
+        re-created here from their sealed id (opened on another replica, or before a restart), and how many were ended
+        here because another replica was sent their DELETE (shared sessions' ends), since start; and
+        ``ids_held``: request ids held now for requests whose POST ended before their answer (body.py)."""
+        held = self.in_flight.held if self.in_flight is not None else 0
+        return {
+            "open": len(self._server_instances),
+            "evicted": self.evicted,
+            "revived": self.revived,
+            "ended_elsewhere": self.ended_elsewhere,
+            "ids_held": held,
+        }
+
+    async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super()._handle_stateful_request(scope, receive, send)
+        except _CallerAtCap as refusal:  # raised before anything was sent
+            log.warning("session.refused", caller=caller_of(scope).name, limit=self.per_caller)
+            await reply(send, 429, rpc_error(None, INVALID_REQUEST, str(refusal)))
+
+    def _admit_session(self, requestor: AuthorizationContext | None) -> StreamableHTTPServerTransport | None:
+        owners = self._session_owners
+        mine = [sid for sid in self._server_instances if owners.get(sid) == requestor]
+        if len(mine) >= self.per_caller:
+            victim = self._least_recently_used_idle(mine)
+            caller = requestor["client_id"] if requestor is not None else "anonymous"
+            if victim is None:
+                raise _CallerAtCap(
+                    f"Too many open sessions for caller {caller}: it has {len(mine)} open session"
+                    f"{'' if len(mine) == 1 else 's'}, the limit (gateway.limits.sessions_per_caller), and all are "
+                    "busy; end one with DELETE or let one go idle, then initialize again."
+                )
+            self._evict(victim)
+            log.info("session.evicted", caller=caller, session=session_digest(victim), limit=self.per_caller)
+        transport = super()._admit_session(requestor)
+        if transport is not None and isinstance(self.event_store, RecentEvents):
+            # The SDK hands every session the one store and names streams by request id: each session gets its own
+            # view, so a resume never replays another session's stream of the same id (resume.py).
+            in_flight, session = self.in_flight, transport.mcp_session_id
+            answered = partial(in_flight.answered, session) if in_flight is not None and session is not None else None
+            transport._event_store = self.event_store.for_session(session, answered)
+        return transport
+
+    async def _discard_session(self, session_id: str, transport: StreamableHTTPServerTransport) -> None:
+        # Every way a session ends passes here (DELETE, idle timeout, eviction, a crash, shutdown).
+        if self.in_flight is not None:
+            self.in_flight.session_ended(session_id)
+        await super()._discard_session(session_id, transport)
+
+    def _least_recently_used_idle(self, sessions: list[str]) -> str | None:
+        """Of ``sessions``, the one idle longest. A transport's idle deadline is its last request's end plus the
+        (shared) idle timeout while nothing is in flight, and infinite while something is: so the smallest finite
+        deadline is the least recently used idle session."""
+        idle = []
+        for sid in sessions:
+            scope = self._server_instances[sid].idle_scope
+            if scope is not None and math.isfinite(scope.deadline) and not scope.cancel_called:
+                idle.append((scope.deadline, sid))
+        return min(idle)[1] if idle else None
+
+    def _evict(self, session_id: str) -> None:
+        """Forget the session now (its id answers 404 at once) and end its server task, which terminates the
+        transport on its way out, exactly as an idle timeout does."""
+        transport = self._server_instances.pop(session_id)
+        self._session_owners.pop(session_id, None)
+        if transport.idle_scope is not None:
+            transport.idle_scope.cancel()
+        self.evicted += 1
+
+
+class _SessionIdFilter(logging.Filter):
+    """Rewrites the SDK's log lines about sessions so that no session id reaches the log, only its digest."""
+
+    _ID = re.compile(r"\b[0-9a-f]{32}\b|\bv1\.[A-Za-z0-9_-]{16,}")  # the SDK's ids, and sealed ones (seal.py)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        scrubbed = self._ID.sub(lambda m: f"session:{session_digest(m.group(0))}", message)
+        if scrubbed != message:
+            record.msg, record.args = scrubbed, None
+        return True
+
+
+_SESSION_LOGGERS = ("mcp.server.streamable_http_manager", "mcp.server.streamable_http")
+
+
+def filter_session_ids() -> None:
+    """Pass the SDK's session log lines through ``_SessionIdFilter`` (once, however often it is called)."""
+    for name in _SESSION_LOGGERS:
+        target = logging.getLogger(name)
+        if not any(isinstance(f, _SessionIdFilter) for f in target.filters):
+            target.addFilter(_SessionIdFilter())

@@ -1,25 +1,8 @@
-"""What replicas share through Redis (``gateway.shared.redis_url``): per-caller request rates, so N replicas enforce
-one limit, and the ends of sessions, so a DELETE on one replica ends the session on all of them.
-
-``SharedRates.take`` spends one token of a caller's bucket with one atomic Lua script (``EVALSHA``): the bucket is a
-Redis hash (tokens, stamp) refilled at the rule's ``requests_per_s`` up to its ``burst`` by Redis's own clock, so the
-replicas' clocks need not agree; it expires once it would be full again. The key names the rule's rate and burst, so
-a reload that changes a rule starts fresh buckets, as the per-replica ones do (quotas.py). Only the request rate is
-shared: concurrent tool calls stay counted per replica (a call's end on a replica that dies would never be counted).
-
-``SharedSessionEnds.end`` writes one key per ended session (``SET`` with ``PX``: it expires when the sealed id would,
-so Redis holds at most the sessions ended within ``session_max_age_s``), named by a digest of the id, never the id;
-``ended`` is one ``EXISTS`` per request on a sealed session id (sessions.py).
-
-Redis may be slow or gone: one ``SharedRedis`` holds the client for both, every round trip is bounded by
-``redis_timeout_s`` (connect and answer), and after a failure Redis is not asked again for ``RETRY_S``, so at most
-one request per ``RETRY_S`` waits that long; while Redis cannot answer, ``take`` and ``ended`` answer None and
-``gateway.shared.redis_down`` decides: ``open`` counts the request in this replica's own bucket (quotas.py) and
-serves a session without knowing whether another replica ended it, ``closed`` refuses either with HTTP 503. A
-session's end that cannot be written is still an end on the replica that got the DELETE (logged). ``watch`` pings
-Redis every ``PROBE_S`` (every ``RETRY_S`` while it is down), so whether it answers is known even while no request
-asks it. Each failure is counted under one of ``FAILURE_REASONS`` (for /metrics: a fixed set, never the error's text).
-The URL, which may hold a password, is never logged.
+"""What replicas share through Redis (``gateway.shared.redis_url``): per-caller request rates (``SharedRates``), so N
+replicas enforce one limit, and the ends of sessions (``SharedSessionEnds``), so a DELETE on one replica ends the
+session on all of them. One ``SharedRedis`` holds the client for both and bounds every round trip; while Redis cannot
+answer, both answer None and ``gateway.shared.redis_down`` decides: ``open`` serves the request (its rate counted per
+replica), ``closed`` refuses it with HTTP 503. The URL, which may hold a password, is never logged.
 """
 
 from __future__ import annotations
@@ -96,7 +79,11 @@ def failure_reason(exc: BaseException) -> str:
 
 
 class SharedRedis:
-    """The one Redis client of a replica's shared state, asked within its bound; see the module docstring."""
+    """The one Redis client of a replica's shared state. Every round trip is bounded by ``redis_timeout_s`` (connect
+    and answer), and after a failure Redis is not asked again for ``RETRY_S``, so at most one request per ``RETRY_S``
+    waits that long. ``watch`` pings it every ``PROBE_S`` (every ``RETRY_S`` while it is down), so whether it answers
+    is known even while no request asks. Each failure is counted under one of ``FAILURE_REASONS`` (for /metrics: a
+    fixed set, never the error's text)."""
 
     def __init__(self, settings: SharedSettings) -> None:
         import redis.asyncio  # only when a URL is set
@@ -177,7 +164,12 @@ class SharedRedis:
 
 
 class SharedRates:
-    """Token buckets in Redis, one per caller and rule; see the module docstring."""
+    """Token buckets in Redis, one per caller and rule. ``take`` spends a token with one atomic Lua script
+    (``EVALSHA``): the bucket is a Redis hash (tokens, stamp) refilled at the rule's ``requests_per_s`` up to its
+    ``burst`` by Redis's own clock, so the replicas' clocks need not agree, and it expires once it would be full
+    again. The key names the rule's rate and burst, so a reload that changes a rule starts fresh buckets, as the
+    per-replica ones do (limits.py). Only the rate is shared: concurrent tool calls stay counted per replica (the end
+    of a call on a replica that died would never be counted)."""
 
     def __init__(self, redis: SharedRedis) -> None:
         self.redis = redis
@@ -197,7 +189,9 @@ class SharedRates:
 
 
 class SharedSessionEnds:
-    """Sessions ended on some replica, one expiring key each; see the module docstring."""
+    """Sessions ended on some replica, one expiring key each: ``end`` sets it with ``PX`` (it expires when the sealed
+    id would, so Redis holds at most the sessions ended within ``session_max_age_s``), named by a digest of the id,
+    never the id; ``ended`` is one ``EXISTS`` per request on a sealed session id (sessions.py)."""
 
     def __init__(self, redis: SharedRedis) -> None:
         self.redis = redis

@@ -1,23 +1,10 @@
-"""The status page: one server-rendered HTML page at ``/ui/`` for people, beside the ``/status`` JSON for programs.
-
-``build_ui(gateway, tokens, loopback)`` is a Starlette sub-app that ``http.py`` mounts at ``/ui``. The page shows the
-backends (state, reason, since, last error, tool count), the catalog, the ledger's recent calls and per-tool figures
-over the last 24 hours, and reloads itself every ``REFRESH_S`` seconds with ``<meta http-equiv="refresh">``: no
-script runs, no front-end build exists, and the Content-Security-Policy allows nothing but the page's own nonce'd
-stylesheet. The HTML comes from Jinja2 templates (``gateway/templates/``, package data) with autoescape on, so every
-value that reaches it is escaped — backend reasons quote what a downstream printed and tool descriptions are the
-downstream's words, so both are untrusted; reasons are also scrubbed of registered secrets, as on ``/status``.
-
-Authentication (the app does its own; the ``Guard`` still checks Host and Origin first, and lets ``UI_PATHS`` past
-its bearer check). A gateway without tokens only ever serves on loopback (the CLI refuses anything else), and there
-the page is open, like ``/mcp``; without tokens off loopback it is refused. With tokens, a browser signs in once at
-``/ui/login`` by posting a token in a form body, compared in constant time by the same ``Tokens`` as the bearer
-check; the answer is a session cookie (HttpOnly, SameSite=Strict, Path=/ui, Secure over https) holding the caller's
-name and an expiry, HMAC-signed with a key drawn at random per process — never the token, and a restart signs every
-browser out. A ``Authorization: Bearer`` header is accepted too (scripts, curl). Tokens never appear in a URL: the
-form posts, the redirects carry nothing, and a token in a query string is ignored. POSTs (sign in, sign out) must
-come from the page's own origin: SameSite=Strict keeps the cookie off cross-site requests, and an ``Origin`` header
-naming another host (or none at all) is refused.
+"""The status page (``StatusPage``, mounted at ``/ui``): one server-rendered HTML page for people, beside the
+``/status`` JSON for programs, with its own sign-in (the ``Guard`` checks Host and Origin, and lets ``UI_PATHS`` past
+its bearer check). The page shows the backends, the catalog, the ledger's recent calls and per-tool figures over the
+last 24 hours, and reloads itself every ``REFRESH_S`` seconds; no script runs, and the Content-Security-Policy allows
+nothing but the page's own nonce'd stylesheet. The HTML comes from Jinja2 templates (``templates/``, package data)
+with autoescape on: backend reasons and tool descriptions are a downstream's words, untrusted, and reasons are also
+scrubbed of registered secrets, as on ``/status``.
 """
 
 from __future__ import annotations
@@ -52,7 +39,7 @@ from gateway.ledger.records import AuditRecord
 from gateway.observe.logs import redactor
 from gateway.version import VERSION
 
-__all__ = ["UI_PATHS", "build_ui"]
+__all__ = ["UI_PATHS", "StatusPage"]
 
 log = structlog.get_logger("gateway.ui")
 
@@ -72,10 +59,18 @@ DESCRIPTION_LIMIT = 160
 # ------------------------------------------------------------------------------------------------- the app
 
 
-def build_ui(
-    gateway: Gateway, tokens: Tokens, loopback: bool, access: Callable[[], dict[str, Any]] | None = None
-) -> ASGIApp:
-    """The status page's app, to be mounted at ``/ui`` behind the ``Guard``.
+class StatusPage:
+    """The status page's routes, one method each; ``app()`` is the sub-app to mount at ``/ui`` behind the ``Guard``.
+
+    A gateway without tokens only ever serves on loopback (the CLI refuses anything else), and there the page is
+    open, like ``/mcp``; without tokens off loopback it is refused. With tokens, a browser signs in once at
+    ``/ui/login`` by posting a token in a form body, compared in constant time by the same ``Tokens`` as the bearer
+    check; the answer is a session cookie (HttpOnly, SameSite=Strict, Path=/ui, Secure over https) holding the
+    caller's name and an expiry, HMAC-signed with a key drawn at random per process: never the token, and a restart
+    signs every browser out. An ``Authorization: Bearer`` header is accepted too (scripts, curl). Tokens never appear
+    in a URL: the form posts, the redirects carry nothing, and a token in a query string is ignored. POSTs (sign in,
+    sign out) must come from the page's own origin: SameSite=Strict keeps the cookie off cross-site requests, and an
+    ``Origin`` naming another host (or none at all) is refused.
 
     Args:
         gateway: the running gateway whose state the page shows.
@@ -83,61 +78,81 @@ def build_ui(
         loopback: whether the gateway is bound to loopback.
         access: the policies and, per caller, how many tools it sees (``Views.statistics``), shown when given.
     """
-    sessions = SessionCookies()
-    allowed_origins = {o.lower() for o in gateway.config.gateway.allowed_origins}
-    ledger_view = _LedgerView(gateway)
 
-    def caller_of(request: Request) -> str | None:
-        if not tokens:
-            return "local" if loopback else None
-        return tokens.identify(request.headers.get("authorization")) or sessions.verify(request.cookies.get(COOKIE))
+    def __init__(
+        self, gateway: Gateway, tokens: Tokens, loopback: bool, access: Callable[[], dict[str, Any]] | None = None
+    ) -> None:
+        self.gateway = gateway
+        self.tokens = tokens
+        self.loopback = loopback
+        self.access = access
+        self.cookies = SessionCookies()
+        self.allowed_origins = {o.lower() for o in gateway.config.gateway.allowed_origins}
+        self.ledger = _LedgerView(gateway)
 
-    async def page(request: Request) -> Response:
+    def app(self) -> ASGIApp:
+        return Starlette(
+            routes=[
+                Route("/", self.page, methods=["GET"]),
+                Route("/login", self.login_form, methods=["GET"]),
+                Route("/login", self.login, methods=["POST"]),
+                Route("/logout", self.logout, methods=["POST"]),
+            ]
+        )
+
+    def caller(self, request: Request) -> str | None:
+        """Who the browser (or script) is: a bearer token's caller or a signed-in cookie's; "local" when open."""
+        if not self.tokens:
+            return "local" if self.loopback else None
+        identified = self.tokens.identify(request.headers.get("authorization"))
+        return identified or self.cookies.verify(request.cookies.get(COOKIE))
+
+    async def page(self, request: Request) -> Response:
         base = _base(request)
-        caller = caller_of(request)
+        caller = self.caller(request)
         if caller is None:
-            if not tokens:
+            if not self.tokens:
                 return _refused(403, "The status page is open only on a loopback bind; configure tokens to sign in.")
             return _redirect(f"{base}/login")
-        ledger = await ledger_view.read()
+        ledger = await self.ledger.read()
         nonce = secrets.token_urlsafe(16)
         body = _render_page(
-            gateway,
+            self.gateway,
             ledger,
-            caller=caller if tokens else None,
+            caller=caller if self.tokens else None,
             base=base,
             nonce=nonce,
-            access=access() if access else None,
+            access=self.access() if self.access else None,
         )
         return _html(body, nonce)
 
-    async def login_form(request: Request) -> Response:
+    async def login_form(self, request: Request) -> Response:
         base = _base(request)
-        if not tokens or caller_of(request) is not None:
+        if not self.tokens or self.caller(request) is not None:
             return _redirect(f"{base}/")
         nonce = secrets.token_urlsafe(16)
-        return _html(_render_login(gateway.config.gateway.name, base, nonce, error=None), nonce)
+        return _html(_render_login(self.gateway.config.gateway.name, base, nonce, error=None), nonce)
 
-    async def login(request: Request) -> Response:
+    async def login(self, request: Request) -> Response:
         base = _base(request)
-        if not tokens:
+        if not self.tokens:
             return _redirect(f"{base}/")
-        if not _same_origin(request, allowed_origins):
+        if not _same_origin(request, self.allowed_origins):
             return _refused(403, "Sign-in refused: the form must be posted from this gateway's own page.")
         form = await _read_form(request)
         if form is None:
             return _refused(413, "Sign-in refused: the form is too large.")
-        caller = tokens.identify(f"Bearer {form.get('token', '')}")
+        caller = self.tokens.identify(f"Bearer {form.get('token', '')}")
         if caller is None:
             log.warning("ui.login_refused")
             nonce = secrets.token_urlsafe(16)
-            body = _render_login(gateway.config.gateway.name, base, nonce, error="That token is not valid.")
+            body = _render_login(self.gateway.config.gateway.name, base, nonce, error="That token is not valid.")
             return _html(body, nonce, status=401)
         log.info("ui.login", caller=caller)
         response = _redirect(f"{base}/")
         response.set_cookie(
             COOKIE,
-            sessions.issue(caller),
+            self.cookies.issue(caller),
             max_age=int(SESSION_TTL_S),
             path=base or "/",
             secure=request.url.scheme == "https",
@@ -146,22 +161,13 @@ def build_ui(
         )
         return response
 
-    async def logout(request: Request) -> Response:
+    async def logout(self, request: Request) -> Response:
         base = _base(request)
-        if not _same_origin(request, allowed_origins):
+        if not _same_origin(request, self.allowed_origins):
             return _refused(403, "Sign-out refused: the form must be posted from this gateway's own page.")
-        response = _redirect(f"{base}/login" if tokens else f"{base}/")
+        response = _redirect(f"{base}/login" if self.tokens else f"{base}/")
         response.delete_cookie(COOKIE, path=base or "/", httponly=True, samesite="strict")
         return response
-
-    return Starlette(
-        routes=[
-            Route("/", page, methods=["GET"]),
-            Route("/login", login_form, methods=["GET"]),
-            Route("/login", login, methods=["POST"]),
-            Route("/logout", logout, methods=["POST"]),
-        ]
-    )
 
 
 def _base(request: Request) -> str:

@@ -14,11 +14,14 @@ import httpx2
 import pytest
 from starlette.types import Message, Receive, Scope, Send
 
+from gateway.auth.tokens import Tokens
 from gateway.backends.base import BackendState
 from gateway.config import Federation, parse_config
 from gateway.core.catalog import Catalog
 from gateway.core.runtime import Gateway
-from gateway.front.http.app import Guard, Tokens, is_loopback, status_document
+from gateway.front.http.guard import Guard, is_loopback
+from gateway.front.http.status import status_document
+from gateway.front.scope import caller_of
 from gateway.testing import FakeBackend
 
 BASE_URL = "http://127.0.0.1:8080"
@@ -100,7 +103,7 @@ class App:
         if scope["type"] != "http":
             return
         self.paths.append(scope["path"])
-        body = json.dumps({"path": scope["path"], "caller": scope.get("state", {}).get("caller")}).encode()
+        body = json.dumps({"path": scope["path"], "caller": caller_of(scope).name}).encode()
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": body})
 

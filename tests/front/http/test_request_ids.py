@@ -19,7 +19,7 @@ import anyio
 import httpx2
 import pytest
 
-from gateway.front.http.body import RELEASE_GRACE_S, InFlight
+from gateway.front.http.request_ids import RELEASE_GRACE_S, InFlight
 from tests.fixtures.gateway_proc import GatewayProcesses
 from tests.fixtures.procs import RunningServer
 from tests.fixtures.waiting import eventually

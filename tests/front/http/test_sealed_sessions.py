@@ -25,7 +25,8 @@ import pytest
 from mcp.server.lowlevel import Server
 
 from gateway.front.continuation import Continuations
-from gateway.front.http.sessions import SealedSessions, SessionSeal
+from gateway.front.http.seal import SessionSeal
+from gateway.front.http.sessions import SealedSessions
 from gateway.ledger.engines import open_reader
 from tests.engines import RedisServer
 from tests.fixtures.gateway_proc import FIDELITY, PYTHON, echo_argv, run_gateway

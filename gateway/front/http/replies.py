@@ -1,0 +1,33 @@
+"""The JSON answers the HTTP edge writes itself, in front of or instead of the SDK: ``reply`` sends one whole answer
+(status, ``Content-Type: application/json``, its length, any further headers, the body) on an ASGI ``send``, and
+``rpc_error`` is the JSON-RPC error document such an answer carries. The guard's refusals, the body check, the caller
+limits and the session manager answer through them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from starlette.types import Send
+
+__all__ = ["reply", "rpc_error"]
+
+
+def rpc_error(request_id: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
+    """A JSON-RPC error answering ``request_id`` (None: the request's id is not known); ``data`` only when given."""
+    error: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    return {"jsonrpc": "2.0", "id": request_id, "error": error}
+
+
+async def reply(
+    send: Send, status: int, document: Mapping[str, Any], headers: Sequence[tuple[bytes, bytes]] = ()
+) -> None:
+    """Send ``document`` as the whole answer, with ``status`` and ``headers`` after the content type and length."""
+    body = json.dumps(document).encode()
+    head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]
+    await send({"type": "http.response.start", "status": status, "headers": head})
+    await send({"type": "http.response.body", "body": body})
