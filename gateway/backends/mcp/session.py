@@ -75,6 +75,7 @@ from gateway.backends.mcp.watch import WatchedReceiveStream
 from gateway.calls import NO_UPSTREAM, ClientLink, Upstream
 from gateway.config.models import ServerConfig
 from gateway.errors import BackendUnavailable
+from gateway.version import VERSION
 
 __all__ = ["MODERN", "HttpPool", "McpBackend", "NotificationHook"]
 
@@ -120,7 +121,7 @@ class McpBackend(BackendBase):
         )
         self._config = config
         self._http = http
-        self._client_info = client_info or types.Implementation(name="mcp-gateway", version="0.1.0")
+        self._client_info = client_info or types.Implementation(name="mcp-gateway", version=VERSION)
         self._on_notification = on_notification
         self._session: ClientSession | None = None
         self._tools: tuple[types.Tool, ...] = ()
