@@ -1,27 +1,34 @@
 """What went wrong with a downstream MCP session, as the gateway says it.
 
-Two translations live here, so nothing above ``backends/`` sees a foreign error. ``FOREIGN_ERRORS`` is the one table
+The translations live here, so nothing above ``backends/`` sees a foreign error. ``FOREIGN_ERRORS`` is the one table
 from the errors a downstream session raises (the SDK's ``MCPError``, ``anyio``'s stream errors, ``OSError``,
 ``httpx2``) to the gateway's error tree (gateway/errors.py); ``gateway_error`` consults it (the entry nearest the
-error's own class wins), and ``FOREIGN`` is the same table as a tuple for an ``except`` that only logs. The other
-is ``classify_failure``: why a connection attempt or a whole session failed, in plain words ("connection refused
-at ...", "the handshake answered HTTP 502 with an HTML page"), from the exception, the process's exit and stderr,
-and the last error response (``ResponseRecorder``).
+error's own class wins), and ``FOREIGN`` is the same table as a tuple for an ``except`` that only logs.
+``map_call_errors`` applies it to one call, refining the SDK's codes (timeout, connection closed, answer too large);
+a failure that comes from losing the session carries that session's ``Life`` as its ``cause``, so the circuit
+breaker counts a crash with eight calls in flight once. ``classify_failure`` says why a connection attempt or a
+whole session failed, in plain words ("connection refused at ...", "the handshake answered HTTP 502 with an HTML
+page"), from the exception, the process's exit and stderr, and the last error response (``ResponseRecorder``).
 """
 
 from __future__ import annotations
 
 import signal
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import anyio
 import httpx2
+import mcp_types as types
 from mcp.client.subscriptions import SubscriptionLost
 from mcp.shared.exceptions import MCPError
 
+from gateway.backends.mcp.answers import ANSWER_TOO_LARGE, answer_too_large
 from gateway.config import HttpServer, ServerConfig, SseServer, StdioServer
 from gateway.errors import (
+    BackendAnswerTooLarge,
     BackendError,
     BackendProtocolError,
     BackendRpcError,
@@ -29,7 +36,16 @@ from gateway.errors import (
     BackendUnavailable,
 )
 
-__all__ = ["FOREIGN", "FOREIGN_ERRORS", "ResponseRecorder", "classify_failure", "exit_detail", "gateway_error"]
+__all__ = [
+    "FOREIGN",
+    "FOREIGN_ERRORS",
+    "Life",
+    "ResponseRecorder",
+    "classify_failure",
+    "exit_detail",
+    "gateway_error",
+    "map_call_errors",
+]
 
 FOREIGN_ERRORS: Mapping[type[Exception], type[BackendError]] = MappingProxyType(
     {
@@ -57,6 +73,55 @@ def gateway_error(exc: BaseException) -> type[BackendError] | None:
         if mapped is not None:
             return mapped
     return None
+
+
+@dataclass(eq=False)
+class Life:
+    """One session's lifetime. ``lost`` is set once the session is gone, ``reason`` says first why; the object
+    itself is the ``cause`` that the failures of the calls it took down share."""
+
+    lost: anyio.Event = field(default_factory=anyio.Event)
+    reason: str | None = None
+
+    def mark_lost(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+        self.lost.set()
+
+
+@contextmanager
+def map_call_errors(backend: str, timeout_s: float, life: Life) -> Iterator[None]:
+    """Translate a call's foreign errors into BackendError, naming ``backend``.
+
+    ``life`` is the session the call went out on: a failure that comes from losing it ends it (if it is not over
+    already), says why it was lost, and carries it as its ``cause``. ``timeout_s`` is the call's time limit, named
+    when it ran out.
+    """
+    try:
+        yield
+    except MCPError as exc:
+        code = exc.error.code
+        too_large = answer_too_large(exc.error.data) if code == ANSWER_TOO_LARGE else None
+        if too_large is not None:
+            raise BackendAnswerTooLarge(backend, *too_large) from exc
+        if code == types.REQUEST_TIMEOUT:
+            timeout = f"timed out after {timeout_s:g} s"
+            if life.lost.is_set():  # the session went away meanwhile (e.g. its stdin stopped taking messages)
+                raise BackendTimeout(backend, f"{timeout}: {life.reason}", cause=life) from exc
+            raise BackendTimeout(backend, f"{timeout} (cancellation sent downstream)") from exc
+        if code == types.CONNECTION_CLOSED:
+            known = life.reason
+            life.mark_lost("the connection closed during a call")
+            why = f": {known}" if known is not None and known != "the connection closed" else " (server crashed?)"
+            raise BackendUnavailable(backend, f"the connection closed during the call{why}", cause=life) from exc
+        raise BackendRpcError(backend, code, exc.error.message, exc.error.data) from exc
+    except FOREIGN as exc:
+        error = gateway_error(exc) or BackendUnavailable
+        if issubclass(error, BackendProtocolError):  # an answer of the wrong shape: the session is fine
+            raise error(backend, str(exc)) from exc
+        reason = f"transport error: {exc or type(exc).__name__}"
+        life.mark_lost(reason)  # anything else lost the session the call went out on
+        raise error(backend, reason, cause=life) from exc
 
 
 class ResponseRecorder:

@@ -17,7 +17,7 @@ task. What every lane keeps (``DirectLane.request``):
     deadline) sends ``notifications/cancelled`` downstream before it unwinds, as the SDK's session does.
 
 Two lanes: ``HttpLane`` here (one JSON-RPC POST on the streamable HTTP session, its answer stream read by the
-caller), and backends/stdio.py's ``StdioLane`` (a line written onto the child's stdin, its answer taken from stdout
+caller), and stdio.py's ``StdioLane`` (a line written onto the child's stdin, its answer taken from stdout
 by the transport's reader, which owns the pipes). Over HTTP, everything else the downstream says on the call's
 stream is handled as the SDK handles it:
 
@@ -28,7 +28,7 @@ stream is handled as the SDK handles it:
     the SDK's transport does; one that cannot be resumed ends the call with the SDK's ``CONNECTION_CLOSED`` error.
 
 Errors are the SDK's (``MCPError`` with its codes, httpx2's errors), so the backend maps them exactly as it maps
-the SDK path's (``McpBackend.map_call_errors``). Which requests take a lane is the backend's choice (backends/mcp.py
+the SDK path's (failures.py ``map_call_errors``). Which requests take a lane is the backend's choice (session.py
 ``McpBackend.call_tool``); everything else goes through the SDK session.
 """
 

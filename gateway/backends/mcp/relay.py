@@ -1,10 +1,12 @@
 """A downstream's requests to its client (sampling, elicitation, roots), relayed to the client whose request caused
 them, through that request's ``BackChannel`` (gateway/calls.py).
 
-Attribution, in order of precedence:
-  * ``SERVING``: the request a backend's own task is sending for (set from the explicit ``Upstream`` argument around
-    each send). The SDK carries a sender's context with each message, so a downstream's request that arrives on the
-    stream of the POST that carried a call (streamable HTTP) sees the very call that caused it, however many run.
+``back_channel`` gives a ``ClientSession`` the callbacks that relay; ``serving`` wraps each request a backend sends
+for a client. Attribution, in order of precedence:
+  * ``SERVING``: the request a backend's own task is sending for (set by ``serving`` from the explicit ``Upstream``
+    argument around each send). The SDK carries a sender's context with each message, so a downstream's request
+    that arrives on the stream of the POST that carried a call (streamable HTTP) sees the very call that caused it,
+    however many run.
   * Otherwise nothing links a downstream's request to a call (stdio, SSE, a standalone HTTP stream): each session
     keeps the calls it serves in an ``InFlight`` registry; with exactly one in flight, that one caused it; with none
     or several there is nobody to ask, and the downstream gets a JSON-RPC error at once. A ``session: per_client``
@@ -14,15 +16,24 @@ Attribution, in order of precedence:
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import mcp_types as types
+from mcp.client.session import ClientRequestContext
 
 from gateway.calls import ClientLink, Upstream
 
-__all__ = ["SERVING", "InFlight", "attribute", "relay_request"]
+__all__ = ["SERVING", "InFlight", "attribute", "back_channel", "relay_request", "serving"]
 
 SERVING: contextvars.ContextVar[Upstream | None] = contextvars.ContextVar("gateway_serving", default=None)
-"""The client request a backend's send works for, for the SDK callbacks it causes (set by the backend only)."""
+"""The client request a backend's send works for, for the SDK callbacks it causes (set by ``serving`` only)."""
+
+_EVERY_CHANNEL = types.ClientCapabilities(
+    sampling=types.SamplingCapability(), elicitation=types.ElicitationCapability(), roots=types.RootsCapability()
+)
+"""What a session that relays for any client offers its downstream (the shared session and a per-caller one)."""
 
 
 class InFlight:
@@ -91,3 +102,47 @@ async def relay_request(request: types.ServerRequest, inflight: InFlight | None,
             code=types.INVALID_REQUEST, message=f"The gateway cannot relay {request.method} from {backend!r}: {why}."
         )
     return await channel.ask(request, backend)
+
+
+@contextmanager
+def serving(inflight: InFlight, upstream: Upstream) -> Iterator[None]:
+    """While a request is sent for ``upstream``'s client: counted in flight on the session, and the one the SDK
+    callbacks it causes are attributed to. A request no client's channel stands behind is neither."""
+    if upstream.channel is None:
+        yield
+        return
+    key = inflight.enter(upstream)
+    token = SERVING.set(upstream)
+    try:
+        yield
+    finally:
+        SERVING.reset(token)
+        inflight.leave(key)
+
+
+def back_channel(inflight: InFlight | None, offered: types.ClientCapabilities | None, backend: str) -> dict[str, Any]:
+    """The ``ClientSession`` callbacks that relay a downstream's requests to the upstream client (keyword arguments).
+
+    ``offered`` narrows what the downstream is told the gateway can answer (a per-client session mirrors its
+    client); None offers all three.
+    """
+
+    async def sampling(context: ClientRequestContext, params: types.CreateMessageRequestParams) -> Any:
+        return await relay_request(types.CreateMessageRequest(params=params), inflight, backend)
+
+    async def elicitation(context: ClientRequestContext, params: types.ElicitRequestParams) -> Any:
+        return await relay_request(types.ElicitRequest(params=params), inflight, backend)
+
+    async def roots(context: ClientRequestContext) -> Any:
+        return await relay_request(types.ListRootsRequest(), inflight, backend)
+
+    caps = offered or _EVERY_CHANNEL
+    callbacks: dict[str, Any] = {}
+    if caps.sampling is not None:
+        callbacks["sampling_callback"] = sampling
+        callbacks["sampling_capabilities"] = caps.sampling
+    if caps.elicitation is not None:
+        callbacks["elicitation_callback"] = elicitation
+    if caps.roots is not None:
+        callbacks["list_roots_callback"] = roots
+    return callbacks

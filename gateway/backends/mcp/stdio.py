@@ -215,6 +215,100 @@ def _parse(line: bytes) -> SessionMessage | Exception:
         return exc
 
 
+class _Pipes:
+    """The child's pipes bridged to the session's streams: ``read`` feeds stdout's lines to the session (or to the
+    direct call a line belongs to), ``pump`` writes the session's messages onto stdin, ``write`` is the one way onto
+    stdin (the direct lane's too)."""
+
+    def __init__(
+        self,
+        proc: StdioProcess,
+        read_send: anyio.abc.ObjectSendStream[SessionMessage | Exception],
+        write_recv: anyio.abc.ObjectReceiveStream[SessionMessage],
+        *,
+        max_line_bytes: int,
+        write_timeout_s: float,
+        on_failure: Callable[[str], None] | None,
+    ) -> None:
+        self._proc = proc
+        self._lane = proc.lane
+        self._read_send = read_send
+        self._write_recv = write_recv
+        self._max_line_bytes = max_line_bytes
+        self._write_timeout_s = write_timeout_s
+        self._on_failure = on_failure
+        self._passed = False  # a line went to the session since the last one handed to a direct call
+
+    async def write(self, data: bytes) -> bool:
+        """Write one line onto stdin; False when the server did not take it in time (the session is then over)."""
+        stdin = self._proc.process.stdin
+        assert stdin is not None
+        with anyio.move_on_after(self._write_timeout_s) as stalled:
+            await stdin.send(data)
+        if not stalled.cancelled_caught:
+            return True
+        reason = (
+            f"the server stopped reading its stdin (a message of {len(data):,} bytes was not taken "
+            f"within {self._write_timeout_s:g} s)"
+        )
+        if self._proc.failure is None:
+            self._proc.failure = reason
+            if self._on_failure is not None:
+                self._on_failure(reason)
+        self._lane.close()
+        await self._read_send.aclose()
+        return False
+
+    async def _route(self, line: bytes) -> None:
+        claimed = self._lane.claim(line)
+        if claimed is None:
+            await self._read_send.send(_parse(line))
+            self._passed = True
+            return
+        if self._passed:
+            # The session dispatches what came before first, as its own receive loop would: a log message is
+            # attributed to the call in flight, a cancelled request of the server's is cancelled, before the call's
+            # caller can run on with its answer.
+            await anyio.lowlevel.checkpoint()
+            self._passed = False
+        claimed[0].deliver(claimed[1])
+
+    async def read(self) -> None:
+        """Until stdout ends: each line to its reader, an oversized one replaced (see the module docstring)."""
+        stdout = self._proc.process.stdout
+        assert stdout is not None
+        lines = LineLimit(self._max_line_bytes)
+        try:
+            async with self._read_send:
+                async for chunk in stdout:
+                    for item in lines.feed(chunk):
+                        if isinstance(item, bytes):
+                            for line in item.split(b"\n"):
+                                if line.strip():
+                                    await self._route(line)
+                            continue
+                        replacement = replace_line(item, self._max_line_bytes, sse=False)
+                        if replacement is not None:
+                            await self._route(replacement)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, OSError):
+            pass
+        finally:
+            self._lane.close()
+            self._proc.eof.set()
+
+    async def pump(self) -> None:
+        """Until the session's write stream closes: each of its messages onto stdin, one line each."""
+        try:
+            async with self._write_recv:
+                async for message in self._write_recv:
+                    data = message.message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n"
+                    if not await self.write(data):
+                        return
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            self._lane.close()
+            await self._read_send.aclose()
+
+
 @asynccontextmanager
 async def open_stdio(
     command: str,
@@ -247,87 +341,25 @@ async def open_stdio(
     )
     # No await between the spawn and the task group below, or a cancellation would leak the process.
     proc = StdioProcess(process, stderr)
-    lane = proc.lane
     read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](0)
-
-    async def write(data: bytes) -> bool:
-        """Write one line onto stdin; False when the server did not take it in time (the session is then over)."""
-        assert process.stdin is not None
-        with anyio.move_on_after(write_timeout_s) as stalled:
-            await process.stdin.send(data)
-        if not stalled.cancelled_caught:
-            return True
-        reason = (
-            f"the server stopped reading its stdin (a message of {len(data):,} bytes was not taken "
-            f"within {write_timeout_s:g} s)"
-        )
-        if proc.failure is None:
-            proc.failure = reason
-            if on_failure is not None:
-                on_failure(reason)
-        lane.close()
-        await read_send.aclose()
-        return False
-
-    passed = False  # a line went to the session since the last one handed to a direct call
-
-    async def route(line: bytes) -> None:
-        nonlocal passed
-        claimed = lane.claim(line)
-        if claimed is None:
-            await read_send.send(_parse(line))
-            passed = True
-            return
-        if passed:
-            # The session dispatches what came before first, as its own receive loop would: a log message is
-            # attributed to the call in flight, a cancelled request of the server's is cancelled, before the call's
-            # caller can run on with its answer.
-            await anyio.lowlevel.checkpoint()
-            passed = False
-        claimed[0].deliver(claimed[1])
-
-    async def reader() -> None:
-        assert process.stdout is not None
-        lines = LineLimit(max_line_bytes)
-        try:
-            async with read_send:
-                async for chunk in process.stdout:
-                    for item in lines.feed(chunk):
-                        if isinstance(item, bytes):
-                            for line in item.split(b"\n"):
-                                if line.strip():
-                                    await route(line)
-                            continue
-                        replacement = replace_line(item, max_line_bytes, sse=False)
-                        if replacement is not None:
-                            await route(replacement)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, OSError):
-            pass
-        finally:
-            lane.close()
-            proc.eof.set()
-
-    async def writer() -> None:
-        try:
-            async with write_recv:
-                async for message in write_recv:
-                    data = message.message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n"
-                    if not await write(data):
-                        return
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-            lane.close()
-            await read_send.aclose()
-
-    lane._write = write
+    pipes = _Pipes(
+        proc,
+        read_send,
+        write_recv,
+        max_line_bytes=max_line_bytes,
+        write_timeout_s=write_timeout_s,
+        on_failure=on_failure,
+    )
+    proc.lane._write = pipes.write
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(reader)
-        tg.start_soon(writer)
+        tg.start_soon(pipes.read)
+        tg.start_soon(pipes.pump)
         try:
             yield read_recv, write_send, proc
         finally:
-            lane.close()
+            proc.lane.close()
             with anyio.CancelScope(shield=True):
                 await _shutdown(process, graceful=proc.failure is None)
             tg.cancel_scope.cancel()

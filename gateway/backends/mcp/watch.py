@@ -1,7 +1,7 @@
 """A transport's receive stream, watched: ``WatchedReceiveStream`` tells its owner the moment the connection ends.
 
 The SDK's ``ClientSession`` reads the stream and says nothing when it ends; the backend must know at once, to mark the
-session lost and fail its calls in flight with the reason (backends/mcp.py ``_Life``).
+session lost and fail its calls in flight with the reason (failures.py ``Life``).
 """
 
 from __future__ import annotations

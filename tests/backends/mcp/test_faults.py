@@ -19,7 +19,8 @@ import pytest
 
 from gateway.backends.base import BackendState
 from gateway.backends.mcp.pool import HttpPool
-from gateway.backends.mcp.session import SSE_EVENT_CAP, McpBackend
+from gateway.backends.mcp.session import McpBackend
+from gateway.backends.mcp.transports import SSE_EVENT_CAP
 from gateway.config import HttpServer, ServerConfig, SseServer, StdioServer, parse_config
 from gateway.core.breakers import BreakerState
 from gateway.core.runtime import Gateway

@@ -1,0 +1,97 @@
+"""What the gateway's clients hold on one downstream across its sessions: the log level and resource subscriptions.
+
+``Held`` keeps them and restores them on each new handshake-era session (``restore``). A subscription is counted:
+the downstream is asked once for a URI however many clients subscribe, and told when the last one goes. Setting the
+log level or restoring either never raises (a failure is logged); a first subscription raises the backend's error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import mcp_types as types
+import structlog
+from mcp.client.session import ClientSession
+
+from gateway.backends.mcp.failures import FOREIGN
+from gateway.errors import BackendError
+
+__all__ = ["Held"]
+
+log = structlog.get_logger("gateway.backend")
+
+Send = Callable[[Any], Awaitable[object]]
+"""Send a request answered by an empty result through the backend (its errors are ``BackendError``)."""
+
+
+class Held:
+    """The log level and the counted resource subscriptions of one downstream."""
+
+    def __init__(self, backend: str, connect_timeout_s: float, send: Send) -> None:
+        self._name = backend
+        self._timeout_s = connect_timeout_s
+        self._send = send
+        self._log_level: types.LoggingLevel | None = None
+        self._subscribed: dict[str, int] = {}
+
+    async def set_log_level(
+        self, level: types.LoggingLevel | None, session: ClientSession | None, caps: types.ServerCapabilities | None
+    ) -> None:
+        """Keep ``level`` and ask the ready ``session`` (if any) for log messages from it up; ``None`` forgets it."""
+        self._log_level = level
+        if level is None or session is None:
+            return
+        await self._apply_log_level(session, caps, level)
+
+    async def subscribe(self, uri: str) -> None:
+        """Count one subscription to ``uri``; the first asks the downstream.
+
+        Raises:
+            BackendError: the backend is not ready or refused the subscription.
+        """
+        if self._subscribed.get(uri, 0) == 0:
+            await self._send(types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri)))
+        self._subscribed[uri] = self._subscribed.get(uri, 0) + 1
+
+    async def unsubscribe(self, uri: str, *, connected: bool) -> None:
+        """Drop one subscription to ``uri``; the downstream is told when the last one goes (if ``connected``)."""
+        count = self._subscribed.get(uri, 0)
+        if count > 1:
+            self._subscribed[uri] = count - 1
+            return
+        self._subscribed.pop(uri, None)
+        if count == 0 or not connected:
+            return
+        request = types.UnsubscribeRequest(params=types.UnsubscribeRequestParams(uri=uri))
+        try:
+            with anyio.fail_after(self._timeout_s):
+                await self._send(request)
+        except (BackendError, TimeoutError) as exc:
+            log.info("backend.unsubscribe_failed", backend=self._name, uri=uri, error=str(exc))
+
+    async def restore(self, session: ClientSession, caps: types.ServerCapabilities | None) -> None:
+        """After a (re)connect: the log level and the subscriptions, on the new ``session``."""
+        if self._log_level is not None:
+            await self._apply_log_level(session, caps, self._log_level)
+        for uri in list(self._subscribed):
+            request = types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri))
+            await self._send_or_log(session, request, "backend.resubscribe_failed", uri=uri)
+
+    async def _apply_log_level(
+        self, session: ClientSession, caps: types.ServerCapabilities | None, level: types.LoggingLevel
+    ) -> None:
+        if caps is None or caps.logging is None:
+            return
+        request = types.SetLevelRequest(params=types.SetLevelRequestParams(level=level))
+        await self._send_or_log(session, request, "backend.set_log_level_failed", level=level)
+
+    async def _send_or_log(self, session: ClientSession, request: Any, event: str, **fields: Any) -> None:
+        """Send ``request`` (answered by an empty result) within the connect timeout; a failure is logged as a
+        warning ``event`` with ``fields``, not raised."""
+        try:
+            with anyio.fail_after(self._timeout_s):
+                await session.send_request(request, types.EmptyResult)
+        except FOREIGN as exc:
+            log.warning(event, backend=self._name, **fields, error=str(exc))

@@ -1,0 +1,254 @@
+"""A downstream server's sessions that belong to one upstream client or one caller, beside its shared session.
+
+With ``session: per_client``, a client that can answer a downstream's requests (sampling, elicitation, roots) gets a
+session of its own (``Lanes.for_client``), offering the downstream what that client offers; it opens at the
+client's first call, in a task of its own, and closes with the client's connection. Its log messages go to the
+notification hook with that client, and the client's ``roots_changed`` is told to it. A client that cannot answer,
+or whose session could not be opened, shares the backend's session.
+
+With ``${caller.secret:NAME}`` in a server's headers, or ``token_exchange``, each caller gets a session carrying its
+own credentials (``Lanes.for_caller``; auth/credentials.py), opened on its first request and kept while it stays up
+and its credentials hold (an exchanged token's lifetime); past ``MAX_CALLER_SESSIONS`` a new caller's session closes
+the least recently used idle one. A caller that cannot have one gets ``BackendUnavailable`` saying why (never a
+header value).
+
+Each session is owned by its own task in the task group of ``Lanes.running``; each keeps its own ``InFlight``
+(relay.py), so a downstream's request on it reaches the client it belongs to.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import math
+import tempfile
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass, field
+from typing import IO, Any, Protocol
+
+import anyio
+import anyio.abc
+import mcp_types as types
+import structlog
+from mcp.client.session import ClientSession, MessageHandlerFnT
+
+from gateway.auth.credentials import CallerCredentials, NoCredential
+from gateway.backends.mcp.failures import FOREIGN, Life, ResponseRecorder, classify_failure
+from gateway.backends.mcp.relay import InFlight, attribute
+from gateway.calls import ClientLink, Upstream
+from gateway.config import ServerConfig
+from gateway.errors import BackendUnavailable
+
+__all__ = ["MAX_CALLER_SESSIONS", "Connect", "Lane", "LaneNotify", "Lanes"]
+
+log = structlog.get_logger("gateway.backend")
+
+MAX_CALLER_SESSIONS = 64
+"""Per-caller sessions one server keeps open (``${caller.secret:...}`` headers); past it, a new caller's session
+closes the least recently used idle one (that caller's next request opens it again)."""
+
+LaneNotify = Callable[[types.ServerNotification, Upstream | None, ClientLink], Awaitable[None]]
+"""Told of a log message on a client's own session: ``(notification, the client request it belongs to or None,
+the client)``."""
+Handshake = Callable[[ClientSession], Awaitable[types.InitializeResult]]
+
+
+class Connect(Protocol):
+    """Open a session to the server over a transport of its own (the backend's ``_connect``)."""
+
+    def __call__(
+        self,
+        life: Life,
+        recorder: ResponseRecorder,
+        stderr: IO[bytes],
+        *,
+        inflight: InFlight,
+        offered: types.ClientCapabilities | None = None,
+        headers: Mapping[str, str] | None = None,
+        message_handler: MessageHandlerFnT | None = None,
+    ) -> AbstractAsyncContextManager[ClientSession]: ...
+
+
+@dataclass(eq=False)
+class Lane:
+    """A downstream session of one upstream client or one caller, owned by its own task."""
+
+    owner: Any  # the client (ClientLink) of a per-client session; the caller's name for a per-caller one
+    inflight: InFlight
+    ready: anyio.Event = field(default_factory=anyio.Event)
+    life: Life = field(default_factory=Life)
+    session: ClientSession | None = None
+    failure: str | None = None
+
+    @property
+    def closed(self) -> anyio.Event:
+        return self.life.lost
+
+
+class Lanes:
+    """The per-client and per-caller sessions of one downstream server."""
+
+    def __init__(
+        self,
+        backend: str,
+        config: ServerConfig,
+        credentials: CallerCredentials | None,
+        *,
+        connect: Connect,
+        handshake: Handshake,
+        notify: LaneNotify | None,
+    ) -> None:
+        self._name = backend
+        self._config = config
+        self._credentials = credentials
+        self._connect = connect
+        self._handshake = handshake
+        self._notify = notify
+        self._clients: weakref.WeakKeyDictionary[Any, Lane] = weakref.WeakKeyDictionary()
+        self._callers: dict[str, Lane] = {}
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """The task group the sessions' tasks run in: they can be opened inside it, and close when it ends."""
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            try:
+                yield
+            finally:
+                self._tg = None
+
+    # -- per client -------------------------------------------------------------------------------------------------
+
+    async def for_client(self, upstream: Upstream) -> Lane | None:
+        """The client's own downstream session, opened on its first call; None for a client that cannot answer a
+        downstream's requests (it shares the one session) or when its session could not be opened."""
+        client = upstream.channel.client if upstream.channel is not None else None
+        if client is None or not _takes_back_channel(client.capabilities):
+            return None
+        lane = self._clients.get(client)
+        if lane is None:
+            if self._tg is None:
+                return None
+            lane = Lane(client, InFlight(owner=client))
+            self._clients[client] = lane
+            client.on_close(lane.closed.set)
+            # A fresh context: the lane's task must not see this request as the one it serves (see relay.SERVING).
+            contextvars.Context().run(self._tg.start_soon, self._client_lifetime, lane)
+        with anyio.move_on_after(self._config.connect_timeout_s):
+            await lane.ready.wait()
+        if lane.session is None:
+            log.warning("backend.client_session_failed", backend=self._name, reason=lane.failure or "timed out")
+            return None
+        return lane
+
+    async def _client_lifetime(self, lane: Lane) -> None:
+        """Own one client's downstream session until the client's connection closes or the session ends."""
+        recorder = ResponseRecorder()
+        caps = lane.owner.capabilities or types.ClientCapabilities()
+        offered = types.ClientCapabilities(sampling=caps.sampling, elicitation=caps.elicitation, roots=caps.roots)
+        try:
+            with tempfile.TemporaryFile() as stderr:
+                async with self._connect(
+                    lane.life,
+                    recorder,
+                    stderr,
+                    inflight=lane.inflight,
+                    offered=offered,
+                    message_handler=functools.partial(self._on_client_message, lane),
+                ) as session:
+                    with anyio.fail_after(self._config.connect_timeout_s):
+                        await session.initialize()  # a per-client session is a handshake-era one
+                    lane.session = session
+                    lane.ready.set()
+                    log.info("backend.client_session", backend=self._name, state="open")
+                    await lane.closed.wait()
+        except Exception as exc:  # reported in plain words; the client's calls fall back to the shared session
+            lane.failure = classify_failure(exc, config=self._config, http=recorder)
+        finally:
+            lane.session = None
+            lane.ready.set()
+            if self._clients.get(lane.owner) is lane:
+                del self._clients[lane.owner]
+            log.info("backend.client_session", backend=self._name, state="closed", reason=lane.failure)
+
+    async def _on_client_message(self, lane: Lane, message: Any) -> None:
+        if isinstance(message, types.LoggingMessageNotification) and self._notify is not None:
+            upstream, _ = attribute(lane.inflight)
+            await self._notify(message, upstream, lane.owner)
+
+    async def roots_changed(self, client: ClientLink) -> None:
+        """``client`` says its roots changed: tell its own session, if it has one."""
+        lane = self._clients.get(client)
+        if lane is None or lane.session is None:
+            return
+        try:
+            await lane.session.send_notification(types.RootsListChangedNotification())
+        except FOREIGN as exc:
+            log.debug("backend.roots_changed_failed", backend=self._name, error=str(exc) or type(exc).__name__)
+
+    # -- per caller -------------------------------------------------------------------------------------------------
+
+    async def for_caller(self, caller: str | None, subject_token: str | None = None) -> Lane:
+        """The caller's own session to this server (its headers carry the caller's credentials), opened on its
+        first request and kept while it stays up (and its credentials hold).
+
+        Raises:
+            BackendUnavailable: the caller has no such secret, or its session could not be opened.
+        """
+        key = caller or ""
+        lane = self._callers.pop(key, None)
+        if lane is not None and not lane.closed.is_set():
+            self._callers[key] = lane  # the most recently used last
+        else:
+            if self._tg is None:
+                raise BackendUnavailable(self._name, "not running")
+            idle = [k for k, other in self._callers.items() if not len(other.inflight)]
+            if len(self._callers) >= MAX_CALLER_SESSIONS and idle:
+                self._callers[idle[0]].life.mark_lost("closed: the least recently used of too many caller sessions")
+            lane = self._callers[key] = Lane(key, InFlight())
+            contextvars.Context().run(self._tg.start_soon, self._caller_lifetime, lane, subject_token)
+        with anyio.move_on_after(self._config.connect_timeout_s):
+            await lane.ready.wait()
+        if lane.session is None:
+            raise BackendUnavailable(
+                self._name, f"no session for caller {caller or 'anonymous'}: {lane.failure or 'timed out opening it'}"
+            )
+        return lane
+
+    async def _caller_lifetime(self, lane: Lane, subject_token: str | None) -> None:
+        """Own one caller's session to this server until it ends, its exchanged token expires, or the backend
+        stops."""
+        recorder = ResponseRecorder()
+        try:
+            assert self._credentials is not None
+            headers, lifetime = await self._credentials.for_caller(lane.owner or None, subject_token)
+            with tempfile.TemporaryFile() as stderr:
+                async with self._connect(
+                    lane.life, recorder, stderr, inflight=lane.inflight, headers=headers
+                ) as session:
+                    with anyio.fail_after(self._config.connect_timeout_s):
+                        await self._handshake(session)
+                    lane.session = session
+                    lane.ready.set()
+                    log.info("backend.caller_session", backend=self._name, caller=lane.owner, state="open")
+                    with anyio.move_on_after(lifetime if lifetime is not None else math.inf):
+                        await lane.closed.wait()
+                    lane.life.mark_lost("the exchanged token expired")  # the next request exchanges anew
+        except NoCredential as exc:
+            lane.failure = str(exc)
+        except Exception as exc:  # reported in plain words (never with a header value) to the caller's request
+            lane.failure = classify_failure(exc, config=self._config, http=recorder)
+        finally:
+            lane.session = None
+            lane.life.mark_lost(lane.failure or "closed")
+            lane.ready.set()
+            if self._callers.get(lane.owner) is lane:
+                del self._callers[lane.owner]
+            log.info("backend.caller_session", backend=self._name, caller=lane.owner, state="closed")
+
+
+def _takes_back_channel(caps: types.ClientCapabilities | None) -> bool:
+    return caps is not None and (caps.sampling is not None or caps.elicitation is not None or caps.roots is not None)

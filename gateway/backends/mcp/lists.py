@@ -1,0 +1,196 @@
+"""The downstream's lists (tools, resources, resource templates, prompts): read whole, and heard of when they change.
+
+``list_each`` reads every page of the lists named (none of a capability the downstream does not offer; a server that
+hands out the same cursor again stops there). ``changed_lists`` names the lists a handshake-era ``list_changed``
+notification is about. A stateless-era (2026-07-28) downstream announces its changes only on a
+``subscriptions/listen`` stream: ``hold_listen`` keeps one open for the lists its discover answer says it announces,
+calling ``relist`` when the stream opens (the spec replays nothing) and leaving each event to the session's message
+handler (the SDK tees listen frames to it); a stream that breaks or is refused is reopened with backoff
+(``LISTEN_BACKOFF_S``), which starts again from its first step after a stream that stayed up ``min_uptime_s``. The
+backend's health stays its discover check: a lost stream never fails the backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import mcp_types as types
+import structlog
+from mcp.client.session import ClientSession
+from mcp.client.subscriptions import ListenNotSupportedError, listen
+from mcp.shared.exceptions import MCPError
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
+
+from gateway.backends.backoff import backoff
+from gateway.backends.mcp.failures import FOREIGN
+from gateway.config import ServerConfig
+
+__all__ = ["LISTEN_BACKOFF_S", "LIST_KINDS", "changed_lists", "hold_listen", "list_each"]
+
+log = structlog.get_logger("gateway.backend")
+
+LIST_KINDS = ("tools", "resources", "resource_templates", "prompts")
+LISTEN_BACKOFF_S = (0.5, 30.0)
+"""A lost listen stream is reopened after 0.5 s, then twice as long each time it is lost again, at most 30 s."""
+
+Relist = Callable[[Sequence[str]], Awaitable[None]]
+"""Re-read the lists named and tell the listeners."""
+
+
+class _ListenLost(Exception):
+    """A ``subscriptions/listen`` stream ended before ``min_uptime_s`` (it is reopened with backoff)."""
+
+
+async def list_each(
+    session: ClientSession, kinds: Sequence[str], caps: types.ServerCapabilities | None
+) -> dict[str, tuple[Any, ...]]:
+    """Every page of each list in ``kinds``, by kind (an empty one when ``caps`` does not offer it)."""
+    return {kind: await _list(session, kind, caps) for kind in kinds}
+
+
+def changed_lists(message: object) -> tuple[str, ...]:
+    """The lists a ``list_changed`` notification says changed (none for any other message)."""
+    if isinstance(message, types.ToolListChangedNotification):
+        return ("tools",)
+    if isinstance(message, types.ResourceListChangedNotification):
+        return ("resources", "resource_templates")
+    if isinstance(message, types.PromptListChangedNotification):
+        return ("prompts",)
+    return ()
+
+
+async def _list(session: ClientSession, kind: str, caps: types.ServerCapabilities | None) -> tuple[Any, ...]:
+    offered = {
+        "tools": caps is None or caps.tools is not None,
+        "resources": caps is not None and caps.resources is not None,
+        "resource_templates": caps is not None and caps.resources is not None,
+        "prompts": caps is not None and caps.prompts is not None,
+    }[kind]
+    if not offered:
+        return ()
+    items: list[Any] = []
+    cursor: str | None = None
+    seen: set[str] = set()
+    while True:
+        params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
+        if kind == "tools":
+            tools = await session.list_tools(params=params)
+            items.extend(tools.tools)
+            cursor = tools.next_cursor
+        elif kind == "resources":
+            resources = await session.send_request(types.ListResourcesRequest(params=params), types.ListResourcesResult)
+            items.extend(resources.resources)
+            cursor = resources.next_cursor
+        elif kind == "resource_templates":
+            try:
+                templates = await session.send_request(
+                    types.ListResourceTemplatesRequest(params=params), types.ListResourceTemplatesResult
+                )
+            except MCPError as exc:
+                if exc.error.code != types.METHOD_NOT_FOUND:
+                    raise
+                # Resources without templates: an SDK server lacking the handler answers "Method not found"
+                # (over stateless HTTP, with a 404) though it declared ``resources``; it has no templates.
+                return tuple(items)
+            items.extend(templates.resource_templates)
+            cursor = templates.next_cursor
+        else:
+            prompts = await session.send_request(types.ListPromptsRequest(params=params), types.ListPromptsResult)
+            items.extend(prompts.prompts)
+            cursor = prompts.next_cursor
+        if not cursor or cursor in seen:  # a server that hands out the same cursor again would loop forever
+            return tuple(items)
+        seen.add(cursor)
+
+
+@dataclass(frozen=True)
+class _Announced:
+    """The list changes a stateless-era downstream's discover answer says it announces."""
+
+    tools: bool
+    prompts: bool
+    resources: bool
+
+    @classmethod
+    def by(cls, caps: types.ServerCapabilities | None) -> _Announced:
+        return cls(
+            tools=caps is not None and caps.tools is not None and bool(caps.tools.list_changed),
+            prompts=caps is not None and caps.prompts is not None and bool(caps.prompts.list_changed),
+            resources=caps is not None and caps.resources is not None and bool(caps.resources.list_changed),
+        )
+
+    @property
+    def kinds(self) -> list[str]:
+        kinds = [*(("tools",) if self.tools else ()), *(("prompts",) if self.prompts else ())]
+        return kinds + (["resources", "resource_templates"] if self.resources else [])
+
+
+async def hold_listen(
+    session: ClientSession,
+    caps: types.ServerCapabilities | None,
+    *,
+    backend: str,
+    config: ServerConfig,
+    relist: Relist,
+) -> None:
+    """Hold one ``subscriptions/listen`` stream to a stateless-era downstream until cancelled, for the list changes
+    ``caps`` says it announces (returns at once when it announces none, or when it refuses the listen method)."""
+    announced = _Announced.by(caps)
+    if not announced.kinds:
+        return
+
+    def lost(state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome is not None else None
+        wait = round(state.upcoming_sleep, 1)
+        log.info("backend.listen_lost", backend=backend, error=str(error), retry_in_s=wait)
+
+    while True:  # one backoff per run of short-lived streams
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(_ListenLost),
+            wait=backoff(*LISTEN_BACKOFF_S),
+            sleep=anyio.sleep,
+            before_sleep=lost,
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    await _listen_once(session, announced, backend=backend, config=config, relist=relist)
+        except ListenNotSupportedError as exc:
+            log.warning("backend.listen_unavailable", backend=backend, error=str(exc))
+            return
+
+
+async def _listen_once(
+    session: ClientSession, announced: _Announced, *, backend: str, config: ServerConfig, relist: Relist
+) -> None:
+    """One ``subscriptions/listen`` stream, until it ends. Returns when it stayed up ``min_uptime_s`` (it is
+    reopened at once); raises ``_ListenLost`` when it ended sooner, or was refused, or never acknowledged."""
+    opened_at = anyio.current_time()
+    error = "the server closed it"
+    with anyio.CancelScope() as ack_scope:
+        ack_scope.deadline = opened_at + config.connect_timeout_s  # bounds the wait for the ack only
+        try:
+            async with listen(
+                session,
+                tools_list_changed=announced.tools,
+                prompts_list_changed=announced.prompts,
+                resources_list_changed=announced.resources,
+            ) as subscription:
+                ack_scope.deadline = float("inf")
+                log.debug("backend.listen_open", backend=backend, lists=announced.kinds)
+                await relist(announced.kinds)
+                async for _event in subscription:  # drains the backlog; the message handler has re-listed
+                    pass
+        except ListenNotSupportedError:
+            raise  # a RuntimeError, but not a lost stream: the loop stops
+        except FOREIGN as exc:
+            error = str(exc) or type(exc).__name__
+    if ack_scope.cancelled_caught:
+        error = f"no acknowledgment within connect_timeout_s of {config.connect_timeout_s:g} s"
+    if anyio.current_time() - opened_at < config.min_uptime_s:
+        raise _ListenLost(error)
+    log.info("backend.listen_lost", backend=backend, error=error, retry_in_s=0)
