@@ -1,6 +1,6 @@
 """What every backend is to the rest of the gateway: a named source of tools with a state and a reason.
 
-A backend is one of: a downstream MCP server (``mcp.py``), a command-line adapter (``cli.py``) or the built-in
+A backend is one of: a downstream MCP server (``mcp/``), a command-line adapter (``cli/``) or the built-in
 wiki provider (``wiki.py``). The runtime starts each backend's ``run()`` as one supervisor task with
 ``await task_group.start(backend.run)``; ``run`` calls ``task_status.started()`` once the backend is ready *or* has
 failed for the first time (a failing backend never blocks startup), then keeps the backend alive until cancelled.

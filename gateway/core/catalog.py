@@ -121,7 +121,7 @@ class CatalogEntry:
     defaults: Mapping[str, Any] = field(default_factory=dict)
     """The schema's argument defaults (what an absent argument means to a route's ``when`` conditions)."""
     result: SearchHitsResult | None = None
-    """The route's declared result shape (gateway/results.py), applied to whichever provider answers."""
+    """The route's declared result shape (core/results.py), applied to whichever provider answers."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,12 +148,12 @@ class Catalog:
     """The router note as the full and the small list carry it (a policy's view drops the items naming tools its
     callers cannot see, as the small list does for large-context tools)."""
     policies: Mapping[str, Policy] = field(default_factory=dict)
-    """Who sees what of it (gateway/auth/policies.py): swapped with the catalog, so a reload that changes only a
+    """Who sees what of it (core/policies.py): swapped with the catalog, so a reload that changes only a
     policy is a change clients are told of."""
     costs: Mapping[str, Cost] = field(default_factory=dict)
     """The measured costs the catalog was built with (the tool search shows them as cost bands)."""
     exposure: Exposure = field(default_factory=Exposure)
-    """How clients in search exposure see it (disclosure.py): a change of pins is a change of their list."""
+    """How clients in search exposure see it (front/exposure.py): a change of pins is a change of their list."""
 
     @classmethod
     def empty(cls) -> Catalog:
@@ -177,12 +177,12 @@ class Catalog:
         """What a client would see differently from ``previous``: any of ``tools`` (either listing), ``resources``
         (resources or templates), ``prompts``, ``offers`` (the capabilities behind the lists), ``search`` (what
         search-exposure clients list) and ``policies``. Empty when nothing a client sees changed; what each caller is
-        told is auth/policies.py ``lists_changed``'s to say."""
+        told is core/policies.py ``lists_changed``'s to say."""
         changed = set(self.lists.changes(previous.lists))
         if self.list_result != previous.list_result or self.list_result_small != previous.list_result_small:
             changed.add("tools")
         if self.exposure != previous.exposure or self.notes != previous.notes:
-            changed.add("search")  # what search-exposure clients list (disclosure.py)
+            changed.add("search")  # what search-exposure clients list (front/exposure.py)
         if self.policies != previous.policies:
             changed.add("policies")
         return frozenset(changed)

@@ -12,7 +12,7 @@ catalog is swapped (a reload swaps it too: ``Catalog.policies`` is part of it), 
 and a dictionary lookup. A tool is visible when its published name passes ``tools`` and the backend of every one of
 its providers passes ``backends`` (a route never falls back to a backend the caller may not use); a resource, a
 template or a prompt when its published URI (template) or name passes its selection and its backend passes
-``backends``. What a caller may not see answers exactly as what does not exist (server.py, router.py).
+``backends``. What a caller may not see answers exactly as what does not exist (front/face.py, core/router.py).
 """
 
 from __future__ import annotations

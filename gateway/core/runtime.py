@@ -65,7 +65,7 @@ CatalogListener = Callable[[Catalog], Awaitable[None]]
 NotificationListener = Callable[
     [Backend, types.ServerNotification, Upstream | None, ClientLink | None], Awaitable[None]
 ]
-"""Told of a downstream notification the gateway passes on (see backends/mcp.py ``NotificationHook``)."""
+"""Told of a downstream notification the gateway passes on (see backends/mcp/session.py ``NotificationHook``)."""
 
 
 def _shows_costs(config: Federation) -> bool:

@@ -86,7 +86,7 @@ class Clients:
     ) -> None:
         self._live: weakref.WeakSet[Any] = weakref.WeakSet()
         # (connection, identity, previous, catalog) -> whether that connection's tools/list changed, or None when it
-        # lists the catalog's own list (a search-exposure connection lists another: disclosure.py)
+        # lists the catalog's own list (a search-exposure connection lists another: front/exposure.py)
         self._tools_changed = tools_changed
         # The same for the stateless era, whose listen streams are no connection that ever listed: whether a request's
         # client is in search exposure (its clientInfo rides in the request's _meta), and whether a search-exposure
@@ -98,7 +98,7 @@ class Clients:
         self._backends = backends  # () -> Mapping[str, Backend]
         self._downstream_level: types.LoggingLevel | None = None
         self.views = Views()
-        """Each caller's view of the catalog (auth/policies.py), shared with the server."""
+        """Each caller's view of the catalog (core/policies.py), shared with the server."""
         self._identities: weakref.WeakKeyDictionary[Any, Caller] = weakref.WeakKeyDictionary()
         self._buses: dict[tuple[str | None, bool], tuple[Caller, InMemorySubscriptionBus, ListenHandler]] = {}
         """List changes for the 2026-07-28 era's ``subscriptions/listen`` streams, one bus per caller and exposure
@@ -168,14 +168,14 @@ class Clients:
         if connection is not None:
             self._live.add(connection)
             if connection not in self._identities:
-                self._identities[connection] = _caller(ctx)  # a session belongs to one caller (http.py)
+                self._identities[connection] = _caller(ctx)  # a session belongs to one caller (front/http/sessions.py)
         return await call_next(ctx)
 
     # -- list changes ---------------------------------------------------------------------------------------------
 
     async def announce(self, catalog: Catalog) -> None:
         """Tell each client of the lists that changed as it sees them: with policies, only the callers whose view
-        changed hear of it (auth/policies.py)."""
+        changed hear of it (core/policies.py)."""
         previous, self._announced = self._announced, catalog
         views = self.views
         everyone = None if catalog.policies or previous.policies else lists_changed(previous, catalog, ANONYMOUS, views)
@@ -226,7 +226,7 @@ class Clients:
     def _with_search(
         self, kinds: frozenset[str], connection: Any, identity: Caller, previous: Catalog, catalog: Catalog
     ) -> frozenset[str]:
-        """``kinds`` with ``tools`` as a search-exposure connection sees it (its own list: disclosure.py)."""
+        """``kinds`` with ``tools`` as a search-exposure connection sees it (its own list: front/exposure.py)."""
         found = self._tools_changed(connection, identity, previous, catalog) if self._tools_changed else None
         if found is None:
             return kinds

@@ -16,7 +16,7 @@ context gate), and serves what search mode adds:
 * ``tools_changed``: whether a search-mode client's list changed (only when the pinned set or the search tool's
   description did), so the other catalog changes do not send it ``list_changed``.
 
-Per-caller policies (auth/policies.py) narrow all of it: ``visible``, the names the caller's view holds (less the
+Per-caller policies (core/policies.py) narrow all of it: ``visible``, the names the caller's view holds (less the
 large-context tools for a small client), is applied by the search before ranking; the pins and the router note of a
 caller's search list are those its view allows; and a call through the call tool is refused by the router exactly as
 a direct call of a tool the caller may not see.
@@ -223,7 +223,7 @@ class Disclosure:
         return f"{base.rstrip()}\n\n{how}" if base else how
 
     def use_views(self, views: Views) -> None:
-        """The callers' views (auth/policies.py), for telling a search-mode caller of changes to its own list."""
+        """The callers' views (core/policies.py), for telling a search-mode caller of changes to its own list."""
         self._views = views
 
     def listing(self, catalog: Catalog, large: bool, view: View | None = None) -> Mapping[str, Any]:

@@ -1,6 +1,6 @@
 """The gateway's one search engine, as pure, blocking parts: BM25 postings, the static embedding model, nearest
-vectors, and reciprocal rank fusion. The wiki's semantic rung (``backends/wiki_semantic.py``) and the tool search
-(``toolsearch.py``) both rank with these, so a fix or a better model reaches both.
+vectors, and reciprocal rank fusion. The wiki's semantic rung (``backends/wiki/semantic.py``) and the tool search
+(``search/tools.py``) both rank with these, so a fix or a better model reaches both.
 
 The model is a *static* embedding model that ships inside a registry package: the wheel of ``wordllama`` carries
 ``weights/l2_supercat_256.safetensors`` (a 32,000 x 256 float16 token table, 16 MB) and its tokenizer

@@ -55,7 +55,7 @@ CANCEL_NOTICE_S = 2.0
 """Bound on telling the downstream that a call was cancelled (the caller is not kept waiting longer)."""
 RESUME_ATTEMPTS = 2  # as the SDK's transport (MAX_RECONNECTION_ATTEMPTS)
 RESUME_DELAY_MS = 1000  # its default when the server names no retry interval
-DRAIN_LIMIT_S = 0.05  # how long the rest of an answered stream is read (as backends/pool.py drains a body)
+DRAIN_LIMIT_S = 0.05  # how long the rest of an answered stream is read (as backends/mcp/pool.py drains a body)
 
 ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
 AnswerFn = Callable[[Any], Awaitable[Any]]
@@ -259,7 +259,7 @@ class _Exchange(DirectCall):
             raise
         if lane.closer is not None:
             # The answer is read: what is left of the stream (its end) is drained and the connection pooled after
-            # the caller has it, as the SDK's transport does in its own task (backends/pool.py).
+            # the caller has it, as the SDK's transport does in its own task (backends/mcp/pool.py).
             lane.closer.start_soon(_drain, self.events, response)
         else:
             await response.aclose()

@@ -4,7 +4,7 @@ Each backend borrows a cheap client view of it (its own headers, timeouts and an
 pool open; ``HttpPool.aclose`` closes it once, at shutdown. A downstream's closed SSE stream is resumed when the
 gateway's own client resumes (polling.py). A POST's response closed early is drained (bounded) so its
 connection is reused, and each view remembers the last error response, so a failed handshake can be told in plain
-words (backends/failures.py).
+words (backends/mcp/failures.py).
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ class HttpPool:
         max_answer_bytes: int,
         json_lines: bool = False,
     ) -> httpx2.AsyncClient:
-        """``json_lines``: read an ``application/json`` answer as one message per line (backends/framing.py)."""
+        """``json_lines``: read an ``application/json`` answer as one message per line (backends/mcp/framing.py)."""
         inner: httpx2.AsyncBaseTransport = JsonLinesTransport(self._transport) if json_lines else self._transport
         return httpx2.AsyncClient(
             transport=LimitedTransport(inner, max_answer_bytes),

@@ -7,13 +7,13 @@ file (the tail is read on failure), and on exit follows the spec's shutdown: clo
 process group (SIGTERM, then SIGKILL), inside a shielded scope with every wait bounded.
 
 Two faults stay with their cause. A line over ``max_line_bytes`` (the server's ``max_answer_bytes``) is read to its
-end without being kept and replaced by an error answer to its request (backends/answers.py): that call fails, the
+end without being kept and replaced by an error answer to its request (backends/mcp/answers.py): that call fails, the
 session goes on. A write that the server does not take within ``write_timeout_s`` (its stdin is not being read, the
 pipe is full) ends the session at once with that reason (``on_failure``), so the calls queued behind the write fail
 within their timeout instead of waiting for a health ping, and the supervisor restarts the server.
 
 The pipes carry two kinds of traffic. The SDK session's goes through the read and write streams; a request sent
-straight on the session (``StdioLane``, backends/fastpath.py) is written onto stdin by its caller, and the reader
+straight on the session (``StdioLane``, backends/mcp/fastpath.py) is written onto stdin by its caller, and the reader
 hands the lines that belong to it (the answer to its ``gw-N`` id, progress for that token, which the SDK session
 never knew) to the waiting caller instead of the read stream. Every other line reaches the SDK session as before,
 so the server's own requests during such a call (elicitation, sampling, roots, ping), its cancellations of them and
