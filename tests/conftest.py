@@ -1,7 +1,7 @@
 """Shared test setup: the anyio backend, a clean environment, a garbage collection after each test, the project's
-locally installed tools on PATH, the session's factories of processes (``downstream``: the fixture servers;
-``gateway_process``: ``gateway serve`` on loopback) and the ``pidfile`` of the fixture program that leaves a
-grandchild behind."""
+locally installed tools on PATH, the ``spawns`` mark (tests/fixtures/spawning.py), the session's factories of
+processes (``downstream``: the fixture servers; ``gateway_process``: ``gateway serve`` on loopback) and the
+``pidfile`` of the fixture program that leaves a grandchild behind."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from tests.engines import own_postgres, pg_url, postgres_server, redis_server  #
 from tests.fixtures.downstreams import Downstreams
 from tests.fixtures.gateway_proc import GatewayProcesses
 from tests.fixtures.procs import kill_pids
+
+pytest_plugins = ["tests.fixtures.spawning", "pytester"]  # the ``spawns`` mark and ``--fast``; tests/test_spawning.py
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS_BIN = ROOT / ".tools" / "bin"

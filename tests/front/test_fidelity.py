@@ -44,7 +44,7 @@ from tests.fixtures.procs import RunningServer, free_port, start_http_server
 from tests.fixtures.raw_http import sse_events
 from tests.fixtures.waiting import eventually
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.spawns]
 
 WAIT = 10  # seconds: the bound on every wait for something another process sends
 

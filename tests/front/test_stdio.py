@@ -27,7 +27,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from tests.fixtures.gateway_proc import echo_argv
 from tests.fixtures.waiting import eventually
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.spawns]
 
 PYTHON = echo_argv()[0]
 WAIT = 20  # seconds: the bound on every exchange with the gateway process
