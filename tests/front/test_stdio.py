@@ -127,6 +127,7 @@ def text_of(answer: dict[str, Any]) -> str:
 
 
 async def test_the_sdk_client_is_answered_and_the_gateway_exits_with_its_stdin(tmp_path: Path) -> None:
+    before = echo_servers()  # the session's shared fixture servers and gateways may have theirs: not this test's
     params = StdioServerParameters(
         command=PYTHON, args=["-m", "gateway", "serve", "--stdio", "-c", str(config(tmp_path))], cwd=str(tmp_path)
     )
@@ -141,7 +142,12 @@ async def test_the_sdk_client_is_answered_and_the_gateway_exits_with_its_stdin(t
                 results.append(result.content[0].text)  # type: ignore[union-attr]
             assert results == [f"hello {i}" for i in range(20)]
     # the client closed the gateway's stdin and waited for it: no echo server of this test is left running
-    await eventually(lambda: not any("echo_server.py" in cmdline(pid) for pid in descendants(os.getpid())), within=WAIT)
+    await eventually(lambda: echo_servers() <= before, within=WAIT)
+
+
+def echo_servers() -> set[int]:
+    """The echo servers running under this test process (a gateway's stdio downstreams among them)."""
+    return {pid for pid in descendants(os.getpid()) if "echo_server.py" in cmdline(pid)}
 
 
 def cmdline(pid: int) -> str:
