@@ -8,7 +8,6 @@ from __future__ import annotations
 import gc
 import os
 from collections.abc import Iterator
-from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -72,13 +71,13 @@ def pidfile(tmp_path: Path) -> Iterator[Path]:
 def downstream() -> Iterator[Downstreams]:
     """``downstream(kind, transport, *args)``: a fixture server, served once per session for the same arguments
     (tests/fixtures/downstreams.py)."""
-    with ExitStack() as stack:
-        yield Downstreams(stack)
+    with Downstreams() as downstreams:
+        yield downstreams
 
 
 @pytest.fixture(scope="session")
 def gateway_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcesses]:
     """``gateway_process(config, tokens=...)``: ``gateway serve`` on loopback, started once per session for the same
     arguments (tests/fixtures/gateway_proc.py)."""
-    with ExitStack() as stack:
-        yield GatewayProcesses(stack, lambda: tmp_path_factory.mktemp("gateway"))
+    with GatewayProcesses(lambda: tmp_path_factory.mktemp("gateway")) as processes:
+        yield processes
