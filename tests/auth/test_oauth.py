@@ -31,7 +31,7 @@ from tests.fixtures.procs import RunningServer, free_port
 from tests.fixtures.raw_http import ACCEPT, INITIALIZE, headers
 from tests.fixtures.waiting import eventually
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.spawns]
 
 
 def config(issuer: str, resource: str, extra: str = "") -> str:

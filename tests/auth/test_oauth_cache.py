@@ -34,7 +34,7 @@ from tests.fixtures.procs import free_port
 from tests.fixtures.raw_http import INITIALIZE, headers
 from tests.fixtures.waiting import POLL_S
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.spawns]
 
 RESOURCE = "http://127.0.0.1:9/mcp"
 TOKEN_TTL_S = 300  # what oidc_provider.mjs gives an access token

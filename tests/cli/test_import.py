@@ -335,6 +335,7 @@ def gateway(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subproc
     )
 
 
+@pytest.mark.spawns
 def test_import_prints_yaml_on_stdout_and_the_report_on_stderr_without_any_federation_file(tmp_path: Path) -> None:
     done = gateway("import", str(CONFIGS / "cursor_mcp.json"), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -390,6 +391,7 @@ def test_import_writes_the_output_file_and_refuses_to_overwrite_it_without_force
     assert target.read_text(encoding="utf-8") == imported("vscode_mcp.json").yaml
 
 
+@pytest.mark.spawns
 def test_imported_file_round_trips_through_gateway_check_to_a_ready_backend(tmp_path: Path) -> None:
     claude = {
         "mcpServers": {

@@ -18,6 +18,8 @@ import pytest
 from tests.fixtures.gateway_proc import PYTHON
 from tests.fixtures.procs import free_port
 
+pytestmark = pytest.mark.spawns
+
 RUN_TIMEOUT_S = 60
 
 

@@ -25,7 +25,7 @@ from gateway.observe.tracing import CallTracer
 from gateway.testing import InProcess, in_process_gateway
 from tests.fixtures.gateway_proc import FIDELITY, PYTHON
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.spawns]
 
 
 @pytest.fixture

@@ -130,6 +130,7 @@ def announcements(log: str) -> list[list[str]]:
 ALL_TOOLS = {"echo", "add", "fail", "slow", "sleep", "crash", "pid", "with_defs"}
 
 
+@pytest.mark.spawns
 @pytest.mark.parametrize("era", [HANDSHAKE, MODERN])
 async def test_two_callers_see_their_own_tools_and_a_hidden_tool_answers_as_an_unknown_one(
     tmp_path: Path, era: str
@@ -174,6 +175,7 @@ async def test_two_callers_see_their_own_tools_and_a_hidden_tool_answers_as_an_u
     ]
 
 
+@pytest.mark.spawns
 async def test_status_shows_the_policies_and_how_many_tools_each_caller_sees(tmp_path: Path) -> None:
     with run_gateway(config(), tmp_path, tokens=TOKENS) as gateway:
         async with httpx2.AsyncClient(timeout=WAIT) as http:
@@ -200,6 +202,7 @@ async def test_status_shows_the_policies_and_how_many_tools_each_caller_sees(tmp
             assert "readers" in page and "writers" in page
 
 
+@pytest.mark.spawns
 async def test_a_reload_that_changes_one_policy_tells_only_that_callers_session(tmp_path: Path) -> None:
     heard: dict[str, list[str]] = {"alice": [], "bob": []}
 
@@ -265,6 +268,7 @@ policies:
 # ----------------------------------------------------------------------------------------------- credentials
 
 
+@pytest.mark.spawns
 async def test_each_caller_reaches_the_downstream_with_its_own_secret_and_never_another_s(tmp_path: Path) -> None:
     port = free_port()
     seen = tmp_path / "credentials.log"
@@ -367,6 +371,7 @@ policies:
     assert "secret_tool" in whole["description"]  # only the view is filtered
 
 
+@pytest.mark.spawns
 async def test_a_stateless_listen_stream_hears_only_of_changes_to_its_own_callers_view(tmp_path: Path) -> None:
     frames: dict[str, list[str]] = {"alice": [], "bob": []}
     acknowledged = {"alice": anyio.Event(), "bob": anyio.Event()}
@@ -412,6 +417,7 @@ async def test_a_stateless_listen_stream_hears_only_of_changes_to_its_own_caller
     assert frames["bob"] == ["notifications/subscriptions/acknowledged"]
 
 
+@pytest.mark.spawns
 def test_gateway_tools_shows_one_callers_view(tmp_path: Path) -> None:
     (tmp_path / "federation.yaml").write_text(config(audit="audit.db"))
     argv = [PYTHON, "-m", "gateway", "tools", "-c", str(tmp_path / "federation.yaml"), "--json"]
@@ -424,6 +430,7 @@ def test_gateway_tools_shows_one_callers_view(tmp_path: Path) -> None:
     assert {t["name"] for t in everything} == ALL_TOOLS
 
 
+@pytest.mark.spawns
 async def test_resources_and_prompts_are_filtered_alike_and_a_hidden_one_answers_as_a_missing_one(
     tmp_path: Path,
 ) -> None:
@@ -521,6 +528,7 @@ def exchange_world(folder: Path, oauth: str = "", port: int | None = None) -> It
         yield gateway, tx, seen
 
 
+@pytest.mark.spawns
 async def test_a_static_token_caller_gets_no_exchanged_token_and_the_gateway_session_keeps_its_own(
     tmp_path: Path,
 ) -> None:

@@ -20,7 +20,7 @@ from tests.fixtures.gateway_proc import PYTHON, echo_argv, mcp_session, run_gate
 from tests.fixtures.identity import IdentityProvider, start_identity_provider
 from tests.fixtures.procs import RunningServer, free_port
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.spawns]
 
 
 def oauth(issuer: str, resource: str) -> str:

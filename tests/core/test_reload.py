@@ -21,7 +21,7 @@ from tests.fixtures.gateway_proc import PYTHON, echo_argv, mcp_session, run_gate
 from tests.fixtures.procs import RunningServer, free_port, start_http_server
 from tests.fixtures.waiting import eventually
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.spawns]
 
 TOKEN = "reload-token"
 

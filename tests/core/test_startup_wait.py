@@ -37,7 +37,7 @@ from tests.fixtures.gateway_proc import FIDELITY, PYTHON, echo_argv, run_gateway
 from tests.fixtures.waiting import eventually
 from tests.front.http.test_body import ACCEPT, MODERN_META
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.spawns]
 
 MODERN = "2026-07-28"
 STARTS_IN_S = 60  # the backend's shell sleeps this long before the fixture runs: it is still starting in every test

@@ -24,7 +24,7 @@ import pytest
 
 from tests.fixtures.gateway_proc import FIXTURES, PYTHON, one_backend_config, run_gateway
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.spawns]
 
 MODERN = "2026-07-28"
 START_DELAY_S = 1.5

@@ -22,7 +22,7 @@ from tests.fixtures.gateway_proc import FIDELITY, PYTHON, run_gateway
 from tests.fixtures.waiting import eventually
 from tests.front.test_input_required import KEY, TOKENS, Answers, _assert_refused, _rows, _text, client
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.spawns]
 
 
 async def _backend_ready(http: httpx2.AsyncClient, url: str) -> bool:

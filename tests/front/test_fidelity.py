@@ -44,7 +44,7 @@ from tests.fixtures.procs import RunningServer, free_port, start_http_server
 from tests.fixtures.raw_http import sse_events
 from tests.fixtures.waiting import eventually
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.spawns]
 
 WAIT = 10  # seconds: the bound on every wait for something another process sends
 
@@ -64,29 +64,18 @@ def conf_http(downstream: Downstreams) -> Downstream:
 
 
 @pytest.fixture(scope="module")
-def gateway(fid_http: Downstream, conf_http: Downstream, gateway_process: GatewayProcesses) -> RunningServer:
+def gateway(
+    fid_http: Downstream, conf_http: Downstream, downstream: Downstreams, gateway_process: GatewayProcesses
+) -> RunningServer:
+    over_stdio = {name: downstream("fidelity", "stdio", "--name", name) for name in ("s", "p")}
     config = f"""
 gateway:
   audit: {{enabled: false}}
 servers:
-  h:
-    transport: streamable_http
-    url: {fid_http.url()}
-    timeout_s: 10
-  s:
-    transport: stdio
-    command: {PYTHON}
-    args: {json.dumps([FIDELITY, "--stdio", "--name", "s"])}
-    timeout_s: 10
-  p:
-    transport: stdio
-    command: {PYTHON}
-    args: {json.dumps([FIDELITY, "--stdio", "--name", "p"])}
-    session: per_client
-    timeout_s: 10
-  conf:
-    transport: streamable_http
-    url: {conf_http.url()}
+  h: {json.dumps(fid_http.settings(timeout_s=10))}
+  s: {json.dumps(over_stdio["s"].settings(timeout_s=10))}
+  p: {json.dumps(over_stdio["p"].settings(session="per_client", timeout_s=10))}
+  conf: {json.dumps(conf_http.settings())}
 """
     return gateway_process(config)
 

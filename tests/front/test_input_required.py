@@ -30,7 +30,7 @@ from tests.fixtures.gateway_proc import FIXTURES, mcp_session, run_gateway
 from tests.fixtures.procs import free_port, start_http_server
 from tests.system.test_conformance_direct import INPUT_REQUIRED_SCENARIOS, _conformance_launcher
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.spawns]
 
 MODERN = "2026-07-28"
 KEY = "k" * 16 + "0123456789abcdef0123456789abcdef"

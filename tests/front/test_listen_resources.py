@@ -21,7 +21,7 @@ from tests.fixtures.procs import conformance_server_argv, free_port, start_http_
 from tests.fixtures.waiting import eventually
 from tests.front.test_input_required import KEY, TOKENS, _text, client
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.spawns]
 
 WATCHED = "test://watched-resource"
 

@@ -27,7 +27,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from tests.fixtures.gateway_proc import echo_argv
 from tests.fixtures.waiting import eventually
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.spawns]
 
 PYTHON = echo_argv()[0]
 WAIT = 20  # seconds: the bound on every exchange with the gateway process
@@ -127,10 +127,7 @@ def text_of(answer: dict[str, Any]) -> str:
 
 
 async def test_the_sdk_client_is_answered_and_the_gateway_exits_with_its_stdin(tmp_path: Path) -> None:
-    def echo_servers() -> set[int]:
-        return {pid for pid in descendants(os.getpid()) if "echo_server.py" in cmdline(pid)}
-
-    others = echo_servers()  # the session's shared fixture servers are descendants of this process too
+    before = echo_servers()  # the session's shared fixture servers and gateways may have theirs: not this test's
     params = StdioServerParameters(
         command=PYTHON, args=["-m", "gateway", "serve", "--stdio", "-c", str(config(tmp_path))], cwd=str(tmp_path)
     )
@@ -145,7 +142,12 @@ async def test_the_sdk_client_is_answered_and_the_gateway_exits_with_its_stdin(t
                 results.append(result.content[0].text)  # type: ignore[union-attr]
             assert results == [f"hello {i}" for i in range(20)]
     # the client closed the gateway's stdin and waited for it: no echo server of this test is left running
-    await eventually(lambda: not echo_servers() - others, within=WAIT)
+    await eventually(lambda: echo_servers() <= before, within=WAIT)
+
+
+def echo_servers() -> set[int]:
+    """The echo servers running under this test process (a gateway's stdio downstreams among them)."""
+    return {pid for pid in descendants(os.getpid()) if "echo_server.py" in cmdline(pid)}
 
 
 def cmdline(pid: int) -> str:

@@ -145,6 +145,7 @@ async def test_a_cancelled_caller_still_gets_its_row_written(tmp_path: Path) -> 
     assert [r.status for r in open_reader(db).query()] == ["cancelled"]
 
 
+@pytest.mark.spawns
 @pytest.mark.anyio
 @pytest.mark.parametrize("synchronous", ["NORMAL", "FULL"])
 async def test_rows_whose_record_returned_survive_sigkill(tmp_path: Path, synchronous: str) -> None:
@@ -610,6 +611,7 @@ def test_times_parse_as_ages_iso_and_unix() -> None:
         parse_time("soon")
 
 
+@pytest.mark.spawns
 @pytest.mark.parametrize(
     ("command", "default"),
     [

@@ -117,6 +117,7 @@ def test_configure_logging_can_be_forced_to_the_console_renderer(capsys: pytest.
         json.loads(err.splitlines()[0])
 
 
+@pytest.mark.spawns
 def test_a_programs_output_becomes_structured_events_with_tips_at_debug() -> None:
     printed = (
         "Creating collection 'docs'...\n\n"

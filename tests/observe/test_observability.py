@@ -567,6 +567,7 @@ routes:
     assert f"refused key {MASK}" in log
 
 
+@pytest.mark.spawns
 async def test_the_real_gateway_exports_spans_and_hands_the_trace_to_the_downstream(tmp_path: Path) -> None:
     config = f"""
 gateway:

@@ -27,7 +27,7 @@ from tests.fixtures.gateway_proc import PYTHON, GatewayProcesses, echo_argv, mcp
 from tests.fixtures.procs import RunningServer, free_port, start_http_server
 from tests.fixtures.waiting import eventually
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.spawns]
 
 TOKEN = "s3cret-token-for-tests"
 

@@ -41,7 +41,7 @@ from gateway.ledger.engines import open_reader
 from gateway.ledger.records import AuditRecord, args_hash
 from tests.fixtures.gateway_proc import FIXTURES, PYTHON, echo_argv, mcp_session, run_gateway
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.spawns]
 
 SESSIONS = 8
 CALLS_PER_SESSION = int(os.environ.get("GATEWAY_LOAD_CALLS", "60"))

@@ -627,6 +627,7 @@ async def test_a_disabled_adapter_says_why_and_refuses_calls() -> None:
             tg.cancel_scope.cancel()
 
 
+@pytest.mark.spawns
 @pytest.mark.anyio
 async def test_a_failing_probe_fails_the_adapter() -> None:
     config = adapter({"t": fake_tool("echo")}, probe=[FAKE_CLI, "exit", "2", "", "cannot open index"])
@@ -640,6 +641,7 @@ async def test_a_failing_probe_fails_the_adapter() -> None:
 # --------------------------------------------------------------------------------------------------- real processes
 
 
+@pytest.mark.spawns
 @pytest.mark.anyio
 @pytest.mark.parametrize(
     "query",
@@ -674,6 +676,7 @@ async def test_a_dash_query_without_double_dash_is_refused_before_any_spawn() ->
     assert backend.statistics().spawned_total == 0
 
 
+@pytest.mark.spawns
 @pytest.mark.anyio
 async def test_an_optional_argument_left_out_drops_its_flag_on_the_real_command_line() -> None:
     schema = {"type": "object", "properties": {"limit": {"type": "integer"}, "query": {"type": "string"}}}
@@ -686,6 +689,7 @@ async def test_an_optional_argument_left_out_drops_its_flag_on_the_real_command_
     assert with_limit.structured_content == {"results": ["-n", "3", "--", "q"]}
 
 
+@pytest.mark.spawns
 @pytest.mark.anyio
 async def test_garbage_around_the_json_array_is_ignored() -> None:
     backend = CliBackend("a", adapter({"t": fake_tool("garbage", output="json_array")}))
@@ -694,6 +698,7 @@ async def test_garbage_around_the_json_array_is_ignored() -> None:
     assert text_of(result) == '[{"file":"a.md","score":1.5},{"file":"b.md","score":0.5}]'
 
 
+@pytest.mark.spawns
 @pytest.mark.anyio
 async def test_exit_codes_map_to_answers_and_errors() -> None:
     schema = {"type": "object", "properties": {"code": {"type": "string"}}}
@@ -711,6 +716,7 @@ async def test_exit_codes_map_to_answers_and_errors() -> None:
     assert caught.value.backend == "graphify"
 
 
+@pytest.mark.spawns
 @pytest.mark.anyio
 async def test_a_real_thin_answer_raises_thin_result() -> None:
     variants = {"vector": {"argv": [FAKE_CLI, "thin", "Warning: no embeddings. Run qmd embed."],
@@ -722,6 +728,7 @@ async def test_a_real_thin_answer_raises_thin_result() -> None:
         await backend.call_tool("files_search", {})
 
 
+@pytest.mark.spawns
 @pytest.mark.anyio
 async def test_every_rung_times_out_at_its_own_timeout() -> None:
     sleep = [FAKE_CLI, "sleep"]
@@ -816,6 +823,7 @@ async def test_gateway_shutdown_kills_running_groups_and_refuses_new_calls(pidfi
         await backend.call_tool("t", {})
 
 
+@pytest.mark.spawns
 @pytest.mark.anyio
 async def test_output_over_the_cap_kills_the_group_and_exactly_the_cap_passes() -> None:
     schema = {"type": "object", "properties": {"n": {"type": "string"}}}
@@ -829,6 +837,7 @@ async def test_output_over_the_cap_kills_the_group_and_exactly_the_cap_passes() 
     assert backend.statistics().live_processes == 0
 
 
+@pytest.mark.spawns
 @pytest.mark.anyio
 async def test_stderr_keeps_only_its_last_bytes() -> None:
     schema = {"type": "object", "properties": {"err": {"type": "string"}}}
@@ -841,6 +850,7 @@ async def test_stderr_keeps_only_its_last_bytes() -> None:
     assert len(kept.replace(" | ", "\n")) <= 64  # the last 64 bytes, lines joined
 
 
+@pytest.mark.spawns
 @pytest.mark.anyio
 async def test_at_most_concurrency_programs_run_at_once(tmp_path: Path) -> None:
     backend = CliBackend("a", adapter({"t": fake_tool("gate", str(tmp_path), output="json_array", timeout_s=30)},
@@ -860,6 +870,7 @@ async def test_at_most_concurrency_programs_run_at_once(tmp_path: Path) -> None:
     assert backend.statistics().spawned_total == 5
 
 
+@pytest.mark.spawns
 @pytest.mark.anyio
 async def test_waiting_for_a_slot_counts_toward_the_timeout(tmp_path: Path) -> None:
     config = adapter({"slow": fake_tool("sleep", timeout_s=60), "fast": fake_tool("echo", timeout_s=0.3)},
@@ -875,6 +886,7 @@ async def test_waiting_for_a_slot_counts_toward_the_timeout(tmp_path: Path) -> N
     assert caught.value.reason == "timed out after 0.3 s waiting for a free slot (all 1 slots busy)"
 
 
+@pytest.mark.spawns
 @pytest.mark.anyio
 async def test_only_the_allow_listed_environment_reaches_the_program(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GATEWAY_TOKENS", "secret-token")
@@ -890,6 +902,7 @@ async def test_only_the_allow_listed_environment_reaches_the_program(monkeypatch
     assert set(env) <= {"XDG_CACHE_HOME", "LANG", "LC_CTYPE", "PYTHONIOENCODING"}  # the interpreter may add LC_CTYPE
 
 
+@pytest.mark.spawns
 @pytest.mark.anyio
 async def test_the_program_runs_in_the_configured_folder_with_an_empty_stdin(tmp_path: Path) -> None:
     config = adapter({"cwd": fake_tool("cwd", output="json"), "stdin": fake_tool("stdin", output="json")},
@@ -902,6 +915,7 @@ async def test_the_program_runs_in_the_configured_folder_with_an_empty_stdin(tmp
     assert stdin.structured_content == {"stdin": ""}
 
 
+@pytest.mark.spawns
 @pytest.mark.anyio
 async def test_a_real_missing_command_is_unavailable() -> None:
     config = Adapter.model_validate({"command": "no-such-program-4f1c", "tools": {"t": {"argv": ["x"]}}})

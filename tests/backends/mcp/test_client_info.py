@@ -13,7 +13,7 @@ from gateway.config import StdioServer
 from gateway.version import VERSION
 from tests.fixtures.gateway_proc import PYTHON, first_text
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.spawns]
 
 # A stdio server of a few lines (no SDK, so it starts at once): its one tool answers with the clientInfo it was given.
 TELLER = """

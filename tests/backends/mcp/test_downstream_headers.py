@@ -18,7 +18,7 @@ import pytest
 from tests.fixtures.gateway_proc import mcp_session, one_backend_config, run_gateway
 from tests.fixtures.procs import conformance_server_argv, free_port, start_http_server
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.spawns]
 
 
 async def test_declared_argument_headers_reach_a_modern_downstream(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ from tests.fixtures.gateway_proc import FIXTURES, PYTHON, mcp_session, run_gatew
 from tests.fixtures.procs import RunningServer, conformance_server_argv, free_port, start_http_server
 from tests.fixtures.waiting import eventually
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.spawns]
 
 
 @pytest.fixture(params=["sse", "json-lines"])

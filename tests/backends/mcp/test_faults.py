@@ -29,7 +29,7 @@ from tests.fixtures.downstreams import Downstream, Downstreams
 from tests.fixtures.gateway_proc import FIXTURES, PYTHON, first_text
 from tests.fixtures.waiting import eventually
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.spawns]
 
 FAULTS = str(FIXTURES / "faults_server.py")
 MiB = 1024 * 1024

@@ -47,6 +47,7 @@ policies:
 """
 
 
+@pytest.mark.spawns
 @pytest.mark.parametrize("era", [HANDSHAKE, MODERN])
 async def test_a_declared_unlisted_tool_is_served_audited_and_policed_but_never_listed(
     tmp_path: Path, era: str
@@ -73,6 +74,7 @@ async def test_a_declared_unlisted_tool_is_served_audited_and_policed_but_never_
     assert [step["provider"] for step in rows(tmp_path)[0][3]] == ["e/hidden"]
 
 
+@pytest.mark.spawns
 @pytest.mark.parametrize("era", [HANDSHAKE, MODERN])
 async def test_an_undeclared_unlisted_tool_is_an_unknown_tool(tmp_path: Path, era: str) -> None:
     with run_gateway(config(None), tmp_path, tokens=TOKENS) as gateway:

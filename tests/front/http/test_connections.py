@@ -70,6 +70,7 @@ async def read_to_close(stream: SocketStream) -> bytes:
             return b"".join(chunks)
 
 
+@pytest.mark.spawns
 async def test_a_silent_connection_is_closed_after_keep_alive_s(tmp_path: Path, parser: str) -> None:
     with gateway(tmp_path, "keep_alive_s: 0.5, header_timeout_s: 30", parser) as gw:
         with anyio.fail_after(5):
@@ -79,6 +80,7 @@ async def test_a_silent_connection_is_closed_after_keep_alive_s(tmp_path: Path, 
                 assert time.monotonic() - started >= 0.4
 
 
+@pytest.mark.spawns
 async def test_a_request_head_that_never_completes_is_answered_408_and_closed(tmp_path: Path, parser: str) -> None:
     with gateway(tmp_path, "keep_alive_s: 0.5, header_timeout_s: 1.5", parser) as gw:
         with anyio.fail_after(6):
@@ -103,6 +105,7 @@ async def test_a_request_head_that_never_completes_is_answered_408_and_closed(tm
                 assert 1.3 <= time.monotonic() - started < 5
 
 
+@pytest.mark.spawns
 async def test_a_request_head_larger_than_the_limit_is_refused_at_once_and_closed(tmp_path: Path, parser: str) -> None:
     with gateway(tmp_path, "keep_alive_s: 30, header_timeout_s: 30", parser) as gw:
         with anyio.fail_after(6):
@@ -125,6 +128,7 @@ async def test_a_request_head_larger_than_the_limit_is_refused_at_once_and_close
                 assert result.content[0].text == "after a big head"  # type: ignore[union-attr]
 
 
+@pytest.mark.spawns
 async def test_a_header_values_surrounding_whitespace_is_not_part_of_it(tmp_path: Path, parser: str) -> None:
     # RFC 9110 5.5: h11 strips it, llhttp keeps the trailing part; the SDK compares the session id as given.
     def post(body: dict[str, object], *extra: str) -> bytes:
@@ -161,6 +165,7 @@ async def test_a_header_values_surrounding_whitespace_is_not_part_of_it(tmp_path
     assert b'"name":"echo"' in answer
 
 
+@pytest.mark.spawns
 async def test_a_request_body_that_stops_arriving_is_cut_after_body_timeout_s(tmp_path: Path, parser: str) -> None:
     with gateway(tmp_path, "body_timeout_s: 1", parser) as gw:
         with anyio.fail_after(6):
@@ -176,6 +181,7 @@ async def test_a_request_body_that_stops_arriving_is_cut_after_body_timeout_s(tm
                 assert 0.8 <= time.monotonic() - started < 5
 
 
+@pytest.mark.spawns
 async def test_a_token_holder_is_served_while_idle_sockets_beyond_the_cap_and_the_open_files_limit_are_held(
     tmp_path: Path, parser: str
 ) -> None:
@@ -198,6 +204,7 @@ async def test_a_token_holder_is_served_while_idle_sockets_beyond_the_cap_and_th
     assert output.count("connection.evicted") <= 35  # one line a second, with a count of the rest
 
 
+@pytest.mark.spawns
 async def test_beyond_the_cap_with_every_connection_busy_a_new_connection_gets_503_at_once(
     tmp_path: Path, parser: str
 ) -> None:
@@ -235,6 +242,7 @@ def test_a_throttled_report_passes_once_per_interval_and_then_counts_what_it_sup
     assert throttle.allow("accept") is None
 
 
+@pytest.mark.spawns
 async def test_malformed_requests_are_warned_about_once_a_second_with_a_count(tmp_path: Path, parser: str) -> None:
     with gateway(tmp_path, "", parser) as gw:
         with anyio.fail_after(10):

@@ -50,6 +50,7 @@ async def call(
     return await http.post(url, json=request, headers=headers(token, session))
 
 
+@pytest.mark.spawns
 async def test_a_caller_over_its_request_rate_gets_429_with_retry_after_and_others_are_untouched(
     tmp_path: Path,
 ) -> None:
@@ -86,6 +87,7 @@ async def test_a_caller_over_its_request_rate_gets_429_with_retry_after_and_othe
     assert b"secret argument" not in ledger  # a refused call's arguments are only hashed
 
 
+@pytest.mark.spawns
 async def test_under_a_concurrent_burst_a_caller_gets_exactly_its_bucket_and_a_bystander_all_its_calls(
     tmp_path: Path,
 ) -> None:
@@ -111,6 +113,7 @@ async def test_under_a_concurrent_burst_a_caller_gets_exactly_its_bucket_and_a_b
     assert statuses["bob"] == [200] * N
 
 
+@pytest.mark.spawns
 async def test_a_caller_at_its_concurrent_calls_is_refused_until_one_ends_and_others_are_untouched(
     tmp_path: Path,
 ) -> None:

@@ -88,6 +88,7 @@ def tampered(session: str) -> str:
     return session[:middle] + ("A" if session[middle] != "A" else "B") + session[middle + 1 :]
 
 
+@pytest.mark.spawns
 async def test_a_session_opened_on_one_replica_goes_on_at_another_without_initialize(tmp_path: Path) -> None:
     with replicas(tmp_path, KEY, KEY) as (a, b):
         with anyio.fail_after(60):
@@ -140,6 +141,7 @@ the transport before its server task had connected it (the SDK's "No read stream
 2 to 13 of 90 to 120 per run here, on either parser. The in-memory test below makes that race certain."""
 
 
+@pytest.mark.spawns
 async def test_every_one_of_concurrent_first_requests_for_a_session_new_to_a_replica_is_answered(
     tmp_path: Path,
 ) -> None:
@@ -170,6 +172,7 @@ async def test_every_one_of_concurrent_first_requests_for_a_session_new_to_a_rep
     assert "No read stream writer" not in log
 
 
+@pytest.mark.spawns
 async def test_an_id_from_another_deployment_is_404_and_a_rotated_key_still_opens_old_ids(tmp_path: Path) -> None:
     with replicas(tmp_path, KEY, OTHER_KEY, f"{OTHER_KEY},{KEY}") as (old, other, rotated):
         with anyio.fail_after(60):
@@ -185,6 +188,7 @@ async def test_an_id_from_another_deployment_is_404_and_a_rotated_key_still_open
                 assert echoed(await call_echo(http, other.url(), "tok-alice", fresh, "new key")) == "new key"
 
 
+@pytest.mark.spawns
 async def test_a_calls_back_channel_works_on_its_own_post_stream_at_the_replica_serving_it(tmp_path: Path) -> None:
     """The session was opened on a; the call goes to b, whose downstream asks the client for sampling on the
     call's own POST stream; the client's answer goes to b too (it must: a has no such request)."""
@@ -259,6 +263,7 @@ async def sample_through(
     raise AssertionError("the call's stream ended without its answer")
 
 
+@pytest.mark.spawns
 async def test_hashing_on_the_session_id_keeps_a_calls_back_channel_on_its_replica_and_moves_it_when_that_dies(
     tmp_path: Path,
 ) -> None:
@@ -330,6 +335,7 @@ async def redis_ttls(server: RedisServer) -> list[float]:
         await client.aclose()
 
 
+@pytest.mark.spawns
 async def test_without_a_shared_store_a_delete_ends_the_session_only_on_its_replica(tmp_path: Path) -> None:
     """The documented limit (docs/deployment.md): another replica accepts the id until ``session_max_age_s``."""
     with replicas(tmp_path, KEY, KEY) as (a, b):

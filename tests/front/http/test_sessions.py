@@ -21,7 +21,7 @@ from tests.fixtures.gateway_proc import PYTHON, echo_argv, mcp_session, run_gate
 from tests.fixtures.procs import RunningServer
 from tests.fixtures.raw_http import INITIALIZE, headers, messages, open_session
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.spawns]
 
 TOKENS = "alice=tok-alice,bob=tok-bob"
 

@@ -80,6 +80,7 @@ async def test_two_replicas_with_redis_enforce_one_limit_per_caller(tmp_path: Pa
                 assert echoed(await call_echo(http, replicas[0].url(), "tok-bob", bob, "bob's")) == "bob's"
 
 
+@pytest.mark.spawns
 async def test_without_redis_each_replica_counts_its_own_bucket(tmp_path: Path) -> None:
     with two_replicas(tmp_path, "") as replicas:
         with anyio.fail_after(60):

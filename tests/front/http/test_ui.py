@@ -260,6 +260,7 @@ async def test_the_token_never_appears_in_a_url_or_a_location_header(tmp_path: P
     assert in_query.headers.get("location") is None
 
 
+@pytest.mark.spawns
 async def test_a_malicious_backend_reason_is_rendered_escaped(tmp_path: Path) -> None:
     config = f"""
 gateway: {{name: ui-test, audit: {{enabled: false}}}}
@@ -275,6 +276,7 @@ servers:
     assert '<span class="badge failed">failed</span>' in response.text
 
 
+@pytest.mark.spawns
 async def test_a_variant_its_probe_found_unable_to_run_is_shown_on_its_backend_escaped(tmp_path: Path) -> None:
     config = f"""
 gateway: {{name: ui-test, audit: {{enabled: false}}}}
