@@ -195,7 +195,7 @@ async def sweep(*, everything: bool = False) -> int:
         return 0  # a process that adopts nothing has only its own children
     me = os.getpid()
     own_session = os.getsid(0)
-    killed: list[int] = []
+    killed: set[int] = set()
     for pid, (process, _) in list(_calls.items()):
         if process.returncode is not None:
             del _calls[pid]
@@ -214,6 +214,8 @@ async def sweep(*, everything: bool = False) -> int:
                 continue  # not one of our sessions: a library's own subprocess, whose waiter reaps it
             if state in ("Z", "X"):
                 _reap(child)
+            elif child in killed:
+                continue  # killed in an earlier round, not reaped yet: the wait below reaps it
             elif everything or (session not in running and not any(call <= started for call in calls)):
                 victims.append(child)
         if not victims:
@@ -221,7 +223,7 @@ async def sweep(*, everything: bool = False) -> int:
         for victim in victims:
             _kill([victim, *descendants(victim)])
             log.info("process.orphan_killed", pid=victim)
-        killed.extend(victims)
+        killed.update(victims)
     pending = set(killed)  # reaped pids leave at once: a reused pid could be one of ours
     with anyio.move_on_after(_REAP_WAIT_S):
         while pending:
