@@ -4,7 +4,8 @@
 argv, a path join, the ledger) meets input it cannot write: strings are valid Unicode (no lone surrogate), numbers are
 finite, nesting is at most ``MAX_DEPTH`` deep. ``ArgumentValidator`` holds a tool's arguments to its published input
 schema (JSON Schema, compiled once, no remote ``$ref`` ever fetched) and refuses them with ``InvalidArguments``
-naming the argument in words a client can act on. ``did_you_mean`` is the gateway's one guess at a misspelt name.
+naming the argument in words a client can act on; ``PublishedSchemas`` keeps one per published tool for the router.
+``did_you_mean`` is the gateway's one guess at a misspelt name.
 Client input is echoed into a message only cut to ``ECHO_CHARS`` (``quote``, errors.py).
 """
 
@@ -30,6 +31,7 @@ __all__ = [
     "MAX_DEPTH",
     "ArgumentValidator",
     "InvalidSchema",
+    "PublishedSchemas",
     "argument_problem",
     "did_you_mean",
     "problem",
@@ -129,20 +131,22 @@ class ArgumentValidator:
 
     Args:
         schema: the published input schema.
+        lenient: a ``$ref`` it cannot resolve lets the arguments pass instead of refusing them.
 
     Raises:
         InvalidSchema: ``schema`` is not a valid JSON Schema.
     """
 
-    __slots__ = ("_defaults", "_integers", "_validator", "schema")
+    __slots__ = ("_defaults", "_integers", "_lenient", "_validator", "schema")
 
-    def __init__(self, schema: Mapping[str, Any]) -> None:
+    def __init__(self, schema: Mapping[str, Any], *, lenient: bool = False) -> None:
         cls = jsonschema_validators.validator_for(schema, default=jsonschema_validators.Draft202012Validator)
         try:
             cls.check_schema(schema)
         except jsonschema_errors.SchemaError as exc:
             raise InvalidSchema(f"not a valid JSON Schema: {exc.message}") from None
         self.schema = schema
+        self._lenient = lenient  # an unresolvable $ref lets the call pass (its provider judges it)
         self._validator = cls(schema, registry=referencing.Registry())
         properties = schema.get("properties")
         properties = properties if isinstance(properties, Mapping) else {}
@@ -161,6 +165,8 @@ class ArgumentValidator:
         try:
             error = jsonschema_errors.best_match(self._validator.iter_errors(arguments), key=_RELEVANCE)
         except referencing.exceptions.Unresolvable as exc:
+            if self._lenient:
+                return
             unresolved = f"the tool's input schema refers to {quote(exc.ref)}, which the gateway cannot resolve"
             raise InvalidArguments(tool, "", f"cannot be checked: {unresolved}") from None
         if error is not None:
@@ -185,6 +191,37 @@ class ArgumentValidator:
             if isinstance(value, float):
                 prepared[key] = int(value)
         return prepared
+
+
+class PublishedSchemas:
+    """The input schema of every published tool, as the router holds a call to it before any provider: compiled on
+    the tool's first call and kept while the catalog publishes that same schema (the same object). A schema the
+    gateway cannot compile, or a ``$ref`` it cannot resolve, checks nothing: the provider judges such a call."""
+
+    __slots__ = ("_compiled", "_most")
+
+    def __init__(self, most: int = 10_000) -> None:
+        self._compiled: dict[str, tuple[Mapping[str, Any], ArgumentValidator | None]] = {}
+        self._most = most
+
+    def problem(self, tool: str, schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> InvalidArguments | None:
+        """Why ``arguments`` break ``tool``'s published ``schema`` (naming the argument), or None."""
+        held = self._compiled.get(tool)
+        if held is None or held[0] is not schema:
+            try:
+                validator: ArgumentValidator | None = ArgumentValidator(schema, lenient=True)
+            except InvalidSchema:
+                validator = None
+            if len(self._compiled) >= self._most:
+                self._compiled.clear()  # tools come and go with reloads: what is no longer called is compiled anew
+            held = self._compiled[tool] = (schema, validator)
+        if held[1] is None:
+            return None
+        try:
+            held[1].check(tool, arguments)
+        except InvalidArguments as exc:
+            return exc
+        return None
 
 
 _RELEVANCE: Callable[[Any], Any] = jsonschema_errors.by_relevance(strong=frozenset({"additionalProperties"}))
