@@ -237,7 +237,11 @@ async def test_a_token_the_issuer_did_not_sign_gets_401(world: World, make: Any,
     assert refused.status_code == 401
     assert challenge(refused)["error"] == "invalid_token"
     assert challenge(refused)["error_description"] == description
-    assert refused.json() == {"error": f"Unauthorized: {description}."}
+    assert refused.json() == {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {"code": -32000, "message": f"Unauthorized: {description}."},
+    }
 
 
 async def test_a_token_without_the_required_scope_gets_403_insufficient_scope_naming_the_scope(world: World) -> None:
