@@ -2,7 +2,8 @@
 
 Entering the gateway starts one supervisor task per backend (``Backend.run``) and returns at once: a backend that
 is slow or broken never delays startup or the others. ``wait_settled()`` waits, bounded, until every backend has
-had its first outcome (ready, failed, or disabled) — ``gateway check`` and the first ``tools/list`` use it. Whenever a
+had its first outcome (ready, failed, or disabled: its tools are known, an adapter's probes may answer later) — the
+first handshake and ``tools/list`` use it; ``gateway check`` waits for the probes too. Whenever a
 backend's state or tools change, the catalog is rebuilt and swapped whole, and the change listeners (the server's
 ``list_changed`` broadcast) are told. ``reload(config)`` applies an edited federation backend by backend (the plan
 comes from reload.py): each supervisor runs in its own cancel scope, so one backend can be drained and stopped
@@ -405,11 +406,15 @@ class Gateway:
             await self.wait_settled(STARTUP_WAIT_S)
             self.started = True
 
-    async def wait_settled(self, limit_s: float) -> bool:
-        """Wait until every backend had its first outcome, at most ``limit_s`` seconds. True if all settled."""
+    async def wait_settled(self, limit_s: float, *, checked: bool = False) -> bool:
+        """Wait until every backend had its first outcome (and, when ``checked``, its whole first health check:
+        an adapter's probes), at most ``limit_s`` seconds. True if all settled."""
         with anyio.move_on_after(limit_s):
             for event in self._settled.values():
                 await event.wait()
+            if checked:
+                for backend in list(self._backends.values()):
+                    await backend.wait_checked()
             return True
         return False
 
