@@ -316,7 +316,7 @@ class Gateway:
             await anyio.sleep(self.config.gateway.costs_refresh_s)
 
     async def refresh_costs(self) -> None:
-        """Measure costs now (the wiki's estimates, the ledger's medians); a changed figure rebuilds the catalog."""
+        """Measure costs now (the wiki's estimates, the ledger's medians); a band that moved rebuilds the catalog."""
         estimates: dict[str, int] = {}
         for backend in self._backends.values():
             if backend.status.state is BackendState.READY:
@@ -334,7 +334,7 @@ class Gateway:
                 )
             except AuditError as exc:
                 log.warning("costs.ledger_unreadable", error=str(exc))
-        costs = costs_from(stats, estimates)
+        costs = costs_from(stats, estimates, self._costs)  # bands that hold: a list is not new at every refresh
         if costs != self._costs:
             self._costs = costs
             self._rebuild(cause="costs")
@@ -437,7 +437,7 @@ class Gateway:
 
     def _rebuild(self, *, cause: str = "backends") -> None:
         """Build the catalog now; a change is logged (``catalog.changed``, saying what changed and why: at debug
-        level when only the measured cost figures in the descriptions moved, as they do every refresh)."""
+        level when only a measured cost band in the descriptions moved)."""
         self._stale = False
         catalog = Catalog.build(self.config, self._backends, self._costs)
         previous = self._catalog
