@@ -233,7 +233,7 @@ class Router:
                     log.exception("tool.internal_error", error=type(exc).__name__)
                     record.cut("internal_error", type(exc).__name__)
                     result, status = _fault(name, exc), "internal_error"
-            result = record.with_meta(result, status)
+            result = record.with_meta(result, status, entry.tool.output_schema)
             await record.finish(status, result)
             return result
 

@@ -115,7 +115,7 @@ async def test_the_default_loop_works_in_every_mode_within_two_seconds(prepared:
                     read = await session.call_tool("files_read", {"path": first["file"], "max_bytes": 2000})
                 elapsed = time.perf_counter() - started
                 assert not found.is_error and not neighbors.is_error and not read.is_error, (mode, first)
-                assert found.structured_content == {"results": hits}
+                assert found.structured_content is not None and found.structured_content["results"] == hits
                 assert all(set(hit) == {"file", "title", "line", "score", "snippet"} for hit in hits)
                 assert all((prepared / "docs" / hit["file"]).is_file() for hit in hits), hits
                 assert all(0 <= hit["score"] <= 1 for hit in hits)
@@ -133,6 +133,10 @@ async def test_the_default_loop_works_in_every_mode_within_two_seconds(prepared:
                 # semantic rungs answer: vector search for vector, hybrid (BM25 + vector) for deep.
                 served = "wiki/wiki_vector_search" if mode == "vector" else "wiki/wiki_hybrid_search"
                 assert (call["status"], call["served_by"]) == ("degraded", served), call
+                note = found.content[-1].text  # type: ignore[union-attr]  # where the model reads it, not only _meta
+                assert note.startswith(f"[gateway] Degraded answer: qmd/files_search [{mode}] could not serve"), note
+                assert note.endswith(f"{served} answered instead.") and "model cache: missing" in note, note
+                assert found.structured_content == {"results": hits, "degraded": note}
                 skipped = call["steps"][:-1]
                 assert [s["variant"] for s in skipped] == (["vector"] if mode == "vector" else ["deep", "vector"])
                 for step in skipped:
