@@ -49,10 +49,26 @@ _MESSAGE_CHARS = 500  # a message jsonschema words itself is cut here
 _LISTED = 20  # names or values listed in a message before the rest are counted
 
 
-def did_you_mean(word: str, choices: Iterable[str], *, most: int = 1, cutoff: float = MISSPELT) -> list[str]:
+def did_you_mean(
+    word: str, choices: Iterable[str], *, most: int = 1, cutoff: float = MISSPELT, by_words: bool = False
+) -> list[str]:
     """The ``choices`` that look most like ``word``, best first, at most ``most`` of them (difflib's similarity
-    ratio, at least ``cutoff``); empty when none does."""
-    return difflib.get_close_matches(word, list(choices), n=most, cutoff=cutoff)
+    ratio, at least ``cutoff``); empty when none does. ``by_words``: then also a choice whose words (split at ``_``,
+    ``-`` and camelCase) are all in ``word``, or all of ``word``'s in it: another program's name for the same thing
+    (``token_budget`` or ``--budget`` for ``budget``)."""
+    options = list(choices)
+    close = difflib.get_close_matches(word, options, n=most, cutoff=cutoff)
+    if by_words and len(close) < most:
+        said = _words(word)
+        for option in options:
+            words = _words(option)
+            if option not in close and said and words and (words <= said or said <= words):
+                close.append(option)
+    return close[:most]
+
+
+def _words(name: str) -> frozenset[str]:
+    return frozenset(part.lower() for part in re.findall(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])", name))
 
 
 # --------------------------------------------------------------------------------------------------- the three rules
@@ -275,7 +291,7 @@ def _unknown(value: Mapping[str, Any], schema: Mapping[str, Any]) -> list[str]:
 def _unknown_message(name: str, value: Mapping[str, Any], schema: Mapping[str, Any], *, nested: bool) -> str:
     noun = "key" if nested else "argument"
     declared = [str(key) for key in schema.get("properties", {})]
-    close = did_you_mean(name, [key for key in declared if key not in value])
+    close = did_you_mean(name, [key for key in declared if key not in value], by_words=True)
     if close:
         return f"unknown {noun}; did you mean {quote(close[0])}?"
     if not declared:

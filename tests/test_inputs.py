@@ -122,6 +122,18 @@ def test_published_schemas_refuse_what_breaks_a_schema_and_leave_what_they_canno
     assert missing is not None and (missing.argument, missing.message) == ("mode", "is required")
 
 
+def test_an_argument_under_another_programs_name_is_mapped_to_the_published_one() -> None:
+    schema = {"type": "object", "additionalProperties": False, "properties": {"question": {}, "budget": {}}}
+    assert refusal({"question": "q", "token_budget": 5}, ArgumentValidator(schema)) == (
+        "token_budget",
+        "unknown argument; did you mean 'budget'?",
+    )
+    assert did_you_mean("--budget", ["question", "budget"], by_words=True) == ["budget"]
+    assert did_you_mean("maxResults", ["query", "max_results"], by_words=True) == ["max_results"]
+    assert did_you_mean("context_filter", ["question", "budget"], by_words=True) == []
+    assert did_you_mean("token_budget", ["question", "budget"]) == []  # only when asked to compare words
+
+
 def test_did_you_mean_offers_the_closest_names_best_first_and_nothing_unlike() -> None:
     assert did_you_mean("qery", ["limit", "query", "queries"]) == ["query"]
     assert did_you_mean("qery", ["limit", "querying", "query"], most=2, cutoff=0.6) == ["query", "querying"]

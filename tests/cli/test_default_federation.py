@@ -143,3 +143,25 @@ async def test_the_default_loop_works_in_every_mode_within_two_seconds(prepared:
                     assert step["outcome"] == "not_ready", step
                     assert "model cache: missing" in step["reason"] and "qmd doctor" in step["reason"], step
                     assert step["ms"] < 50, step
+
+
+@pytest.mark.anyio
+async def test_graph_query_speaks_of_its_own_arguments_and_maps_graphifys_names_for_them(prepared: Path) -> None:
+    """graphify's hints name its CLI and MCP parameters (--budget, token_budget, context_filter, get_node), which
+    graph_query refuses: the adapter says them in graph_query's terms, and a model that used one anyway is told
+    which argument it meant."""
+    config = (prepared / "federation.yaml").read_text()
+    with run_gateway(config, prepared) as gateway:
+        async with mcp_session(gateway.url()) as session:
+            with anyio.fail_after(60):
+                cut = await session.call_tool("graph_query", {"question": "fallback ladder", "budget": 100})
+                foreign = await session.call_tool("graph_query", {"question": "fallback ladder", "token_budget": 500})
+    text = _text(cut)
+    assert not cut.is_error and "TRUNCATED" in text, text
+    assert re.search(r"raise the token budget to (\d+) to get all \d+ \(budget=\1\) or narrow the question\.", text)
+    for word in ("--budget", "token_budget", "context_filter", "get_node", "CLI:", "MCP:"):
+        assert word not in text, (word, text)
+    assert foreign.is_error
+    assert _text(foreign) == (
+        "Invalid argument 'token_budget' for tool 'graph_query': unknown argument; did you mean 'budget'?"
+    )
