@@ -141,7 +141,7 @@ class Guard:
             return
         path = scope["path"]
         if path != "/mcp" and self.serves is not None and not self.serves(scope):
-            await _refuse(receive, send, 404, f"Not found: this gateway serves nothing at {quote(path)}.")
+            await _refuse(receive, send, 404, self._not_found(path))
             return
         scope[_AUTHORIZATION] = authorization.decode("latin-1") if authorization is not None else None
         cors = self.mcp_cors if path == "/mcp" else self.metadata_cors if path in self.metadata_paths else None
@@ -193,6 +193,14 @@ class Guard:
             send = _closing(send)  # only token holders keep a connection open (connections.py counts on it)
         await self.app(scope, receive, send)
 
+    def _not_found(self, path: str) -> str:
+        """The 404's sentence: for an OAuth discovery or sign-in path, what to do instead (a client shows it)."""
+        if _SIGN_IN.match(path) is None:
+            return f"Not found: this gateway serves nothing at {quote(path)}."
+        if self.oauth is None:
+            return "Not found: this gateway does no OAuth sign-in; it takes a bearer token from its operator."
+        return f"Not found: this gateway is no authorization server; {self.oauth.metadata_url} names the one to use."
+
     async def _unauthorized(self, scope: Scope, receive: Receive, send: Send, authorization: str | None) -> None:
         """401 for a request without a token the gateway accepts. Without OAuth, a bearer token offered is told
         ``invalid_token`` (RFC 6750 3.1; none offered: no error code), and the refusal is logged."""
@@ -241,6 +249,11 @@ class RefusalLog:
 
 
 _REFUSED = {401: "Unauthorized", 403: "Forbidden", 503: "Service unavailable"}
+_SIGN_IN = re.compile(
+    r"^/(\.well-known/(oauth-authorization-server|openid-configuration|oauth-protected-resource)|register|authorize|token)"
+    r"(/|$)"
+)
+"""The paths of OAuth discovery and sign-in that clients try at an MCP server after a 401."""
 _AUTHORIZATION = "gateway.authorization"
 """The scope key under which the Guard hands ``_authenticated`` the request's Authorization header (or None)."""
 

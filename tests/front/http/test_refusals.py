@@ -116,7 +116,17 @@ async def test_without_oauth_discovery_and_registration_are_not_found_to_anyone(
     for answer in (anonymous, holder):
         assert answer.status_code == 404, (path, answer.text)
         assert "www-authenticate" not in answer.headers
-        assert answer.json()["error"]["message"] == f"Not found: this gateway serves nothing at '{path}'."
+        assert answer.json()["error"]["message"] == (  # what Claude Code and mcp-remote show their user
+            "Not found: this gateway does no OAuth sign-in; it takes a bearer token from its operator."
+        )
+
+
+async def test_a_path_it_does_not_serve_is_not_found_before_auth(gateway: RunningServer) -> None:
+    with anyio.fail_after(10):
+        async with httpx2.AsyncClient() as http:
+            answer = await http.get(gateway.url("/nothing/here"))
+    assert answer.status_code == 404
+    assert answer.json()["error"]["message"] == "Not found: this gateway serves nothing at '/nothing/here'."
 
 
 async def test_the_paths_it_serves_still_need_the_token(gateway: RunningServer) -> None:
