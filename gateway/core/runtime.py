@@ -34,6 +34,7 @@ from gateway.auth.secrets import CallerSecrets
 from gateway.backends import processes
 from gateway.backends.base import Backend, BackendState, BackendStatus, DisabledBackend
 from gateway.backends.cli.backend import CliBackend
+from gateway.backends.cli.checks import PROBE_TIMEOUT_S
 from gateway.backends.mcp.session import HttpPool, McpBackend, NotificationHook
 from gateway.backends.wiki.backend import WikiBackend
 from gateway.calls import ClientLink, Upstream
@@ -74,9 +75,20 @@ def _shows_costs(config: Federation) -> bool:
     return config.exposure.mode != "all" or any(mode != "all" for mode in config.exposure.clients.values())
 
 
-def settle_budget(config: Federation) -> float:
-    """How long the first outcome of every backend can take: the slowest handshake, plus a margin."""
+def settle_budget(config: Federation, *, probes: bool = False) -> float:
+    """How long the first outcome of every backend can take: the slowest handshake, plus a margin; with ``probes``,
+    also the slowest adapter's probes (its health probe, then each distinct variant probe, one after the other)."""
     timeouts = [server.connect_timeout_s for server in config.servers.values() if server.enabled]
+    if probes:
+        for adapter in config.adapters.values():
+            variant_probes = {
+                (v.probe.argv, v.probe.timeout_s)
+                for t in adapter.tools.values()
+                for v in t.variants.values()
+                if v.probe
+            }
+            health = PROBE_TIMEOUT_S if adapter.probe is not None else 0.0
+            timeouts.append(health + sum(timeout for _, timeout in variant_probes))
     return max(timeouts, default=0.0) + 5.0
 
 
