@@ -4,7 +4,8 @@
 argv, a path join, the ledger) meets input it cannot write: strings are valid Unicode (no lone surrogate), numbers are
 finite, nesting is at most ``MAX_DEPTH`` deep. ``ArgumentValidator`` holds a tool's arguments to its published input
 schema (JSON Schema, compiled once, no remote ``$ref`` ever fetched) and refuses them with ``InvalidArguments``
-naming the argument in words a client can act on. ``did_you_mean`` is the gateway's one guess at a misspelt name.
+naming the argument in words a client can act on; ``PublishedSchemas`` keeps one per published tool for the router.
+``did_you_mean`` is the gateway's one guess at a misspelt name.
 Client input is echoed into a message only cut to ``ECHO_CHARS`` (``quote``, errors.py).
 """
 
@@ -30,6 +31,7 @@ __all__ = [
     "MAX_DEPTH",
     "ArgumentValidator",
     "InvalidSchema",
+    "PublishedSchemas",
     "argument_problem",
     "did_you_mean",
     "problem",
@@ -47,10 +49,26 @@ _MESSAGE_CHARS = 500  # a message jsonschema words itself is cut here
 _LISTED = 20  # names or values listed in a message before the rest are counted
 
 
-def did_you_mean(word: str, choices: Iterable[str], *, most: int = 1, cutoff: float = MISSPELT) -> list[str]:
+def did_you_mean(
+    word: str, choices: Iterable[str], *, most: int = 1, cutoff: float = MISSPELT, by_words: bool = False
+) -> list[str]:
     """The ``choices`` that look most like ``word``, best first, at most ``most`` of them (difflib's similarity
-    ratio, at least ``cutoff``); empty when none does."""
-    return difflib.get_close_matches(word, list(choices), n=most, cutoff=cutoff)
+    ratio, at least ``cutoff``); empty when none does. ``by_words``: then also a choice whose words (split at ``_``,
+    ``-`` and camelCase) are all in ``word``, or all of ``word``'s in it: another program's name for the same thing
+    (``token_budget`` or ``--budget`` for ``budget``)."""
+    options = list(choices)
+    close = difflib.get_close_matches(word, options, n=most, cutoff=cutoff)
+    if by_words and len(close) < most:
+        said = _words(word)
+        for option in options:
+            words = _words(option)
+            if option not in close and said and words and (words <= said or said <= words):
+                close.append(option)
+    return close[:most]
+
+
+def _words(name: str) -> frozenset[str]:
+    return frozenset(part.lower() for part in re.findall(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])", name))
 
 
 # --------------------------------------------------------------------------------------------------- the three rules
@@ -129,20 +147,22 @@ class ArgumentValidator:
 
     Args:
         schema: the published input schema.
+        lenient: a ``$ref`` it cannot resolve lets the arguments pass instead of refusing them.
 
     Raises:
         InvalidSchema: ``schema`` is not a valid JSON Schema.
     """
 
-    __slots__ = ("_defaults", "_integers", "_validator", "schema")
+    __slots__ = ("_defaults", "_integers", "_lenient", "_validator", "schema")
 
-    def __init__(self, schema: Mapping[str, Any]) -> None:
+    def __init__(self, schema: Mapping[str, Any], *, lenient: bool = False) -> None:
         cls = jsonschema_validators.validator_for(schema, default=jsonschema_validators.Draft202012Validator)
         try:
             cls.check_schema(schema)
         except jsonschema_errors.SchemaError as exc:
             raise InvalidSchema(f"not a valid JSON Schema: {exc.message}") from None
         self.schema = schema
+        self._lenient = lenient  # an unresolvable $ref lets the call pass (its provider judges it)
         self._validator = cls(schema, registry=referencing.Registry())
         properties = schema.get("properties")
         properties = properties if isinstance(properties, Mapping) else {}
@@ -161,6 +181,8 @@ class ArgumentValidator:
         try:
             error = jsonschema_errors.best_match(self._validator.iter_errors(arguments), key=_RELEVANCE)
         except referencing.exceptions.Unresolvable as exc:
+            if self._lenient:
+                return
             unresolved = f"the tool's input schema refers to {quote(exc.ref)}, which the gateway cannot resolve"
             raise InvalidArguments(tool, "", f"cannot be checked: {unresolved}") from None
         if error is not None:
@@ -185,6 +207,37 @@ class ArgumentValidator:
             if isinstance(value, float):
                 prepared[key] = int(value)
         return prepared
+
+
+class PublishedSchemas:
+    """The input schema of every published tool, as the router holds a call to it before any provider: compiled on
+    the tool's first call and kept while the catalog publishes that same schema (the same object). A schema the
+    gateway cannot compile, or a ``$ref`` it cannot resolve, checks nothing: the provider judges such a call."""
+
+    __slots__ = ("_compiled", "_most")
+
+    def __init__(self, most: int = 10_000) -> None:
+        self._compiled: dict[str, tuple[Mapping[str, Any], ArgumentValidator | None]] = {}
+        self._most = most
+
+    def problem(self, tool: str, schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> InvalidArguments | None:
+        """Why ``arguments`` break ``tool``'s published ``schema`` (naming the argument), or None."""
+        held = self._compiled.get(tool)
+        if held is None or held[0] is not schema:
+            try:
+                validator: ArgumentValidator | None = ArgumentValidator(schema, lenient=True)
+            except InvalidSchema:
+                validator = None
+            if len(self._compiled) >= self._most:
+                self._compiled.clear()  # tools come and go with reloads: what is no longer called is compiled anew
+            held = self._compiled[tool] = (schema, validator)
+        if held[1] is None:
+            return None
+        try:
+            held[1].check(tool, arguments)
+        except InvalidArguments as exc:
+            return exc
+        return None
 
 
 _RELEVANCE: Callable[[Any], Any] = jsonschema_errors.by_relevance(strong=frozenset({"additionalProperties"}))
@@ -238,7 +291,7 @@ def _unknown(value: Mapping[str, Any], schema: Mapping[str, Any]) -> list[str]:
 def _unknown_message(name: str, value: Mapping[str, Any], schema: Mapping[str, Any], *, nested: bool) -> str:
     noun = "key" if nested else "argument"
     declared = [str(key) for key in schema.get("properties", {})]
-    close = did_you_mean(name, [key for key in declared if key not in value])
+    close = did_you_mean(name, [key for key in declared if key not in value], by_words=True)
     if close:
         return f"unknown {noun}; did you mean {quote(close[0])}?"
     if not declared:

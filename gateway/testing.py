@@ -186,7 +186,8 @@ async def in_process_gateway(
         config: The federation, or the text of a federation.yaml (read with an empty environment).
         mode: The client's ``mode``: ``"legacy"`` (the handshake era) or a protocol version such as
             ``"2026-07-28"`` (the stateless era).
-        settle_s: Wait at most this long for every backend's first outcome before connecting; None: do not wait.
+        settle_s: Wait at most this long for every backend's first outcome and probes before connecting; None: do
+            not wait.
         client_options: More keywords for ``Client`` (callbacks, ``client_info``, ...).
 
     Raises:
@@ -194,7 +195,7 @@ async def in_process_gateway(
     """
     federation = parse_config(config, file="federation.yaml", env={}) if isinstance(config, str) else config
     async with Gateway(federation).running() as gateway:
-        if settle_s is not None and not await gateway.wait_settled(settle_s):
+        if settle_s is not None and not await gateway.wait_settled(settle_s, checked=True):
             raise TimeoutError(f"the gateway's backends had not all settled within {settle_s} s")
         async with Client(Face(gateway).server(), mode=mode, **client_options) as client:
             yield InProcess(client, gateway)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from gateway.errors import ECHO_CHARS, InvalidArguments
-from gateway.inputs import ArgumentValidator, InvalidSchema, did_you_mean
+from gateway.inputs import ArgumentValidator, InvalidSchema, PublishedSchemas, did_you_mean
 
 SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -107,6 +107,31 @@ def test_a_remote_reference_is_never_fetched_and_the_call_says_why_it_cannot_be_
     )
     local = ArgumentValidator({"$defs": {"q": {"type": "string"}}, "properties": {"q": {"$ref": "#/$defs/q"}}})
     assert refusal({"q": 1}, local) == ("q", "must be a string, got integer 1")
+
+
+def test_published_schemas_refuse_what_breaks_a_schema_and_leave_what_they_cannot_judge_to_the_provider() -> None:
+    schemas = PublishedSchemas()
+    refused = schemas.problem("t", SCHEMA, {"query": "x", "limit": 0})
+    assert refused is not None and (refused.argument, refused.message) == ("limit", "must be between 1 and 50, got 0")
+    assert schemas.problem("t", SCHEMA, {"query": "x"}) is None
+    assert schemas.problem("u", {"type": "objekt"}, {"anything": 1}) is None  # not a schema it can compile
+    remote = {"type": "object", "properties": {"a": {"$ref": "http://127.0.0.1:9/a.json"}}}
+    assert schemas.problem("v", remote, {"a": 1}) is None  # a $ref it cannot resolve: never fetched, not refused
+    changed = {**SCHEMA, "required": ["query", "mode"]}
+    missing = schemas.problem("t", changed, {"query": "x"})  # the catalog publishes a new schema: compiled anew
+    assert missing is not None and (missing.argument, missing.message) == ("mode", "is required")
+
+
+def test_an_argument_under_another_programs_name_is_mapped_to_the_published_one() -> None:
+    schema = {"type": "object", "additionalProperties": False, "properties": {"question": {}, "budget": {}}}
+    assert refusal({"question": "q", "token_budget": 5}, ArgumentValidator(schema)) == (
+        "token_budget",
+        "unknown argument; did you mean 'budget'?",
+    )
+    assert did_you_mean("--budget", ["question", "budget"], by_words=True) == ["budget"]
+    assert did_you_mean("maxResults", ["query", "max_results"], by_words=True) == ["max_results"]
+    assert did_you_mean("context_filter", ["question", "budget"], by_words=True) == []
+    assert did_you_mean("token_budget", ["question", "budget"]) == []  # only when asked to compare words
 
 
 def test_did_you_mean_offers_the_closest_names_best_first_and_nothing_unlike() -> None:

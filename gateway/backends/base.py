@@ -4,6 +4,7 @@ A backend is one of: a downstream MCP server (``mcp/``), a command-line adapter 
 wiki provider (``wiki.py``). The runtime starts each backend's ``run()`` as one supervisor task with
 ``await task_group.start(backend.run)``; ``run`` calls ``task_status.started()`` once the backend is ready *or* has
 failed for the first time (a failing backend never blocks startup), then keeps the backend alive until cancelled.
+Ready means its tools are known: an adapter's probes report later (``wait_checked``).
 
 The contract of ``call_tool``:
   * it returns the provider's ``CallToolResult`` untouched (an ``is_error`` result is an answer, not a failure);
@@ -153,6 +154,11 @@ class Backend(Protocol):
 
     async def run(self, *, task_status: TaskStatus[None]) -> None: ...
 
+    async def wait_checked(self) -> None:
+        """Return once its first health check is whole: ``run`` reports its first outcome as soon as its tools are
+        known, and an adapter's probes (which only decide its rungs, or fail it) may answer later."""
+        ...
+
     async def call_tool(
         self,
         tool: str,
@@ -253,6 +259,9 @@ class BackendBase:
 
     def ladder(self, tool: str, arguments: Mapping[str, Any]) -> Sequence[str | None]:
         return (None,)
+
+    async def wait_checked(self) -> None:
+        return None
 
     @property
     def asks_mid_call(self) -> bool:

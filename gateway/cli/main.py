@@ -389,7 +389,7 @@ def _reloader(gateway: Gateway) -> Callable[[str], Awaitable[None]]:
 
 async def _check(config: Federation, as_json: bool) -> int:
     async with Gateway(config, audit=False).running() as gateway:
-        await gateway.wait_settled(settle_budget(config))
+        await gateway.wait_settled(settle_budget(config, probes=True), checked=True)  # the adapters' probes too
         doc = status_document(gateway)  # its config section names the file checked, as /status names the one served
     if as_json:
         print(json.dumps(doc, indent=2))

@@ -18,6 +18,7 @@ __all__ = [
     "AdapterTool",
     "ExitCodes",
     "HttpServer",
+    "Rewrite",
     "ServerConfig",
     "SseServer",
     "StdioServer",
@@ -211,6 +212,24 @@ class ExitCodes(Model):
     reason, so the route degrades to its next provider, or answers ``isError`` when none is left."""
 
 
+class Rewrite(Model):
+    """A rewrite of a program's text output before it is answered: ``pattern`` (a Python regular expression)
+    replaced by ``replace`` (``\\1`` names a group), e.g. a hint naming the program's own option rewritten to the
+    published argument, or dropped."""
+
+    pattern: str = Field(min_length=1)
+    replace: str = ""
+
+    @field_validator("pattern")
+    @classmethod
+    def _pattern(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"{value!r} is not a regular expression: {exc}") from None
+        return value
+
+
 class AdapterTool(Model):
     description: str = ""
     router: bool = False
@@ -228,9 +247,13 @@ class AdapterTool(Model):
     exit_codes: ExitCodes = ExitCodes()
     audit: dict[str, Annotated[int, Field(ge=0)]] = {}
     """Argument previews kept in the audit ledger: name -> characters (0 = whole value); the rest only hashed."""
+    rewrite: tuple[Rewrite, ...] = ()
+    """Applied in order to the text of an ``output: text`` answer (hints that name what the client cannot send)."""
 
     @model_validator(mode="after")
     def _shape(self) -> AdapterTool:
+        if self.rewrite and self.output != "text":
+            raise ValueError("`rewrite` applies to `output: text` only (a JSON answer is parsed, not reworded)")
         if self.switch is None:
             if self.argv is None:
                 raise ValueError("give either `argv` or `switch` with `variants`")

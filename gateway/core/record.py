@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from typing import Any, Protocol
 
@@ -26,7 +26,16 @@ from gateway.observe.logs import redactor
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.tracing import CallTracer
 
-__all__ = ["META_KEY", "CallRecord", "Instruments", "Recorder", "ledger_name", "step"]
+__all__ = [
+    "DEGRADED_KEY",
+    "META_KEY",
+    "CallRecord",
+    "Instruments",
+    "Recorder",
+    "degradation_note",
+    "ledger_name",
+    "step",
+]
 
 log = structlog.get_logger("gateway.call")
 
@@ -198,9 +207,13 @@ class CallRecord:
                 asked = served or (steps[-1] if steps else None)
                 metrics.observe_request(self.kind, asked.provider if asked is not None else "none", status, seconds)
 
-    def with_meta(self, result: types.CallToolResult, status: str) -> types.CallToolResult:
+    def with_meta(
+        self, result: types.CallToolResult, status: str, output_schema: Mapping[str, Any] | None = None
+    ) -> types.CallToolResult:
         """``result`` with the gateway's ``_meta`` entry: the correlation id, who served it, and the chain when it
-        took more than one step or was degraded."""
+        took more than one step or was degraded. A degraded answer also says so where the model reads (no client
+        shows it ``_meta``): one line at the end of the content, and ``degraded`` in a structured result whose
+        ``output_schema`` leaves room for it."""
         entry: dict[str, Any] = {"id": self.id, "status": status}
         served, steps = self.served(), self.steps
         if served is not None:
@@ -222,7 +235,49 @@ class CallRecord:
         meta = dict(result.meta or {})
         meta[META_KEY] = entry
         result.meta = meta
+        note = degradation_note(steps) if status == "degraded" else None
+        if note is not None:
+            result.content = [*result.content, types.TextContent(text=note)]
+            if isinstance(result.structured_content, dict) and _room_for(output_schema, DEGRADED_KEY):
+                result.structured_content = {**result.structured_content, DEGRADED_KEY: note}
         return result
+
+
+DEGRADED_KEY = "degraded"
+"""The key, in a degraded answer's structured result, of the line that says so."""
+_NOTE_REASON_CHARS = 100
+
+
+def degradation_note(steps: Sequence[AuditStep]) -> str | None:
+    """The line a degraded answer ends with: which step could not serve the call and why (cut short), and who
+    answered instead; None when no step answered or none failed before it."""
+    served = next((s for s in reversed(steps) if s.outcome in ("ok", "is_error")), None)
+    failed = [s for s in steps if s is not served]
+    if served is None or not failed:
+        return None
+    first = failed[0]
+    reason = f"{first.outcome}: {first.reason}" if first.reason else first.outcome
+    if len(reason) > _NOTE_REASON_CHARS:
+        reason = reason[: _NOTE_REASON_CHARS - 1].rstrip() + "…"
+    more = f" (and {len(failed) - 1} more step{'s' if len(failed) > 2 else ''})" if len(failed) > 1 else ""
+    return (
+        f"[gateway] Degraded answer: {_label(first)} could not serve this call ({reason}){more}; "
+        f"{_label(served)} answered instead."
+    )
+
+
+def _label(step: AuditStep) -> str:
+    return f"{step.provider} [{step.variant}]" if step.variant else step.provider
+
+
+def _room_for(schema: Mapping[str, Any] | None, key: str) -> bool:
+    """Whether a structured result the schema describes may carry ``key`` besides its own properties."""
+    if schema is None:
+        return True
+    properties = schema.get("properties")
+    if isinstance(properties, Mapping) and key in properties:
+        return False  # the tool's own field of that name
+    return schema.get("additionalProperties", True) is not False and "unevaluatedProperties" not in schema
 
 
 def _ms(t0: float) -> float:

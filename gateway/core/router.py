@@ -6,7 +6,8 @@ The policy, in one place:
     told as a missing one); arguments the gateway will not pass on (a lone surrogate, nesting beyond
     ``gateway.edge.max_argument_depth``, or what the transport's edge withheld) raise ``InvalidArguments``;
   * a provider's answer, including ``isError``, passes through untouched but for the gateway's ``_meta`` entry and a
-    route's declared result shape (core/results.py); a provider's refusal of its arguments is an ``isError`` answer;
+    route's declared result shape (core/results.py); arguments that break the published schema (checked once, before
+    any provider) or that a provider refuses are an ``isError`` refusal naming the argument;
   * a provider failure (``BackendError``) moves to the next rung of its ladder, then to the next provider of the
     route, all under one deadline (core/budget.py) and each backend's circuit breaker; when every step failed the
     answer is ``isError`` naming each, except a lone provider's JSON-RPC error, which passes through as that error;
@@ -22,8 +23,8 @@ there; ``refuse`` records a request the front refused before routing it (a calle
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager, nullcontext
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
@@ -50,7 +51,7 @@ from gateway.errors import (
     ToolNotFound,
     quote,
 )
-from gateway.inputs import MAX_DEPTH, argument_problem
+from gateway.inputs import MAX_DEPTH, PublishedSchemas, argument_problem
 from gateway.ledger.records import AuditStep
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.tracing import CallTracer
@@ -112,6 +113,7 @@ class Router:
         self._clients = clients
         self.breakers = breakers if breakers is not None else Breakers()
         self._edge = edge
+        self._schemas = PublishedSchemas()
         self.drain = Drain()
 
     def use_instruments(self, recorder: Recorder | None, tracer: CallTracer | None) -> None:
@@ -157,7 +159,7 @@ class Router:
         """One step on ``backend``: counted in flight on it, timed, traced, its failure translated into its step (a
         tool's refusal of its arguments, when ``refusable``, into a ``refused`` step whose answer is the refusal)."""
         tracer = self._instruments.tracer
-        span = tracer.step(label, variant) if tracer is not None else _no_span()
+        span = tracer.step(label, variant) if tracer is not None else nullcontext()
         with structlog.contextvars.bound_contextvars(provider=label), span as current, self.drain.busy(backend):
             with record.attempt(label, variant) as started:
                 outcome: Outcome
@@ -231,7 +233,7 @@ class Router:
                     log.exception("tool.internal_error", error=type(exc).__name__)
                     record.cut("internal_error", type(exc).__name__)
                     result, status = _fault(name, exc), "internal_error"
-            result = record.with_meta(result, status)
+            result = record.with_meta(result, status, entry.tool.output_schema)
             await record.finish(status, result)
             return result
 
@@ -245,6 +247,10 @@ class Router:
         refusal = self._gate(entry.name, record.ctx)
         if refusal is not None:
             return refusal, "refused"
+        invalid = self._schemas.problem(entry.name, entry.tool.input_schema, arguments)
+        if invalid is not None:  # the published schema, held here once for every provider, mode and route
+            record.add("gateway", "refused", invalid.message)
+            return _refusal(invalid), "refused"
         try:
             served = None
             if self.drain.closing is None:
@@ -567,11 +573,6 @@ def _judge(breaker: Any, taken: AuditStep, failure: BackendError | None) -> None
         breaker.failure(taken.reason or failure.outcome, cause=failure.cause)
 
 
-@contextmanager
-def _no_span() -> Iterator[None]:
-    yield None
-
-
 def _failure_result(name: str, steps: list[AuditStep]) -> types.CallToolResult:
     if not steps:
         text = f"Tool {name!r} has no available provider right now."
@@ -592,5 +593,8 @@ def _fault(name: str, exc: Exception) -> types.CallToolResult:
 def _refused(exc: InvalidArguments, published: str, provider: Provider) -> types.CallToolResult:
     """A backend's refusal of its own tool's arguments, told in the client's terms: the published tool (renamed,
     prefixed or a route) and argument."""
-    told = InvalidArguments(published, provider.published_argument(exc.argument), exc.message)
-    return types.CallToolResult(content=[types.TextContent(text=str(told))], is_error=True)
+    return _refusal(InvalidArguments(published, provider.published_argument(exc.argument), exc.message))
+
+
+def _refusal(exc: InvalidArguments) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(text=str(exc))], is_error=True)

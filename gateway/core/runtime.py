@@ -2,7 +2,8 @@
 
 Entering the gateway starts one supervisor task per backend (``Backend.run``) and returns at once: a backend that
 is slow or broken never delays startup or the others. ``wait_settled()`` waits, bounded, until every backend has
-had its first outcome (ready, failed, or disabled) — ``gateway check`` and the first ``tools/list`` use it. Whenever a
+had its first outcome (ready, failed, or disabled: its tools are known, an adapter's probes may answer later) — the
+first handshake and ``tools/list`` use it; ``gateway check`` waits for the probes too. Whenever a
 backend's state or tools change, the catalog is rebuilt and swapped whole, and the change listeners (the server's
 ``list_changed`` broadcast) are told. ``reload(config)`` applies an edited federation backend by backend (the plan
 comes from reload.py): each supervisor runs in its own cancel scope, so one backend can be drained and stopped
@@ -33,6 +34,7 @@ from gateway.auth.secrets import CallerSecrets
 from gateway.backends import processes
 from gateway.backends.base import Backend, BackendState, BackendStatus, DisabledBackend
 from gateway.backends.cli.backend import CliBackend
+from gateway.backends.cli.checks import PROBE_TIMEOUT_S
 from gateway.backends.mcp.session import HttpPool, McpBackend, NotificationHook
 from gateway.backends.wiki.backend import WikiBackend
 from gateway.calls import ClientLink, Upstream
@@ -73,9 +75,20 @@ def _shows_costs(config: Federation) -> bool:
     return config.exposure.mode != "all" or any(mode != "all" for mode in config.exposure.clients.values())
 
 
-def settle_budget(config: Federation) -> float:
-    """How long the first outcome of every backend can take: the slowest handshake, plus a margin."""
+def settle_budget(config: Federation, *, probes: bool = False) -> float:
+    """How long the first outcome of every backend can take: the slowest handshake, plus a margin; with ``probes``,
+    also the slowest adapter's probes (its health probe, then each distinct variant probe, one after the other)."""
     timeouts = [server.connect_timeout_s for server in config.servers.values() if server.enabled]
+    if probes:
+        for adapter in config.adapters.values():
+            variant_probes = {
+                (v.probe.argv, v.probe.timeout_s)
+                for t in adapter.tools.values()
+                for v in t.variants.values()
+                if v.probe
+            }
+            health = PROBE_TIMEOUT_S if adapter.probe is not None else 0.0
+            timeouts.append(health + sum(timeout for _, timeout in variant_probes))
     return max(timeouts, default=0.0) + 5.0
 
 
@@ -315,7 +328,7 @@ class Gateway:
             await anyio.sleep(self.config.gateway.costs_refresh_s)
 
     async def refresh_costs(self) -> None:
-        """Measure costs now (the wiki's estimates, the ledger's medians); a changed figure rebuilds the catalog."""
+        """Measure costs now (the wiki's estimates, the ledger's medians); a band that moved rebuilds the catalog."""
         estimates: dict[str, int] = {}
         for backend in self._backends.values():
             if backend.status.state is BackendState.READY:
@@ -333,7 +346,7 @@ class Gateway:
                 )
             except AuditError as exc:
                 log.warning("costs.ledger_unreadable", error=str(exc))
-        costs = costs_from(stats, estimates)
+        costs = costs_from(stats, estimates, self._costs)  # bands that hold: a list is not new at every refresh
         if costs != self._costs:
             self._costs = costs
             self._rebuild(cause="costs")
@@ -405,11 +418,15 @@ class Gateway:
             await self.wait_settled(STARTUP_WAIT_S)
             self.started = True
 
-    async def wait_settled(self, limit_s: float) -> bool:
-        """Wait until every backend had its first outcome, at most ``limit_s`` seconds. True if all settled."""
+    async def wait_settled(self, limit_s: float, *, checked: bool = False) -> bool:
+        """Wait until every backend had its first outcome (and, when ``checked``, its whole first health check:
+        an adapter's probes), at most ``limit_s`` seconds. True if all settled."""
         with anyio.move_on_after(limit_s):
             for event in self._settled.values():
                 await event.wait()
+            if checked:
+                for backend in list(self._backends.values()):
+                    await backend.wait_checked()
             return True
         return False
 
@@ -432,7 +449,7 @@ class Gateway:
 
     def _rebuild(self, *, cause: str = "backends") -> None:
         """Build the catalog now; a change is logged (``catalog.changed``, saying what changed and why: at debug
-        level when only the measured cost figures in the descriptions moved, as they do every refresh)."""
+        level when only a measured cost band in the descriptions moved)."""
         self._stale = False
         catalog = Catalog.build(self.config, self._backends, self._costs)
         previous = self._catalog

@@ -141,6 +141,19 @@ async def test_protected_resource_metadata_is_served_at_the_path_suffixed_and_th
                 assert response.json() == expected
 
 
+async def test_the_gateway_is_no_authorization_server_and_says_which_one_to_use(world: World) -> None:
+    with anyio.fail_after(10):
+        async with httpx2.AsyncClient(timeout=5) as http:
+            metadata = await http.get(world.gateway.url("/.well-known/oauth-authorization-server"))
+            register = await http.post(world.gateway.url("/register"), json={"redirect_uris": ["http://x/cb"]})
+    for answer in (metadata, register):
+        assert answer.status_code == 404
+        assert answer.json()["error"]["message"] == (
+            "Not found: this gateway is no authorization server; "
+            f"{world.gateway.url('/.well-known/oauth-protected-resource/mcp')} names the one to use."
+        )
+
+
 async def test_a_request_without_a_token_gets_401_naming_the_metadata_and_a_client_can_follow_it_to_a_token(
     world: World,
 ) -> None:
@@ -237,7 +250,11 @@ async def test_a_token_the_issuer_did_not_sign_gets_401(world: World, make: Any,
     assert refused.status_code == 401
     assert challenge(refused)["error"] == "invalid_token"
     assert challenge(refused)["error_description"] == description
-    assert refused.json() == {"error": f"Unauthorized: {description}."}
+    assert refused.json() == {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {"code": -32000, "message": f"Unauthorized: {description}."},
+    }
 
 
 async def test_a_token_without_the_required_scope_gets_403_insufficient_scope_naming_the_scope(world: World) -> None:

@@ -580,6 +580,19 @@ def test_thin_when_and_thin_exit_codes_on_a_tool_without_variants_are_read() -> 
     assert tool.thin_when is not None and tool.thin_when.stdout_contains == "No path found"
 
 
+def test_rewrite_rules_are_read_in_order_and_a_bad_one_is_refused_at_its_key() -> None:
+    tool = "adapters:\n  g:\n    command: g\n    tools:\n      q:\n        argv: [q]\n"
+    text = yaml_text(tool + "        rewrite:\n          - {pattern: 'token_budget=(\\d+)', replace: 'budget=\\1'}\n")
+    (rule,) = parse_config(text, file=FILE, env={}).adapters["g"].tools["q"].rewrite
+    assert (rule.pattern, rule.replace) == (r"token_budget=(\d+)", r"budget=\1")
+    broken = yaml_text(tool + "        rewrite: [{pattern: '(unclosed'}]\n")
+    err = config_error(broken)
+    assert_names(err, "adapters.g.tools.q.rewrite.0.pattern", line_of(broken, "rewrite:"))
+    assert "'(unclosed' is not a regular expression" in err.message
+    parsed = yaml_text(tool + "        output: json\n        rewrite: [{pattern: x}]\n")
+    assert "`rewrite` applies to `output: text` only" in config_error(parsed).message
+
+
 def test_an_adapter_tool_needs_argv_or_a_switch() -> None:
     text = yaml_text("adapters:\n  qmd:\n    command: qmd\n    tools:\n      search: {timeout_s: 3}\n")
     err = config_error(text)

@@ -6,16 +6,17 @@ import json
 import re
 from pathlib import Path
 
+import anyio
 import mcp_types as types
 import pytest
 
 from gateway.calls import Declared
 from gateway.config import Clients
-from gateway.core.costs import Cost, costs_from, fill_placeholders
+from gateway.core.costs import MIN_CALLS, Cost, band, costs_from, fill_placeholders
 from gateway.core.gate import ClientPolicy
 from gateway.ledger.engines import open_reader
 from gateway.ledger.readers import Filters, ToolStats
-from tests.fixtures.gateway_proc import GatewayProcesses, mcp_session
+from tests.fixtures.gateway_proc import PYTHON, GatewayProcesses, echo_argv, mcp_session, run_gateway
 from tests.fixtures.procs import RunningServer
 from tests.fixtures.waiting import eventually
 
@@ -53,16 +54,49 @@ def test_an_unknown_client_counts_as_small_and_the_refusal_points_to_the_cheap_l
     assert text.index("files_search") < text.index("files_neighbors")
 
 
-def test_placeholders_are_filled_with_measured_figures_rounded_to_two_digits() -> None:
-    stats = [ToolStats("files_search", 12, {"ok": 12}, 0.0, 0.0, 41.7, 90.0, 120.0, p50_result_bytes=5_321)]
+def test_placeholders_are_filled_with_bands_of_measured_figures_or_of_the_estimate_until_enough_calls() -> None:
+    stats = [
+        ToolStats("files_search", 12, {"ok": 12}, 0.0, 0.0, 41.7, 90.0, 120.0, p50_result_bytes=5_321),
+        ToolStats("files_read", 4, {"ok": 4}, 0.0, 0.0, 3.0, 4.0, 5.0, p50_result_bytes=800),
+    ]
     costs = costs_from(stats, {"wiki_index": 1_449, "files_search": 10})
-    text = fill_placeholders("index: {cost:wiki_index}; search: {cost:files_search}; x: {cost:nothing}", costs)
-    assert text == (
-        "index: ~1,400 tokens, estimated from the corpus; "
-        "search: ~1,300 tokens, p50 42 ms, median of 12 calls; x: cost not measured yet"
+    text = fill_placeholders(
+        "index: {cost:wiki_index}; search: {cost:files_search}; read: {cost:files_read}; x: {cost:nothing}", costs
     )
-    assert Cost(p50_ms=2_340).text() == "p50 2.3 s"
+    assert text == (
+        "index: ~2,000 tokens; search: ~1,000 tokens, ~50 ms; read: cost not measured yet; x: cost not measured yet"
+    )  # files_read has answered fewer than MIN_CALLS calls: no figure yet
+    assert Cost(p50_ms=2_000).text() == "~2 s"
     assert fill_placeholders("no placeholder", costs) == "no placeholder"
+
+
+@pytest.mark.parametrize(
+    ("median", "held", "published"),
+    [
+        (355.0, 200.0, 200.0),  # within a factor of 1.8 of the band: it holds, though 500 is nearer
+        (361.0, 200.0, 500.0),
+        (112.0, 200.0, 200.0),
+        (110.0, 200.0, 100.0),
+        (140.0, None, 100.0),  # nothing held: the nearest band
+        (150.0, None, 200.0),
+        (0.2, None, 1.0),
+    ],
+)
+def test_a_published_band_holds_until_the_median_leaves_it_by_more_than_the_hold_factor(
+    median: float, held: float | None, published: float
+) -> None:
+    assert band(median, held) == published
+
+
+def test_a_median_wavering_around_a_boundary_never_changes_what_is_published() -> None:
+    published: dict[str, Cost] = {}
+    texts = set()
+    for i in range(200):  # latency and size waver by 10% around 316 ms and 1,580 tokens: midpoints of two bands
+        factor = 1.1 if i % 2 else 0.9
+        stats = [ToolStats("t", 10 + i, {"ok": 10 + i}, 0.0, 0.0, 316 * factor, 0, 0, p50_result_bytes=6_320 * factor)]
+        published = costs_from(stats, {}, published)
+        texts.add(published["t"].text())
+    assert len(texts) == 1, texts
 
 
 # ------------------------------------------------------------------------------------------------ real gateway
@@ -131,19 +165,18 @@ async def test_the_router_note_carries_costs_measured_on_the_live_wiki(
 ) -> None:
     gateway, _ = wiki_gateway
     async with mcp_session(gateway.url(), token=TOKEN) as session:
-        for _ in range(3):
+        for _ in range(MIN_CALLS):
             await session.call_tool("wiki_index", {})
 
-        async def measured() -> bool:
+        async def measured() -> bool:  # the latency is the ledger's: only measured figures have one
             tools = {t.name: t for t in (await session.list_tools()).tools}
-            return re.search(r"index costs [^;]*median of", tools["wiki_index"].description or "") is not None
+            return re.search(r"index costs ~[\d,]+ tokens, ~", tools["wiki_index"].description or "") is not None
 
         await eventually(measured, within=15)
         description = {t.name: t for t in (await session.list_tools()).tools}["wiki_index"].description or ""
-    figure = re.search(r"index costs ~([\d,]+) tokens, p50 (\d+) ms, median of (\d+) calls", description)
+    figure = re.search(r"index costs ~([\d,]+) tokens, ~(\d+) (ms|s);", description)
     assert figure is not None, description
-    assert int(figure.group(1).replace(",", "")) > 50  # 20 pages listed: a real size, not a claim
-    assert int(figure.group(3)) >= 1  # read from the ledger (a refresh may land after the first call)
+    assert int(figure.group(1).replace(",", "")) >= 100  # 20 pages listed: a real size, not a claim
     assert re.search(r"read-all costs ~[\d,]+ tokens", description) is not None
 
 
@@ -160,3 +193,50 @@ async def test_a_refresh_of_the_cost_figures_is_logged_at_debug_saying_so(
     await eventually(lambda: any(c["cause"] == "costs" for c in changes()), within=15)
     assert {(c["cause"], c["level"]) for c in changes()} <= {("backends", "info"), ("costs", "debug")}
     assert all(c["changed"] for c in changes())  # each line says what changed: tools, lists
+
+
+@pytest.mark.anyio
+@pytest.mark.spawns
+async def test_a_tools_list_stays_byte_identical_call_after_call_while_a_tools_cost_stays_in_its_band(
+    tmp_path: Path,
+) -> None:
+    """Tool descriptions head every agent's prompt cache: a list that changed at every cost refresh was a cache miss
+    and a list_changed for every client. 12 calls of a tool that takes 0.2 s, the costs refreshed every 0.1 s: the
+    list changes once, when the measured band replaces "not measured yet", and never again."""
+    config = f"""
+gateway:
+  audit: {{path: {tmp_path / "audit.db"}}}
+  costs_refresh_s: 0.1
+servers:
+  e:
+    transport: stdio
+    command: {PYTHON}
+    args: {json.dumps(echo_argv("--stdio")[1:])}
+    tools:
+      include: [slow]
+      describe: {{slow: "Reports progress while it works. Costs {{cost:slow}}."}}
+"""
+    announced: list[str] = []
+
+    async def on_message(message: object) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            announced.append(message.method)
+
+    lists: list[str] = []
+    with run_gateway(config, tmp_path) as gateway:
+        async with mcp_session(gateway.url(), message_handler=on_message) as session:
+            with anyio.fail_after(60):
+                lists.append(json.dumps((await session.list_tools()).model_dump(mode="json")))
+                for _ in range(12):
+                    await session.call_tool("slow", {"seconds": 0.2, "steps": 1})
+                    lists.append(json.dumps((await session.list_tools()).model_dump(mode="json")))
+
+                async def measured() -> bool:
+                    return "not measured" not in ((await session.list_tools()).tools[0].description or "")
+
+                await eventually(measured, within=15)
+                lists.append(json.dumps((await session.list_tools()).model_dump(mode="json")))
+    assert "cost not measured yet" in lists[0]
+    assert len(set(lists)) == 2, [json.loads(text)["tools"][0]["description"] for text in dict.fromkeys(lists)]
+    assert len(announced) <= 1
+    assert re.search(r"Costs ~\d+ tokens, ~\d+ ms\.", lists[-1]) is not None, lists[-1]

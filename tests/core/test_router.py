@@ -25,7 +25,7 @@ from gateway.errors import (
     ToolNotFound,
 )
 from gateway.ledger.records import AuditStep, args_hash
-from gateway.testing import BLOCK, FakeBackend, FakeRecorder, text_result
+from gateway.testing import BLOCK, FakeBackend, FakeRecorder, make_tool, text_result
 
 pytestmark = pytest.mark.anyio
 
@@ -168,7 +168,11 @@ async def test_a_timeout_on_the_first_provider_moves_to_the_next_and_says_so() -
 
     result = await setup.call("search", {"q": "x"})
 
-    assert text(result) == "from b" and not result.is_error
+    assert text(result) == (
+        "from b\n[gateway] Degraded answer: a/search could not serve this call (timeout: timed out after 15 s); "
+        "b/search answered instead."
+    )  # where the model reads it, since no client shows it _meta
+    assert not result.is_error
     entry = meta(result)
     assert (entry["status"], entry["served_by"]) == ("degraded", "b/search")
     assert entry["requested"] == {"provider": "a/search", "variant": None}
@@ -190,7 +194,11 @@ async def test_a_ladder_degrades_rung_by_rung_until_one_answers() -> None:
     result = await setup.call("files_search", {"query": "cats", "mode": "deep"})
 
     assert [c.variant for c in qmd.calls] == ["deep", "vector", "keyword"]
-    assert text(result) == '[{"doc": 1}]'
+    assert [block.text for block in result.content] == [  # type: ignore[union-attr]
+        '[{"doc": 1}]',
+        "[gateway] Degraded answer: qmd/files_search [deep] could not serve this call (timeout: timed out after "
+        "120 s) (and 1 more step); qmd/files_search [keyword] answered instead.",
+    ]
     entry = meta(result)
     assert (entry["status"], entry["served_by"], entry["variant"]) == ("degraded", "qmd/files_search", "keyword")
     assert entry["requested"] == {"provider": "qmd/files_search", "variant": "deep"}
@@ -199,6 +207,21 @@ async def test_a_ladder_degrades_rung_by_rung_until_one_answers() -> None:
         ("vector", "thin", "no embeddings: empty answer"),
         ("keyword", "ok", None),
     ]
+
+
+async def test_a_degraded_structured_result_gets_no_field_its_output_schema_forbids() -> None:
+    closed = {"type": "object", "properties": {"n": {"type": "integer"}}, "additionalProperties": False}
+    a = FakeBackend("a", [make_tool("search", output_schema=closed)])
+    b = FakeBackend("b", [make_tool("search", output_schema=closed)])
+    a.script("search", BackendUnavailable("a", "connection refused"))
+    b.script("search", text_result("1", structured_content={"n": 1}))
+    setup = Setup(a, b, *fakes()[2:])
+
+    result = await setup.call("search", {"q": "x"})
+
+    assert meta(result)["status"] == "degraded"
+    assert result.structured_content == {"n": 1}  # still valid against the schema a client may check it with
+    assert text(result).endswith("b/search answered instead.")
 
 
 @pytest.mark.parametrize(
@@ -476,7 +499,7 @@ async def test_each_call_leaves_exactly_one_audit_row_with_its_chain_hash_and_de
     assert record.args_hash == args_hash(arguments)
     assert dict(record.arg_preview) == {"query": "hello…", "mode": "deep"}  # only the audit keys; query cut at 5
     assert "not-for-the-ledger" not in repr(record)
-    assert record.result_bytes == len(text(result).encode())
+    assert record.result_bytes == sum(len(block.text.encode()) for block in result.content)  # type: ignore[union-attr]
     assert record.duration_ms >= 0
 
     second = setup.recorder.records[1]

@@ -123,6 +123,6 @@ async def test_a_search_answers_ready_tools_with_health_and_cost_and_skips_down_
 
 def test_a_cost_band_names_the_band_and_the_figures() -> None:
     assert cost_band(None) == "not measured yet"
-    assert cost_band(Cost(300, 12.0, "median of 40 calls")) == "small (~300 tokens, p50 12 ms, median of 40 calls)"
+    assert cost_band(Cost(200, 10.0, "measured")) == "small (~200 tokens, ~10 ms)"
     assert cost_band(Cost(5_000)).startswith("medium (")
     assert cost_band(Cost(50_000)).startswith("large (")

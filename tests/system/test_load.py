@@ -15,7 +15,7 @@ row) and is, by ``i % 10``:
   timeout   ``t__sleep``   -> timeout,  [t/sleep:timeout]               (t's timeout_s is 0.25 s)
   down      ``via_down``   -> degraded, [down/echo:unavailable, e/echo:ok]
   slow      ``via_slow``   -> degraded, [t/slow:timeout, e/echo:ok]
-  refused   ``cli__say``   -> refused,  [cli/say:refused]               (fails the adapter's input schema)
+  refused   ``cli__say``   -> refused,  [gateway:refused]               (fails the adapter's published input schema)
 """
 
 from __future__ import annotations
@@ -93,6 +93,7 @@ adapters:
 routes:
   via_down:
     providers: [down/echo, {{provider: e/echo, arguments: {{text: "{{tag}}"}}}}]
+    schema_from: t/slow    # a schema without required arguments: the gateway holds each call to the one published
     audit: {{tag: {PREVIEW_CHARS}}}
   via_slow:
     providers:
@@ -127,7 +128,7 @@ def plan(session: int, index: int) -> Planned:
         return Planned(session, index, "via_down", {"tag": tag}, "degraded", chain)
     if kind == "slow":
         return Planned(session, index, "via_slow", {"tag": tag}, "degraded", (("t/slow", "timeout"), ("e/echo", "ok")))
-    return Planned(session, index, "cli__say", {"tag": tag}, "refused", (("cli/say", "refused"),))
+    return Planned(session, index, "cli__say", {"tag": tag}, "refused", (("gateway", "refused"),))
 
 
 @dataclass(slots=True)

@@ -1,13 +1,15 @@
 """What a program's run means: an answer, or the ``BackendError`` that says why there is none.
 
 ``answer`` maps an ``Outcome`` through the tool's exit-code map, its ``output`` mode (``text``, ``json``,
-``json_array``: parsed, compact, with ``structuredContent``) and its ``thin_when``; ``exit_description`` words a
-failed run (the exit code or signal, then the tail of stderr, else of stdout) for errors and probes alike.
+``json_array``: parsed, compact, with ``structuredContent``; ``text`` after its ``rewrite`` rules) and its
+``thin_when``; ``exit_description`` words a failed run (the exit code or signal, then the tail of stderr, else of
+stdout) for errors and probes alike.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import signal
 from typing import Any
 
@@ -41,10 +43,11 @@ def answer(backend: str, spec: AdapterTool, thin: ThinWhen | None, outcome: Outc
         raise BackendError(backend, exit_description(outcome))
     if outcome.code not in codes.ok:  # a no_result code: the program's own words, not an error
         _raise_if_thin(backend, thin, not text.strip(), stderr, text)
-        return types.CallToolResult(content=[types.TextContent(type="text", text=text)], _meta={"no_result": True})
+        said = types.TextContent(type="text", text=_rewritten(spec, text))
+        return types.CallToolResult(content=[said], _meta={"no_result": True})
     if spec.output == "text":
         _raise_if_thin(backend, thin, not text.strip(), stderr, text)
-        return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
+        return types.CallToolResult(content=[types.TextContent(type="text", text=_rewritten(spec, text))])
     if not text.strip():
         _raise_if_thin(backend, thin, True, stderr, text)
         raise BackendProtocolError(backend, f"expected {_mode_noun(spec.output)} on stdout, got no output")
@@ -57,6 +60,13 @@ def answer(backend: str, spec: AdapterTool, thin: ThinWhen | None, outcome: Outc
         structured = value
     compact = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
     return types.CallToolResult(content=[types.TextContent(type="text", text=compact)], structured_content=structured)
+
+
+def _rewritten(spec: AdapterTool, text: str) -> str:
+    """``text`` with the tool's ``rewrite`` rules applied in order (hints in the program's own terms)."""
+    for rule in spec.rewrite:
+        text = re.sub(rule.pattern, rule.replace, text)
+    return text
 
 
 def exit_description(outcome: Outcome) -> str:

@@ -4,9 +4,12 @@ An adapter (``adapters:`` in federation.yaml) publishes the tools it declares, s
 one rung of the ladder (``ladder()``): it checks the arguments against the tool's schema and fills its defaults
 before anything is spawned, builds the argv (argv.py: no value becomes an option), runs the program (runs.py: no
 process outlives the call) and maps the outcome to an answer or a ``BackendError`` (answers.py). One deadline covers
-the wait for a concurrency slot and the run, and the error says which ran out. ``run`` checks the program
-(checks.py) at start, then with backoff while FAILED and every ``RECHECK_READY_S`` while READY; a variant its probe
-found unable to run raises ``VariantNotReady`` before anything is spawned, so the ladder moves on at once.
+the wait for a concurrency slot and the run, and the error says which ran out. ``run`` reports its first outcome
+once the configuration, the folder and the command are found (its tools come from the file: nothing is spawned
+before a client may list them), then runs its probes (checks.py), and checks again with backoff while FAILED and
+every ``RECHECK_READY_S`` while READY. A call that comes before the first probes have answered waits for them,
+bounded; a variant its probe found unable to run raises ``VariantNotReady`` before anything is spawned, so the ladder
+moves on at once.
 """
 
 from __future__ import annotations
@@ -85,7 +88,7 @@ class CliBackend(BackendBase):
             for tool, spec in config.tools.items()
         )
         self._unready: dict[tuple[str, str], str] = {}  # (tool, variant) -> why its probe found it cannot run
-        self._probed = anyio.Event()  # set once the first check has probed the variants
+        self._probed = anyio.Event()  # set once the first check has run the probes (or found none to run)
         self._validators: dict[str, ArgumentValidator] = {}
         self._config_problem: str | None = None
         for tool, spec in config.tools.items():
@@ -124,7 +127,8 @@ class CliBackend(BackendBase):
     # -- lifetime
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Check the program, report ready/failed/disabled, then stay alive until cancelled.
+        """Find the program and report ready/failed/disabled (no process spawned: a client's handshake never waits
+        for a probe), then run the probes, then stay alive until cancelled.
 
         On cancellation (gateway shutdown) every live process group is killed and reaped (bounded) before returning.
         """
@@ -132,10 +136,12 @@ class CliBackend(BackendBase):
             raise RuntimeError("CliBackend.run() can only be called once per instance")
         self._ran = True
         try:
-            await self.check()
+            await self.check(probes=False)
             task_status.started()
             if self._status.state is BackendState.DISABLED:
                 await anyio.sleep_forever()
+            if self._status.state is BackendState.READY:
+                await self.check()  # the probes report later: a failed health probe, a variant that cannot run
             await self._supervise()
         finally:
             with anyio.CancelScope(shield=True):
@@ -168,26 +174,34 @@ class CliBackend(BackendBase):
             if attempt.retry_state.outcome is not None and not attempt.retry_state.outcome.failed:
                 attempt.retry_state.set_result(status)  # what the retry predicate judges (tenacity's documented way)
 
-    async def check(self) -> BackendStatus:
-        """Run one health check now (configuration, working directory, command, optional probe); update the state.
+    async def check(self, *, probes: bool = True) -> BackendStatus:
+        """Run one health check now (configuration, working directory, command, and unless ``probes`` is False the
+        health probe and the variants' probes); update the state.
 
         An adapter with ``enabled: false`` is DISABLED with the operator's reason and is never probed.
         """
         if not self._config.enabled:
             self._set_state(BackendState.DISABLED, self._disabled_reason(), declared=True)
+            self._probed.set()
             return self._status
         problem = self._config_problem or await anyio.to_thread.run_sync(checks.locate_problem, self._config)
-        if problem is None and self._config.probe is not None:
+        if problem is None and probes and self._config.probe is not None:
             problem = await checks.probe_problem(self._runs.run, self._config.probe)
         try:
-            if problem is None:
+            if problem is None and probes:
                 self._unready = await checks.unready_variants(self._config, self._runs.run)
                 self._enter_ready(tuple((f"{t}[{v}]", reason) for (t, v), reason in self._unready.items()))
+            elif problem is None:
+                self._enter_ready(self._status.unready)
             else:
                 self._set_state(BackendState.FAILED, problem)
         finally:
-            self._probed.set()
+            if probes or problem is not None:
+                self._probed.set()
         return self._status
+
+    async def wait_checked(self) -> None:
+        await self._probed.wait()
 
     def _enter_ready(self, unready: tuple[tuple[str, str], ...]) -> None:
         """Be READY with these variants not ready (logged as they change); nothing happens when that is so already."""
@@ -259,6 +273,9 @@ class CliBackend(BackendBase):
         """
         del progress
         spec = self._spec(tool)
+        if self._config.probe is not None and not self._probed.is_set():  # the health probe has not answered yet
+            with anyio.move_on_after(checks.PROBE_TIMEOUT_S):
+                await self._probed.wait()
         self._check_callable()
         args = self._validators[tool].prepare(tool, arguments)
         rung = await self._rung(tool, spec, args, variant)

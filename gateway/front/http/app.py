@@ -19,8 +19,8 @@ from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.applications import Starlette
-from starlette.routing import Mount, Route
-from starlette.types import ASGIApp
+from starlette.routing import Match, Mount, Route
+from starlette.types import ASGIApp, Scope
 
 from gateway.auth.oauth import ResourceServer
 from gateway.auth.tokens import Tokens
@@ -72,6 +72,7 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
     )
     return Guard(
         app,
+        serves=partial(_serves, app),
         tokens=tokens,
         loopback=is_loopback(host),
         allowed_hosts=settings.allowed_hosts,
@@ -79,6 +80,14 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
         public_paths=status.public_paths() + UI_PATHS,
         oauth=oauth,
     )
+
+
+def _serves(app: Starlette, scope: Scope) -> bool:
+    """Whether one of ``app``'s routes takes a request for ``scope``'s path (by any method), or for that path with
+    its trailing slash added or removed (Starlette redirects to it: ``/ui`` to ``/ui/``)."""
+    path = scope["path"]
+    other = {**scope, "path": path[:-1] if path.endswith("/") else path + "/"}
+    return any(route.matches(s)[0] is not Match.NONE for s in (scope, other) for route in app.routes)
 
 
 def _sessions(

@@ -5,8 +5,12 @@ Host and Origin are parsed, never prefix-matched: a Host must be exactly ``name[
 ``scheme://host[:port]``, and the parsed host is compared whole (``http://localhost:1.evil.example.com`` is refused);
 on a loopback bind only loopback names pass unless configured (DNS-rebinding protection). A bearer is a static token
 (``Tokens``) or, with ``gateway.auth.oauth``, a JWT access token verified by ``auth/oauth.py``; either becomes the
-request's ``Caller`` (front/scope.py), and refusals carry the RFC 6750 challenge naming the Protected Resource
-Metadata. A refusal, and any answer to a caller without a token, carries ``Connection: close``, so a connection that
+request's ``Caller`` (front/scope.py), and refusals carry the RFC 6750 challenge (``error="invalid_token"`` for a
+token offered and refused; with OAuth, naming the Protected Resource Metadata). A path the gateway does not serve is
+404 to anyone, before auth (so a client's OAuth discovery and registration at the gateway end at once). Every refusal
+is a JSON-RPC error document, which MCP clients show word for word; a static-token refusal is logged
+(``auth.refused``, once per kind and client address a minute, counting the rest; never the token). A refusal, and
+any answer to a caller without a token, carries ``Connection: close``, so a connection that
 outlives its first response belongs to a token holder (connections.py relies on that to keep room for them). CORS
 for browser-based clients comes after the Host/Origin checks: the metadata for any admitted origin, ``/mcp`` for the
 origins of ``gateway.allowed_origins`` only.
@@ -17,7 +21,8 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import re
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
 
 import anyio
@@ -32,12 +37,17 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.auth.oauth import Refusal, ResourceServer
 from gateway.auth.tokens import Tokens
 from gateway.calls import Caller
-from gateway.front.http.replies import reply
+from gateway.errors import quote
+from gateway.front.http.replies import reply, rpc_error
 from gateway.front.scope import set_caller
 
-__all__ = ["Guard", "is_loopback"]
+__all__ = ["REFUSED", "Guard", "RefusalLog", "is_loopback"]
 
 log = structlog.get_logger("gateway.http")
+
+REFUSED = -32000
+"""The JSON-RPC error code of the guard's refusals (the implementation-defined server-error range, as the reference
+SDK's transports answer a refused request); the HTTP status says which refusal it is."""
 
 _LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 _PORT = re.compile(r"^[0-9]{1,5}$")
@@ -67,8 +77,12 @@ class Guard:
         allowed_origins: Sequence[str] = (),
         public_paths: Sequence[str] = ("/healthz",),
         oauth: ResourceServer | None = None,
+        serves: Callable[[Scope], bool] | None = None,
     ) -> None:
         self.app = app
+        self.serves = serves
+        """Whether the app serves a request's path (None: every path); one it does not is 404, before auth."""
+        self.refusals = RefusalLog()
         self.tokens = tokens
         self.oauth = oauth
         self.required = bool(tokens) or oauth is not None
@@ -125,8 +139,11 @@ class Guard:
         if origin is not None and not self._origin_ok(origin.decode("latin-1")):
             await _refuse(receive, send, 403, "Forbidden: Origin not allowed.")
             return
-        scope[_AUTHORIZATION] = authorization.decode("latin-1") if authorization is not None else None
         path = scope["path"]
+        if path != "/mcp" and self.serves is not None and not self.serves(scope):
+            await _refuse(receive, send, 404, self._not_found(path))
+            return
+        scope[_AUTHORIZATION] = authorization.decode("latin-1") if authorization is not None else None
         cors = self.mcp_cors if path == "/mcp" else self.metadata_cors if path in self.metadata_paths else None
         if cors is None:
             await self._authenticated(scope, receive, send)
@@ -171,20 +188,72 @@ class Guard:
             scope["user"] = AuthenticatedUser(access)
         elif self.required:
             if not public:
-                challenge = self.oauth.challenge() if self.oauth is not None else 'Bearer realm="mcp-gateway"'
-                await _refuse(
-                    receive,
-                    send,
-                    401,
-                    "Unauthorized: a valid bearer token is required.",
-                    [(b"www-authenticate", challenge.encode())],
-                )
+                await self._unauthorized(scope, receive, send, authorization)
                 return
             send = _closing(send)  # only token holders keep a connection open (connections.py counts on it)
         await self.app(scope, receive, send)
 
+    def _not_found(self, path: str) -> str:
+        """The 404's sentence: for an OAuth discovery or sign-in path, what to do instead (a client shows it)."""
+        if _SIGN_IN.match(path) is None:
+            return f"Not found: this gateway serves nothing at {quote(path)}."
+        if self.oauth is None:
+            return "Not found: this gateway does no OAuth sign-in; it takes a bearer token from its operator."
+        return f"Not found: this gateway is no authorization server; {self.oauth.metadata_url} names the one to use."
+
+    async def _unauthorized(self, scope: Scope, receive: Receive, send: Send, authorization: str | None) -> None:
+        """401 for a request without a token the gateway accepts. Without OAuth, a bearer token offered is told
+        ``invalid_token`` (RFC 6750 3.1; none offered: no error code), and the refusal is logged."""
+        if self.oauth is not None:  # no bearer offered (a JWT offered was refused by the verifier, with its reason)
+            text, challenge = "Unauthorized: a valid bearer token is required.", self.oauth.challenge()
+        elif _bearer(authorization) is not None:
+            text = "Unauthorized: the bearer token is not valid for this gateway."
+            challenge = 'Bearer realm="mcp-gateway", error="invalid_token", error_description="the token is not valid"'
+            self.refusals.note(scope, "invalid_token", "a bearer token the gateway does not hold")
+        else:
+            text, challenge = "Unauthorized: a valid bearer token is required.", 'Bearer realm="mcp-gateway"'
+            self.refusals.note(scope, "missing_token", "no bearer token")
+        await _refuse(receive, send, 401, text, [(b"www-authenticate", challenge.encode())])
+
+
+class RefusalLog:
+    """The log of static-token refusals: one ``auth.refused`` line per kind (``error``) and client address every
+    ``every_s`` seconds, the next one counting those left out meanwhile (``suppressed``). Never the token."""
+
+    def __init__(self, every_s: float = 60.0, most: int = 1_000) -> None:
+        self.every_s = every_s
+        self._most = most
+        self._last: dict[tuple[str, str], tuple[float, int]] = {}  # (error, client) -> (last logged, left out since)
+
+    def note(self, scope: Scope, error: str, reason: str) -> None:
+        """One refusal of ``scope`` for ``error``: logged unless one like it was within ``every_s``."""
+        client = scope.get("client")
+        address = str(client[0]) if client else "unknown"
+        key, now = (error, address), time.monotonic()
+        last = self._last.get(key)
+        if last is not None and now - last[0] < self.every_s:
+            self._last[key] = (last[0], last[1] + 1)
+            return
+        if len(self._last) >= self._most:
+            self._last.clear()  # many addresses at once: start counting afresh rather than grow
+        self._last[key] = (now, 0)
+        (log.warning if error == "invalid_token" else log.info)(
+            "auth.refused",
+            status=401,
+            error=error,
+            reason=reason,
+            client=address,
+            path=scope.get("path"),
+            suppressed=last[1] if last is not None else 0,
+        )
+
 
 _REFUSED = {401: "Unauthorized", 403: "Forbidden", 503: "Service unavailable"}
+_SIGN_IN = re.compile(
+    r"^/(\.well-known/(oauth-authorization-server|openid-configuration|oauth-protected-resource)|register|authorize|token)"
+    r"(/|$)"
+)
+"""The paths of OAuth discovery and sign-in that clients try at an MCP server after a 401."""
 _AUTHORIZATION = "gateway.authorization"
 """The scope key under which the Guard hands ``_authenticated`` the request's Authorization header (or None)."""
 
@@ -316,7 +385,8 @@ REFUSAL_DRAIN_S = 1.0
 async def _refuse(
     receive: Receive, send: Send, status: int, text: str, extra: Sequence[tuple[bytes, bytes]] = ()
 ) -> None:
-    """A refusal. The connection is closed with it: a refused client holds no connection (connections.py).
+    """A refusal: ``status``, and ``text`` as a JSON-RPC error without an id (what the client's SDK shows). The
+    connection is closed with it: a refused client holds no connection (connections.py).
 
     The request's body is read first (up to ``REFUSAL_DRAIN_BYTES``, within ``REFUSAL_DRAIN_S``): a client may send
     the body after the head, and body bytes reaching a socket already closed make the kernel answer with a reset,
@@ -329,4 +399,4 @@ async def _refuse(
             if message["type"] != "http.request" or not message.get("more_body", False):
                 break
             read += len(message.get("body", b""))
-    await reply(send, status, {"error": text}, [(b"connection", b"close"), *extra])
+    await reply(send, status, rpc_error(None, REFUSED, text), [(b"connection", b"close"), *extra])

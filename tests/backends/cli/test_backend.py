@@ -579,9 +579,9 @@ async def test_a_failed_adapter_is_rechecked_with_growing_waits_and_heals_when_i
     checks: list[float] = []
     check = backend.check
 
-    async def counted() -> BackendStatus:
+    async def counted(*, probes: bool = True) -> BackendStatus:
         checks.append(anyio.current_time())
-        return await check()
+        return await check(probes=probes)
 
     monkeypatch.setattr(backend, "check", counted)
     with anyio.fail_after(10):

@@ -7,19 +7,22 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any, cast
 
 import anyio
 import httpx2
 import pytest
 from starlette.types import Message, Receive, Scope, Send
+from structlog.testing import capture_logs
 
 from gateway.auth.tokens import Tokens
 from gateway.backends.base import BackendState
 from gateway.config import Federation, parse_config
 from gateway.core.catalog import Catalog
 from gateway.core.runtime import Gateway
-from gateway.front.http.guard import Guard, is_loopback
+from gateway.front.http import guard as guard_module
+from gateway.front.http.guard import Guard, RefusalLog, is_loopback
 from gateway.front.http.status import status_document
 from gateway.front.scope import caller_of
 from gateway.testing import FakeBackend
@@ -138,7 +141,7 @@ async def test_a_request_without_the_right_token_gets_401_with_a_bearer_challeng
     response = await get(guard(app), token=token)
     assert response.status_code == 401
     assert response.headers["www-authenticate"].startswith("Bearer")
-    assert "bearer token" in response.json()["error"]
+    assert "bearer token" in response.json()["error"]["message"]
     assert app.paths == []  # refused before any app work
 
 
@@ -427,3 +430,17 @@ def test_the_status_document_shows_every_backend_with_state_reason_and_tool_coun
     doc = status_document(stub_gateway(config, a, b))
     assert doc["status"] == "ok" and "connections" not in doc and "sessions" not in doc
     assert {row["name"]: row["declared"] for row in doc["backends"]} == {"a": False, "b": True}
+
+
+def test_the_refusal_log_says_in_its_next_line_how_many_refusals_it_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(guard_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    refusals = RefusalLog(every_s=60)
+    scope: dict[str, Any] = {"client": ("10.0.0.7", 5123), "path": "/mcp"}
+    with capture_logs() as logs:
+        for _ in range(5):
+            refusals.note(scope, "invalid_token", "a bearer token the gateway does not hold")
+        refusals.note({**scope, "client": ("10.0.0.8", 1)}, "invalid_token", "a bearer token the gateway does not hold")
+        clock[0] += 61
+        refusals.note(scope, "invalid_token", "a bearer token the gateway does not hold")
+    assert [(e["client"], e["suppressed"]) for e in logs] == [("10.0.0.7", 0), ("10.0.0.8", 0), ("10.0.0.7", 4)]
