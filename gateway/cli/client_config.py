@@ -13,11 +13,9 @@ import json5
 
 from gateway.errors import ConfigError
 
-__all__ = ["FORMATS", "Format", "detect", "parse_client_config"]
+__all__ = ["Format", "detect", "parse_client_config"]
 
 Format = Literal["claude", "vscode"]
-FORMATS = ("auto", "claude", "vscode")
-"""``claude``: ``{"mcpServers": ...}`` (Claude Desktop, Claude Code, Cursor); ``vscode``: ``{"servers": ...}``."""
 
 
 def parse_client_config(text: str, *, file: str = "<memory>") -> Any:

@@ -18,7 +18,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import structlog
 import yaml
 from pydantic import ValidationError
 
@@ -29,8 +28,6 @@ from gateway.config.policies import RULES, caller_limits_advice
 from gateway.errors import ConfigError
 
 __all__ = ["ConfigProblems", "add_project_tools", "environ", "load_config", "parse_config"]
-
-log = structlog.get_logger("gateway.config")
 
 Lines = dict[tuple[str, ...], int]
 """Every key path of the document -> the 1-based line of its key."""
@@ -166,9 +163,11 @@ def parse_config(text: str, *, file: str = "<memory>", env: Mapping[str, str] | 
     if problems:
         raise _refuse(problems)
     if "caller_limits" in fed.gateway.auth.model_fields_set:
+        import structlog  # only here: reading a file does not load the logging stack (`gateway import` starts fast)
+
         line = lines.get(RULES)
         advice = caller_limits_advice(fed.gateway.auth.caller_limits, fed.policies)
-        log.warning(
+        structlog.get_logger("gateway.config").warning(
             "config.deprecated",
             message=f"{file}{f':{line}' if line else ''}: gateway.auth.caller_limits is deprecated (read as the "
             f"policies' limits, every caller limited as before): {advice}",
