@@ -17,10 +17,14 @@
     └── AuditError             the audit ledger cannot be opened or written
 
 Foreign errors (httpx2, anyio, OSError, mcp) are translated into these at the seam, in ``backends/``. Client input
-echoed into a message goes through ``quote`` (cut to ``ECHO_CHARS``).
+echoed into a message goes through ``quote`` (cut to ``ECHO_CHARS``); ``did_you_mean`` is the gateway's one guess at
+a misspelt name (a tool argument's, a configuration key's or value's).
 """
 
 from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
 
 ECHO_CHARS = 120
 """Characters of client input quoted in an error message (a name, a URI, an argument path); the rest is counted."""
@@ -28,6 +32,16 @@ ECHO_CHARS = 120
 
 URI_CHARS = 2048
 """Characters of a client's URI echoed in an error's data (a real URI fits; a megabyte of one does not)."""
+
+
+MISSPELT = 0.75
+"""How alike (difflib's ratio) a name must be to another to be taken for its misspelling."""
+
+
+def did_you_mean(word: str, choices: Iterable[str], *, most: int = 1, cutoff: float = MISSPELT) -> list[str]:
+    """The ``choices`` that look most like ``word``, best first, at most ``most`` of them (difflib's similarity
+    ratio, at least ``cutoff``); empty when none does."""
+    return difflib.get_close_matches(word, list(choices), n=most, cutoff=cutoff)
 
 
 def clip(text: str, limit: int = ECHO_CHARS) -> str:

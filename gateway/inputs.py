@@ -11,11 +11,10 @@ Client input is echoed into a message only cut to ``ECHO_CHARS`` (``quote``, err
 from __future__ import annotations
 
 import copy
-import difflib
 import json
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import referencing
@@ -23,7 +22,7 @@ import referencing.exceptions
 from jsonschema import exceptions as jsonschema_errors  # type: ignore[import-untyped]
 from jsonschema import validators as jsonschema_validators
 
-from gateway.errors import ECHO_CHARS, InvalidArguments, quote
+from gateway.errors import ECHO_CHARS, InvalidArguments, did_you_mean, quote
 
 __all__ = [
     "ECHO_CHARS",
@@ -40,17 +39,8 @@ MAX_DEPTH = 64
 """Nesting levels an argument value may have (``{"a": {"b": 1}}`` is 2 deep); far above what any tool schema uses,
 far below the few hundred where pydantic's serializer and ``json`` give up."""
 
-MISSPELT = 0.75
-"""How alike (difflib's ratio) a name must be to another to be taken for its misspelling."""
-
 _MESSAGE_CHARS = 500  # a message jsonschema words itself is cut here
 _LISTED = 20  # names or values listed in a message before the rest are counted
-
-
-def did_you_mean(word: str, choices: Iterable[str], *, most: int = 1, cutoff: float = MISSPELT) -> list[str]:
-    """The ``choices`` that look most like ``word``, best first, at most ``most`` of them (difflib's similarity
-    ratio, at least ``cutoff``); empty when none does."""
-    return difflib.get_close_matches(word, list(choices), n=most, cutoff=cutoff)
 
 
 # --------------------------------------------------------------------------------------------------- the three rules

@@ -251,7 +251,7 @@ def test_the_same_secret_used_twice_shares_one_variable_and_different_ones_do_no
 def test_an_entry_that_does_not_validate_is_skipped_with_the_models_reason() -> None:
     result = convert_servers({"ftp": {"type": "http", "url": "ftp://example.com/mcp"}, "ok": {"command": "ok"}})
     assert result.servers == ("ok",) and result.skipped == ("ftp",)
-    assert "server 'ftp': not a valid servers entry (url: String should match pattern" in report(result)
+    assert "server 'ftp': not a valid servers entry (url: must be an http:// or https:// URL" in report(result)
 
 
 def test_entries_without_a_command_or_url_and_non_objects_are_skipped() -> None:
