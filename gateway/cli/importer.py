@@ -132,6 +132,7 @@ def convert(data: Any, *, fmt: str = "auto", source: str = "<memory>") -> Import
         out[name] = entry
     if not servers:
         converter.report.append("the file declares no servers")
+    converter.report += converter.fetching()
 
     label = {"claude": "Claude Desktop / Claude Code / Cursor", "vscode": "VS Code"}[chosen]
     header = [

@@ -28,7 +28,7 @@ from gateway.config.policies import RULES, caller_limits_advice
 from gateway.config.wording import guess, keys_at, plain
 from gateway.errors import ConfigError
 
-__all__ = ["ConfigProblems", "add_project_tools", "environ", "load_config", "parse_config"]
+__all__ = ["ConfigProblems", "add_project_tools", "environ", "load_config", "parse_config", "passed_environment"]
 
 Lines = dict[tuple[str, ...], int]
 """Every key path of the document -> the 1-based line of its key."""
@@ -331,6 +331,18 @@ def _looked_in(file: str) -> str:
 def environ(name: str) -> str | None:
     """Read one environment variable (the rest of the gateway does not touch ``os.environ``)."""
     return os.environ.get(name)
+
+
+def passed_environment(pass_env: Iterable[str], env: Mapping[str, str]) -> dict[str, str]:
+    """A spawned program's environment: the variables ``pass_env`` names that the gateway has (``NAME*``: every one
+    starting with NAME), then ``env``, which wins."""
+    passed: dict[str, str] = {}
+    for name in pass_env:
+        if name.endswith("*"):
+            passed.update((key, value) for key, value in os.environ.items() if key.startswith(name[:-1]))
+        elif (value := os.environ.get(name)) is not None:
+            passed[name] = value
+    return passed | dict(env)
 
 
 def add_project_tools(config_file: str, prefix: str) -> str | None:

@@ -180,6 +180,21 @@ def convert_servers(servers: dict[str, Any], key: str = "mcpServers") -> Importe
     return convert({key: servers}, source="test.json")
 
 
+def test_servers_started_by_a_package_runner_get_one_line_on_what_it_needs_from_the_environment() -> None:
+    result = convert_servers(
+        {
+            "fs": {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-filesystem", "/tmp"]},
+            "memory": {"command": "/usr/local/bin/npx", "args": ["-y", "@modelcontextprotocol/server-memory"]},
+            "time": {"command": "uvx", "args": ["mcp-server-time"]},
+            "local": {"command": "node", "args": ["server.js"]},
+        }
+    )
+    lines = [line for line in result.report if "fetches the server when it is not cached yet" in line]
+    assert [line.split(" start")[0] for line in lines] == ["servers 'fs', 'memory'", "server 'time'"]
+    assert "with npx," in lines[0] and "with uvx," in lines[1]
+    assert all("NODE_EXTRA_CA_CERTS" in line and "pass_env" in line and "connect_timeout_s" in line for line in lines)
+
+
 def test_names_are_sanitised_to_the_backend_rule_without_colliding() -> None:
     result = convert_servers(
         {
