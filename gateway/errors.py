@@ -163,9 +163,13 @@ class BackendAnswerTooLarge(BackendProtocolError):
 
 
 class ToolNotFound(GatewayError):
-    def __init__(self, name: str) -> None:
+    """No tool of that name is served to this caller; ``why`` says whose it is and why it is off, when the
+    configuration declares it (a disabled backend's tool)."""
+
+    def __init__(self, name: str, why: str | None = None) -> None:
         self.name = name
-        super().__init__(f"Unknown tool: {quote(name)}.")
+        self.why = why
+        super().__init__(f"Unknown tool: {quote(name)}: {why}." if why else f"Unknown tool: {quote(name)}.")
 
 
 class InvalidArguments(GatewayError):

@@ -199,14 +199,18 @@ class Router:
             InvalidArguments: arguments the gateway will not pass on (status ``invalid_params``); no backend asked.
             BackendRpcError: the lone provider answered with a JSON-RPC error (passed through by the server).
         """
-        entry = self._catalog().get(name)
+        catalog = self._catalog()
+        entry = catalog.get(name)
         if entry is None:
             if self._instruments.metrics is not None:
                 self._instruments.metrics.observe_unknown_tool()
             record = self._record("tools/call", ledger_name(name), ctx)
             with record.open(span=False, bind={"tool": quote(name)}):
                 await record.finish("unknown_tool")
-            raise ToolNotFound(name)
+            off = catalog.unserved.get(name)  # whose it is and why it is off, for a caller who may know it exists
+            raise ToolNotFound(
+                name, off.why if off is not None and (ctx.visible is None or name in ctx.visible) else None
+            )
         arguments = dict(arguments or {})
         record = self._record("tools/call", entry.name, ctx, arguments=arguments, audit=entry.audit)
         with record.open():
