@@ -75,6 +75,7 @@ def stats_to_json(item: ToolStats) -> dict[str, Any]:
         "tool": item.tool,
         **kind,
         "calls": item.calls,
+        "refused": item.refused,
         "by_status": dict(item.by_status),
         "error_rate": item.error_rate,
         "degraded_rate": item.degraded_rate,
@@ -143,23 +144,32 @@ def render_records(records: Sequence[AuditRecord], as_json: bool) -> str:
 
 
 def render_stats(items: Sequence[ToolStats], as_json: bool) -> str:
-    """Per-tool statistics as a table (rates in percent, latencies in ms) or as a JSON array."""
+    """Per-tool statistics as a table (refusals counted apart; rates in percent and latencies in ms, of the calls
+    not refused; "-" when there is none) or as a JSON array."""
     if as_json:
         return json.dumps([stats_to_json(item) for item in items], ensure_ascii=False, indent=2)
+
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+
+    def pct(rate: float, item: ToolStats) -> str:
+        return f"{rate * 100:.1f}" if item.answered else "-"
+
     rows = [
         [
             item.tool if item.kind == "tools/call" else f"{item.tool} ({item.kind})",
             str(item.calls),
-            f"{item.error_rate * 100:.1f}",
-            f"{item.degraded_rate * 100:.1f}",
-            f"{item.p50_ms:.1f}",
-            f"{item.p95_ms:.1f}",
-            f"{item.p99_ms:.1f}",
+            str(item.refused),
+            pct(item.error_rate, item),
+            pct(item.degraded_rate, item),
+            ms(item.p50_ms),
+            ms(item.p95_ms),
+            ms(item.p99_ms),
         ]
         for item in items
     ]
-    headers = ("TOOL", "CALLS", "ERROR%", "DEGRADED%", "P50 MS", "P95 MS", "P99 MS")
-    return _table(headers, rows, frozenset(range(1, 7)), (0,) * 7)
+    headers = ("TOOL", "CALLS", "REFUSED", "ERROR%", "DEGRADED%", "P50 MS", "P95 MS", "P99 MS")
+    return _table(headers, rows, frozenset(range(1, 8)), (0,) * 8)
 
 
 def run_audit(

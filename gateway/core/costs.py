@@ -64,10 +64,10 @@ def costs_from(stats: Iterable[ToolStats], estimates: Mapping[str, int]) -> dict
         name: Cost(tokens, None, "estimated from the corpus") for name, tokens in estimates.items()
     }
     for item in stats:
-        if item.calls == 0:
+        if item.answered == 0:  # only refusals: nothing measured of the tool itself
             continue
         tokens = math.ceil(item.p50_result_bytes / BYTES_PER_TOKEN)
-        costs[item.tool] = Cost(tokens, item.p50_ms, f"median of {item.calls:,} calls")
+        costs[item.tool] = Cost(tokens, item.p50_ms, f"median of {item.answered:,} calls")
     return costs
 
 
