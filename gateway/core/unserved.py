@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from gateway.backends.base import Backend, BackendState
 from gateway.config import WIKI_TOOLS, Federation
 
-__all__ = ["Unserved", "unserved"]
+__all__ = ["Unserved", "unserved", "why_off"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +58,12 @@ def unserved(
         why = f"it is a route none of whose providers is available: {', '.join(down)}"
         found.setdefault(route, Unserved(tuple(dict.fromkeys(steps)), why))
     return found
+
+
+def why_off(found: Mapping[str, Unserved], name: str, visible: Collection[str] | None) -> str | None:
+    """Why ``name`` is off, for a caller whose policy would show it (``visible``: None, every tool); else None."""
+    off = found.get(name)
+    return off.why if off is not None and (visible is None or name in visible) else None
 
 
 def _state(backend: Backend | None) -> str:
