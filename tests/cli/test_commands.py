@@ -98,3 +98,27 @@ def test_audit_without_db_and_without_a_federation_yaml_says_to_pass_db(
     err = capsys.readouterr().err
     assert "federation.yaml: file not found" in err
     assert "pass --db FILE instead" in err
+
+
+@pytest.mark.spawns
+def test_check_strict_exits_1_when_a_backend_failed_and_0_when_every_one_is_ready_or_declared_off(
+    tmp_path: Path,
+) -> None:
+    ready = "adapters:\n  t: {command: sh, tools: {x: {argv: [-c, 'echo ok']}}}\n"
+    off = "  off: {transport: stdio, command: x, enabled: false}\n"
+    failing = "  gone: {transport: stdio, command: definitely-not-a-command-xyz}\n"
+    path = tmp_path / "federation.yaml"
+
+    def check(text: str, *options: str) -> subprocess.CompletedProcess[str]:
+        path.write_text(text)
+        argv = [sys.executable, "-m", "gateway", "check", "-c", str(path), *options]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=90, env=os.environ)
+
+    assert check(ready + "servers:\n" + off, "--strict").returncode == 0
+    assert check(ready + "servers:\n" + off + failing).returncode == 0  # without --strict: reported, not fatal
+    strict = check(ready + "servers:\n" + off + failing, "--strict")
+    assert strict.returncode == 1
+    assert strict.stderr.splitlines() == [
+        "gateway check --strict: backend 'gone' is failed: command not found: definitely-not-a-command-xyz"
+    ]
+    assert "gone" in strict.stdout  # the table is printed as ever
