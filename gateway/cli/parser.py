@@ -13,7 +13,6 @@ import time
 from datetime import datetime
 
 from gateway.ledger.records import KINDS, STATUSES
-from gateway.version import VERSION
 
 __all__ = [
     "AUDIT_DB_FROM_CONFIG",
@@ -33,10 +32,21 @@ _RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 
 
+class _Version(argparse.Action):
+    """``--version``: the version is read from the package's metadata only when asked for (importlib.metadata is a
+    third of what a command that serves nothing costs to start)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        from gateway.version import VERSION
+
+        print(f"{parser.prog} {VERSION}")  # stdout, as argparse's own version action
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole ``gateway`` command line."""
     parser = argparse.ArgumentParser(prog="gateway", description="One MCP endpoint in front of many backends.")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
+    parser.add_argument("--version", action=_Version, nargs=0, help="show the version and exit")
     parser.add_argument(
         "--log-level",
         default=None,
