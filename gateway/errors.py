@@ -17,10 +17,15 @@
     └── AuditError             the audit ledger cannot be opened or written
 
 Foreign errors (httpx2, anyio, OSError, mcp) are translated into these at the seam, in ``backends/``. Client input
-echoed into a message goes through ``quote`` (cut to ``ECHO_CHARS``).
+echoed into a message goes through ``quote`` (cut to ``ECHO_CHARS``); ``did_you_mean`` is the gateway's one guess at
+a misspelt name (a tool argument's, a configuration key's or value's).
 """
 
 from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterable
 
 ECHO_CHARS = 120
 """Characters of client input quoted in an error message (a name, a URI, an argument path); the rest is counted."""
@@ -28,6 +33,32 @@ ECHO_CHARS = 120
 
 URI_CHARS = 2048
 """Characters of a client's URI echoed in an error's data (a real URI fits; a megabyte of one does not)."""
+
+
+MISSPELT = 0.75
+"""How alike (difflib's ratio) a name must be to another to be taken for its misspelling."""
+
+
+def did_you_mean(
+    word: str, choices: Iterable[str], *, most: int = 1, cutoff: float = MISSPELT, by_words: bool = False
+) -> list[str]:
+    """The ``choices`` that look most like ``word``, best first, at most ``most`` of them (difflib's similarity
+    ratio, at least ``cutoff``); empty when none does. ``by_words``: then also a choice whose words (split at ``_``,
+    ``-`` and camelCase) are all in ``word``, or all of ``word``'s in it: another program's name for the same thing
+    (``token_budget`` or ``--budget`` for ``budget``)."""
+    options = list(choices)
+    close = difflib.get_close_matches(word, options, n=most, cutoff=cutoff)
+    if by_words and len(close) < most:
+        said = _words(word)
+        for option in options:
+            words = _words(option)
+            if option not in close and said and words and (words <= said or said <= words):
+                close.append(option)
+    return close[:most]
+
+
+def _words(name: str) -> frozenset[str]:
+    return frozenset(part.lower() for part in re.findall(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])", name))
 
 
 def clip(text: str, limit: int = ECHO_CHARS) -> str:
@@ -149,9 +180,13 @@ class BackendAnswerTooLarge(BackendProtocolError):
 
 
 class ToolNotFound(GatewayError):
-    def __init__(self, name: str) -> None:
+    """No tool of that name is served to this caller; ``why`` says whose it is and why it is off, when the
+    configuration declares it (a disabled backend's tool)."""
+
+    def __init__(self, name: str, why: str | None = None) -> None:
         self.name = name
-        super().__init__(f"Unknown tool: {quote(name)}.")
+        self.why = why
+        super().__init__(f"Unknown tool: {quote(name)}: {why}." if why else f"Unknown tool: {quote(name)}.")
 
 
 class InvalidArguments(GatewayError):

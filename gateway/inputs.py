@@ -12,11 +12,10 @@ Client input is echoed into a message only cut to ``ECHO_CHARS`` (``quote``, err
 from __future__ import annotations
 
 import copy
-import difflib
 import json
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import referencing
@@ -24,7 +23,7 @@ import referencing.exceptions
 from jsonschema import exceptions as jsonschema_errors  # type: ignore[import-untyped]
 from jsonschema import validators as jsonschema_validators
 
-from gateway.errors import ECHO_CHARS, InvalidArguments, quote
+from gateway.errors import ECHO_CHARS, InvalidArguments, did_you_mean, quote
 
 __all__ = [
     "ECHO_CHARS",
@@ -42,33 +41,8 @@ MAX_DEPTH = 64
 """Nesting levels an argument value may have (``{"a": {"b": 1}}`` is 2 deep); far above what any tool schema uses,
 far below the few hundred where pydantic's serializer and ``json`` give up."""
 
-MISSPELT = 0.75
-"""How alike (difflib's ratio) a name must be to another to be taken for its misspelling."""
-
 _MESSAGE_CHARS = 500  # a message jsonschema words itself is cut here
 _LISTED = 20  # names or values listed in a message before the rest are counted
-
-
-def did_you_mean(
-    word: str, choices: Iterable[str], *, most: int = 1, cutoff: float = MISSPELT, by_words: bool = False
-) -> list[str]:
-    """The ``choices`` that look most like ``word``, best first, at most ``most`` of them (difflib's similarity
-    ratio, at least ``cutoff``); empty when none does. ``by_words``: then also a choice whose words (split at ``_``,
-    ``-`` and camelCase) are all in ``word``, or all of ``word``'s in it: another program's name for the same thing
-    (``token_budget`` or ``--budget`` for ``budget``)."""
-    options = list(choices)
-    close = difflib.get_close_matches(word, options, n=most, cutoff=cutoff)
-    if by_words and len(close) < most:
-        said = _words(word)
-        for option in options:
-            words = _words(option)
-            if option not in close and said and words and (words <= said or said <= words):
-                close.append(option)
-    return close[:most]
-
-
-def _words(name: str) -> frozenset[str]:
-    return frozenset(part.lower() for part in re.findall(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])", name))
 
 
 # --------------------------------------------------------------------------------------------------- the three rules

@@ -36,7 +36,7 @@ import pytest
 
 READY_TIMEOUT_S = 60.0  # initdb + first start on a loaded 2-core machine; a restart after a crash replays WAL
 STOP_TIMEOUT_S = 30.0
-INSTALL_HINT = "scripts/install installs the Debian packages postgresql, redis-server and haproxy when run as root"
+INSTALL_HINT = "scripts/install --tests installs the Debian packages postgresql, redis-server and haproxy as root"
 
 
 def engines_required() -> bool:

@@ -1,17 +1,17 @@
 """``gateway audit tail|query|stats|copy``: the ledger read back as an aligned terminal table or as JSON.
 
-The renderers are pure functions of the records they are given. ``add_audit_subcommands`` mounts the ``audit``
-command on the CLI's argparse subparsers and ``run_audit`` runs it; both leave the ledger to the caller (``--db``, a
-SQLite file or a ``postgresql://`` URL, defaulting to what the CLI passes as ``default_db``). ``copy`` copies a
-SQLite ledger into a PostgreSQL one (``--to``), skipping the rows already there. JSON output is one array for
-``query`` and ``stats`` and one object per line (JSON Lines) for ``tail``, so ``tail --follow --json`` can be piped.
+The renderers are pure functions of the records they are given. ``add_audit_subcommands`` (cli/parser.py) mounts
+the ``audit`` command on the CLI's argparse subparsers and ``run_audit`` runs it; both leave the ledger to the caller
+(``--db``, a SQLite file or a ``postgresql://`` URL, defaulting to what the CLI passes as ``default_db``). ``copy``
+copies a SQLite ledger into a PostgreSQL one (``--to``), skipping the rows already there. JSON output is one array
+for ``query`` and ``stats`` and one object per line (JSON Lines) for ``tail``, so ``tail --follow --json`` can be
+piped.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -20,39 +20,22 @@ from typing import Any, TextIO
 
 import anyio
 
+from gateway.cli.parser import add_audit_subcommands, parse_time
 from gateway.errors import AuditError
 from gateway.ledger.engines import open_reader
 from gateway.ledger.readers import Filters, ToolStats
-from gateway.ledger.records import KINDS, STATUSES, AuditRecord
+from gateway.ledger.records import AuditRecord
 from gateway.ledger.urls import is_url, redact_url
 
-_RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
-_UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
-
-
-def parse_time(text: str, *, now: float | None = None) -> float:
-    """A unix time from ``now``, a relative age (``90s``, ``15m``, ``1h``, ``2d``, ``1w``: that long ago), an ISO 8601
-    time (without an offset it is local time) or a plain unix timestamp.
-
-    Raises:
-        ValueError: the text is none of these.
-    """
-    current = time.time() if now is None else now
-    if text.strip() == "now":
-        return current
-    if match := _RELATIVE.match(text):
-        return current - float(match[1]) * _UNIT_S[match[2]]
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        moment = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise ValueError(
-            f"{text!r} is not a time: use an age like 15m, 1h or 2d, an ISO 8601 time, or a unix timestamp."
-        ) from None
-    return (moment if moment.tzinfo else moment.astimezone()).timestamp()
+__all__ = [
+    "add_audit_subcommands",
+    "parse_time",
+    "record_to_json",
+    "render_records",
+    "render_stats",
+    "run_audit",
+    "stats_to_json",
+]
 
 
 def record_to_json(rec: AuditRecord) -> dict[str, Any]:
@@ -92,6 +75,7 @@ def stats_to_json(item: ToolStats) -> dict[str, Any]:
         "tool": item.tool,
         **kind,
         "calls": item.calls,
+        "refused": item.refused,
         "by_status": dict(item.by_status),
         "error_rate": item.error_rate,
         "degraded_rate": item.degraded_rate,
@@ -160,83 +144,32 @@ def render_records(records: Sequence[AuditRecord], as_json: bool) -> str:
 
 
 def render_stats(items: Sequence[ToolStats], as_json: bool) -> str:
-    """Per-tool statistics as a table (rates in percent, latencies in ms) or as a JSON array."""
+    """Per-tool statistics as a table (refusals counted apart; rates in percent and latencies in ms, of the calls
+    not refused; "-" when there is none) or as a JSON array."""
     if as_json:
         return json.dumps([stats_to_json(item) for item in items], ensure_ascii=False, indent=2)
+
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+
+    def pct(rate: float, item: ToolStats) -> str:
+        return f"{rate * 100:.1f}" if item.answered else "-"
+
     rows = [
         [
             item.tool if item.kind == "tools/call" else f"{item.tool} ({item.kind})",
             str(item.calls),
-            f"{item.error_rate * 100:.1f}",
-            f"{item.degraded_rate * 100:.1f}",
-            f"{item.p50_ms:.1f}",
-            f"{item.p95_ms:.1f}",
-            f"{item.p99_ms:.1f}",
+            str(item.refused),
+            pct(item.error_rate, item),
+            pct(item.degraded_rate, item),
+            ms(item.p50_ms),
+            ms(item.p95_ms),
+            ms(item.p99_ms),
         ]
         for item in items
     ]
-    headers = ("TOOL", "CALLS", "ERROR%", "DEGRADED%", "P50 MS", "P95 MS", "P99 MS")
-    return _table(headers, rows, frozenset(range(1, 7)), (0,) * 7)
-
-
-def _time_arg(text: str) -> float:
-    try:
-        return parse_time(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def add_audit_subcommands(
-    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
-    *,
-    default_db: str = "audit.db",
-    read_default: str | None = None,
-    copy_default: str | None = None,
-) -> argparse.ArgumentParser:
-    """Add ``audit`` (``tail``, ``query``, ``stats``, ``copy``) to the CLI's subparsers; run what it parses with
-    ``run_audit``. ``read_default`` / ``copy_default`` say in the help what ``--db`` means when it is left out (the
-    caller resolves ``default_db`` to it); without them the help shows ``default_db``."""
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--db",
-        default=default_db,
-        help=f"the ledger: a SQLite file or a postgresql:// URL (default: {read_default or default_db})",
-    )
-    common.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    filters = argparse.ArgumentParser(add_help=False)
-    filters.add_argument("--tool", help="only this tool")
-    filters.add_argument("--status", choices=STATUSES, help="only calls with this status")
-    filters.add_argument("--client", help="only calls from this client (its name)")
-    filters.add_argument("--kind", choices=KINDS, help="only requests of this kind (default: every kind)")
-    window = argparse.ArgumentParser(add_help=False)
-    window.add_argument("--since", type=_time_arg, help="from this time: 1h, 2d, 2025-06-01T12:00, a unix time")
-    window.add_argument("--until", type=_time_arg, help="before this time (same forms as --since)")
-
-    audit = subparsers.add_parser("audit", help="read the audit ledger", description="Read the audit ledger.")
-    commands = audit.add_subparsers(dest="audit_command", required=True, metavar="{tail,query,stats,copy}")
-    tail_parser = commands.add_parser(
-        "tail", parents=[common, filters], help="show the latest calls, and with --follow every new one"
-    )
-    tail_parser.add_argument("-n", "--lines", type=int, default=10, help="how many recent calls to show first")
-    tail_parser.add_argument("-f", "--follow", action="store_true", help="keep printing calls as they are recorded")
-    tail_parser.add_argument("--interval", type=float, default=0.5, help="seconds between polls with --follow")
-    tail_parser.set_defaults(since=None, until=None)
-    query_parser = commands.add_parser("query", parents=[common, filters, window], help="list calls matching filters")
-    query_parser.add_argument("--limit", type=int, default=100, help="the most (newest) calls to list; 0 for all")
-    commands.add_parser("stats", parents=[common, filters, window], help="per-tool calls, error rates and latency")
-    copy_parser = commands.add_parser(
-        "copy",
-        help="copy a SQLite ledger into PostgreSQL (rows already there are skipped, so it can be re-run)",
-        description="Copy the SQLite ledger --db into the PostgreSQL ledger --to, in order; a re-run copies only "
-        "the rows not there yet.",
-    )
-    copy_parser.add_argument(
-        "--db", default=default_db, help=f"the SQLite ledger file (default: {copy_default or default_db})"
-    )
-    copy_parser.add_argument(
-        "--to", default=None, help="the PostgreSQL ledger's postgresql:// URL (default: gateway.audit.url)"
-    )
-    return audit
+    headers = ("TOOL", "CALLS", "REFUSED", "ERROR%", "DEGRADED%", "P50 MS", "P95 MS", "P99 MS")
+    return _table(headers, rows, frozenset(range(1, 8)), (0,) * 8)
 
 
 def run_audit(

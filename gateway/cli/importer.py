@@ -20,7 +20,8 @@ from typing import Any, TextIO
 
 import yaml
 
-from gateway.cli.client_config import FORMATS, detect, parse_client_config
+from gateway.cli.client_config import detect, parse_client_config
+from gateway.cli.parser import FORMATS, add_import_subcommand
 from gateway.cli.server_entry import EntryConverter, Variable, federation_names
 from gateway.config import parse_config
 from gateway.errors import ConfigError
@@ -131,6 +132,7 @@ def convert(data: Any, *, fmt: str = "auto", source: str = "<memory>") -> Import
         out[name] = entry
     if not servers:
         converter.report.append("the file declares no servers")
+    converter.report += converter.fetching()
 
     label = {"claude": "Claude Desktop / Claude Code / Cursor", "vscode": "VS Code"}[chosen]
     header = [
@@ -152,28 +154,6 @@ def convert(data: Any, *, fmt: str = "auto", source: str = "<memory>") -> Import
 
 
 # --------------------------------------------------------------------------------------------------- command
-
-
-def add_import_subcommand(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
-    """Add ``import`` to the CLI's subparsers; run what it parses with ``run_import`` (it needs no federation.yaml)."""
-    parser = subparsers.add_parser(
-        "import",
-        help="turn a client's mcpServers JSON (Claude Desktop, Claude Code, Cursor, VS Code) into servers: entries",
-        description=(
-            "Print the servers of a client's MCP config as federation.yaml `servers:` entries; the report (renames, "
-            "secrets moved to ${VAR}, what could not be mapped) goes to stderr."
-        ),
-    )
-    parser.add_argument("file", help="claude_desktop_config.json, .mcp.json, ~/.cursor/mcp.json, .vscode/mcp.json")
-    parser.add_argument(
-        "--format",
-        choices=FORMATS,
-        default="auto",
-        help="claude: {mcpServers} (Claude Desktop, Claude Code, Cursor); vscode: {servers}; auto: by the top key",
-    )
-    parser.add_argument("-o", "--output", help="write the YAML to this file instead of stdout")
-    parser.add_argument("--force", action="store_true", help="overwrite --output if it exists")
-    return parser
 
 
 def run_import(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:

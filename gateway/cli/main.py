@@ -1,166 +1,53 @@
 """The ``gateway`` command: serve | check | tools | audit | import.
 
-``gateway serve`` stops on SIGTERM or SIGINT: it stops taking connections, lets the calls in progress finish for at
-most ``gateway.drain_s``, answers the rest with "the gateway is shutting down" (a ``cancelled`` row each), stops the
-backends and their processes, and exits 0. A second signal cuts the drain short; it never skips the ledger or the
-processes. On Linux the pid that receives the signals is a small supervisor (``processes.supervise``) that forwards
-them and, should the gateway die by SIGKILL, kills every process it left. docs/operations.md, "Shutdown and
-processes", has what holds on each signal, measured.
+Each command imports what it runs once the command line is parsed (the grammar is parser.py): ``--version``,
+``--help`` and ``import`` never load the server stack, ``audit`` with ``--db`` needs no federation.yaml, and only
+``serve``, ``check`` and ``tools`` start a gateway (serving.py). On Linux the pid of ``gateway serve`` that receives
+the signals is a small supervisor (``processes.supervise``) that forwards them and, should the gateway die by
+SIGKILL, kills every process it left.
 
-Exit codes: 0 success (``check`` too, even with failed or disabled backends: they are reported, not fatal);
-2 an invalid configuration or command line (the message names the file, the key path and the line), or any other
-failure the gateway raises on purpose while starting (a ``GatewayError``, such as an audit ledger that cannot be
-opened): one sentence on stderr, never a traceback, even when it was raised inside a task group; 1 anything else that
-stops a command.
+Exit codes: 0 success (``check`` too, even with failed or disabled backends: they are reported, not fatal, unless
+``--strict``, which exits 1 when one failed); 2 an invalid configuration or command line (the message names the
+file, the key path and the line), or any other failure the gateway raises on purpose while starting (a
+``GatewayError``, such as an audit ledger that cannot be opened): one sentence on stderr, never a traceback, even
+when it was raised inside a task group; 1 anything else that stops a command.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
-import errno
-import functools
-import importlib.util
-import json
-import math
-import signal
-import socket
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
-from dataclasses import replace
-from typing import Any
+from collections.abc import Sequence
 
-import anyio
-import structlog
-
-from gateway.auth.tokens import Tokens
-from gateway.backends.processes import become_subreaper, supervise
-from gateway.calls import Caller
-from gateway.cli.audit import add_audit_subcommands, run_audit
-from gateway.cli.importer import add_import_subcommand, run_import
-from gateway.config import Federation, add_project_tools, environ, load_config
-from gateway.core.policies import Views
-from gateway.core.reload import watch_config
-from gateway.core.runtime import Gateway, settle_budget
+from gateway.cli.parser import AUDIT_DB_FROM_CONFIG, build_parser
 from gateway.errors import ConfigError, GatewayError
-from gateway.front.face import Face
-from gateway.front.http.app import build_app
-from gateway.front.http.connections import (
-    PARSERS,
-    edge_protocol,
-    effective_max_connections,
-    quiet_edge_logs,
-    raise_open_files_limit,
-)
-from gateway.front.http.guard import is_loopback
-from gateway.front.http.status import status_document
-from gateway.observe.logs import config_secrets, configure_logging, redactor
-from gateway.version import VERSION
 
 __all__ = ["main"]
 
-log = structlog.get_logger("gateway.cli")
-
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-AUDIT_DB_FROM_CONFIG = "gateway.audit.path"
 CHECK_REPORTS = ("backend.state", "backend.variant_not_ready")  # events whose content `check` prints in its table
-ANSWER_GRACE_S = 1.0
-"""After the drain, how long the answers (the shutdown's error results included) have to reach their callers."""
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gateway", description="One MCP endpoint in front of many backends.")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
-    parser.add_argument(
-        "--log-level",
-        default=None,
-        help="debug | info | warning | error (default: info for serve, else warning; check leaves out the backend "
-        "states its table shows unless this is given)",
-    )
-    parser.add_argument("--log-json", action="store_true", default=None, help="JSON log lines even on a terminal")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    def config_arg(p: argparse.ArgumentParser) -> None:
-        p.add_argument("-c", "--config", default="federation.yaml", help="federation.yaml (default: ./federation.yaml)")
-
-    serve = sub.add_parser("serve", help="serve MCP over streamable HTTP at /mcp (or over stdio with --stdio)")
-    config_arg(serve)
-    serve.add_argument("--host", help="bind address (default: gateway.listen.host, else 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="port (default: gateway.listen.port, else 8080)")
-    serve.add_argument("--stdio", action="store_true", help="serve over stdin/stdout instead of HTTP")
-
-    check = sub.add_parser("check", help="validate the file, connect to every backend, report states and reasons")
-    config_arg(check)
-    check.add_argument("--json", action="store_true", help="machine-readable output")
-
-    tools = sub.add_parser("tools", help="the merged catalog as a client would see it")
-    config_arg(tools)
-    tools.add_argument("--json", action="store_true", help="machine-readable output")
-    tools.add_argument("--full", action="store_true", help="whole descriptions, not their first line")
-    tools.add_argument(
-        "--caller", metavar="NAME", help="only what this caller's policy shows (a static token's name, or ISSUER:SUB)"
-    )
-
-    audit = add_audit_subcommands(
-        sub,
-        default_db=AUDIT_DB_FROM_CONFIG,
-        read_default="gateway.audit.url when set, else gateway.audit.path",  # what main() resolves it to
-        copy_default="gateway.audit.path",
-    )
-    config_arg(audit)
-    add_import_subcommand(sub)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
+    if args.command == "import":  # converts a client's JSON: needs no federation.yaml and starts nothing
+        from gateway.cli.importer import run_import
+
+        return run_import(args)
+    from gateway.observe.logs import configure_logging
+
     level = args.log_level or ("info" if args.command == "serve" else "warning")
     # check's table states each backend's state, reason and not-ready variant: at the default level their log lines
     # would say it a second time (a --log-level asked for writes them, as a timeline)
     quiet = CHECK_REPORTS if args.command == "check" and args.log_level is None else ()
     configure_logging(level, json=args.log_json, quiet=quiet)
-    if args.command == "import":  # converts a client's JSON: needs no federation.yaml
-        return run_import(args)
     try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        print(f"gateway: invalid configuration: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    _register_secrets(config)
-    if args.command == "serve" and not (args.stdio and sys.stdin.isatty()) and threading.active_count() == 1:
-        # From here on this process is the gateway's supervisor's child (backends/processes.py); a terminal's
-        # stdin would make the gateway, in a process group of its own, stop on reading it (SIGTTIN).
-        supervise()
-    if args.command in ("serve", "check", "tools"):
-        # Orphans of the programs the gateway spawns re-parent to it, so none escapes (backends/processes.py).
-        become_subreaper()
-        tools = add_project_tools(config.source, sys.prefix)  # scripts/install's .tools/bin, when not on PATH
-        if tools is not None:
-            log.info("gateway.tools_path", folder=tools, message="the project's tools are first on PATH")
-    try:
-        if args.command == "serve":
-            # GATEWAY_UVLOOP=1: serve on uvloop, a measurement switch (docs/benchmarks.md, section 8): 3-13% less
-            # CPU per call in interleaved runs, not yet the default.
-            uvloop = environ("GATEWAY_UVLOOP") == "1"
-            if uvloop and importlib.util.find_spec("uvloop") is None:
-                print("gateway: GATEWAY_UVLOOP=1 needs the uvloop package (pip install uvloop)", file=sys.stderr)
-                return 2
-            return anyio.run(_serve, config, args, backend_options={"use_uvloop": uvloop})
-        if args.command == "check":
-            return anyio.run(_check, config, args.json)
-        if args.command == "tools":
-            return anyio.run(_tools, config, args.json, args.full, args.caller)
-        if args.command == "audit":
-            audit = config.gateway.audit
-            if args.audit_command == "copy":
-                args.to = args.to or audit.url
-                if args.db == AUDIT_DB_FROM_CONFIG:
-                    args.db = audit.path
-            elif args.db == AUDIT_DB_FROM_CONFIG:
-                args.db = audit.url or audit.path  # the ledger the gateway writes
+        if args.command == "audit" and not _needs_config(args):
+            from gateway.cli.audit import run_audit
+
             return run_audit(args)
+        return _run(args)
     except KeyboardInterrupt:
         return EXIT_OK
     except (GatewayError, BaseExceptionGroup) as exc:  # e.g. tracing on without its SDK, a ledger that cannot open
@@ -170,7 +57,49 @@ def main(argv: Sequence[str] | None = None) -> int:
         for error in errors:
             print(f"gateway: {_sentence(error)}", file=sys.stderr)
         return EXIT_USAGE
-    return EXIT_USAGE
+
+
+def _needs_config(args: argparse.Namespace) -> bool:
+    """Whether an ``audit`` command needs federation.yaml: only for a ledger (or ``copy``'s target) it was not given."""
+    return args.db == AUDIT_DB_FROM_CONFIG or (args.audit_command == "copy" and not args.to)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """A command that reads federation.yaml: ``serve``, ``check``, ``tools``, or ``audit`` without ``--db``."""
+    from gateway.config import load_config
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"gateway: invalid configuration: {exc}", file=sys.stderr)
+        if args.command == "audit":
+            wanted = "--to URL" if args.db != AUDIT_DB_FROM_CONFIG else "--db FILE"
+            hint = f"audit reads the file only for the ledger it names: pass {wanted} instead"
+            print(f"gateway: ({hint})", file=sys.stderr)
+        return EXIT_USAGE
+    from gateway.cli.serving import register_secrets
+
+    register_secrets(config)
+    if args.command == "audit":
+        from gateway.cli.audit import run_audit
+
+        audit = config.gateway.audit
+        if args.audit_command == "copy":
+            args.to = args.to or audit.url
+            if args.db == AUDIT_DB_FROM_CONFIG:
+                args.db = audit.path
+        elif args.db == AUDIT_DB_FROM_CONFIG:
+            args.db = audit.url or audit.path  # the ledger the gateway writes
+        return run_audit(args)
+    if args.command == "serve" and not (args.stdio and sys.stdin.isatty()) and threading.active_count() == 1:
+        from gateway.backends.processes import supervise
+
+        # From here on this process is the gateway's supervisor's child (backends/processes.py); a terminal's
+        # stdin would make the gateway, in a process group of its own, stop on reading it (SIGTTIN).
+        supervise()
+    from gateway.cli.serving import run
+
+    return run(config, args)
 
 
 def _gateway_errors(exc: BaseException) -> list[GatewayError] | None:
@@ -191,272 +120,6 @@ def _gateway_errors(exc: BaseException) -> list[GatewayError] | None:
 
 def _sentence(error: GatewayError) -> str:
     return f"invalid configuration: {error}" if isinstance(error, ConfigError) else str(error)
-
-
-def _register_secrets(config: Federation) -> None:
-    """Teach the log redactor every secret the configuration carries (the rules: ``_logging.config_secrets``) and
-    every bearer token, before anything is logged."""
-    secrets = config_secrets(config)
-    tokens = environ(config.gateway.auth.tokens_env)
-    if tokens:
-        secrets += Tokens(tokens).secrets
-    redactor.add(secrets)
-
-
-# ----------------------------------------------------------------------------------------------- serve
-
-
-async def _serve(config: Federation, args: argparse.Namespace) -> int:
-    if args.stdio:
-        return await _serve_stdio(config)
-    host = args.host or config.gateway.listen.host
-    port = args.port if args.port is not None else config.gateway.listen.port
-    tokens = Tokens(environ(config.gateway.auth.tokens_env))
-    oauth = config.gateway.auth.oauth is not None
-    if not tokens and not oauth:
-        if not is_loopback(host):
-            print(
-                f"gateway: refusing to serve on {host} without a bearer token: set {config.gateway.auth.tokens_env} "
-                "(comma-separated tokens, optionally name=token), configure gateway.auth.oauth, or bind to 127.0.0.1",
-                file=sys.stderr,
-            )
-            return EXIT_USAGE
-        log.warning(
-            "auth.disabled",
-            message=f"NO BEARER TOKENS ({config.gateway.auth.tokens_env} is empty): serving on loopback only, "
-            "any local process can call every tool",
-        )
-    import uvicorn
-
-    class _Uvicorn(uvicorn.Server):
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            # uvicorn would re-raise SIGTERM after its own shutdown, killing the process before the backends (and
-            # their child processes) are stopped; the gateway handles the signals itself instead.
-            yield
-
-    parser = environ("GATEWAY_HTTP_PARSER") or "h11"
-    if parser not in PARSERS:
-        print(f"gateway: GATEWAY_HTTP_PARSER must be one of {', '.join(PARSERS)}, not {parser!r}", file=sys.stderr)
-        return EXIT_USAGE
-    limits = config.gateway.limits  # read at start: a reload does not change them
-    max_connections = effective_max_connections(limits, raise_open_files_limit())
-    quiet_edge_logs(asyncio.get_running_loop())
-    # Bound before any backend starts: a port in use is one sentence, not a traceback after the backends' start.
-    with _bound_socket(host, port) as listening:
-        async with Gateway(config).running() as gateway:
-            app = build_app(gateway, host=host, tokens=tokens)
-            server = _Uvicorn(
-                uvicorn.Config(
-                    app,
-                    host=host,
-                    port=port,
-                    log_level="warning",
-                    lifespan="on",
-                    access_log=False,
-                    # deadlines and the cap (connections.py), on h11 unless GATEWAY_HTTP_PARSER=httptools
-                    http=edge_protocol(limits, max_connections=max_connections, parser=parser),
-                    backlog=max_connections,  # one accept burst opens at most this many sockets (connections.py)
-                    timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]  # uvicorn takes any number here
-                    # A backstop only: _stop_http ends the connections first (an idle stream does not hold the exit).
-                    timeout_graceful_shutdown=math.ceil(config.gateway.drain_s + 2 * ANSWER_GRACE_S),
-                )
-            )
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(_stop_on_signals, gateway, functools.partial(_stop_http, server, gateway))
-                tg.start_soon(watch_config, config.source, _reloader(gateway))
-                log.info(
-                    "gateway.serving",
-                    url=f"http://{host}:{port}/mcp",
-                    backends=len(gateway.backends),
-                    auth=bool(tokens) or oauth,
-                    oauth=oauth,
-                )
-                await server.serve(sockets=[listening])
-                tg.cancel_scope.cancel()
-    log.info("gateway.stopped")
-    return EXIT_OK
-
-
-_BIND_FAILURES = {
-    errno.EADDRINUSE: "the address is already in use (another gateway or program listens there; pass --port or "
-    "change gateway.listen)",
-    errno.EACCES: "permission denied (a port below 1024 needs privileges)",
-    errno.EADDRNOTAVAIL: "no interface of this machine has that address",
-}
-
-
-def _bound_socket(host: str, port: int) -> socket.socket:
-    """The listening address, bound as uvicorn binds it (its own failure is a log line and ``sys.exit(3)``).
-
-    Raises:
-        GatewayError: the address cannot be bound, in one sentence naming it and the cause.
-    """
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        cause = _BIND_FAILURES.get(exc.errno or 0, exc.strerror or str(exc))
-        raise GatewayError(f"Cannot listen on {host}:{port}: {cause}") from None
-    return sock
-
-
-async def _stop_on_signals(gateway: Gateway, stop: Callable[[anyio.Event], Coroutine[Any, Any, None]]) -> None:
-    """The first SIGINT/SIGTERM starts the shutdown (``stop``: drain, then cancel what is left); a second one
-    cuts the drain short (``hurry``). Neither kills the process: the shutdown always writes the ledger and stops
-    the children (the table in docs/operations.md, "Shutdown and processes")."""
-    hurry = anyio.Event()
-    stopping = False
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with anyio.create_task_group() as tg:
-            async for signum in signals:
-                name = signal.Signals(signum).name
-                if not stopping:
-                    stopping = True
-                    log.info("gateway.stopping", signal=name, drain_s=gateway.config.gateway.drain_s)
-                    tg.start_soon(stop, hurry)
-                else:
-                    log.warning("gateway.stopping_now", signal=name, calls=gateway.router.drain.calls_in_progress())
-                    hurry.set()
-
-
-async def _stop_http(server: Any, gateway: Gateway, hurry: anyio.Event) -> None:
-    """Stop taking connections, drain the calls, then give the answers ANSWER_GRACE_S to be written and close
-    what is still open (idle event streams: nothing anyone waits for)."""
-    server.should_exit = True
-    await gateway.drain(hurry)
-    with anyio.move_on_after(ANSWER_GRACE_S):
-        while server.server_state.tasks:  # noqa: ASYNC110 - uvicorn offers no event for it
-            await anyio.sleep(0.02)
-    for task in list(server.server_state.tasks):
-        task.cancel(msg="the gateway is shutting down")
-
-
-async def _serve_stdio(config: Federation) -> int:
-    from gateway.front.stdio import stdio_edge  # the SDK's stdio_server() where stdin/stdout are not pipes
-
-    async with Gateway(config).running() as gateway:
-        server = Face(gateway).server()
-        async with anyio.create_task_group() as tg:
-
-            async def stop(hurry: anyio.Event) -> None:
-                await gateway.drain(hurry)
-                await anyio.sleep(ANSWER_GRACE_S)  # the answers are written to stdout meanwhile
-                tg.cancel_scope.cancel()
-
-            async def answer_what_was_read() -> None:
-                # stdin ended with requests unanswered: each gets its answer (a call at least its row) before the
-                # session ends, which would cancel them. One waiting for the backends to start waits on (bounded);
-                # the calls then have drain_s, as at a signal, and the answers ANSWER_GRACE_S to be sent. Each
-                # sleep is a bound: the edge ends this wait as soon as every request read is answered.
-                await gateway.wait_started()
-                limit = gateway.config.gateway.drain_s
-                await anyio.sleep(limit)
-                gateway.stop_calls(f"the gateway is shutting down: its stdin closed (calls had {limit:g} s to finish)")
-                await anyio.sleep(ANSWER_GRACE_S)
-
-            tg.start_soon(_stop_on_signals, gateway, stop)
-            tg.start_soon(watch_config, config.source, _reloader(gateway))
-            async with stdio_edge(answer_what_was_read) as (read, write):
-                await server.run(read, write, server.create_initialization_options())
-            tg.cancel_scope.cancel()  # the client closed stdin: shut down
-    return EXIT_OK
-
-
-def _reloader(gateway: Gateway) -> Callable[[str], Awaitable[None]]:
-    """Re-read the file and apply it; a broken edit is refused (named by file, key path and line) and the
-    configuration in effect keeps serving."""
-
-    async def reload(reason: str) -> None:
-        source = gateway.config.source
-        try:
-            config = await anyio.to_thread.run_sync(load_config, source)
-            _register_secrets(config)
-            await gateway.reload(config)
-        except ConfigError as exc:  # invalid, or it would remove every backend (gateway.allow_no_backends)
-            gateway.reload_error = str(exc)
-            log.error("reload.refused", reason=reason, error=str(exc), message="keeping the configuration in effect")
-            return
-        gateway.reload_error = None
-
-    return reload
-
-
-# ----------------------------------------------------------------------------------------------- check / tools
-
-
-async def _check(config: Federation, as_json: bool) -> int:
-    async with Gateway(config, audit=False).running() as gateway:
-        await gateway.wait_settled(settle_budget(config, probes=True), checked=True)  # the adapters' probes too
-        doc = status_document(gateway)  # its config section names the file checked, as /status names the one served
-    if as_json:
-        print(json.dumps(doc, indent=2))
-        return EXIT_OK
-    rows = [("NAME", "KIND", "STATE", "TOOLS", "REASON")]
-    for b in doc["backends"]:
-        reason = b["reason"] or ""
-        if b["declared"]:
-            reason = f"(declared) {reason}"
-        rows.append((b["name"], b["kind"], b["state"], str(b["tools"]), reason))
-        for variant in b["variants_not_ready"]:  # a ready backend whose variant cannot run here (its probe said)
-            rows.append(("", "", "", "", f"(detected) variant {variant['variant']} not ready: {variant['reason']}"))
-    print(f"config: {config.source}  (valid)")
-    print(_table(rows))
-    print(f"catalog: {doc['catalog']['tools']} tools; status: {doc['status']}")
-    for problem in doc["catalog"]["problems"]:
-        print(f"  problem: {problem}")
-    return EXIT_OK
-
-
-async def _tools(config: Federation, as_json: bool, full: bool, caller: str | None = None) -> int:
-    async with Gateway(config, audit=False).running() as gateway:
-        await gateway.wait_settled(settle_budget(config))
-        await gateway.refresh_costs()  # show {cost:TOOL} placeholders filled, as clients see them
-        catalog = gateway.catalog
-        entries = list(catalog.entries.values())
-        view = Views().view(catalog, Caller(caller)) if caller is not None else None
-        if view is not None:  # that caller's view: its tools, their descriptions as it is shown them
-            shown = {tool["name"]: tool.get("description") for tool in view.list_result["tools"]}
-            entries = [
-                replace(e, tool=e.tool.model_copy(update={"description": shown[e.name]}))
-                for e in entries
-                if e.name in shown
-            ]
-    if as_json:
-        out: list[dict[str, Any]] = [
-            {
-                "name": e.name,
-                "providers": [p.label for p in e.providers],
-                "description": e.tool.description,
-                "input_schema": e.tool.input_schema,
-            }
-            for e in entries
-        ]
-        print(json.dumps(out, indent=2))
-        return EXIT_OK
-    rows = [("TOOL", "PROVIDERS", "DESCRIPTION")]
-    for e in entries:
-        description = (e.tool.description or "").strip()
-        rows.append(
-            (
-                e.name,
-                " -> ".join(p.label for p in e.providers),
-                description if full else description.split("\n")[0][:80],
-            )
-        )
-    print(_table(rows))
-    return EXIT_OK
-
-
-def _table(rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    lines = []
-    for row in rows:
-        cells = [cell.ljust(widths[i]) for i, cell in enumerate(row[:-1])]
-        lines.append("  ".join([*cells, row[-1]]).rstrip())
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.config import BACKEND_NAME_RE
+from gateway.config import BACKEND_NAME_RE, PACKAGE_RUNNERS
 
 __all__ = ["EntryConverter", "Variable", "federation_names"]
 
@@ -129,9 +129,26 @@ class EntryConverter:
                     self.inputs[item["id"]] = item
         self.report: list[str] = []
         self.variables: dict[str, Variable] = {}
+        self.fetchers: dict[str, list[str]] = {}
+        """A command that fetches its server at start (``npx``, ``uvx``, ...) -> the servers it starts."""
         self._secret_values: dict[str, str] = {}  # variable -> the secret it stands for (kept in memory only)
 
     # ------------------------------------------------------------------ bookkeeping
+
+    def fetching(self) -> list[str]:
+        """One sentence per package runner the servers start with: what it needs from the gateway's environment."""
+        said = []
+        for runner, servers in self.fetchers.items():
+            named = ", ".join(repr(server) for server in servers)
+            said.append(
+                f"server{'s' if len(servers) > 1 else ''} {named} start{'' if len(servers) > 1 else 's'} with "
+                f"{runner}, which fetches the server when it is not cached yet: the gateway passes it only PATH, "
+                "HOME, its env and the proxy and CA variables (HTTP(S)_PROXY, NO_PROXY, NODE_EXTRA_CA_CERTS, "
+                "SSL_CERT_FILE, npm_config_*, PIP_*, ...) of its own environment; add any other variable it needs "
+                "to pass_env, and if a first start takes longer than connect_timeout_s (20 s), run it once from a "
+                "shell"
+            )
+        return said
 
     def note(self, server: str, message: str) -> None:
         self.report.append(f"server {server!r}: {message}")
@@ -308,6 +325,9 @@ class EntryConverter:
                 self.note(server, "has no command; skipped")
                 return None
             out["command"] = self.translate(server, "command", command)
+            runner = command.rsplit("/", 1)[-1]
+            if runner in PACKAGE_RUNNERS:
+                self.fetchers.setdefault(runner, []).append(server)
             if "args" in spec:
                 out["args"] = self.args(server, spec["args"])
             if any(c.isspace() for c in command) and not out.get("args"):

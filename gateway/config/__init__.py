@@ -4,8 +4,12 @@ made of the ``gateway:`` section (settings.py), the backends (backends.py) and t
 a ``ConfigError`` naming the file, key path and line of every problem."""
 
 from gateway.config.backends import (
+    ADAPTER_PASS_ENV,
     BACKEND_NAME_RE,
     CALLER_SECRET_RE,
+    NETWORK_ENV,
+    PACKAGE_RUNNERS,
+    SERVER_PASS_ENV,
     WIKI_TOOLS,
     Adapter,
     AdapterTool,
@@ -30,7 +34,14 @@ from gateway.config.federation import (
     RouteStep,
     SearchHitsResult,
 )
-from gateway.config.loading import ConfigProblems, add_project_tools, environ, load_config, parse_config
+from gateway.config.loading import (
+    ConfigProblems,
+    add_project_tools,
+    environ,
+    load_config,
+    parse_config,
+    passed_environment,
+)
 from gateway.config.policies import Policy, PolicyLimits, Selection
 from gateway.config.settings import (
     AuditSettings,
@@ -50,8 +61,12 @@ from gateway.config.settings import (
 )
 
 __all__ = [
+    "ADAPTER_PASS_ENV",
     "BACKEND_NAME_RE",
     "CALLER_SECRET_RE",
+    "NETWORK_ENV",
+    "PACKAGE_RUNNERS",
+    "SERVER_PASS_ENV",
     "TOOL_NAME_RE",
     "WIKI_TOOLS",
     "Adapter",
@@ -95,4 +110,5 @@ __all__ = [
     "environ",
     "load_config",
     "parse_config",
+    "passed_environment",
 ]

@@ -11,8 +11,12 @@ from pydantic import AfterValidator, Field, field_validator, model_validator
 from gateway.config.base import Model, check_tool_name, check_url, resolve, resolve_env_paths
 
 __all__ = [
+    "ADAPTER_PASS_ENV",
     "BACKEND_NAME_RE",
     "CALLER_SECRET_RE",
+    "NETWORK_ENV",
+    "PACKAGE_RUNNERS",
+    "SERVER_PASS_ENV",
     "WIKI_TOOLS",
     "Adapter",
     "AdapterTool",
@@ -44,6 +48,28 @@ WIKI_TOOLS = (
 """The built-in wiki's tools (backends/wiki/ serves them)."""
 CALLER_SECRET_RE = re.compile(r"\$\{caller\.secret:([A-Za-z0-9_.-]{1,64})\}")
 """``${caller.secret:NAME}`` in a server's header value: the calling caller's secret NAME (gateway/auth/secrets.py)."""
+NETWORK_ENV = (
+    *("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "no_proxy", "all_proxy"),
+    *("SSL_CERT_FILE", "SSL_CERT_DIR", "NODE_EXTRA_CA_CERTS", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"),
+    *("npm_config_*", "NPM_CONFIG_*", "PIP_*", "UV_*"),
+)
+"""Where a program that fetches (npx, uvx, pip, a model hub's client) finds its proxy, its certificate authorities
+and its registry: passed by default, so a program behind a TLS-inspecting proxy starts as it does from a shell."""
+SERVER_PASS_ENV = ("HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER", *NETWORK_ENV)
+"""A stdio server's ``pass_env`` default: what the SDK passes (``get_default_environment``), and ``NETWORK_ENV``."""
+ADAPTER_PASS_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", *NETWORK_ENV)
+"""An adapter's ``pass_env`` default."""
+PACKAGE_RUNNERS = frozenset({"npx", "uvx", "pipx", "bunx", "pnpx", "pnpm", "yarn", "docker", "podman"})
+"""Commands that fetch the server they run (a package, an image) when it is not in their cache yet."""
+
+
+def _pass_env(value: tuple[str, ...]) -> tuple[str, ...]:
+    for name in value:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*\*?", name):
+            raise ValueError(
+                f"pass_env: {name!r} is not a variable name (or a name ending in * for every one it begins)"
+            )
+    return value
 
 
 # --------------------------------------------------------------------------------------------------- servers
@@ -104,12 +130,16 @@ class StdioServer(_Backend):
     command: str = Field(min_length=1)
     args: tuple[str, ...] = ()
     env: dict[str, str] = {}
+    """Variables set for the server. Nothing else from the gateway's environment passes, except ``pass_env``."""
+    pass_env: tuple[str, ...] = SERVER_PASS_ENV
+    """Variables passed on from the gateway's own environment when set (``NAME*``: every one starting with NAME)."""
     secret_env: tuple[str, ...] = ()
-    """Names in ``env`` whose values are secrets (redacted from logs and the ledger), besides those whose name
-    already says so (``*TOKEN*``, ``*SECRET*``, ``*PASSWORD*``, ``*_KEY``, ...)."""
+    """Names in ``env`` or ``pass_env`` whose values are secrets (redacted from logs and the ledger), besides those
+    whose name already says so (``*TOKEN*``, ``*SECRET*``, ``*PASSWORD*``, ``*_KEY``, ...)."""
     cwd: str | None = None
 
     _resolve_cwd = field_validator("cwd")(resolve)
+    _check_pass_env = field_validator("pass_env")(_pass_env)
     _resolve_env = field_validator("env")(resolve_env_paths)
 
 
@@ -286,7 +316,8 @@ class Adapter(Model):
     disabled_reason: str | None = None
     env: dict[str, str] = {}
     """Variables set for the program. Nothing else from the gateway's environment passes, except `pass_env`."""
-    pass_env: tuple[str, ...] = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")
+    pass_env: tuple[str, ...] = ADAPTER_PASS_ENV
+    """As a server's ``pass_env`` (``NAME*`` for every variable starting with NAME)."""
     secret_env: tuple[str, ...] = ()
     """Names in ``env`` or ``pass_env`` whose values are secrets, besides those whose name already says so."""
     cwd: str | None = None
@@ -299,6 +330,7 @@ class Adapter(Model):
 
     _resolve_cwd = field_validator("cwd")(resolve)
     _resolve_env = field_validator("env")(resolve_env_paths)
+    _check_pass_env = field_validator("pass_env")(_pass_env)
 
     @field_validator("tools")
     @classmethod

@@ -1,6 +1,8 @@
 """``${VAR}`` and ``${VAR:-default}`` in federation.yaml's string values, taken from the environment, and the
 record of what they put in, so that no error message ever shows a value that came from the environment: wherever a
-message would echo one, it reads as written in the file (``${DS_TOKEN}``)."""
+message would echo one, it reads as written in the file (``${DS_TOKEN}``). A switched-off backend's variables need
+not be set: ``switched_off`` finds those backends, and ``stand_in`` is the value checked in place of one that cannot
+be checked as written (a ``url: ${URL}``)."""
 
 from __future__ import annotations
 
@@ -10,9 +12,13 @@ from typing import Any
 
 from gateway.config.base import Problem
 
-__all__ = ["Expansions", "interpolate"]
+__all__ = ["UNSET_STAND_IN", "Expansions", "interpolate", "stand_in", "switched_off"]
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_FALSE = frozenset({"false", "f", "no", "n", "off", "0"})  # what pydantic reads as false in a string
+UNSET_STAND_IN = "http://unset.invalid"
+"""What a switched-off backend's unset ``${VAR}`` is checked as, when its text as written is refused: it fits a URL
+and a string, and names no real host."""
 
 
 class Expansions:
@@ -105,3 +111,29 @@ def interpolate(
         return value
     expansions.add(expanded, value, path)
     return expanded
+
+
+def stand_in(value: str) -> str:
+    """``value`` with each reference replaced by ``UNSET_STAND_IN``."""
+    return _ENV_REF.sub(UNSET_STAND_IN, value)
+
+
+def switched_off(data: Mapping[str, Any]) -> list[tuple[str, ...]]:
+    """The key paths of the backends a document switches off (``enabled: false``): a server, an adapter, the wiki."""
+    found: list[tuple[str, ...]] = []
+    for section in ("servers", "adapters"):
+        entries = data.get(section)
+        if isinstance(entries, Mapping):
+            found += [(section, str(name)) for name, entry in entries.items() if _off(entry)]
+    if _off(data.get("wiki")):
+        found.append(("wiki",))
+    return found
+
+
+def _off(entry: Any) -> bool:
+    if not isinstance(entry, Mapping):
+        return False
+    enabled = entry.get("enabled", True)
+    if isinstance(enabled, str):
+        return enabled.strip().lower() in _FALSE
+    return enabled is False or (type(enabled) is int and enabled == 0)

@@ -18,19 +18,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import structlog
 import yaml
 from pydantic import ValidationError
 
 from gateway.config.base import Problem
 from gateway.config.federation import Federation
-from gateway.config.interpolation import Expansions, interpolate
+from gateway.config.interpolation import Expansions, interpolate, stand_in, switched_off
 from gateway.config.policies import RULES, caller_limits_advice
+from gateway.config.wording import guess, keys_at, plain
 from gateway.errors import ConfigError
 
-__all__ = ["ConfigProblems", "add_project_tools", "environ", "load_config", "parse_config"]
-
-log = structlog.get_logger("gateway.config")
+__all__ = ["ConfigProblems", "add_project_tools", "environ", "load_config", "parse_config", "passed_environment"]
 
 Lines = dict[tuple[str, ...], int]
 """Every key path of the document -> the 1-based line of its key."""
@@ -150,13 +148,31 @@ def parse_config(text: str, *, file: str = "<memory>", env: Mapping[str, str] | 
     expansions = Expansions()
     unset: list[Problem] = []
     data = interpolate(data, os.environ if env is None else env, expansions, unset)
-    problems = [ConfigError(file, ".".join(path), lines.get(path), message) for path, message in unset]
+    off = switched_off(data)  # a switched-off backend's variables need not be set
+    waived = [(path, message) for path, message in unset if any(path[: len(o)] == o for o in off)]
+    problems = [
+        ConfigError(file, ".".join(path), lines.get(path), message)
+        for path, message in unset
+        if (path, message) not in waived
+    ]
     base_dir = str(Path(file).resolve().parent) if file != "<memory>" else None
     try:
-        fed = Federation.model_validate(data, context={"base_dir": base_dir})
+        fed = _validated(data, base_dir, waived, lines)
     except ValidationError as exc:
         refused = _validation_problems(exc.errors(include_url=False), lines, expansions)
-        problems += _besides(unset, (ConfigError(file, key_path, line, text) for key_path, line, text in refused))
+        refused_at = [ConfigError(file, key_path, line, text) for key_path, line, text in refused]
+        problems += _besides(unset, refused_at)
+        # a switched-off backend's value that cannot be checked without its variable: the variable is needed after all
+        problems += [
+            ConfigError(
+                file,
+                ".".join(path),
+                lines.get(path),
+                f"{message} (its backend is switched off, but this value cannot be checked without it)",
+            )
+            for path, message in waived
+            if any(_at_or_below(p.key_path, ".".join(path)) for p in refused_at)
+        ]
         raise _refuse(problems) from None  # pydantic's own text would echo the input
     if not problems:  # references are checked between the values the file will have, every variable set
         problems = [
@@ -166,9 +182,11 @@ def parse_config(text: str, *, file: str = "<memory>", env: Mapping[str, str] | 
     if problems:
         raise _refuse(problems)
     if "caller_limits" in fed.gateway.auth.model_fields_set:
+        import structlog  # only here: reading a file does not load the logging stack (`gateway import` starts fast)
+
         line = lines.get(RULES)
         advice = caller_limits_advice(fed.gateway.auth.caller_limits, fed.policies)
-        log.warning(
+        structlog.get_logger("gateway.config").warning(
             "config.deprecated",
             message=f"{file}{f':{line}' if line else ''}: gateway.auth.caller_limits is deprecated (read as the "
             f"policies' limits, every caller limited as before): {advice}",
@@ -177,11 +195,44 @@ def parse_config(text: str, *, file: str = "<memory>", env: Mapping[str, str] | 
     return fed
 
 
+def _validated(data: dict[str, Any], base_dir: str | None, waived: list[Problem], lines: Lines) -> Federation:
+    """``data`` as a ``Federation``; a switched-off backend's values whose variables are not set (``waived``) are
+    checked as written, and those refused so are checked once more as ``stand_in``s.
+
+    Raises:
+        ValidationError: what the models refuse (with the stand-ins, when the first check refused a waived value).
+    """
+    context = {"base_dir": base_dir}
+    try:
+        return Federation.model_validate(data, context=context)
+    except ValidationError as exc:
+        located = [_locate(tuple(err["loc"]), lines)[0] for err in exc.errors(include_url=False)]
+        stood_in = [path for path, _ in waived if any(_at_or_below(key, ".".join(path)) for key in located)]
+        if not stood_in:
+            raise
+    for path in stood_in:
+        _replace(data, path, stand_in)
+    return Federation.model_validate(data, context=context)
+
+
+def _replace(data: Any, path: tuple[str, ...], change: Any) -> None:
+    """Replace the string at ``path`` (keys, or list indexes as text) in ``data`` with ``change(string)``."""
+    *parents, last = path
+    for part in parents:
+        data = data[int(part)] if isinstance(data, list) else data[part]
+    key: Any = int(last) if isinstance(data, list) else last
+    data[key] = change(data[key])
+
+
+def _at_or_below(key_path: str, key: str) -> bool:
+    return key_path == key or key_path.startswith(f"{key}.")
+
+
 def _besides(unset: list[Problem], problems: Iterable[ConfigError]) -> list[ConfigError]:
     """``problems`` but those at or below a key whose variable is not set (its value is the text written, which
     may well be refused: the missing variable is the news)."""
     at = [".".join(path) for path, _ in unset]
-    return [p for p in problems if not any(p.key_path == key or p.key_path.startswith(f"{key}.") for key in at)]
+    return [p for p in problems if not any(_at_or_below(p.key_path, key) for key in at)]
 
 
 def _validation_problems(
@@ -210,17 +261,24 @@ def _validation_problems(
 
 
 def _message(err: Any, key_path: str, expansions: Expansions) -> str:
-    """What a pydantic error says, as a sentence of the loader's, never showing a value from the environment."""
+    """What a pydantic error says, as a sentence of the loader's in plain words, with a guess at what was meant when
+    an unknown key or a value looks like a misspelling; never showing a value from the environment."""
+    loc = tuple(err["loc"])
     if err["type"] == "extra_forbidden":
-        return "unknown key (not part of the federation.yaml schema; check its spelling)"
+        hint = guess(str(loc[-1]), keys_at(loc[:-1], Federation)).removeprefix("; ") or "check its spelling"
+        return f"unknown key (not part of the federation.yaml schema; {hint})"
     if err["type"] == "missing":
         return "required key is missing"
     if err["type"] == "union_tag_not_found":
         return "required key is missing: `transport` (one of stdio, streamable_http, sse)"
-    message = expansions.redact(err["msg"], at=key_path)
-    if isinstance(err.get("input"), str | int | float) and err["type"] not in ("value_error", "assertion_error"):
-        # Scalars only (a mapping is not worth printing); as written, so an expanded value is not shown.
-        message = f"{message} (got {expansions.as_written(err['input'], at=key_path)!r})"
+    worded = plain(err)
+    message = worded[0] if worded is not None else expansions.redact(err["msg"], at=key_path)
+    value = err["ctx"]["tag"] if err["type"] == "union_tag_invalid" else err.get("input")
+    if isinstance(value, str | int | float) and err["type"] not in ("value_error", "assertion_error"):
+        # Scalars only (a mapping is not worth printing); as written, so an expanded value is not shown, nor guessed at.
+        written = expansions.as_written(value, at=key_path)
+        hint = guess(value, worded[1]) if worded is not None and written == value else ""
+        message = f"{message} (got {written!r}{hint})"
     return message.removeprefix("Value error, ")
 
 
@@ -273,6 +331,18 @@ def _looked_in(file: str) -> str:
 def environ(name: str) -> str | None:
     """Read one environment variable (the rest of the gateway does not touch ``os.environ``)."""
     return os.environ.get(name)
+
+
+def passed_environment(pass_env: Iterable[str], env: Mapping[str, str]) -> dict[str, str]:
+    """A spawned program's environment: the variables ``pass_env`` names that the gateway has (``NAME*``: every one
+    starting with NAME), then ``env``, which wins."""
+    passed: dict[str, str] = {}
+    for name in pass_env:
+        if name.endswith("*"):
+            passed.update((key, value) for key, value in os.environ.items() if key.startswith(name[:-1]))
+        elif (value := os.environ.get(name)) is not None:
+            passed[name] = value
+    return passed | dict(env)
 
 
 def add_project_tools(config_file: str, prefix: str) -> str | None:

@@ -18,6 +18,10 @@ A server's declared ``unlisted_tools`` (tools it serves without listing them) ar
 ``Catalog.unlisted``: ``get`` finds them, so the router routes, audits, limits and polices their calls as any
 tool's, but no listing holds them.
 
+A tool the file declares that no backend serves now (a disabled backend's, a route's whose providers are all
+down) is kept apart too, in ``Catalog.unserved`` with why (core/unserved.py), so that a call of it, still an unknown
+tool, says whose it is and why it is off.
+
 Problems found while building (a downstream tool whose name cannot be published, a collision under ``never``)
 never fail the build: the tool is left out and the problem is kept in ``Catalog.problems`` for ``gateway check``
 and ``/status``.
@@ -38,6 +42,7 @@ from gateway.config import TOOL_NAME_RE, Exposure, Federation, Policy, RouteStep
 from gateway.core.costs import Cost, fill_placeholders
 from gateway.core.gate import note_without
 from gateway.core.listings import Listings
+from gateway.core.unserved import Unserved, unserved
 
 __all__ = ["Catalog", "CatalogEntry", "Provider", "with_note"]
 
@@ -167,6 +172,8 @@ class Catalog:
 
     unlisted: Mapping[str, CatalogEntry] = field(default_factory=dict)
     """Tools served but not listed (``servers.NAME.unlisted_tools``): callable by name, never in a listing."""
+    unserved: Mapping[str, Unserved] = field(default_factory=dict)
+    """Names declared but not served now, with why (core/unserved.py): for the message of a call of one."""
 
     def get(self, name: str) -> CatalogEntry | None:
         """The entry a ``tools/call`` of ``name`` is routed by: a published tool, else a declared unlisted one."""
@@ -228,10 +235,12 @@ class Catalog:
                     candidates.append(candidate)
 
         entries: dict[str, CatalogEntry] = {}
+        routes_off: list[str] = []
         for route_name, route in config.routes.items():
             source = _schema_source(route.schema_from, route.providers, known, backends)
             if source is None:
                 problems.append(f"route {route_name!r}: no provider is available yet, so it is not published")
+                routes_off.append(route_name)
                 continue
             base = known[source][1]
             description = route.description if route.description is not None else (base.description or "")
@@ -291,6 +300,7 @@ class Catalog:
             costs,
             config.exposure,
             unlisted,
+            unserved(config, backends, entries.keys() | unlisted.keys(), routes_off),
         )
 
 

@@ -79,7 +79,7 @@ def costs_from(
         name: (tokens, None, "estimated") for name, tokens in estimates.items()
     }
     for item in stats:
-        if item.calls >= MIN_CALLS:
+        if item.answered >= MIN_CALLS:  # refusals measure nothing of the tool itself
             figures[item.tool] = (item.p50_result_bytes / BYTES_PER_TOKEN, item.p50_ms, "measured")
     costs: dict[str, Cost] = {}
     for name, (tokens, ms, source) in figures.items():

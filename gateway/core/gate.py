@@ -97,9 +97,11 @@ class ClientPolicy:
         return declared.tokens is not None and declared.tokens >= self.threshold
 
     def refusal(self, tool: str, declared: Declared) -> str:
+        """Why a client below the gate may not call ``tool``: what to do instead, and how a large client says so
+        (the header with a value that passes, as a person sets it in the Inspector's ``--header``)."""
         return (
             f"{tool} is only available to clients with a context window of at least {self.threshold:,} tokens; "
             f"this client has {declared.describe()}. Use files_search to find the page, then files_neighbors to "
-            f"read it with everything linked to it. (A client with a large context can declare it with the "
-            f"'{self._config.context_header}' header.)"
+            f"read it with everything linked to it. (A client with a large context declares it in a request "
+            f"header, e.g. `{self._config.context_header}: {self.threshold}`; the tool is listed to it then.)"
         )

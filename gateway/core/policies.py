@@ -159,6 +159,11 @@ def build_view(catalog: Catalog, name: str, rule: Policy) -> View:
         for entry in catalog.unlisted.values()
         if _selected(rule.tools, entry.name) and all(_selected(backends, p.backend) for p in entry.providers)
     }
+    tools |= {  # not served now: a call is told why, as the policy would let it call the tool
+        name
+        for name, off in catalog.unserved.items()
+        if _selected(rule.tools, name) and all(_selected(backends, backend) for backend in off.backends)
+    }
 
     def kept(listing: Mapping[str, Any], note: str) -> Mapping[str, Any]:
         # The router note loses the items that name a hidden tool: a description is no clue either.
@@ -246,7 +251,7 @@ class Views:
                     "callers": list(rule.callers),
                     "claims": dict(rule.claims),
                     "scopes": list(rule.scopes),
-                    "tools": len(view.tools - catalog.unlisted.keys()),
+                    "tools": len(view.tools - catalog.unlisted.keys() - catalog.unserved.keys()),
                     "limits": rule.limits.model_dump(exclude_none=True) if rule.limits is not None else None,
                 }
             )
@@ -257,7 +262,9 @@ class Views:
             callers[caller] = name
         for caller, name in callers.items():
             tools = (
-                len(self._named(catalog, name, policies[name]).tools - catalog.unlisted.keys())
+                len(
+                    self._named(catalog, name, policies[name]).tools - catalog.unlisted.keys() - catalog.unserved.keys()
+                )
                 if name in policies
                 else 0
             )

@@ -40,8 +40,10 @@ from gateway.core.budget import CallDeadline
 from gateway.core.catalog import Catalog, CatalogEntry, Provider
 from gateway.core.drain import Drain
 from gateway.core.gate import ClientPolicy
+from gateway.core.published import error_as_published, result_as_published
 from gateway.core.record import META_KEY, CallRecord, Instruments, Recorder, ledger_name, step
 from gateway.core.results import shape_result
+from gateway.core.unserved import why_off
 from gateway.errors import (
     BackendError,
     BackendRpcError,
@@ -201,14 +203,14 @@ class Router:
             InvalidArguments: arguments the gateway will not pass on (status ``invalid_params``); no backend asked.
             BackendRpcError: the lone provider answered with a JSON-RPC error (passed through by the server).
         """
-        entry = self._catalog().get(name)
+        entry = (catalog := self._catalog()).get(name)
         if entry is None:
             if self._instruments.metrics is not None:
                 self._instruments.metrics.observe_unknown_tool()
             record = self._record("tools/call", ledger_name(name), ctx)
             with record.open(span=False, bind={"tool": quote(name)}):
                 await record.finish("unknown_tool")
-            raise ToolNotFound(name)
+            raise ToolNotFound(name, why_off(catalog.unserved, name, ctx.visible))  # whose it is, why it is off
         arguments = dict(arguments or {})
         record = self._record("tools/call", entry.name, ctx, arguments=arguments, audit=entry.audit)
         with record.open():
@@ -258,14 +260,16 @@ class Router:
                     served = await self._serve(record, entry, arguments, progress)
             if served is None:  # cut short by the shutdown
                 return self._closed(record), "cancelled"
-            result, status = served
-            return shape_result(entry.result, result, record.steps), status  # the route's declared shape
+            result, status = served  # a downstream's error names the tool as the client knows it (published.py)
+            return result_as_published(
+                shape_result(entry.result, result, record.steps), entry.name, record.steps
+            ), status
         except _Exhausted as exc:
             last = exc.last
             status = "timeout" if last is not None and last.outcome == "timeout" else "error"
             if last is not None and len(record.steps) == 1 and isinstance(last, BackendRpcError):
                 await record.finish(status)
-                raise last from None
+                raise error_as_published(last, entry.name, record.steps) from None
             return _failure_result(entry.name, record.steps), status
 
     def _gate(self, name: str, ctx: CallContext) -> types.CallToolResult | None:

@@ -14,7 +14,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, TypeAlias
 
-from gateway.ledger.records import COLUMNS, ERROR_STATUSES, AuditRecord, decode_row
+from gateway.ledger.records import COLUMNS, ERROR_STATUSES, REFUSED_STATUSES, AuditRecord, decode_row
 
 Rows: TypeAlias = list[tuple[Any, ...]]
 Run: TypeAlias = Callable[[str, Sequence[Any]], Rows]
@@ -60,18 +60,26 @@ EVERY_ROW: Final = Filters()
 
 @dataclass(frozen=True, slots=True)
 class ToolStats:
-    """Per-tool figures over a time range. Rates are fractions of ``calls``; latencies are nearest-rank, in ms."""
+    """Per-tool figures over a time range. ``calls`` counts every row, ``refused`` those refused before a tool
+    answered (``REFUSED_STATUSES``: a policy, a limit, an unknown tool, arguments refused). Rates, latencies
+    (nearest-rank, in ms) and the typical answer's size are over the other calls, the ones a tool answered or failed
+    (``answered``); with none, the rates are 0 and the latencies None."""
 
     tool: str
     calls: int
     by_status: Mapping[str, int]
-    error_rate: float  # share of calls whose status is in ERROR_STATUSES
+    error_rate: float  # share of the answered calls whose status is in ERROR_STATUSES
     degraded_rate: float
-    p50_ms: float
-    p95_ms: float
-    p99_ms: float
+    p50_ms: float | None
+    p95_ms: float | None
+    p99_ms: float | None
     p50_result_bytes: float = 0.0  # the typical answer's size (what a call costs a model's context)
     kind: str = "tools/call"  # one of KINDS: ``tool`` is then a prompt's name or a resource's URI
+    refused: int = 0
+
+    @property
+    def answered(self) -> int:
+        return self.calls - self.refused
 
 
 class LedgerReader:
@@ -103,7 +111,7 @@ class LedgerReader:
 
     def stats(self, filters: Filters = EVERY_ROW) -> list[ToolStats]:
         """Per-tool figures for the rows that match ``filters``, sorted by tool name (a prompt's or a resource's
-        figures, by kind, after the tools of that name). Latencies cover every status."""
+        figures, by kind, after the tools of that name). Refusals are counted apart (``ToolStats``)."""
         where, params = filters.where()
         with self._reading() as run:
             rows = run(f"SELECT tool, status, duration_ms, result_bytes, kind FROM calls WHERE {where}", params)
@@ -167,27 +175,30 @@ def _tool_stats(rows: Sequence[Sequence[Any]]) -> list[ToolStats]:
     statuses: dict[tuple[str, bool, str], dict[str, int]] = {}
     for name, row_status, duration, size, row_kind in rows:
         key = (name, row_kind != "tools/call", row_kind)
-        durations.setdefault(key, []).append(duration)
-        sizes.setdefault(key, []).append(float(size or 0))
         counts = statuses.setdefault(key, {})
         counts[row_status] = counts.get(row_status, 0) + 1
+        timed, sized = durations.setdefault(key, []), sizes.setdefault(key, [])
+        if row_status not in REFUSED_STATUSES:  # a refusal's time and size are the gateway's, not the tool's
+            timed.append(duration)
+            sized.append(float(size or 0))
     result: list[ToolStats] = []
-    for key in sorted(durations):
+    for key in sorted(statuses):
         ordered = sorted(durations[key])
         counts = statuses[key]
-        calls = len(ordered)
+        answered = len(ordered)
         result.append(
             ToolStats(
                 tool=key[0],
-                calls=calls,
+                calls=sum(counts.values()),
                 by_status=dict(sorted(counts.items())),
-                error_rate=sum(counts.get(s, 0) for s in ERROR_STATUSES) / calls,
-                degraded_rate=counts.get("degraded", 0) / calls,
-                p50_ms=_nearest_rank(ordered, 50),
-                p95_ms=_nearest_rank(ordered, 95),
-                p99_ms=_nearest_rank(ordered, 99),
-                p50_result_bytes=_nearest_rank(sorted(sizes[key]), 50),
+                error_rate=sum(counts.get(s, 0) for s in ERROR_STATUSES) / answered if answered else 0.0,
+                degraded_rate=counts.get("degraded", 0) / answered if answered else 0.0,
+                p50_ms=_nearest_rank(ordered, 50) if answered else None,
+                p95_ms=_nearest_rank(ordered, 95) if answered else None,
+                p99_ms=_nearest_rank(ordered, 99) if answered else None,
+                p50_result_bytes=_nearest_rank(sorted(sizes[key]), 50) if answered else 0.0,
                 kind=key[2],
+                refused=sum(counts.get(s, 0) for s in REFUSED_STATUSES),
             )
         )
     return result

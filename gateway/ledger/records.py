@@ -30,6 +30,9 @@ STATUSES: Final = (
 )
 ERROR_STATUSES: Final = frozenset({"error", "timeout", "internal_error"})
 """The statuses counted as errors: the tool did not answer. ``refused`` is policy, ``cancelled`` the client."""
+REFUSED_STATUSES: Final = frozenset({"refused", "unknown_tool", "invalid_params"})
+"""The statuses of a request refused before any tool answered it (a policy, a limit, the context gate, an unknown
+tool, arguments refused): counted apart, outside error rates and latencies, which are the tools'."""
 
 KINDS: Final = (
     "tools/call",

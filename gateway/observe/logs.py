@@ -14,8 +14,9 @@ Which configured values are secrets (documented in docs/operations.md, "Logs"):
     ``X-Api-Key``, ...) or is listed in the server's ``secret_headers``; for ``<scheme> <credential>`` values the
     credential alone is registered too;
   * a stdio server's or an adapter's ``env`` value when the variable's name is a secret name (``QMD_TOKEN``,
-    ``OPENAI_API_KEY``, ``DB_PASSWORD``, ...) or is listed in its ``secret_env``; an adapter's ``pass_env`` variables
-    by the same rule (their values come from the gateway's own environment);
+    ``OPENAI_API_KEY``, ``DB_PASSWORD``, ...) or is listed in its ``secret_env``; its ``pass_env`` variables by the
+    same rule (their values come from the gateway's own environment), and the password of a URL one of them holds
+    (``HTTPS_PROXY=http://user:password@proxy:3128``);
   * every ``gateway.tracing.headers`` value.
 
 ``relay_program_output`` turns the lines a program printed (scripts/serve pipes scripts/prepare's qmd and graphify
@@ -31,10 +32,11 @@ import re
 import sys
 from collections.abc import Collection, Iterable, Mapping, MutableMapping
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import structlog
 
-from gateway.config import Federation, StdioServer, environ
+from gateway.config import Federation, StdioServer, passed_environment
 from gateway.ledger.urls import url_secrets
 
 __all__ = ["MASK", "Redactor", "config_secrets", "configure_logging", "is_secret_name", "redactor"]
@@ -122,12 +124,25 @@ def _env_values(env: Mapping[str, str], marked: Iterable[str]) -> list[str]:
     return [value for name, value in env.items() if name in listed or is_secret_name(name)]
 
 
+def _passed_values(pass_env: Iterable[str], marked: Iterable[str]) -> list[str]:
+    """The secrets among the variables ``pass_env`` passes on: whole values by name, passwords of URLs."""
+    passed = passed_environment(pass_env, {})
+    values = _env_values(passed, marked)
+    for value in passed.values():
+        userinfo = urlsplit(value).netloc.rpartition("@")[0] if "://" in value else ""
+        if ":" in userinfo:
+            password = userinfo.partition(":")[2]
+            values += [password, unquote(password)]
+    return [value for value in values if value]
+
+
 def config_secrets(config: Federation) -> list[str]:
     """Every secret value ``config`` carries (see the module docstring for the rules), for ``Redactor.add``."""
     values: list[str] = []
     for server in config.servers.values():
         if isinstance(server, StdioServer):
             values += _env_values(server.env, server.secret_env)
+            values += _passed_values(server.pass_env, server.secret_env)
         else:
             values += _header_values(server.headers, server.secret_headers)
             exchange = getattr(server, "token_exchange", None)
@@ -135,10 +150,7 @@ def config_secrets(config: Federation) -> list[str]:
                 values.append(exchange.client_secret)
     for adapter in config.adapters.values():
         values += _env_values(adapter.env, adapter.secret_env)
-        for name in adapter.pass_env:
-            value = environ(name)
-            if value and (name in adapter.secret_env or is_secret_name(name)):
-                values.append(value)
+        values += _passed_values(adapter.pass_env, adapter.secret_env)
     values += _header_values(config.gateway.tracing.headers, config.gateway.tracing.headers.keys())
     values += url_secrets(config.gateway.audit.url)
     redis_url = config.gateway.shared.redis_url

@@ -9,7 +9,9 @@ models are installed (offline), so qmd's vector and deep modes cannot run: they 
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -165,3 +167,41 @@ async def test_graph_query_speaks_of_its_own_arguments_and_maps_graphifys_names_
     assert _text(foreign) == (
         "Invalid argument 'token_budget' for tool 'graph_query': unknown argument; did you mean 'budget'?"
     )
+
+
+INSPECTOR_IN_README = ".tools/bin/npx -y @modelcontextprotocol/inspector@2.12.0"
+README_URL = "http://127.0.0.1:8080/mcp"
+
+
+def readme_inspector_commands() -> list[list[str]]:
+    """The README's Inspector commands (continuation lines joined), as argv lists."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8").replace("\\\n", " ")
+    return [shlex.split(line) for line in text.splitlines() if line.startswith(INSPECTOR_IN_README)]
+
+
+def test_the_readmes_inspector_commands_work_on_the_default_federation_wiki_read_all_with_its_header(
+    prepared: Path,
+) -> None:
+    inspector = shutil.which("mcp-inspector")
+    if inspector is None:
+        pytest.skip("run scripts/install --tests: mcp-inspector is not on PATH")
+    commands = readme_inspector_commands()
+    tools = {argv[argv.index("--tool-name") + 1] for argv in commands if "--tool-name" in argv}
+    assert tools == {"files_search", "wiki_read_all"}
+    read_all = next(argv for argv in commands if "wiki_read_all" in argv)
+    assert "X-Context-Window: 200000" in read_all  # the context gate lists it only to a large client
+    config = (prepared / "federation.yaml").read_text()
+    with run_gateway(config, prepared) as gateway:
+        env = {**os.environ, "HOME": str(prepared), "MCP_CATALOG_PATH": str(prepared / "catalog.json")}
+        for argv in commands:
+            run = [inspector, *argv[len(shlex.split(INSPECTOR_IN_README)) :], "--format", "json"]
+            run = [gateway.url() if word == README_URL else word for word in run]
+            done = subprocess.run(run, capture_output=True, text=True, timeout=120, env=env, cwd=prepared)
+            assert done.returncode == 0, (argv, done.stdout + done.stderr)
+            answer = json.loads(done.stdout)["result"]
+            if "tools/list" in argv:
+                assert "wiki_read_all" not in {tool["name"] for tool in answer["tools"]}  # a small client's list
+            else:
+                assert not answer.get("isError"), answer
+            if "wiki_read_all" in argv:
+                assert answer["content"][0]["text"].startswith("Wiki: "), answer  # the whole wiki, served

@@ -180,6 +180,21 @@ def convert_servers(servers: dict[str, Any], key: str = "mcpServers") -> Importe
     return convert({key: servers}, source="test.json")
 
 
+def test_servers_started_by_a_package_runner_get_one_line_on_what_it_needs_from_the_environment() -> None:
+    result = convert_servers(
+        {
+            "fs": {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-filesystem", "/tmp"]},
+            "memory": {"command": "/usr/local/bin/npx", "args": ["-y", "@modelcontextprotocol/server-memory"]},
+            "time": {"command": "uvx", "args": ["mcp-server-time"]},
+            "local": {"command": "node", "args": ["server.js"]},
+        }
+    )
+    lines = [line for line in result.report if "fetches the server when it is not cached yet" in line]
+    assert [line.split(" start")[0] for line in lines] == ["servers 'fs', 'memory'", "server 'time'"]
+    assert "with npx," in lines[0] and "with uvx," in lines[1]
+    assert all("NODE_EXTRA_CA_CERTS" in line and "pass_env" in line and "connect_timeout_s" in line for line in lines)
+
+
 def test_names_are_sanitised_to_the_backend_rule_without_colliding() -> None:
     result = convert_servers(
         {
@@ -251,7 +266,7 @@ def test_the_same_secret_used_twice_shares_one_variable_and_different_ones_do_no
 def test_an_entry_that_does_not_validate_is_skipped_with_the_models_reason() -> None:
     result = convert_servers({"ftp": {"type": "http", "url": "ftp://example.com/mcp"}, "ok": {"command": "ok"}})
     assert result.servers == ("ok",) and result.skipped == ("ftp",)
-    assert "server 'ftp': not a valid servers entry (url: String should match pattern" in report(result)
+    assert "server 'ftp': not a valid servers entry (url: must be an http:// or https:// URL" in report(result)
 
 
 def test_entries_without_a_command_or_url_and_non_objects_are_skipped() -> None:

@@ -109,9 +109,9 @@ DS_TOKEN = "ds-7f3a9c2e-4b1d-SECRET"
 @pytest.mark.parametrize(
     ("key", "shown"),
     [
-        ("timeout_s: ${DS_TOKEN}", "servers.a.timeout_s: Input should be a valid number"),
-        ("transport: ${DS_TOKEN}", "servers.a.transport: Input tag '${DS_TOKEN}' found using 'transport'"),
-        ("session: '${DS_TOKEN}'", "servers.a.session: Input should be 'shared' or 'per_client' (got '${DS_TOKEN}')"),
+        ("timeout_s: ${DS_TOKEN}", "servers.a.timeout_s: must be a number (got '${DS_TOKEN}')"),
+        ("transport: ${DS_TOKEN}", "servers.a.transport: unknown transport: use one of stdio, streamable_http, sse"),
+        ("session: '${DS_TOKEN}'", "servers.a.session: must be one of shared, per_client (got '${DS_TOKEN}')"),
     ],
     ids=["number", "transport", "enum"],
 )

@@ -438,7 +438,7 @@ USES_A = "servers:\n  web:\n    transport: sse\n    url: http://127.0.0.1:1/sse\
             "servers.mem.timeout_s",
             "(got '${B}')",
         ),
-        (USES_A + "  other:\n    transport: ${B}\n", "servers.other.transport", "Input tag '${B}'"),
+        (USES_A + "  other:\n    transport: ${B}\n", "servers.other.transport", "(got '${B}')"),
         (USES_A + "routes:\n  r: ['${B}/search']\n", "routes.r", "backend '${B}'"),
     ],
     ids=["number", "transport", "route"],
@@ -466,9 +466,9 @@ def test_a_value_two_variables_hold_echoed_away_from_its_key_names_both() -> Non
 
 def test_a_short_expanded_value_is_shown_as_written_without_masking_the_rest_of_the_message() -> None:
     err = config_error(STDIO + "    timeout_s: '${N}'\n", env={"N": "0"})
-    assert err.message == "Input should be greater than 0 (got '${N}')"
+    assert err.message == "must be greater than 0 (got '${N}')"
     err = config_error("servers:\n  web:\n    transport: '${T}'\n", env={"T": "s"})
-    assert err.message.startswith("Input tag '${T}' found using 'transport' does not match"), err.message
+    assert err.message == "unknown transport: use one of stdio, streamable_http, sse (got '${T}')", err.message
 
 
 def test_a_missing_env_variable_names_the_key_that_references_it() -> None:

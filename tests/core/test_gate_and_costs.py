@@ -52,6 +52,7 @@ def test_an_unknown_client_counts_as_small_and_the_refusal_points_to_the_cheap_l
     text = POLICY.refusal("wiki_read_all", unknown)
     assert "150,000 tokens" in text and "files_search" in text and "files_neighbors" in text
     assert text.index("files_search") < text.index("files_neighbors")
+    assert "`X-Context-Window: 150000`" in text  # a header a person can copy into the Inspector's --header
 
 
 def test_placeholders_are_filled_with_bands_of_measured_figures_or_of_the_estimate_until_enough_calls() -> None:

@@ -461,7 +461,8 @@ def test_stats_give_rates_and_nearest_rank_percentiles_per_tool(tmp_path: Path) 
     assert (search.calls, search.error_rate, search.degraded_rate) == (100, 0.10, 0.20)
     assert (search.p50_ms, search.p95_ms, search.p99_ms) == (50.0, 95.0, 99.0)
     assert search.by_status == {"degraded": 20, "error": 5, "ok": 70, "timeout": 5}
-    assert (by_tool["fetch"].p50_ms, by_tool["fetch"].p99_ms, by_tool["fetch"].error_rate) == (7.0, 7.0, 0.0)
+    fetch = by_tool["fetch"]  # refused: counted apart, no latency of a tool's
+    assert (fetch.calls, fetch.refused, fetch.p50_ms, fetch.p99_ms, fetch.error_rate) == (1, 1, None, None, 0.0)
     wiki = by_tool["wiki"]  # the textbook nearest-rank example: ranks ceil(p/100 * 5)
     assert (wiki.p50_ms, wiki.p95_ms, wiki.p99_ms) == (35.0, 50.0, 50.0)
     assert open_reader(db).stats(Filters(tool="wiki", since=NOW + 0.3005)) == [
@@ -503,13 +504,26 @@ def test_records_render_as_an_aligned_table_and_as_json_that_parses_back() -> No
 def test_stats_render_as_a_table_and_as_json() -> None:
     items = [ToolStats("search", 100, {"ok": 90, "error": 10}, 0.1, 0.0, 50.0, 95.0, 99.0)]
     table = render_stats(items, as_json=False).splitlines()
-    assert table[0].split() == ["TOOL", "CALLS", "ERROR%", "DEGRADED%", "P50", "MS", "P95", "MS", "P99", "MS"]
-    assert table[1].split() == ["search", "100", "10.0", "0.0", "50.0", "95.0", "99.0"]
+    assert table[0].split() == [
+        "TOOL",
+        "CALLS",
+        "REFUSED",
+        "ERROR%",
+        "DEGRADED%",
+        "P50",
+        "MS",
+        "P95",
+        "MS",
+        "P99",
+        "MS",
+    ]
+    assert table[1].split() == ["search", "100", "0", "10.0", "0.0", "50.0", "95.0", "99.0"]
     assert len(table[0]) == len(table[1])  # numbers right-aligned under their headers
     assert json.loads(render_stats(items, as_json=True)) == [
         {
             "tool": "search",
             "calls": 100,
+            "refused": 0,
             "by_status": {"ok": 90, "error": 10},
             "error_rate": 0.1,
             "degraded_rate": 0.0,

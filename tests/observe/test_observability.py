@@ -137,6 +137,8 @@ def test_config_secrets_takes_secret_named_and_listed_values_and_leaves_the_rest
 ) -> None:
     monkeypatch.setenv("UPSTREAM_API_KEY", "passed-through-key")
     monkeypatch.setenv("LANG", "C.UTF-8")
+    monkeypatch.setenv("HTTPS_PROXY", "http://alice:proxy%21pass@proxy.corp.invalid:3128")  # passed by default
+    monkeypatch.setenv("NO_PROXY", "localhost,127.0.0.1")
     config = parse_config(
         """
 gateway:
@@ -172,6 +174,8 @@ adapters:
         "adapter-password",
         "passed-through-key",
         "collector-credential",
+        "proxy%21pass",  # a proxy's password, as written and as a program would print it
+        "proxy!pass",
     }
 
 

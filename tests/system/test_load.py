@@ -273,11 +273,11 @@ async def test_every_call_of_a_mixed_load_has_exactly_one_row_with_its_planned_s
 
     table = await anyio.to_thread.run_sync(audit_stats_table, tmp_path)
     header, *body = table.splitlines()
-    assert header.split() == ["TOOL", "CALLS", "ERROR%", "DEGRADED%", "P50", "MS", "P95", "MS", "P99", "MS"]
+    assert header.split() == ["TOOL", "CALLS", "REFUSED", "ERROR%", "DEGRADED%", "P50", "MS", "P95", "MS", "P99", "MS"]
     per_tool = {line.split()[0]: line.split()[1:] for line in body}
     for (tool, _), count in expected_counts(SESSIONS, CALLS_PER_SESSION).items():
         assert int(per_tool[tool][0]) == count
-    assert float(per_tool["t__sleep"][3]) >= TIMEOUT_S * 1000  # its p50 is the timeout
+    assert float(per_tool["t__sleep"][4]) >= TIMEOUT_S * 1000  # its p50 is the timeout
 
 
 async def test_after_a_sigkill_mid_load_every_answer_a_client_received_has_its_row(tmp_path: Path) -> None:

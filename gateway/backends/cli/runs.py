@@ -23,7 +23,7 @@ import anyio
 import anyio.abc
 
 from gateway.backends import processes
-from gateway.config import Adapter, environ
+from gateway.config import Adapter, passed_environment
 from gateway.errors import BackendError, BackendUnavailable
 
 __all__ = ["ChildProcess", "Outcome", "Runs", "Spawner", "environment", "spawn_process"]
@@ -118,14 +118,8 @@ async def spawn_process(argv: Sequence[str], *, env: Mapping[str, str], cwd: str
 
 
 def environment(config: Adapter) -> dict[str, str]:
-    """What the program's environment holds: the ``pass_env`` names the gateway has, then ``env``."""
-    env: dict[str, str] = {}
-    for name in config.pass_env:
-        value = environ(name)
-        if value is not None:
-            env[name] = value
-    env.update(config.env)
-    return env
+    """What the program's environment holds: the ``pass_env`` variables the gateway has, then ``env``."""
+    return passed_environment(config.pass_env, config.env)
 
 
 @dataclass(frozen=True, slots=True)

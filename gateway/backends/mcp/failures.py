@@ -26,7 +26,7 @@ from mcp.client.subscriptions import SubscriptionLost
 from mcp.shared.exceptions import MCPError
 
 from gateway.backends.mcp.answers import ANSWER_TOO_LARGE, answer_too_large
-from gateway.config import HttpServer, ServerConfig, SseServer, StdioServer
+from gateway.config import PACKAGE_RUNNERS, HttpServer, ServerConfig, SseServer, StdioServer
 from gateway.errors import (
     BackendAnswerTooLarge,
     BackendError,
@@ -177,13 +177,21 @@ def classify_failure(
     stderr_tail: str = "",
     exit_code: int | None = None,
     http: ResponseRecorder | None = None,
+    stray: str = "",
 ) -> str:
-    """Describe why a connection attempt or a session failed, in plain words."""
+    """Describe why a connection attempt or a session failed, in plain words. A stdio server's handshake that timed
+    out says what the server printed (``stderr_tail``, and ``stray``: its stdout lines that were not JSON-RPC) and
+    what to check."""
     leaves = list(_flatten(exc))
     http_reason = _http_reason(http) if http is not None else None
     for leaf in leaves:
         if isinstance(leaf, TimeoutError):
-            return f"handshake timed out after {config.connect_timeout_s:g} s (the server did not answer initialize)"
+            timed_out = (
+                f"handshake timed out after {config.connect_timeout_s:g} s (the server did not answer initialize)"
+            )
+            if isinstance(config, StdioServer):
+                return f"{timed_out}; {_printed(stderr_tail, stray)}. Check: {_what_to_check(config)}"
+            return timed_out
         if isinstance(leaf, FileNotFoundError) and isinstance(config, StdioServer):
             return f"command not found: {config.command}"
         if isinstance(leaf, PermissionError) and isinstance(config, StdioServer):
@@ -209,6 +217,30 @@ def classify_failure(
         return exit_detail(exit_code, stderr_tail)
     leaf = leaves[0] if leaves else exc
     return f"{type(leaf).__name__}: {leaf}" if str(leaf) else f"connection failed ({type(leaf).__name__})"
+
+
+def _printed(stderr_tail: str, stray: str) -> str:
+    said = [f"its stderr: {stderr_tail}" if stderr_tail else "it wrote nothing on stderr"]
+    if stray:
+        said.append(f"on stdout, not JSON-RPC: {stray}")
+    return "; ".join(said)
+
+
+def _what_to_check(config: StdioServer) -> str:
+    """Where to look when a stdio server does not answer its handshake in time."""
+    line = " ".join([config.command, *config.args])
+    runner = config.command.rsplit("/", 1)[-1]
+    if runner in PACKAGE_RUNNERS:
+        return (
+            f"{runner} fetches the server when it is not cached yet: run `{line}` once from a shell (it then starts "
+            f"from the cache) or raise connect_timeout_s; the gateway passes it only pass_env (PATH, HOME, the proxy "
+            "and CA variables HTTP(S)_PROXY, NO_PROXY, NODE_EXTRA_CA_CERTS, SSL_CERT_FILE, npm_config_*, PIP_*, ...) "
+            "and env: add any other variable it needs to pass_env"
+        )
+    return (
+        f"that `{line}` answers initialize on stdout when started from a shell with only pass_env (PATH, HOME, the "
+        "proxy and CA variables) and env; add any other variable it needs to pass_env"
+    )
 
 
 def exit_detail(exit_code: int | None, stderr_tail: str) -> str:

@@ -376,6 +376,7 @@ class McpBackend(BackendBase):
             proc = self._proc
             exit_code = proc.returncode if proc is not None else None
             stderr_tail = proc.stderr_tail() if proc is not None else ""
+            stray = proc.stray_tail() if proc is not None else ""
         if ready_at is None:
             reason = classify_failure(
                 failure or RuntimeError("the session ended during the handshake"),
@@ -383,6 +384,7 @@ class McpBackend(BackendBase):
                 stderr_tail=stderr_tail,
                 exit_code=exit_code,
                 http=recorder,
+                stray=stray,
             )
             self._fail(reason)
             raise _ConnectFailed(reason) from failure

@@ -62,6 +62,8 @@ EXIT_GRACE_S = 2.0
 TERM_GRACE_S = 2.0
 """Time between SIGTERM and SIGKILL to the process group."""
 STDERR_TAIL_LINES = 5
+STRAY_CHARS = 200
+"""Characters kept of a line on stdout that is not JSON-RPC (a banner, a log line): shown when the handshake fails."""
 
 
 _CLOSED: dict[str, Any] = {}
@@ -190,6 +192,8 @@ class StdioProcess:
     """Why the transport gave up on a live process (its stdin stopped taking messages), if it did."""
     lane: StdioLane = field(default_factory=StdioLane)
     """The process's pipes for requests sent straight on them (see the module docstring)."""
+    stray: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES))
+    """The last lines it printed on stdout that were not JSON-RPC (MCP's stdout carries nothing else)."""
 
     @property
     def returncode(self) -> int | None:
@@ -206,6 +210,10 @@ class StdioProcess:
             return ""
         lines = [line.strip() for line in text.splitlines() if line.strip()]
         return " | ".join(lines[-STDERR_TAIL_LINES:])
+
+    def stray_tail(self) -> str:
+        """The last lines on stdout that were not JSON-RPC, as ``stderr_tail`` gives stderr's."""
+        return " | ".join(self.stray)
 
 
 def _parse(line: bytes) -> SessionMessage | Exception:
@@ -262,7 +270,10 @@ class _Pipes:
     async def _route(self, line: bytes) -> None:
         claimed = self._lane.claim(line)
         if claimed is None:
-            await self._read_send.send(_parse(line))
+            parsed = _parse(line)
+            if isinstance(parsed, Exception):
+                self._proc.stray.append(line.decode("utf-8", errors="replace").strip()[:STRAY_CHARS])
+            await self._read_send.send(parsed)
             self._passed = True
             return
         if self._passed:

@@ -19,7 +19,6 @@ from typing import IO, Any
 import anyio
 import httpx2
 from mcp.client.sse import sse_client
-from mcp.client.stdio import get_default_environment
 from mcp.client.streamable_http import streamable_http_client
 
 from gateway.backends.mcp.eras import MODERN
@@ -27,7 +26,7 @@ from gateway.backends.mcp.failures import ResponseRecorder
 from gateway.backends.mcp.fastpath import DirectLane, HttpLane
 from gateway.backends.mcp.pool import HttpPool
 from gateway.backends.mcp.stdio import StdioProcess, open_stdio
-from gateway.config import HttpServer, ServerConfig, SseServer, StdioServer
+from gateway.config import HttpServer, ServerConfig, SseServer, StdioServer, passed_environment
 
 __all__ = ["SSE_EVENT_CAP", "SSE_EVENT_MARGIN", "Transport", "open_transport"]
 
@@ -88,7 +87,7 @@ async def open_transport(
 
 @asynccontextmanager
 async def _stdio(config: StdioServer, stderr: IO[bytes], on_failure: Callable[[str], None]) -> AsyncIterator[Transport]:
-    env = get_default_environment() | dict(config.env)
+    env = passed_environment(config.pass_env, config.env)
     async with open_stdio(
         config.command,
         list(config.args),

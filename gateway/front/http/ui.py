@@ -1,10 +1,11 @@
 """The status page (``StatusPage``, mounted at ``/ui``): one server-rendered HTML page for people, beside the
 ``/status`` JSON for programs, with its own sign-in (the ``Guard`` checks Host and Origin, and lets ``UI_PATHS`` past
 its bearer check). The page shows the backends, the catalog, the ledger's recent calls and per-tool figures over the
-last 24 hours, and reloads itself every ``REFRESH_S`` seconds; no script runs, and the Content-Security-Policy allows
-nothing but the page's own nonce'd stylesheet. The HTML comes from Jinja2 templates (``templates/``, package data)
-with autoescape on: backend reasons and tool descriptions are a downstream's words, untrusted, and reasons are also
-scrubbed of registered secrets, as on ``/status``.
+last 24 hours (refusals counted apart from the tools' errors and latencies), a banner while an edit of the
+configuration file is refused (``Gateway.reload_error``), and reloads itself every ``REFRESH_S`` seconds; no script
+runs, and the Content-Security-Policy allows nothing but the page's own nonce'd stylesheet. The HTML comes from
+Jinja2 templates (``templates/``, package data) with autoescape on: backend reasons and tool descriptions are a
+downstream's words, untrusted, and reasons are also scrubbed of registered secrets, as on ``/status``.
 """
 
 from __future__ import annotations
@@ -290,7 +291,9 @@ def _ago(ts: float, now: float) -> str:
     return "just now" if now - ts < 1 else f"{_duration(now - ts)} ago"
 
 
-def _ms(value: float) -> str:
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "—"
     return f"{value:.0f} ms" if value >= 10 else f"{value:.1f} ms"
 
 
@@ -367,6 +370,9 @@ def _render_page(
         backends=backends,
         tools=_tool_rows(gateway.catalog),
         problems=gateway.catalog.problems,
+        reload_error=gateway.reload_error,
+        config_file=gateway.config.source,
+        loaded_at=gateway.loaded_at,
         ledger=ledger,
         recent_calls=RECENT_CALLS,
         description_limit=DESCRIPTION_LIMIT,

@@ -155,8 +155,8 @@ policies:
     ("value", "where", "message"),
     [
         ('[ok, "bad name"]', "servers.a.unlisted_tools.1", "tool name 'bad name' is invalid"),
-        ("[1]", "servers.a.unlisted_tools.0", "Input should be a valid string"),
-        ("oops", "servers.a.unlisted_tools", "Input should be a valid"),
+        ("[1]", "servers.a.unlisted_tools.0", "must be text (got 1)"),
+        ("oops", "servers.a.unlisted_tools", "must be a list"),
     ],
 )
 def test_unlisted_tools_are_checked_at_load_naming_file_key_and_line(value: str, where: str, message: str) -> None:

@@ -1,0 +1,124 @@
+"""The ``gateway`` command as a user meets it first: commands that serve nothing start without the server stack, and
+commands that need no federation.yaml do not ask for one. (How long they take is measured in docs/benchmarks.md,
+"The command line's start"; here what they load.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+from gateway.cli.main import main
+from gateway.ledger.sqlite import Ledger
+from tests.fixtures import FIXTURES
+from tests.fixtures.ledger_writer import make_record
+
+SERVER_STACK = (
+    "mcp",
+    "mcp_types",
+    "starlette",
+    "uvicorn",
+    "httpx2",
+    "gateway.core",
+    "gateway.front",
+    "gateway.backends",
+)
+"""What only serving needs: the SDK, the HTTP stack, and the gateway's routing, front and backends."""
+
+_LOADED = """
+import json, sys
+from gateway.cli.main import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+print(json.dumps(sorted(sys.modules)), file=sys.stderr)
+"""
+
+
+def _loaded(*argv: str, cwd: Path) -> tuple[list[str], str]:
+    """The modules a ``gateway ARGV`` run loaded (the last line of its stderr), and its stdout."""
+    done = subprocess.run(
+        [sys.executable, "-c", _LOADED, *argv], capture_output=True, text=True, timeout=60, cwd=cwd, env=os.environ
+    )
+    modules: list[str] = json.loads(done.stderr.splitlines()[-1])
+    return modules, done.stdout
+
+
+def _stack(modules: list[str]) -> list[str]:
+    return [m for m in modules if any(m == s or m.startswith(f"{s}.") for s in SERVER_STACK)]
+
+
+@pytest.mark.spawns
+def test_gateway_version_loads_nothing_of_the_server_stack(tmp_path: Path) -> None:
+    modules, out = _loaded("--version", cwd=tmp_path)
+    assert out.startswith("gateway ")
+    assert _stack(modules) == []
+    assert "pydantic" not in modules and "structlog" not in modules
+
+
+@pytest.mark.spawns
+def test_gateway_import_loads_nothing_of_the_server_stack(tmp_path: Path) -> None:
+    modules, out = _loaded("import", str(FIXTURES / "client_configs" / "claude_desktop_config.json"), cwd=tmp_path)
+    assert out.startswith("# Imported by `gateway import`")
+    assert _stack(modules) == []
+
+
+def _ledger_with_one_call(path: Path) -> None:
+    async def write() -> None:
+        async with Ledger(path) as ledger:
+            await ledger.record(make_record("c1"))
+
+    anyio.run(write)
+
+
+def test_audit_stats_with_db_reads_that_ledger_without_a_federation_yaml(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ledger = tmp_path / "elsewhere" / "audit.db"
+    ledger.parent.mkdir()
+    _ledger_with_one_call(ledger)
+    monkeypatch.chdir(tmp_path)  # no federation.yaml here
+    assert main(["audit", "stats", "--db", str(ledger), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert [(row["tool"], row["calls"]) for row in json.loads(out)] == [("search", 1)]
+    assert "federation.yaml" not in err
+
+
+def test_audit_without_db_and_without_a_federation_yaml_says_to_pass_db(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["audit", "stats"]) == 2
+    err = capsys.readouterr().err
+    assert "federation.yaml: file not found" in err
+    assert "pass --db FILE instead" in err
+
+
+@pytest.mark.spawns
+def test_check_strict_exits_1_when_a_backend_failed_and_0_when_every_one_is_ready_or_declared_off(
+    tmp_path: Path,
+) -> None:
+    ready = "adapters:\n  t: {command: sh, tools: {x: {argv: [-c, 'echo ok']}}}\n"
+    off = "  off: {transport: stdio, command: x, enabled: false}\n"
+    failing = "  gone: {transport: stdio, command: definitely-not-a-command-xyz}\n"
+    path = tmp_path / "federation.yaml"
+
+    def check(text: str, *options: str) -> subprocess.CompletedProcess[str]:
+        path.write_text(text)
+        argv = [sys.executable, "-m", "gateway", "check", "-c", str(path), *options]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=90, env=os.environ)
+
+    assert check(ready + "servers:\n" + off, "--strict").returncode == 0
+    assert check(ready + "servers:\n" + off + failing).returncode == 0  # without --strict: reported, not fatal
+    strict = check(ready + "servers:\n" + off + failing, "--strict")
+    assert strict.returncode == 1
+    assert strict.stderr.splitlines() == [
+        "gateway check --strict: backend 'gone' is failed: command not found: definitely-not-a-command-xyz"
+    ]
+    assert "gone" in strict.stdout  # the table is printed as ever
