@@ -13,7 +13,6 @@ from pathlib import Path
 import anyio
 import pytest
 
-from gateway.cli.main import main
 from gateway.ledger.sqlite import Ledger
 from tests.fixtures import FIXTURES
 from tests.fixtures.ledger_writer import make_record
@@ -77,27 +76,29 @@ def _ledger_with_one_call(path: Path) -> None:
     anyio.run(write)
 
 
-def test_audit_stats_with_db_reads_that_ledger_without_a_federation_yaml(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+def _gateway(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``gateway ARGV`` run as a user runs it (its own process: the command configures logging for itself)."""
+    command = [sys.executable, "-m", "gateway", *argv]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=cwd, env=os.environ)
+
+
+@pytest.mark.spawns
+def test_audit_stats_with_db_reads_that_ledger_without_a_federation_yaml(tmp_path: Path) -> None:
     ledger = tmp_path / "elsewhere" / "audit.db"
     ledger.parent.mkdir()
     _ledger_with_one_call(ledger)
-    monkeypatch.chdir(tmp_path)  # no federation.yaml here
-    assert main(["audit", "stats", "--db", str(ledger), "--json"]) == 0
-    out, err = capsys.readouterr()
-    assert [(row["tool"], row["calls"]) for row in json.loads(out)] == [("search", 1)]
-    assert "federation.yaml" not in err
+    done = _gateway("audit", "stats", "--db", str(ledger), "--json", cwd=tmp_path)  # no federation.yaml here
+    assert done.returncode == 0, done.stderr
+    assert [(row["tool"], row["calls"]) for row in json.loads(done.stdout)] == [("search", 1)]
+    assert "federation.yaml" not in done.stderr
 
 
-def test_audit_without_db_and_without_a_federation_yaml_says_to_pass_db(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.chdir(tmp_path)
-    assert main(["audit", "stats"]) == 2
-    err = capsys.readouterr().err
-    assert "federation.yaml: file not found" in err
-    assert "pass --db FILE instead" in err
+@pytest.mark.spawns
+def test_audit_without_db_and_without_a_federation_yaml_says_to_pass_db(tmp_path: Path) -> None:
+    done = _gateway("audit", "stats", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "federation.yaml: file not found" in done.stderr
+    assert "pass --db FILE instead" in done.stderr
 
 
 @pytest.mark.spawns
