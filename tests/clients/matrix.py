@@ -97,6 +97,28 @@ class Client:
                     return found.group(1).strip()
         return "not installed"
 
+    def pinned(self) -> str:
+        """The version its pins in tools/ name (tools/clients/KEY, or the test tools' tools/npm and tools/python)."""
+        for manifest in (
+            ROOT / "tools" / "clients" / self.key / "package.json",
+            ROOT / "tools" / "npm" / "package.json",
+        ):
+            if manifest.is_file():
+                found = json.loads(manifest.read_text()).get("dependencies", {}).get(self.package)
+                if found is not None:
+                    return str(found)
+        for lock in (
+            ROOT / "tools" / "clients" / self.key / "requirements.txt",
+            ROOT / "tools" / "python" / f"{self.key}.txt",
+        ):
+            if lock.is_file():
+                found = re.search(
+                    rf"^{re.escape(self.package)}==(\S+)$", lock.read_text(), re.MULTILINE | re.IGNORECASE
+                )
+                if found:
+                    return found.group(1)
+        raise LookupError(f"no pin of {self.package} under tools/")
+
     def installed(self) -> bool:
         return self.version() != "not installed"
 
