@@ -19,7 +19,7 @@ import pytest
 
 from tests.clients.matrix import BY_KEY, ROOT, SCRIPT, TOOLS, Client, Run, Scenario
 from tests.fixtures.gateway_proc import PYTHON, echo_argv, run_gateway
-from tests.fixtures.identity import start_identity_provider
+from tests.fixtures.identity import IdentityProvider, start_identity_provider
 from tests.fixtures.procs import RunningServer, free_port
 
 TOKEN = "matrix-token-0123456789abcdef"
@@ -60,7 +60,7 @@ class Matrix:
     folder: Path
     bearer: RunningServer
     oauth: RunningServer
-    oauth_token: str
+    idp: IdentityProvider
     stdio_config: Path
     runs: dict[tuple[str, str, str], Run] = field(default_factory=dict)
 
@@ -73,7 +73,10 @@ class Matrix:
                 "env": {"PYTHONPATH": str(ROOT), "PATH": f"{TOOLS / 'bin'}{os.pathsep}{os.environ['PATH']}"},
             }
         server = self.oauth if auth == "oauth" else self.bearer
-        token = {"bearer": TOKEN, "oauth": self.oauth_token, "wrong": WRONG_TOKEN}.get(auth)
+        if auth == "oauth":  # a fresh one for each run: the provider's tokens live 5 minutes, the matrix longer
+            token: str | None = anyio.run(self.idp.client_credentials)
+        else:
+            token = {"bearer": TOKEN, "wrong": WRONG_TOKEN}.get(auth)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         return {"url": server.url(), "headers": headers}
 
@@ -108,8 +111,7 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Matrix]:
             federation(wiki, oauth_section(idp.issuer, resource)), folder.joinpath("oauth"), port=port
         ) as oauth,
     ):
-        token = anyio.run(idp.client_credentials)
-        yield Matrix(folder / "runs", bearer, oauth, token, stdio_config)
+        yield Matrix(folder / "runs", bearer, oauth, idp, stdio_config)
 
 
 # --------------------------------------------------------------------------------------- the report
