@@ -1,7 +1,7 @@
 """The client matrix's world: one federation (an echo server over stdio and the built-in wiki) served three ways — over
 HTTP with a static bearer token, over HTTP as an OAuth resource server of the tests' real OpenID provider
 (tests/fixtures/identity.py), and over stdio, spawned by the client — and ``matrix``, which runs each client against
-each target once per session. With ``GATEWAY_CLIENTS_REPORT=FILE`` every cell's outcome is written to FILE as JSON at
+each target once per module (its gateways stop with it). With ``GATEWAY_CLIENTS_REPORT=FILE`` every cell's outcome is written to FILE as JSON at
 the end, for ``python -m tests.clients.table`` (docs/clients.md)."""
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ class Matrix:
         return self.runs[key]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def matrix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Matrix]:
     folder = tmp_path_factory.mktemp("clients")
     wiki = folder / "wiki"

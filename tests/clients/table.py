@@ -74,7 +74,7 @@ def render(outcomes: Outcomes, versions: Mapping[str, str]) -> str:
             lines.append("| " + " | ".join(row) + " |")
     lines.append("\n## Known client-side limits\n")
     lines.extend(notes)
-    lines.append("\n## Cells that fail today, and the item that fixes each\n")
+    lines.append("\n## Cells that fail today: the issue-23 item that fixes each, or the client's limit\n")
     for (client_key, transport, check_key), expected in sorted(EXPECTED.items()):
         owner = f"item {expected.item}" if expected.item else "client"
         title = next(check.title for check in CHECKS if check.key == check_key)
