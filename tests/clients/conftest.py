@@ -1,8 +1,8 @@
-"""The client matrix's world: one federation (an echo server over stdio and the built-in wiki) served three ways — over
-HTTP with a static bearer token, over HTTP as an OAuth resource server of the tests' real OpenID provider
-(tests/fixtures/identity.py), and over stdio, spawned by the client — and ``matrix``, which runs each client against
-each target once per module (its gateways stop with it). With ``GATEWAY_CLIENTS_REPORT=FILE`` every cell's outcome is written to FILE as JSON at
-the end, for ``python -m tests.clients.table`` (docs/clients.md)."""
+"""The client matrix's world: one federation (an echo server over stdio and the built-in wiki) served three ways:
+over HTTP with a static bearer token, over HTTP as an OAuth resource server of the tests' real OpenID provider
+(tests/fixtures/identity.py), and over stdio, spawned by the client; and ``matrix``, which runs each client against
+each target once per module (its gateways stop with it). With ``GATEWAY_CLIENTS_REPORT=FILE`` every cell's outcome
+is written to FILE as JSON at the end, for ``python -m tests.clients.table`` (docs/clients.md)."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def oauth_section(issuer: str, resource: str) -> str:
 
 @dataclass
 class Matrix:
-    """Runs a client against a target the first time a cell asks, and keeps the run for the session."""
+    """Runs a client against a target the first time a cell asks, and keeps the run for the module."""
 
     folder: Path
     bearer: RunningServer
