@@ -87,7 +87,7 @@ class Matrix:
             folder.mkdir()
             script = SCRIPT if auth in ("bearer", "oauth", "stdio") else []
             scenario = Scenario(transport, auth, self.target(transport, auth), script, folder)
-            self.runs[key] = client.run(client, scenario)
+            self.runs[key] = client.runner(client.version(), scenario)
         return self.runs[key]
 
 
