@@ -1,11 +1,10 @@
 """The client matrix: each real MCP client, pinned in its own tree under ``.tools/clients`` (scripts/install-clients),
 driven against a served gateway as its users drive it, and what it shows its user or its model.
 
-A *run* is one client against one target (``Scenario``): HTTP with a static bearer token, with an access token from
-the real OpenID provider, with no token or a wrong one, or the gateway spawned over stdio. It yields a ``Run``: did it
-connect, which tools it listed (as the client names them), what the model reads for each scripted call, and what it
-said when it failed. The cells (``CHECKS``) are judged on runs in test_matrix.py; ``EXPECTED`` holds the cells known
-to fail, each with the issue-23 item that fixes it or the client-side limit that explains it.
+A *run* is one client against one target: HTTP with a static bearer token, with an access token from the real OpenID
+provider, with no token or a wrong one, or the gateway spawned over stdio (runners.py drives each client). The cells
+(``CHECKS``) are judged on runs in test_matrix.py; ``EXPECTED`` holds the cells known to fail, each with the issue-23
+item that fixes it or the client-side limit that explains it.
 """
 
 from __future__ import annotations
@@ -36,6 +35,8 @@ from tests.clients.runners import (
 __all__ = ["ROOT", "SCRIPT", "TOOLS", "Run", "Scenario"]  # what conftest.py and table.py take from here too
 
 TOOLS_LISTED = ("echo", "add", "wiki_search")
+REFUSAL_WORDS = r"401|unauthori[sz]ed|bearer token"
+"""What a client's user must see when the gateway refuses the token: the reason, in the server's words or its own."""
 
 
 @dataclass(frozen=True)
@@ -48,8 +49,6 @@ class Client:
     """Where its version is read: an npm package under its tree, or a PyPI distribution in its venv."""
     limits: tuple[str, ...] = ()
     """Known client-side limits, as docs/clients.md states them."""
-    refusal_words: str = r"401|unauthori[sz]ed|bearer token"
-    """What its user must see when the gateway refuses the token: the reason, in the server's words or its own."""
 
     def version(self) -> str:
         for tree in (CLIENTS / self.key, TOOLS / "npm"):  # the Inspector comes with the test tools (tools/npm)
@@ -217,7 +216,7 @@ def _refused(client: Client, run: Run) -> str | None:
         return "connected without a valid token"
     if run.timed_out:
         return f"still waiting after {REFUSED_TIMEOUT_S:.0f} s (it hangs)"
-    if not re.search(client.refusal_words, run.error or "", re.IGNORECASE):
+    if not re.search(REFUSAL_WORDS, run.error or "", re.IGNORECASE):
         return f"its user is not told why: {run.error!r}"
     return None
 

@@ -50,3 +50,12 @@ def test_a_real_client_sees_the_gateway_as_its_users_expect(
     run = matrix.run(client, transport, "stdio" if transport == "stdio" else check.auth)
     problem = check.judge(client, run)
     assert problem is None, f"{client.name} over {transport}, {check.title}: {problem}\n{run.describe()}"
+
+
+@pytest.mark.parametrize("client_key", [client.key for client in CLIENTS_UNDER_TEST])
+def test_each_client_runs_at_the_version_pinned_in_tools(client_key: str) -> None:
+    """A stale tree would test another version than docs/clients.md names: scripts/install-clients rebuilds it."""
+    client = BY_KEY[client_key]
+    if not client.installed() and os.environ.get("GATEWAY_REQUIRE_CLIENTS") != "1":
+        pytest.skip(f"{client.name} is not installed: run scripts/install-clients")
+    assert client.version() == client.pinned()
