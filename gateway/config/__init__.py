@@ -23,6 +23,7 @@ from gateway.config.backends import (
 )
 from gateway.config.base import TOOL_NAME_RE
 from gateway.config.federation import (
+    AnswerBudget,
     Clients,
     Exposure,
     Federation,
@@ -31,7 +32,7 @@ from gateway.config.federation import (
     SearchHitsResult,
 )
 from gateway.config.loading import ConfigProblems, add_project_tools, environ, load_config, parse_config
-from gateway.config.policies import Policy, PolicyLimits, Selection
+from gateway.config.policies import CallerBudget, Policy, PolicyLimits, Selection
 from gateway.config.settings import (
     AuditSettings,
     Auth,
@@ -56,9 +57,11 @@ __all__ = [
     "WIKI_TOOLS",
     "Adapter",
     "AdapterTool",
+    "AnswerBudget",
     "AuditSettings",
     "Auth",
     "CallBudget",
+    "CallerBudget",
     "CircuitBreaker",
     "Clients",
     "ConfigProblems",

@@ -25,6 +25,7 @@ and ``/status``.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,9 +38,11 @@ from gateway.backends.base import Backend, BackendState
 from gateway.config import TOOL_NAME_RE, Exposure, Federation, Policy, RouteStep, SearchHitsResult
 from gateway.core.costs import Cost, fill_placeholders
 from gateway.core.gate import note_without
+from gateway.core.kept import READ_DESCRIPTION, READ_SCHEMA, READ_TOOL
 from gateway.core.listings import Listings
+from gateway.search.tokens import count_tokens
 
-__all__ = ["Catalog", "CatalogEntry", "Provider", "with_note"]
+__all__ = ["Catalog", "CatalogEntry", "Provider", "list_tokens", "with_note"]
 
 log = structlog.get_logger("gateway.catalog")
 
@@ -167,6 +170,8 @@ class Catalog:
 
     unlisted: Mapping[str, CatalogEntry] = field(default_factory=dict)
     """Tools served but not listed (``servers.NAME.unlisted_tools``): callable by name, never in a listing."""
+    tokens: tuple[int, int] = (0, 0)
+    """What the full and the small ``tools/list`` cost a client's context, in tokens (search/tokens.py)."""
 
     def get(self, name: str) -> CatalogEntry | None:
         """The entry a ``tools/call`` of ``name`` is routed by: a published tool, else a declared unlisted one."""
@@ -205,6 +210,7 @@ class Catalog:
         problems: list[str] = []
         costs = costs or {}
         note = fill_placeholders((config.gateway.router_note or "").strip(), costs)
+        carries = _NoteCarrier(config)
         route_providers = {step.provider for route in config.routes.values() for step in route.providers}
 
         candidates: list[_Candidate] = []
@@ -237,7 +243,10 @@ class Catalog:
             description = route.description if route.description is not None else (base.description or "")
             description = fill_placeholders(description, costs)
             tool = _publish(
-                base, route_name, description, note if route.router or _routes_router(config, source) else ""
+                base,
+                route_name,
+                description,
+                note if carries(route_name, route.router or _routes_router(config, source)) else "",
             )
             providers = tuple(_provider(step) for step in route.providers)
             audit = dict(route.audit) or _adapter_audit(config, source)
@@ -268,7 +277,7 @@ class Catalog:
                 )
                 continue
             description = fill_placeholders(cand.tool.description or "", costs)
-            tool = _publish(cand.tool, public, description, note if cand.router else "")
+            tool = _publish(cand.tool, public, description, note if carries(public, cand.router) else "")
             entries[public] = CatalogEntry(public, tool, (Provider(cand.backend, cand.local),), cand.audit)
 
         unlisted = _unlisted(config, backends, known, entries, problems)
@@ -278,11 +287,20 @@ class Catalog:
         small = (
             {"tools": [with_note(t, note, small_note) for n, t in dumped.items() if n not in gated]} if gated else None
         )
+        budget = config.clients.budget
+        if budget is not None and READ_TOOL not in entries:  # the reader of cut answers, for the clients they reach
+            reader = types.Tool(name=READ_TOOL, description=READ_DESCRIPTION, input_schema=READ_SCHEMA)
+            entries[READ_TOOL] = CatalogEntry(READ_TOOL, reader, ())
+            listed = reader.model_dump(by_alias=True, mode="json", exclude_none=True)
+            small = {"tools": [*(small or {"tools": list(dumped.values())})["tools"], listed]}
+            if not budget.exempt_large:
+                dumped[READ_TOOL] = listed
         lists = Listings.build(config, backends)
         problems += lists.problems
+        full = {"tools": list(dumped.values())}
         return cls(
             entries,
-            {"tools": list(dumped.values())},
+            full,
             tuple(problems),
             small,
             lists,
@@ -291,6 +309,7 @@ class Catalog:
             costs,
             config.exposure,
             unlisted,
+            (list_tokens(full), list_tokens(small) if small is not None else list_tokens(full)),
         )
 
 
@@ -420,6 +439,28 @@ def _adapter_audit(config: Federation, source: str) -> dict[str, int]:
     if adapter is not None and local in adapter.tools:
         return dict(adapter.tools[local].audit)
     return {}
+
+
+def list_tokens(listing: Mapping[str, Any]) -> int:
+    """What a ``tools/list`` answer costs a client's context: the tokens of its tools' JSON, as clients put the
+    definitions in the model's prompt (names, descriptions, schemas)."""
+    return count_tokens(json.dumps(listing.get("tools", []), ensure_ascii=False, separators=(",", ":")))
+
+
+class _NoteCarrier:
+    """Which routed tools carry the router note: every one (``router_note_in: each``), or only ``router_note_tool``,
+    else the first routed tool built (``once``; the instructions carry it too, front/server.py)."""
+
+    def __init__(self, config: Federation) -> None:
+        self.once = config.gateway.router_note_in == "once"
+        self.chosen = config.gateway.router_note_tool
+
+    def __call__(self, name: str, routed: bool) -> bool:
+        if not self.once:
+            return routed
+        if self.chosen is None and routed:
+            self.chosen = name
+        return name == self.chosen
 
 
 def with_note(tool: Mapping[str, Any], note: str, replacement: str) -> Mapping[str, Any]:

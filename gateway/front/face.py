@@ -27,6 +27,7 @@ from pydantic import ValidationError
 
 from gateway.backends.base import Backend, ProgressFn
 from gateway.calls import BackChannel, CallContext, Caller, Origin, Round, Upstream
+from gateway.core.kept import SCHEME as KEPT
 from gateway.core.policies import View
 from gateway.core.router import Unanswered
 from gateway.core.runtime import Gateway
@@ -336,8 +337,9 @@ class Face:
     async def list_resources(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
         await self.gateway.wait_started()
         seen = self.view(ctx)
-        lists = self.gateway.catalog.lists
-        return enveloped(ctx, seen.resources_result if seen is not None else lists.resources_result)
+        listed = seen.resources_result if seen is not None else self.gateway.catalog.lists.resources_result
+        kept = self.gateway.answers.resources(self.context(ctx))  # the caller's own cut answers (core/answers.py)
+        return enveloped(ctx, {**listed, "resources": [*listed["resources"], *kept]} if kept else listed)
 
     async def list_resource_templates(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
@@ -349,6 +351,11 @@ class Face:
 
     async def read_resource(self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams) -> Any:
         call = self.context(ctx)
+        if params.uri.startswith(KEPT):  # the rest of a cut answer (core/answers.py): its caller's, and nobody else's
+            found = self.gateway.answers.resource(call, params.uri)
+            if found is None:
+                raise MCPError(types.INVALID_PARAMS, "Resource not found", {"uri": clip(params.uri, URI_CHARS)})
+            return found
         await self.gateway.router.wait_started("resources/read", params.uri, ctx=call)
         bridged = await self._bridged(ctx, "resources/read", params.uri, None, params, call, self._read)
         if bridged is not None:
