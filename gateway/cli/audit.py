@@ -10,6 +10,7 @@ SQLite ledger into a PostgreSQL one (``--to``), skipping the rows already there.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import sys
@@ -22,7 +23,7 @@ import anyio
 
 from gateway.errors import AuditError
 from gateway.ledger.engines import open_reader
-from gateway.ledger.readers import Filters, ToolStats
+from gateway.ledger.readers import CallerTokens, Filters, ToolStats
 from gateway.ledger.records import KINDS, STATUSES, AuditRecord
 from gateway.ledger.urls import is_url, redact_url
 
@@ -82,6 +83,8 @@ def record_to_json(rec: AuditRecord) -> dict[str, Any]:
         "arg_preview": dict(rec.arg_preview),
         "args_hash": rec.args_hash,
         "kind": rec.kind,
+        "tokens_in": rec.tokens_in,
+        "tokens_out": rec.tokens_out,
     }
 
 
@@ -98,7 +101,26 @@ def stats_to_json(item: ToolStats) -> dict[str, Any]:
         "p50_ms": item.p50_ms,
         "p95_ms": item.p95_ms,
         "p99_ms": item.p99_ms,
+        "tokens_in": item.tokens_in,
+        "tokens_out": item.tokens_out,
     }
+
+
+def render_callers(items: Sequence[CallerTokens], as_json: bool) -> str:
+    """Per-caller tool calls and tokens (in: arguments, out: answers as delivered) as a table or a JSON array."""
+    if as_json:
+        return json.dumps([dataclasses.asdict(item) for item in items], ensure_ascii=False, indent=2)
+    rows = [
+        [
+            item.caller or "-",
+            str(item.calls),
+            str(item.tokens_in),
+            str(item.tokens_out),
+            ", ".join(f"{tool} {tokens}" for tool, tokens in sorted(item.by_tool.items(), key=lambda kv: -kv[1])),
+        ]
+        for item in items
+    ]
+    return _table(("CALLER", "CALLS", "TOKENS IN", "TOKENS OUT", "OUT BY TOOL"), rows, frozenset({1, 2, 3}), (0,) * 5)
 
 
 def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], right: frozenset[int], minimum: Sequence[int]) -> str:
@@ -172,11 +194,13 @@ def render_stats(items: Sequence[ToolStats], as_json: bool) -> str:
             f"{item.p50_ms:.1f}",
             f"{item.p95_ms:.1f}",
             f"{item.p99_ms:.1f}",
+            str(item.tokens_in),
+            str(item.tokens_out),
         ]
         for item in items
     ]
-    headers = ("TOOL", "CALLS", "ERROR%", "DEGRADED%", "P50 MS", "P95 MS", "P99 MS")
-    return _table(headers, rows, frozenset(range(1, 7)), (0,) * 7)
+    headers = ("TOOL", "CALLS", "ERROR%", "DEGRADED%", "P50 MS", "P95 MS", "P99 MS", "TOKENS IN", "TOKENS OUT")
+    return _table(headers, rows, frozenset(range(1, 9)), (0,) * 9)
 
 
 def _time_arg(text: str) -> float:
@@ -223,7 +247,12 @@ def add_audit_subcommands(
     tail_parser.set_defaults(since=None, until=None)
     query_parser = commands.add_parser("query", parents=[common, filters, window], help="list calls matching filters")
     query_parser.add_argument("--limit", type=int, default=100, help="the most (newest) calls to list; 0 for all")
-    commands.add_parser("stats", parents=[common, filters, window], help="per-tool calls, error rates and latency")
+    stats_parser = commands.add_parser(
+        "stats", parents=[common, filters, window], help="per-tool (or per-caller) calls, error rates, latency, tokens"
+    )
+    stats_parser.add_argument(
+        "--by", choices=("tool", "caller"), default="tool", help="per tool (default), or per caller: tokens in and out"
+    )
     copy_parser = commands.add_parser(
         "copy",
         help="copy a SQLite ledger into PostgreSQL (rows already there are skipped, so it can be re-run)",
@@ -280,6 +309,8 @@ def _run_read(args: argparse.Namespace, out: TextIO, sleep: Callable[[float], No
     )
     if args.audit_command == "query":
         print(render_records(reader.query(filters, limit=args.limit or None), args.json), file=out)
+    elif args.audit_command == "stats" and args.by == "caller":
+        print(render_callers(reader.callers(filters), args.json), file=out)
     elif args.audit_command == "stats":
         print(render_stats(reader.stats(filters), args.json), file=out)
     else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import string
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -638,3 +639,11 @@ def test_with_budgets_the_reader_is_listed_to_the_clients_budgets_reach_and_call
     assert [t["name"] for t in small["tools"]] == ["search", "read_result"]
     assert catalog.get("read_result") is not None
     assert catalog.tokens[1] > catalog.tokens[0]
+
+
+def test_the_default_files_search_description_promises_the_shape_its_structured_result_has() -> None:
+    text = (Path(__file__).resolve().parents[2] / "federation.yaml").read_text(encoding="utf-8")
+    fed = parse_config(text, file="federation.yaml", env={})
+    description = fed.adapters["qmd"].tools["files_search"].description or ""
+    assert '{"results": [' in description  # what shape_result returns as structuredContent (core/results.py)
+    assert "Returns a JSON array" not in description
