@@ -27,8 +27,8 @@ log = structlog.get_logger("gateway.tokens")
 
 EXACT_CHARS = 4096
 """Texts up to this many characters are counted whole."""
-SPANS = 4
-SPAN_CHARS = 1024
+SPANS = 16
+SPAN_CHARS = 256
 """A longer text is counted by ``SPANS`` spans of about this many characters, evenly spaced."""
 BYTES_PER_TOKEN = 4
 """The fallback: the usual estimate for English text and JSON (Claude Code's own local estimate is characters / 4)."""
