@@ -135,6 +135,9 @@ class Clients(Model):
     """A request header in which a client (or a proxy in front of it) declares its context window, in tokens."""
     known: dict[str, int] = {}
     """clientInfo ``name`` (or ``name@version``) glob patterns, case-insensitive -> context window in tokens."""
+    min_context: dict[str, Annotated[int, Field(gt=0)]] = {}
+    """Any published tool -> the context window (tokens) a client must declare to list and call it (the tools of
+    ``large_context_tools`` need ``large_context_tokens``; a tool named in both needs the figure given here)."""
     budget: AnswerBudget | None = None
     """Token budgets by the declared window (gateway/core/answers.py); absent: answers are not budgeted."""
 

@@ -37,7 +37,7 @@ import structlog
 from gateway.backends.base import Backend, BackendState
 from gateway.config import TOOL_NAME_RE, Exposure, Federation, Policy, RouteStep, SearchHitsResult
 from gateway.core.costs import Cost, fill_placeholders
-from gateway.core.gate import note_without
+from gateway.core.gate import note_without, with_note
 from gateway.core.kept import READ_DESCRIPTION, READ_SCHEMA, READ_TOOL
 from gateway.core.listings import Listings
 from gateway.search.tokens import count_tokens
@@ -461,14 +461,6 @@ class _NoteCarrier:
         if self.chosen is None and routed:
             self.chosen = name
         return name == self.chosen
-
-
-def with_note(tool: Mapping[str, Any], note: str, replacement: str) -> Mapping[str, Any]:
-    """A dumped tool whose description ends with ``note``, with ``replacement`` in its place."""
-    description = tool.get("description")
-    if not note or note == replacement or not isinstance(description, str) or not description.endswith(note):
-        return tool
-    return {**tool, "description": description[: len(description) - len(note)] + replacement}
 
 
 def _publish(tool: types.Tool, name: str, description: str, note: str) -> types.Tool:

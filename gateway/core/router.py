@@ -282,7 +282,7 @@ class Router:
     def _gate(self, name: str, ctx: CallContext) -> types.CallToolResult | None:
         """An isError refusal when a large-context-only tool is called by a client below the gate, else None."""
         clients = self._clients
-        if clients is None or name not in clients.gated or clients.is_large(ctx.declared):
+        if clients is None or clients.allowed(name, ctx.declared):
             return None
         text = clients.refusal(name, ctx.declared)
         return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)

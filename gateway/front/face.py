@@ -155,7 +155,9 @@ class Face:
         seen = self.view(ctx)
         if self.exposure.searching(call.client_name, call.client_version, large, connection_of(ctx)):
             return self.exposure.listing(self.gateway.catalog, large, seen)  # search exposure: search, call, pins
-        return seen.listing(large) if seen is not None else self.gateway.catalog.listing(large)
+        listed = seen.listing(large) if seen is not None else self.gateway.catalog.listing(large)
+        note = self.gateway.catalog.notes[0 if large else 1]
+        return self.gateway.clients.listing(listed, note, call.declared)  # less the tools its window is below
 
     # -- every request ---------------------------------------------------------------------------------------------
 
@@ -216,10 +218,10 @@ class Face:
             large = gateway.clients.is_large(call.declared)
             if self.exposure.searching(call.client_name, call.client_version, large, connection_of(ctx)):
                 if params.name == self.exposure.exposure.search_tool:
-                    visible = call.visible  # the caller's policy (None: every tool), less the gated ones if small
-                    if not large:
-                        visible = frozenset(visible if visible is not None else gateway.catalog.entries)
-                        visible -= gateway.clients.gated
+                    visible = call.visible  # the caller's policy (None: every tool), less what its window is below
+                    hidden = gateway.clients.hidden(call.declared)
+                    if hidden:
+                        visible = frozenset(visible if visible is not None else gateway.catalog.entries) - hidden
                     return await self.exposure.search(params.arguments, visible)
                 if params.name == self.exposure.exposure.call_tool:  # routed and audited as the real tool's call
                     name, arguments = self.exposure.unwrap(params.arguments)
