@@ -147,13 +147,17 @@ class Face:
         era, the request's own ``_meta`` in the stateless one)."""
         call = self.context(ctx)
         large = self.gateway.clients.is_large(call.declared)
-        return self.exposure.searching(call.client_name, call.client_version, large, connection_of(ctx))
+        return self.exposure.searching(
+            call.client_name, call.client_version, large, connection_of(ctx), call.declared.tokens
+        )
 
     def listing(self, ctx: ServerRequestContext[Any]) -> Mapping[str, Any]:
         call = self.context(ctx)
         large = self.gateway.clients.is_large(call.declared)
         seen = self.view(ctx)
-        if self.exposure.searching(call.client_name, call.client_version, large, connection_of(ctx)):
+        if self.exposure.searching(
+            call.client_name, call.client_version, large, connection_of(ctx), call.declared.tokens
+        ):
             return self.exposure.listing(self.gateway.catalog, large, seen)  # search exposure: search, call, pins
         listed = seen.listing(large) if seen is not None else self.gateway.catalog.listing(large)
         note = self.gateway.catalog.notes[0 if large else 1]
@@ -216,7 +220,9 @@ class Face:
             call = dataclasses.replace(call, visible=seen.tools)
         try:
             large = gateway.clients.is_large(call.declared)
-            if self.exposure.searching(call.client_name, call.client_version, large, connection_of(ctx)):
+            if self.exposure.searching(
+                call.client_name, call.client_version, large, connection_of(ctx), call.declared.tokens
+            ):
                 if params.name == self.exposure.exposure.search_tool:
                     visible = call.visible  # the caller's policy (None: every tool), less what its window is below
                     hidden = gateway.clients.hidden(call.declared)

@@ -238,3 +238,20 @@ async def test_tokens_in_and_out_are_in_the_ledger_as_delivered(wiki: Path, tmp_
     assert [r.tokens_in for r in rows] == [count_tokens('{"path":"big.md"}'), count_tokens('{"path":"note-01.md"}')]
     assert rows[0].tokens_out is not None and 0 < rows[0].tokens_out <= 800 and len(cut.content) == 2
     assert rows[1].tokens_out == count_tokens(_text(whole)[0])
+
+
+async def test_a_catalog_over_its_share_of_a_clients_window_is_searched_not_listed(wiki: Path) -> None:
+    config = (
+        _wiki_config(wiki)
+        .replace(
+            "  budget: {answer_share: 0.1}\n",
+            "  budget: {answer_share: 0.1, catalog_share: 0.005}\n  known: {huge: 10000000, claude-code: 200000}\n",
+        )
+        .replace("  known: {small-agent: 8000, claude-code: 200000}\n", "")
+    )
+    config += "exposure: {mode: auto}\n"
+    for name, searched in (("claude-code", True), ("huge", False)):  # ~1,500 tokens: over 0.5% of 200K, not of 10M
+        async with in_process_gateway(config, client_info=_client(name)) as (client, gateway):
+            listed = [t.name for t in (await client.list_tools()).tools]
+            assert gateway.catalog.tokens[0] > 0.005 * 200_000
+            assert ("find_tools" in listed) is searched and ("files_read" in listed) is not searched
