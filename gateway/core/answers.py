@@ -158,7 +158,7 @@ class Answers:
             units = [json.dumps(item, ensure_ascii=False) for item in listed[1]]
             hits = True
         else:
-            units, hits = [p for p in whole.split("\n\n") if p.strip()], False
+            units, hits = _paragraphs(whole), False
         shown, used = self._head(units, room)
         if shown == 0 and hits:  # one hit larger than the budget: cut its JSON as text
             units, hits = [whole], False
@@ -167,7 +167,7 @@ class Answers:
             shown, used = self._head(units, room)
         self.kept.configure(**self._bounds())
         kept = self.kept.keep(
-            owner_of(ctx.caller, ctx.session_id), tool, units, hits=hits, page_tokens=room, first_page=shown,
+            owner_of(ctx.caller), tool, units, hits=hits, page_tokens=room, first_page=shown,
             tokens=total,
         )  # fmt: skip
         head = units[:shown]
@@ -193,7 +193,7 @@ class Answers:
     def read(self, ctx: CallContext, ident: str, page: int) -> Page | None:
         """Page ``page`` of the caller's kept answer ``ident`` (an id or its URI); None when it is not there."""
         ident, asked = _parse(ident)
-        item = self.kept.get(owner_of(ctx.caller, ctx.session_id), ident)
+        item = self.kept.get(owner_of(ctx.caller), ident)
         return self.kept.page(item, asked or page) if item is not None else None
 
     def read_tool(self, ctx: CallContext, arguments: Mapping[str, Any]) -> types.CallToolResult:
@@ -229,7 +229,7 @@ class Answers:
     def resources(self, ctx: CallContext) -> list[dict[str, Any]]:
         """The caller's kept answers as ``resources/list`` entries (wire shape)."""
         listed = []
-        for item in self.kept.listed(owner_of(ctx.caller, ctx.session_id)):
+        for item in self.kept.listed(owner_of(ctx.caller)):
             listed.append(
                 {
                     "uri": SCHEME + item.id,
@@ -258,6 +258,20 @@ def _parse(ident: str) -> tuple[str, int | None]:
     parts = urlsplit(ident)
     page = parse_qs(parts.query).get("page", [None])[0]
     return ident[len(SCHEME) :].split("?", 1)[0], int(page) if page is not None and page.isdigit() else None
+
+
+def _paragraphs(text: str) -> list[str]:
+    """``text`` cut at blank lines, a fenced code block (```) kept whole with the paragraph it is in."""
+    out: list[str] = []
+    fenced = False
+    for part in text.split("\n\n"):
+        if fenced and out:
+            out[-1] += "\n\n" + part
+        elif part.strip():
+            out.append(part)
+        fences = sum(1 for line in part.split("\n") if line.lstrip().startswith("```"))
+        fenced = fenced != (fences % 2 == 1)
+    return out
 
 
 def _listed(result: types.CallToolResult) -> tuple[str, list[Any]] | None:

@@ -3,9 +3,9 @@
 A kept answer is a list of units (whole search hits, paragraphs, or items of a structured list) and the page size it
 was cut at, in tokens: page 1 is what the call returned, page N packs the units that follow into the same budget
 (a unit larger than a page is cut at lines, then words). It belongs to the caller who made the call (``owner``, from
-``Caller``; an anonymous caller's session when it has one): ``read`` and ``listed`` answer another caller as if it
-did not exist. The store is bounded in time (``keep_s`` after it was kept) and in bytes (``keep_bytes`` for all
-answers together, the oldest leaving first), and lives in this process: behind several replicas, a result is read
+``Caller``): ``read`` and ``listed`` answer another caller as if it did not exist. The store is bounded in time
+(``keep_s`` after it was kept) and in bytes (``keep_bytes`` for all answers together, the oldest leaving first), and
+lives in this process: behind several replicas, a result is read
 from the replica that kept it (sticky sessions do that; docs/configuration.md, "Budgets").
 """
 
@@ -58,13 +58,13 @@ READ_DESCRIPTION = (
     "its id and the next page."
 )
 
-Owner = tuple[str | None, str | None, str | None, str | None]
+Owner = tuple[str | None, str | None, str | None]
 
 
-def owner_of(caller: Caller, session_id: str | None) -> Owner:
-    """Whom a kept result belongs to: the caller's identity, and for an anonymous caller its session (if any)."""
-    anonymous = caller.name is None and caller.subject is None
-    return (caller.issuer, caller.subject, caller.name, session_id if anonymous else None)
+def owner_of(caller: Caller) -> Owner:
+    """Whom a kept result belongs to: the caller's identity (a gateway without tokens has one caller, nobody in
+    particular, on loopback only)."""
+    return (caller.issuer, caller.subject, caller.name)
 
 
 @dataclass(frozen=True, slots=True)

@@ -163,8 +163,8 @@ def test_the_rest_is_read_in_pages_by_its_caller_and_nobody_else() -> None:
     assert answers.read(_ctx(8_000, bob), ident, 2) is None  # another caller: as if it did not exist
     assert answers.resources(_ctx(8_000, bob)) == [] and len(answers.resources(_ctx(8_000, alice))) == 1
     anonymous = answers.cut(text_result(text), 800, _ctx(8_000, session="s1"), "files_read").kept
-    assert anonymous is not None and answers.read(_ctx(8_000, session="s2"), anonymous.id, 2) is None
-    assert answers.read(_ctx(8_000, session="s1"), anonymous.id, 2) is not None
+    assert anonymous is not None and answers.read(_ctx(8_000, alice), anonymous.id, 2) is None
+    assert answers.read(_ctx(8_000, session="s2"), anonymous.id, 2) is not None  # one caller without tokens
 
 
 def test_the_kept_rests_are_bounded_in_bytes_the_oldest_leaving_first() -> None:
@@ -255,3 +255,11 @@ async def test_a_catalog_over_its_share_of_a_clients_window_is_searched_not_list
             listed = [t.name for t in (await client.list_tools()).tools]
             assert gateway.catalog.tokens[0] > 0.005 * 200_000
             assert ("find_tools" in listed) is searched and ("files_read" in listed) is not searched
+
+
+def test_a_fenced_code_block_with_blank_lines_stays_in_one_part() -> None:
+    answers = Answers(lambda: _config())
+    code = "```python\ndef f():\n\n    return 1\n\n\nprint(f())\n```"
+    text = "\n\n".join(["Intro " + "word " * 300, code, "After " + "word " * 300, "End " + "word " * 300])
+    cut = answers.cut(text_result(text), 800, _ctx(8_000), "files_read")
+    assert cut.kept is not None and code in cut.kept.units
