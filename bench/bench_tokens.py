@@ -7,7 +7,8 @@
 2. cost: what counting costs a 100 KB answer against the call itself (an in-process gateway, the wiki's files_read);
 3. savings: the labelled questions of retrieval_questions.yaml over docs/, each run as the default loop (files_search,
    then files_neighbors of the first hit), by a client that declares no window and by clients declaring 8K, 32K and
-   128K: the tokens each receives, and recall@5 of the search results it is shown against the uncut results.
+   128K: the tokens each receives, and recall@5 of the search results it is shown against the uncut results;
+4. catalog: what the default federation's tools/list costs, the router note in every router tool or placed once.
 
     .venv/bin/python -m bench.bench_tokens [--anthropic /path/to/node_modules/@anthropic-ai/tokenizer] [--calls N]
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 import subprocess
 import tempfile
@@ -219,20 +221,57 @@ def savings(windows: tuple[int | None, ...]) -> None:
         )
 
 
+def catalog() -> None:
+    """What the default federation's tools/list costs with the router note in every router tool and placed once."""
+    import sys
+
+    text = (ROOT / "federation.yaml").read_text(encoding="utf-8")
+    once = text.replace("  router_note: |", "  router_note_in: once\n  router_note: |", 1)
+    rows = []
+    for name, body in (("each (as the reference system)", text), ("once (instructions + one tool)", once)):
+        variant = ROOT / ".bench-federation.yaml"  # beside the real one: its relative paths resolve the same
+        variant.write_text(body, encoding="utf-8")
+        try:
+            found = [
+                subprocess.run(
+                    [sys.executable, "-m", "gateway", "tools", "-c", str(variant), *extra],
+                    capture_output=True, text=True, check=True, cwd=ROOT, timeout=300,
+                ).stdout
+                for extra in (["--json"], [])
+            ]  # fmt: skip
+        finally:
+            variant.unlink()
+        tools = json.loads(found[0])
+        notes = sum("Router (which tool" in (t["description"] or "") for t in tools)
+        size = sum(len((t["description"] or "").encode()) for t in tools)
+        costs = re.search(r"costs a client ~([\d,]+) tokens \(large context\), ~([\d,]+)", found[1])
+        assert costs is not None, found[1][-300:]
+        rows.append((name, len(tools), notes, size, costs.group(1), costs.group(2)))
+    print("\n### The default catalog's cost\n")
+    print(
+        "| router note | tools | descriptions with the note | description bytes | tools/list tokens, large / others |"
+    )
+    print("|---|---|---|---|---|")
+    for name, count, notes, size, large, small in rows:
+        print(f"| {name} | {count} | {notes} | {size:,} | {large} / {small} |")
+
+
 def main() -> None:
     configure_logging("warning")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--anthropic", help="the folder of an installed npm @anthropic-ai/tokenizer (needs node)")
     parser.add_argument("--calls", type=int, default=50, help="calls per timing")
-    parser.add_argument("--only", choices=("agreement", "cost", "savings"), action="append")
+    parser.add_argument("--only", choices=("agreement", "cost", "savings", "catalog"), action="append")
     args = parser.parse_args()
-    only = set(args.only or ("agreement", "cost", "savings"))
+    only = set(args.only or ("agreement", "cost", "savings", "catalog"))
     if "agreement" in only:
         agreement(args.anthropic)
     if "cost" in only:
         cost(args.calls)
     if "savings" in only:
         savings(WINDOWS)
+    if "catalog" in only:
+        catalog()
 
 
 if __name__ == "__main__":
