@@ -263,3 +263,17 @@ def test_a_fenced_code_block_with_blank_lines_stays_in_one_part() -> None:
     text = "\n\n".join(["Intro " + "word " * 300, code, "After " + "word " * 300, "End " + "word " * 300])
     cut = answers.cut(text_result(text), 800, _ctx(8_000), "files_read")
     assert cut.kept is not None and code in cut.kept.units
+
+
+async def test_over_the_daily_allowance_a_call_is_refused_and_recorded_as_refused(wiki: Path, tmp_path: Path) -> None:
+    db = tmp_path / "audit.db"
+    policies = "policies:\n  everyone: {callers: ['*'], budget: {daily_tokens: 100}}\n"
+    config = _wiki_config(wiki, audit=db, policies=policies)
+    async with in_process_gateway(config, client_info=_client("small-agent")) as (client, _):
+        first = await client.call_tool("files_read", {"path": "note-01.md"})  # about 60 tokens: within the day
+        second = await client.call_tool("files_read", {"path": "big.md"})  # 800 more: over it afterwards
+        third = await client.call_tool("files_read", {"path": "note-02.md"})
+    assert not first.is_error and not second.is_error
+    assert third.is_error and "daily allowance is 100 tokens" in _text(third)[0] and "00:00 UTC" in _text(third)[0]
+    rows = open_reader(str(db)).query(Filters(tool="files_read"))
+    assert [r.status for r in rows] == ["ok", "ok", "refused"]
