@@ -11,6 +11,7 @@ piped.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -23,7 +24,7 @@ import anyio
 from gateway.cli.parser import add_audit_subcommands, parse_time
 from gateway.errors import AuditError
 from gateway.ledger.engines import open_reader
-from gateway.ledger.readers import Filters, ToolStats
+from gateway.ledger.readers import CallerTokens, Filters, ToolStats
 from gateway.ledger.records import AuditRecord
 from gateway.ledger.urls import is_url, redact_url
 
@@ -31,6 +32,7 @@ __all__ = [
     "add_audit_subcommands",
     "parse_time",
     "record_to_json",
+    "render_callers",
     "render_records",
     "render_stats",
     "run_audit",
@@ -65,6 +67,8 @@ def record_to_json(rec: AuditRecord) -> dict[str, Any]:
         "arg_preview": dict(rec.arg_preview),
         "args_hash": rec.args_hash,
         "kind": rec.kind,
+        "tokens_in": rec.tokens_in,
+        "tokens_out": rec.tokens_out,
     }
 
 
@@ -82,7 +86,26 @@ def stats_to_json(item: ToolStats) -> dict[str, Any]:
         "p50_ms": item.p50_ms,
         "p95_ms": item.p95_ms,
         "p99_ms": item.p99_ms,
+        "tokens_in": item.tokens_in,
+        "tokens_out": item.tokens_out,
     }
+
+
+def render_callers(items: Sequence[CallerTokens], as_json: bool) -> str:
+    """Per-caller tool calls and tokens (in: arguments, out: answers as delivered) as a table or a JSON array."""
+    if as_json:
+        return json.dumps([dataclasses.asdict(item) for item in items], ensure_ascii=False, indent=2)
+    rows = [
+        [
+            item.caller or "-",
+            str(item.calls),
+            str(item.tokens_in),
+            str(item.tokens_out),
+            ", ".join(f"{tool} {tokens}" for tool, tokens in sorted(item.by_tool.items(), key=lambda kv: -kv[1])),
+        ]
+        for item in items
+    ]
+    return _table(("CALLER", "CALLS", "TOKENS IN", "TOKENS OUT", "OUT BY TOOL"), rows, frozenset({1, 2, 3}), (0,) * 5)
 
 
 def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], right: frozenset[int], minimum: Sequence[int]) -> str:
@@ -165,11 +188,15 @@ def render_stats(items: Sequence[ToolStats], as_json: bool) -> str:
             ms(item.p50_ms),
             ms(item.p95_ms),
             ms(item.p99_ms),
+            str(item.tokens_in),
+            str(item.tokens_out),
         ]
         for item in items
     ]
-    headers = ("TOOL", "CALLS", "REFUSED", "ERROR%", "DEGRADED%", "P50 MS", "P95 MS", "P99 MS")
-    return _table(headers, rows, frozenset(range(1, 8)), (0,) * 8)
+    headers = (
+        "TOOL", "CALLS", "REFUSED", "ERROR%", "DEGRADED%", "P50 MS", "P95 MS", "P99 MS", "TOKENS IN", "TOKENS OUT"
+    )  # fmt: skip
+    return _table(headers, rows, frozenset(range(1, 10)), (0,) * 10)
 
 
 def run_audit(
@@ -213,6 +240,8 @@ def _run_read(args: argparse.Namespace, out: TextIO, sleep: Callable[[float], No
     )
     if args.audit_command == "query":
         print(render_records(reader.query(filters, limit=args.limit or None), args.json), file=out)
+    elif args.audit_command == "stats" and args.by == "caller":
+        print(render_callers(reader.callers(filters), args.json), file=out)
     elif args.audit_command == "stats":
         print(render_stats(reader.stats(filters), args.json), file=out)
     else:

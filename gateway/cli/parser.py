@@ -165,10 +165,14 @@ def add_audit_subcommands(
     tail_parser.set_defaults(since=None, until=None)
     query_parser = commands.add_parser("query", parents=[common, filters, window], help="list calls matching filters")
     query_parser.add_argument("--limit", type=int, default=100, help="the most (newest) calls to list; 0 for all")
-    commands.add_parser(
+    stats_parser = commands.add_parser(
         "stats",
         parents=[common, filters, window],
-        help="per-tool calls, refusals, error rates and latency (of the calls that were not refused)",
+        help="per-tool (or per-caller) calls, refusals, error rates and latency (of the calls that were not "
+        "refused), tokens",
+    )
+    stats_parser.add_argument(
+        "--by", choices=("tool", "caller"), default="tool", help="per tool (default), or per caller: tokens in and out"
     )
     copy_parser = commands.add_parser(
         "copy",

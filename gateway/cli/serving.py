@@ -34,6 +34,7 @@ from gateway.auth.tokens import Tokens
 from gateway.backends.processes import become_subreaper
 from gateway.calls import Caller
 from gateway.config import Federation, add_project_tools, environ, load_config
+from gateway.core.catalog import list_tokens
 from gateway.core.policies import Views
 from gateway.core.reload import watch_config
 from gateway.core.runtime import Gateway, settle_budget
@@ -50,6 +51,7 @@ from gateway.front.http.connections import (
 from gateway.front.http.guard import is_loopback
 from gateway.front.http.status import status_document
 from gateway.observe.logs import config_secrets, redactor
+from gateway.search.tokens import counter
 
 __all__ = ["register_secrets", "run"]
 
@@ -339,6 +341,7 @@ async def _tools(config: Federation, as_json: bool, full: bool, caller: str | No
                 "providers": [p.label for p in e.providers],
                 "description": e.tool.description,
                 "input_schema": e.tool.input_schema,
+                "tokens": list_tokens({"tools": [e.tool.model_dump(by_alias=True, mode="json", exclude_none=True)]}),
             }
             for e in entries
         ]
@@ -355,6 +358,10 @@ async def _tools(config: Federation, as_json: bool, full: bool, caller: str | No
             )
         )
     print(_table(rows))
+    large, small = catalog.tokens
+    if view is not None:
+        large, small = list_tokens(view.list_result), list_tokens(view.list_result_small or view.list_result)
+    print(f"\ntools/list costs a client ~{large:,} tokens (large context), ~{small:,} (the others) by {counter().name}")
     return EXIT_OK
 
 

@@ -27,6 +27,7 @@ from gateway.config.backends import (
 )
 from gateway.config.base import TOOL_NAME_RE
 from gateway.config.federation import (
+    AnswerBudget,
     Clients,
     Exposure,
     Federation,
@@ -42,7 +43,7 @@ from gateway.config.loading import (
     parse_config,
     passed_environment,
 )
-from gateway.config.policies import Policy, PolicyLimits, Selection
+from gateway.config.policies import CallerBudget, Policy, PolicyLimits, Selection
 from gateway.config.settings import (
     AuditSettings,
     Auth,
@@ -71,9 +72,11 @@ __all__ = [
     "WIKI_TOOLS",
     "Adapter",
     "AdapterTool",
+    "AnswerBudget",
     "AuditSettings",
     "Auth",
     "CallBudget",
+    "CallerBudget",
     "CircuitBreaker",
     "Clients",
     "ConfigProblems",

@@ -17,6 +17,7 @@ from gateway.config.policies import Policy, limit_policies
 from gateway.config.settings import GatewaySettings
 
 __all__ = [
+    "AnswerBudget",
     "Clients",
     "Exposure",
     "ExposureMode",
@@ -103,6 +104,26 @@ class Route(Model):
 # --------------------------------------------------------------------------------------------------- clients
 
 
+class AnswerBudget(Model):
+    """What an answer and the catalog may take of a client's context window (gateway/core/answers.py)."""
+
+    answer_share: float = Field(default=0.1, gt=0, le=1)
+    """The largest answer a call may return: this share of the client's declared window, in tokens."""
+    answer_tokens: int | None = Field(default=None, ge=200)
+    """A fixed cap on every answer instead (the smaller of the two applies when both are set)."""
+    unknown_window: int | None = Field(default=None, gt=0)
+    """The window assumed for a client that declares none; absent: such a client's answers are not budgeted."""
+    exempt_large: bool = True
+    """Clients at or above ``large_context_tokens`` get no answer budget (they see no change)."""
+    catalog_share: float = Field(default=0.1, gt=0, le=1)
+    """The share of a client's window its tools/list may take: over it, an ``exposure: auto`` client gets the tool
+    search instead of the list."""
+    keep_s: float = Field(default=900.0, gt=0, le=86400)
+    """How long the rest of a cut answer stays readable as a resource."""
+    keep_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    """The most every kept answer takes together (the oldest leave first)."""
+
+
 class Clients(Model):
     """The context gate: which tools only large-context clients may list and call (gateway/core/gate.py)."""
 
@@ -114,6 +135,11 @@ class Clients(Model):
     """A request header in which a client (or a proxy in front of it) declares its context window, in tokens."""
     known: dict[str, int] = {}
     """clientInfo ``name`` (or ``name@version``) glob patterns, case-insensitive -> context window in tokens."""
+    min_context: dict[str, Annotated[int, Field(gt=0)]] = {}
+    """Any published tool -> the context window (tokens) a client must declare to list and call it (the tools of
+    ``large_context_tools`` need ``large_context_tokens``; a tool named in both needs the figure given here)."""
+    budget: AnswerBudget | None = None
+    """Token budgets by the declared window (gateway/core/answers.py); absent: answers are not budgeted."""
 
 
 # --------------------------------------------------------------------------------------------------- exposure

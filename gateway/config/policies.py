@@ -18,7 +18,15 @@ from pydantic import Field, PrivateAttr, model_validator
 
 from gateway.config.base import Model, Problem
 
-__all__ = ["CallerLimit", "Policy", "PolicyLimits", "Selection", "caller_limits_advice", "limit_policies"]
+__all__ = [
+    "CallerBudget",
+    "CallerLimit",
+    "Policy",
+    "PolicyLimits",
+    "Selection",
+    "caller_limits_advice",
+    "limit_policies",
+]
 
 RULES = ("gateway", "auth", "caller_limits")
 """Where the deprecated rules are written."""
@@ -73,6 +81,15 @@ class PolicyLimits(Model):
         return copy
 
 
+class CallerBudget(Model):
+    """Tokens a policy's callers may receive; each caller has its own daily count."""
+
+    answer_tokens: int | None = Field(default=None, ge=200)
+    """The largest answer a call may return, in tokens (with a client's own budget, the smaller applies)."""
+    daily_tokens: int | None = Field(default=None, ge=1)
+    """Tokens of answers a caller may receive per day (UTC); over it, calls are refused until midnight UTC."""
+
+
 class Policy(Model):
     """Who (``callers``, ``claims``, ``scopes``: all must hold) sees and may call what (``backends``, ``tools``,
     ``resources``, ``prompts``), and how often (``limits``). The first policy whose conditions hold for a caller is
@@ -95,6 +112,8 @@ class Policy(Model):
     """Published prompt names."""
     limits: PolicyLimits | None = None
     """The request rate and concurrent calls allowed each of this policy's callers; unset: not limited."""
+    budget: CallerBudget | None = None
+    """Tokens each of this policy's callers may receive: per answer, and per day (gateway/core/answers.py)."""
 
 
 class CallerLimit(Model):

@@ -335,7 +335,13 @@ class GatewaySettings(Model):
     instructions: str | None = None
     """Sent to clients at initialize."""
     router_note: str | None = None
-    """Appended to the description of every tool marked ``router: true``."""
+    """Appended to the description of every tool marked ``router: true`` (``router_note_in: each``)."""
+    router_note_in: Literal["each", "once"] = "each"
+    """``each``: every routed tool's description carries the note. ``once``: the instructions carry it, and one
+    routed tool (``router_note_tool``) does, for clients that do not show instructions to the model."""
+    router_note_tool: str | None = None
+    """With ``router_note_in: once``, the published tool whose description carries the note; default: the first
+    routed tool, in the catalog's order."""
     allowed_hosts: tuple[str, ...] = ()
     """Extra Host header values accepted besides loopback names (e.g. a reverse proxy's public name)."""
     allowed_origins: tuple[str, ...] = ()

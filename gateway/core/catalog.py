@@ -29,6 +29,7 @@ and ``/status``.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,11 +41,13 @@ import structlog
 from gateway.backends.base import Backend, BackendState
 from gateway.config import TOOL_NAME_RE, Exposure, Federation, Policy, RouteStep, SearchHitsResult
 from gateway.core.costs import Cost, fill_placeholders
-from gateway.core.gate import note_without
+from gateway.core.gate import note_without, with_note
+from gateway.core.kept import READ_DESCRIPTION, READ_SCHEMA, READ_TOOL
 from gateway.core.listings import Listings
 from gateway.core.unserved import Unserved, unserved
+from gateway.search.tokens import count_tokens
 
-__all__ = ["Catalog", "CatalogEntry", "Provider", "with_note"]
+__all__ = ["Catalog", "CatalogEntry", "Provider", "list_tokens", "with_note"]
 
 log = structlog.get_logger("gateway.catalog")
 
@@ -174,6 +177,8 @@ class Catalog:
     """Tools served but not listed (``servers.NAME.unlisted_tools``): callable by name, never in a listing."""
     unserved: Mapping[str, Unserved] = field(default_factory=dict)
     """Names declared but not served now, with why (core/unserved.py): for the message of a call of one."""
+    tokens: tuple[int, int] = (0, 0)
+    """What the full and the small ``tools/list`` cost a client's context, in tokens (search/tokens.py)."""
 
     def get(self, name: str) -> CatalogEntry | None:
         """The entry a ``tools/call`` of ``name`` is routed by: a published tool, else a declared unlisted one."""
@@ -212,6 +217,7 @@ class Catalog:
         problems: list[str] = []
         costs = costs or {}
         note = fill_placeholders((config.gateway.router_note or "").strip(), costs)
+        carries = _NoteCarrier(config)
         route_providers = {step.provider for route in config.routes.values() for step in route.providers}
 
         candidates: list[_Candidate] = []
@@ -246,7 +252,10 @@ class Catalog:
             description = route.description if route.description is not None else (base.description or "")
             description = fill_placeholders(description, costs)
             tool = _publish(
-                base, route_name, description, note if route.router or _routes_router(config, source) else ""
+                base,
+                route_name,
+                description,
+                note if carries(route_name, route.router or _routes_router(config, source)) else "",
             )
             providers = tuple(_provider(step) for step in route.providers)
             audit = dict(route.audit) or _adapter_audit(config, source)
@@ -277,7 +286,7 @@ class Catalog:
                 )
                 continue
             description = fill_placeholders(cand.tool.description or "", costs)
-            tool = _publish(cand.tool, public, description, note if cand.router else "")
+            tool = _publish(cand.tool, public, description, note if carries(public, cand.router) else "")
             entries[public] = CatalogEntry(public, tool, (Provider(cand.backend, cand.local),), cand.audit)
 
         unlisted = _unlisted(config, backends, known, entries, problems)
@@ -287,11 +296,20 @@ class Catalog:
         small = (
             {"tools": [with_note(t, note, small_note) for n, t in dumped.items() if n not in gated]} if gated else None
         )
+        budget = config.clients.budget
+        if budget is not None and READ_TOOL not in entries:  # the reader of cut answers, for the clients they reach
+            reader = types.Tool(name=READ_TOOL, description=READ_DESCRIPTION, input_schema=READ_SCHEMA)
+            entries[READ_TOOL] = CatalogEntry(READ_TOOL, reader, ())
+            listed = reader.model_dump(by_alias=True, mode="json", exclude_none=True)
+            small = {"tools": [*(small or {"tools": list(dumped.values())})["tools"], listed]}
+            if not budget.exempt_large:
+                dumped[READ_TOOL] = listed
         lists = Listings.build(config, backends)
         problems += lists.problems
+        full = {"tools": list(dumped.values())}
         return cls(
             entries,
-            {"tools": list(dumped.values())},
+            full,
             tuple(problems),
             small,
             lists,
@@ -301,6 +319,7 @@ class Catalog:
             config.exposure,
             unlisted,
             unserved(config, backends, entries.keys() | unlisted.keys(), routes_off),
+            (list_tokens(full), list_tokens(small) if small is not None else list_tokens(full)),
         )
 
 
@@ -432,12 +451,26 @@ def _adapter_audit(config: Federation, source: str) -> dict[str, int]:
     return {}
 
 
-def with_note(tool: Mapping[str, Any], note: str, replacement: str) -> Mapping[str, Any]:
-    """A dumped tool whose description ends with ``note``, with ``replacement`` in its place."""
-    description = tool.get("description")
-    if not note or note == replacement or not isinstance(description, str) or not description.endswith(note):
-        return tool
-    return {**tool, "description": description[: len(description) - len(note)] + replacement}
+def list_tokens(listing: Mapping[str, Any]) -> int:
+    """What a ``tools/list`` answer costs a client's context: the tokens of its tools' JSON, as clients put the
+    definitions in the model's prompt (names, descriptions, schemas)."""
+    return count_tokens(json.dumps(listing.get("tools", []), ensure_ascii=False, separators=(",", ":")))
+
+
+class _NoteCarrier:
+    """Which routed tools carry the router note: every one (``router_note_in: each``), or only ``router_note_tool``,
+    else the first routed tool built (``once``; the instructions carry it too, front/server.py)."""
+
+    def __init__(self, config: Federation) -> None:
+        self.once = config.gateway.router_note_in == "once"
+        self.chosen = config.gateway.router_note_tool
+
+    def __call__(self, name: str, routed: bool) -> bool:
+        if not self.once:
+            return routed
+        if self.chosen is None and routed:
+            self.chosen = name
+        return name == self.chosen
 
 
 def _publish(tool: types.Tool, name: str, description: str, note: str) -> types.Tool:

@@ -79,7 +79,20 @@ class CallRecord:
     """One request's record (see the module docstring). ``kind`` is its method; ``name`` the tool, prompt or URI as
     the ledger keeps it; ``audit`` the argument previews the route allows (the rest of ``arguments`` only hashed)."""
 
-    __slots__ = ("_underway", "arguments", "audit", "ctx", "id", "instruments", "kind", "name", "started", "steps")
+    __slots__ = (
+        "_underway",
+        "arguments",
+        "audit",
+        "ctx",
+        "id",
+        "instruments",
+        "kind",
+        "name",
+        "started",
+        "steps",
+        "tokens_in",
+        "tokens_out",
+    )
 
     def __init__(
         self,
@@ -101,6 +114,9 @@ class CallRecord:
         self.started = time.perf_counter()
         self.steps: list[AuditStep] = []
         self._underway: list[tuple[str, str | None, float]] = []
+        self.tokens_in: int | None = None
+        """The arguments' tokens and the answer's as delivered (search/tokens.py); None when not counted."""
+        self.tokens_out: int | None = None
 
     @contextmanager
     def open(self, *, span: bool = True, bind: Mapping[str, Any] | None = None) -> Iterator[None]:
@@ -174,6 +190,8 @@ class CallRecord:
             client_version=ctx.client_version,
             session_id=ctx.session_id,
             result_bytes=size,
+            tokens_in=self.tokens_in,
+            tokens_out=self.tokens_out,
         )
         known = measured and status != "unknown_tool"  # no span was opened; a made-up name is no metrics label
         instruments = self.instruments
@@ -196,6 +214,8 @@ class CallRecord:
                     arg_preview=arg_previews(self.arguments, self.audit),
                     args_hash=args_hash(self.arguments),
                     kind=self.kind,
+                    tokens_in=self.tokens_in,
+                    tokens_out=self.tokens_out,
                 )
             )
         metrics = instruments.metrics
@@ -203,6 +223,8 @@ class CallRecord:
             seconds = _ms(self.started) / 1000.0
             if self.kind == "tools/call":
                 metrics.observe_call(self.name, status, seconds, steps)
+                if self.tokens_out is not None:
+                    metrics.observe_tokens(self.name, ctx.caller.name, self.tokens_in or 0, self.tokens_out)
             else:
                 asked = served or (steps[-1] if steps else None)
                 metrics.observe_request(self.kind, asked.provider if asked is not None else "none", status, seconds)

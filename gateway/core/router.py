@@ -35,11 +35,17 @@ import structlog
 from gateway.backends.base import Backend, BackendState, ProgressFn
 from gateway.calls import NO_CONTEXT, CallContext, Origin
 from gateway.config import CallBudget, EdgeSettings
+from gateway.core.answers import Answers
 from gateway.core.breakers import Breakers
 from gateway.core.budget import CallDeadline
 from gateway.core.catalog import Catalog, CatalogEntry, Provider
 from gateway.core.drain import Drain
+from gateway.core.failures import failure_result as _failure_result
+from gateway.core.failures import fault as _fault
+from gateway.core.failures import refusal as _refusal
+from gateway.core.failures import refused as _refused
 from gateway.core.gate import ClientPolicy
+from gateway.core.kept import READ_TOOL
 from gateway.core.published import error_as_published, result_as_published
 from gateway.core.record import META_KEY, CallRecord, Instruments, Recorder, ledger_name, step
 from gateway.core.results import shape_result
@@ -54,9 +60,10 @@ from gateway.errors import (
     quote,
 )
 from gateway.inputs import MAX_DEPTH, PublishedSchemas, argument_problem
-from gateway.ledger.records import AuditStep
+from gateway.ledger.records import AuditStep, canonical_json
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.tracing import CallTracer
+from gateway.search.tokens import count_tokens
 
 __all__ = ["META_KEY", "Router", "Unanswered"]
 
@@ -106,8 +113,10 @@ class Router:
         budget: Callable[[], CallBudget] | None = None,
         edge: Callable[[], EdgeSettings] | None = None,
         startup: Startup | None = None,
+        answers: Answers | None = None,
     ) -> None:
         self._catalog = catalog
+        self.answers = answers
         self._startup = startup
         self._budget = budget or CallBudget
         self._backends = backends
@@ -226,6 +235,7 @@ class Router:
                 record.arguments = {}
                 await record.finish("invalid_params")
                 raise refusal
+            record.tokens_in = count_tokens(canonical_json(arguments)) if arguments else 0
             async with self._boundary(record):
                 try:
                     result, status = await self._served_call(record, entry, arguments, progress)
@@ -235,6 +245,8 @@ class Router:
                     log.exception("tool.internal_error", error=type(exc).__name__)
                     record.cut("internal_error", type(exc).__name__)
                     result, status = _fault(name, exc), "internal_error"
+            if self.answers is not None:  # within the call's token budget, its tokens counted (core/answers.py)
+                result, record.tokens_out = self.answers.deliver(result, status, ctx, record.name)
             result = record.with_meta(result, status, entry.tool.output_schema)
             await record.finish(status, result)
             return result
@@ -247,12 +259,18 @@ class Router:
     ) -> tuple[types.CallToolResult, str]:
         """The call's answer and status; a lone provider's JSON-RPC error is recorded and raised."""
         refusal = self._gate(entry.name, record.ctx)
+        if refusal is None and self.answers is not None:
+            refusal = self.answers.refusal(record.ctx, entry.name)  # over the caller's daily allowance
         if refusal is not None:
             return refusal, "refused"
         invalid = self._schemas.problem(entry.name, entry.tool.input_schema, arguments)
         if invalid is not None:  # the published schema, held here once for every provider, mode and route
             record.add("gateway", "refused", invalid.message)
             return _refusal(invalid), "refused"
+        if not entry.providers and entry.name == READ_TOOL and self.answers is not None:  # the built-in reader
+            record.add("gateway", "ok", None)
+            result = self.answers.read_tool(record.ctx, arguments)
+            return result, "error" if result.is_error else "ok"
         try:
             served = None
             if self.drain.closing is None:
@@ -275,7 +293,7 @@ class Router:
     def _gate(self, name: str, ctx: CallContext) -> types.CallToolResult | None:
         """An isError refusal when a large-context-only tool is called by a client below the gate, else None."""
         clients = self._clients
-        if clients is None or name not in clients.gated or clients.is_large(ctx.declared):
+        if clients is None or clients.allowed(name, ctx.declared):
             return None
         text = clients.refusal(name, ctx.declared)
         return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
@@ -575,30 +593,3 @@ def _judge(breaker: Any, taken: AuditStep, failure: BackendError | None) -> None
         breaker.success()
     else:
         breaker.failure(taken.reason or failure.outcome, cause=failure.cause)
-
-
-def _failure_result(name: str, steps: list[AuditStep]) -> types.CallToolResult:
-    if not steps:
-        text = f"Tool {name!r} has no available provider right now."
-    else:
-        parts = [f"{s.provider}{f' [{s.variant}]' if s.variant else ''}: {s.outcome} ({s.reason})" for s in steps]
-        text = f"Tool {name!r} failed: every provider failed. " + "; ".join(parts)
-    return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
-
-
-def _fault(name: str, exc: Exception) -> types.CallToolResult:
-    text = (
-        f"Tool {quote(name)} failed: the gateway hit an unexpected error ({type(exc).__name__}) while serving this "
-        "call; other calls are not affected."
-    )
-    return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
-
-
-def _refused(exc: InvalidArguments, published: str, provider: Provider) -> types.CallToolResult:
-    """A backend's refusal of its own tool's arguments, told in the client's terms: the published tool (renamed,
-    prefixed or a route) and argument."""
-    return _refusal(InvalidArguments(published, provider.published_argument(exc.argument), exc.message))
-
-
-def _refusal(exc: InvalidArguments) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(text=str(exc))], is_error=True)

@@ -39,6 +39,7 @@ from gateway.backends.mcp.session import HttpPool, McpBackend, NotificationHook
 from gateway.backends.wiki.backend import WikiBackend
 from gateway.calls import ClientLink, Upstream
 from gateway.config import Federation
+from gateway.core.answers import Answers
 from gateway.core.breakers import Breakers, BreakerState
 from gateway.core.catalog import Catalog
 from gateway.core.costs import Cost, costs_from
@@ -144,6 +145,8 @@ class Gateway:
         self._changes: MemoryObjectSendStream[Catalog] | None = None
         self.ledger: AuditLedger | None = None
         self.clients = ClientPolicy(config.clients)
+        self.answers = Answers(lambda: self.config)
+        """Token budgets for answers, and the rest of cut answers kept for their callers (core/answers.py)."""
         self.metrics = GatewayMetrics(config.gateway.name, VERSION)
         self.tracer: CallTracer | None = None
         breaker = config.gateway.circuit_breaker
@@ -157,6 +160,7 @@ class Gateway:
             budget=lambda: self.config.gateway.call_budget,
             edge=lambda: self.config.gateway.edge,
             startup=self,
+            answers=self.answers,
         )
         self.started = False
         """True once the startup wait is over (``wait_started``): every backend had its first outcome, or the wait's

@@ -159,16 +159,18 @@ class Disclosure:
 
     # -- who sees what ----------------------------------------------------------------------------------------------
 
-    def searching(self, name: str | None, version: str | None, large: bool, connection: Any = None) -> bool:
-        """Whether this client (clientInfo ``name``/``version``, above the context gate or not) is in search
-        exposure; a search-mode ``connection`` is remembered, so it is told of list changes only when its list
-        changed (``quiet``)."""
-        found = self._mode(name, version, large)
+    def searching(
+        self, name: str | None, version: str | None, large: bool, connection: Any = None, window: int | None = None
+    ) -> bool:
+        """Whether this client (clientInfo ``name``/``version``, above the context gate or not, its declared
+        ``window``) is in search exposure; a search-mode ``connection`` is remembered, so it is told of list changes
+        only when its list changed (``quiet``)."""
+        found = self._mode(name, version, large, window)
         if found and connection is not None:
             self._searching.add(connection)
         return found
 
-    def _mode(self, name: str | None, version: str | None, large: bool) -> bool:
+    def _mode(self, name: str | None, version: str | None, large: bool, window: int | None = None) -> bool:
         exposure = self.exposure
         mode = _matches(exposure.clients, name, version) or exposure.mode
         if mode != "auto":
@@ -176,6 +178,9 @@ class Disclosure:
         catalog = self._catalog()
         if len(catalog) > exposure.auto_tools or not large:
             return True
+        budget = self._config().clients.budget
+        if budget is not None and window is not None and catalog.tokens[0] > budget.catalog_share * window:
+            return True  # the list would take more of this client's window than clients.budget.catalog_share
         size = self._sizes.get(id(catalog))
         if size is None or size[0] is not catalog:
             self._sizes = {id(catalog): (catalog, len(json.dumps(catalog.list_result, separators=(",", ":"))))}

@@ -27,6 +27,7 @@ from pydantic import ValidationError
 
 from gateway.backends.base import Backend, ProgressFn
 from gateway.calls import BackChannel, CallContext, Caller, Origin, Round, Upstream
+from gateway.core.kept import SCHEME as KEPT
 from gateway.core.policies import View
 from gateway.core.router import Unanswered
 from gateway.core.runtime import Gateway
@@ -146,15 +147,21 @@ class Face:
         era, the request's own ``_meta`` in the stateless one)."""
         call = self.context(ctx)
         large = self.gateway.clients.is_large(call.declared)
-        return self.exposure.searching(call.client_name, call.client_version, large, connection_of(ctx))
+        return self.exposure.searching(
+            call.client_name, call.client_version, large, connection_of(ctx), call.declared.tokens
+        )
 
     def listing(self, ctx: ServerRequestContext[Any]) -> Mapping[str, Any]:
         call = self.context(ctx)
         large = self.gateway.clients.is_large(call.declared)
         seen = self.view(ctx)
-        if self.exposure.searching(call.client_name, call.client_version, large, connection_of(ctx)):
+        if self.exposure.searching(
+            call.client_name, call.client_version, large, connection_of(ctx), call.declared.tokens
+        ):
             return self.exposure.listing(self.gateway.catalog, large, seen)  # search exposure: search, call, pins
-        return seen.listing(large) if seen is not None else self.gateway.catalog.listing(large)
+        listed = seen.listing(large) if seen is not None else self.gateway.catalog.listing(large)
+        note = self.gateway.catalog.notes[0 if large else 1]
+        return self.gateway.clients.listing(listed, note, call.declared)  # less the tools its window is below
 
     # -- every request ---------------------------------------------------------------------------------------------
 
@@ -213,12 +220,14 @@ class Face:
             call = dataclasses.replace(call, visible=seen.tools)
         try:
             large = gateway.clients.is_large(call.declared)
-            if self.exposure.searching(call.client_name, call.client_version, large, connection_of(ctx)):
+            if self.exposure.searching(
+                call.client_name, call.client_version, large, connection_of(ctx), call.declared.tokens
+            ):
                 if params.name == self.exposure.exposure.search_tool:
-                    visible = call.visible  # the caller's policy (None: every tool), less the gated ones if small
-                    if not large:
-                        visible = frozenset(visible if visible is not None else gateway.catalog.entries)
-                        visible -= gateway.clients.gated
+                    visible = call.visible  # the caller's policy (None: every tool), less what its window is below
+                    hidden = gateway.clients.hidden(call.declared)
+                    if hidden:
+                        visible = frozenset(visible if visible is not None else gateway.catalog.entries) - hidden
                     return await self.exposure.search(params.arguments, visible)
                 if params.name == self.exposure.exposure.call_tool:  # routed and audited as the real tool's call
                     name, arguments = self.exposure.unwrap(params.arguments)
@@ -336,8 +345,9 @@ class Face:
     async def list_resources(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
         await self.gateway.wait_started()
         seen = self.view(ctx)
-        lists = self.gateway.catalog.lists
-        return enveloped(ctx, seen.resources_result if seen is not None else lists.resources_result)
+        listed = seen.resources_result if seen is not None else self.gateway.catalog.lists.resources_result
+        kept = self.gateway.answers.resources(self.context(ctx))  # the caller's own cut answers (core/answers.py)
+        return enveloped(ctx, {**listed, "resources": [*listed["resources"], *kept]} if kept else listed)
 
     async def list_resource_templates(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
@@ -349,6 +359,11 @@ class Face:
 
     async def read_resource(self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams) -> Any:
         call = self.context(ctx)
+        if params.uri.startswith(KEPT):  # the rest of a cut answer (core/answers.py): its caller's, and nobody else's
+            found = self.gateway.answers.resource(call, params.uri)
+            if found is None:
+                raise MCPError(types.INVALID_PARAMS, "Resource not found", {"uri": clip(params.uri, URI_CHARS)})
+            return found
         await self.gateway.router.wait_started("resources/read", params.uri, ctx=call)
         bridged = await self._bridged(ctx, "resources/read", params.uri, None, params, call, self._read)
         if bridged is not None:

@@ -32,8 +32,22 @@ class GatewayServer(Server[Any]):
     """The SDK's low-level server, offering what the ready backends offer, with ``listChanged`` for every list."""
 
     def __init__(self, gateway: Gateway, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
         self._gateway = gateway
+        self._instructions: str | None = None
+        super().__init__(*args, **kwargs)
+
+    @property
+    def instructions(self) -> str | None:
+        """The instructions, and with ``router_note_in: once`` the router note after them (as the small tools/list
+        carries it: no tool a small client cannot see is named)."""
+        note = self._gateway.catalog.notes[1] if self._gateway.config.gateway.router_note_in == "once" else ""
+        if not note:
+            return self._instructions
+        return f"{self._instructions.rstrip()}\n\n{note}" if self._instructions else note
+
+    @instructions.setter
+    def instructions(self, value: str | None) -> None:
+        self._instructions = value
 
     def create_initialization_options(
         self,
@@ -85,7 +99,7 @@ class GatewayServer(Server[Any]):
             resources = resources.model_copy(update={"subscribe": bool(resources.subscribe) and offers.subscribe})
         return caps.model_copy(
             update={
-                "resources": resources if offers.resources else None,
+                "resources": resources if offers.resources or self._gateway.answers.on else None,
                 "prompts": caps.prompts if offers.prompts else None,
                 "completions": caps.completions if offers.completions else None,
                 "logging": (caps.logging or types.LoggingCapability()) if offers.logging else None,

@@ -76,10 +76,24 @@ class ToolStats:
     p50_result_bytes: float = 0.0  # the typical answer's size (what a call costs a model's context)
     kind: str = "tools/call"  # one of KINDS: ``tool`` is then a prompt's name or a resource's URI
     refused: int = 0
+    tokens_in: int = 0  # the arguments' tokens, summed over the rows that counted them
+    tokens_out: int = 0  # the answers' tokens as delivered, summed likewise
 
     @property
     def answered(self) -> int:
         return self.calls - self.refused
+
+
+@dataclass(frozen=True, slots=True)
+class CallerTokens:
+    """One caller's tool calls and tokens over a time range (``caller`` None: nobody in particular)."""
+
+    caller: str | None
+    calls: int
+    tokens_in: int
+    tokens_out: int
+    by_tool: Mapping[str, int]
+    """Tokens out per tool."""
 
 
 class LedgerReader:
@@ -114,8 +128,42 @@ class LedgerReader:
         figures, by kind, after the tools of that name). Refusals are counted apart (``ToolStats``)."""
         where, params = filters.where()
         with self._reading() as run:
-            rows = run(f"SELECT tool, status, duration_ms, result_bytes, kind FROM calls WHERE {where}", params)
+            rows = run(
+                f"SELECT tool, status, duration_ms, result_bytes, kind, tokens_in, tokens_out FROM calls WHERE {where}",
+                params,
+            )
         return _tool_stats(rows)
+
+    def callers(self, filters: Filters = EVERY_ROW) -> list[CallerTokens]:
+        """Per caller, the tool calls that match ``filters`` and their tokens, most tokens out first."""
+        where, params = filters.where()
+        sql = (
+            "SELECT caller, tool, count(*), coalesce(sum(tokens_in), 0), coalesce(sum(tokens_out), 0) FROM calls "
+            f"WHERE kind = 'tools/call' AND {where} GROUP BY caller, tool"
+        )
+        with self._reading() as run:
+            rows = run(sql, params)
+        found: dict[str | None, list[Any]] = {}
+        for caller, tool, calls, tokens_in, tokens_out in rows:
+            entry = found.setdefault(caller, [0, 0, 0, {}])
+            entry[0] += calls
+            entry[1] += int(tokens_in)
+            entry[2] += int(tokens_out)
+            entry[3][tool] = int(tokens_out)
+        out = [CallerTokens(caller, *entry) for caller, entry in found.items()]
+        return sorted(out, key=lambda c: (-c.tokens_out, c.caller or ""))
+
+    def hourly(self, filters: Filters = EVERY_ROW) -> list[tuple[int, str | None, int]]:
+        """Tokens out of tool calls per hour and caller: ``(hour as unix time // 3600, caller, tokens)``, oldest
+        first."""
+        where, params = filters.where()
+        sql = (
+            "SELECT CAST(ts AS BIGINT) / 3600 AS hour, caller, coalesce(sum(tokens_out), 0) FROM calls "
+            f"WHERE kind = 'tools/call' AND {where} GROUP BY hour, caller ORDER BY hour"
+        )
+        with self._reading() as run:
+            rows = run(sql, params)
+        return [(int(hour), caller, int(tokens)) for hour, caller, tokens in rows]
 
     def tail(
         self,
@@ -169,12 +217,16 @@ def _nearest_rank(ordered: Sequence[float], pct: int) -> float:
 
 
 def _tool_stats(rows: Sequence[Sequence[Any]]) -> list[ToolStats]:
-    """Per-tool figures from ``(tool, status, duration_ms, result_bytes, kind)`` rows."""
+    """Per-tool figures from ``(tool, status, duration_ms, result_bytes, kind, tokens_in, tokens_out)`` rows."""
     durations: dict[tuple[str, bool, str], list[float]] = {}  # (tool, not a tool call, kind): tools sort first
     sizes: dict[tuple[str, bool, str], list[float]] = {}
     statuses: dict[tuple[str, bool, str], dict[str, int]] = {}
-    for name, row_status, duration, size, row_kind in rows:
+    tokens: dict[tuple[str, bool, str], list[int]] = {}
+    for name, row_status, duration, size, row_kind, tokens_in, tokens_out in rows:
         key = (name, row_kind != "tools/call", row_kind)
+        counted = tokens.setdefault(key, [0, 0])
+        counted[0] += tokens_in or 0
+        counted[1] += tokens_out or 0
         counts = statuses.setdefault(key, {})
         counts[row_status] = counts.get(row_status, 0) + 1
         timed, sized = durations.setdefault(key, []), sizes.setdefault(key, [])
@@ -199,6 +251,8 @@ def _tool_stats(rows: Sequence[Sequence[Any]]) -> list[ToolStats]:
                 p50_result_bytes=_nearest_rank(sorted(sizes[key]), 50) if answered else 0.0,
                 kind=key[2],
                 refused=sum(counts.get(s, 0) for s in REFUSED_STATUSES),
+                tokens_in=tokens[key][0],
+                tokens_out=tokens[key][1],
             )
         )
     return result

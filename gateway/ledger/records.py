@@ -75,11 +75,17 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE calls ADD COLUMN kind TEXT NOT NULL DEFAULT 'tools/call'",
         "CREATE INDEX calls_kind ON calls (kind, ts)",
     ),
+    # v2 -> v3: tokens in (the arguments) and out (the answer as delivered); NULL in rows written before it.
+    (
+        "ALTER TABLE calls ADD COLUMN tokens_in INTEGER",
+        "ALTER TABLE calls ADD COLUMN tokens_out INTEGER",
+        "CREATE INDEX calls_caller ON calls (caller, ts)",
+    ),
 )
 
 COLUMNS: Final = (
     "ts, correlation_id, session_id, client_name, client_version, caller, tool, chain, status, duration_ms,"
-    " result_bytes, arg_preview, args_hash, kind"
+    " result_bytes, arg_preview, args_hash, kind, tokens_in, tokens_out"
 )
 """The stored columns, in the order of ``encode_row``'s tuple (the row id aside)."""
 COLUMN_NAMES: Final = tuple(name.strip() for name in COLUMNS.split(","))
@@ -115,11 +121,18 @@ class AuditRecord:
     arg_preview: Mapping[str, str]
     args_hash: str
     kind: str = "tools/call"  # one of KINDS
+    tokens_in: int | None = None  # the arguments' tokens (search/tokens.py), None when not counted
+    tokens_out: int | None = None  # the answer's tokens as the client received it (after any budget's cut)
 
 
 # Built once: json.dumps with any option builds a new JSONEncoder on every call (a few microseconds per row).
 _canonical_json: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
 _compact_json: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+def canonical_json(arguments: Mapping[str, Any]) -> str:
+    """The arguments' canonical JSON (sorted keys, no spaces), as ``args_hash`` digests it."""
+    return _canonical_json(arguments if type(arguments) is dict else dict(arguments))
 
 
 def args_hash(arguments: Mapping[str, Any]) -> str:
@@ -182,6 +195,8 @@ def encode_row(rec: AuditRecord) -> tuple[Any, ...]:
         _compact_json(dict(rec.arg_preview)) if rec.arg_preview else "{}",
         rec.args_hash,
         rec.kind,
+        rec.tokens_in,
+        rec.tokens_out,
     )
 
 
@@ -208,4 +223,6 @@ def decode_row(row: Sequence[Any]) -> AuditRecord:
         arg_preview=json.loads(row[11]),
         args_hash=row[12],
         kind=row[13],
+        tokens_in=row[14],
+        tokens_out=row[15],
     )

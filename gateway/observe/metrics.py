@@ -316,6 +316,14 @@ class GatewayMetrics:
             ),
             ("method", "backend", "status"),
         )
+        self._tokens = Counter(
+            "tokens",
+            "Tokens of tool calls: `in` the arguments, `out` the answers as delivered, by published tool and caller "
+            "(a static token's name, or an OAuth caller's; '' for nobody in particular).",
+            ["tool", "caller", "direction"],
+            namespace=PREFIX,
+            registry=self.registry,
+        )
         self._limited = Counter(
             "caller_limited",
             "Requests refused by a per-caller limit (gateway.auth.caller_limits), by rule and limit",
@@ -341,6 +349,11 @@ class GatewayMetrics:
             elif step.outcome not in _NOT_A_FALLBACK:
                 self._fallbacks.labels(tool, step.provider, step.outcome).inc()
         self._calls.observe((tool, provider, status), duration_s)
+
+    def observe_tokens(self, tool: str, caller: str | None, tokens_in: int, tokens_out: int) -> None:
+        """Count one call's tokens in and out."""
+        self._tokens.labels(tool, caller or "", "in").inc(tokens_in)
+        self._tokens.labels(tool, caller or "", "out").inc(tokens_out)
 
     def observe_request(self, method: str, backend: str, status: str, duration_s: float) -> None:
         """Count one request that is not a tool call (its labels are bounded: a method, a configured backend)."""

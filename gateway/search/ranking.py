@@ -27,7 +27,17 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["RRF_K", "Bm25", "Embedder", "SemanticUnavailable", "fuse", "load_embedder", "load_from", "nearest"]
+__all__ = [
+    "RRF_K",
+    "Bm25",
+    "Embedder",
+    "SemanticUnavailable",
+    "fuse",
+    "load_embedder",
+    "load_from",
+    "nearest",
+    "tokenizer_file",
+]
 
 RRF_K = 60
 """The rank constant of reciprocal rank fusion (the value of the original paper; robust across collections)."""
@@ -187,7 +197,13 @@ def load_embedder() -> Embedder:
         return _MODEL
 
 
-def _load() -> Embedder:
+def _package() -> Path:
+    """The installed ``wordllama`` package's folder (found, not imported: importing it pulls in requests and a hub
+    client).
+
+    Raises:
+        SemanticUnavailable: the package is not installed.
+    """
     try:
         import importlib.util
 
@@ -196,7 +212,20 @@ def _load() -> Embedder:
         raise SemanticUnavailable(f"the wordllama package cannot be found: {exc}") from exc
     if spec is None or spec.origin is None:
         raise SemanticUnavailable("the wordllama package is not installed (it carries the embedding model)")
-    return load_from(Path(spec.origin).parent)  # found, not imported: importing it pulls in requests and a hub client
+    return Path(spec.origin).parent
+
+
+def tokenizer_file() -> Path | None:
+    """The tokenizer file inside the installed ``wordllama`` package (Llama 2's vocabulary), or None without it."""
+    try:
+        found = _package() / "tokenizers" / "l2_supercat_tokenizer_config.json"
+    except SemanticUnavailable:
+        return None
+    return found if found.is_file() else None
+
+
+def _load() -> Embedder:
+    return load_from(_package())
 
 
 def load_from(package: Path) -> Embedder:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import string
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 
 from gateway.backends.base import Backend, BackendState
 from gateway.config import Federation, parse_config
-from gateway.core.catalog import Catalog, Provider
+from gateway.core.catalog import Catalog, Provider, list_tokens
 from gateway.testing import FakeBackend, make_tool
 
 NOTE = "ROUTER NOTE: start with wiki_index."
@@ -600,3 +601,49 @@ def test_a_small_clients_listing_has_no_router_note_item_naming_a_tool_it_cannot
         'Router:\n  - Know the path? -> files_read\n  - "What connects A to B?" -> graph_query'
     )
     assert "wiki_read_all" not in small["files_read"]
+
+
+# ------------------------------------------------------------------------------------ the note once, and its cost
+
+
+def _routed(placement: str) -> Catalog:
+    fed = config(
+        f"""
+gateway:
+  router_note: {json.dumps(NOTE)}
+{placement}servers:
+  a:
+    transport: stdio
+    command: x
+    router: true
+"""
+    )
+    return build(fed, FakeBackend("a", ["first", "second", "third"]))
+
+
+def test_the_router_note_can_be_placed_once_in_one_tool_and_the_catalog_costs_fewer_tokens() -> None:
+    each, once = _routed(""), _routed("  router_note_in: once\n")
+    assert note_marked(each) == {"first", "second", "third"}
+    assert note_marked(once) == {"first"}  # the first routed tool, in the catalog's order
+    chosen = _routed("  router_note_in: once\n  router_note_tool: third\n")
+    assert note_marked(chosen) == {"third"}
+    assert 0 < once.tokens[0] < each.tokens[0]
+    assert once.tokens[0] == list_tokens(once.list_result)
+
+
+def test_with_budgets_the_reader_is_listed_to_the_clients_budgets_reach_and_callable() -> None:
+    fed = config(servers("a", gateway="") + "clients: {budget: {answer_share: 0.1}}\n")
+    catalog = build(fed, FakeBackend("a", ["search"]))
+    assert "read_result" not in names(catalog)  # large clients are exempt: their list is unchanged
+    small = catalog.listing(False)
+    assert [t["name"] for t in small["tools"]] == ["search", "read_result"]
+    assert catalog.get("read_result") is not None
+    assert catalog.tokens[1] > catalog.tokens[0]
+
+
+def test_the_default_files_search_description_promises_the_shape_its_structured_result_has() -> None:
+    text = (Path(__file__).resolve().parents[2] / "federation.yaml").read_text(encoding="utf-8")
+    fed = parse_config(text, file="federation.yaml", env={})
+    description = fed.adapters["qmd"].tools["files_search"].description or ""
+    assert '{"results": [' in description  # what shape_result returns as structuredContent (core/results.py)
+    assert "Returns a JSON array" not in description

@@ -16,6 +16,7 @@ from gateway.core.costs import MIN_CALLS, Cost, band, costs_from, fill_placehold
 from gateway.core.gate import ClientPolicy
 from gateway.ledger.engines import open_reader
 from gateway.ledger.readers import Filters, ToolStats
+from gateway.testing import in_process_gateway
 from tests.fixtures.gateway_proc import PYTHON, GatewayProcesses, echo_argv, mcp_session, run_gateway
 from tests.fixtures.procs import RunningServer
 from tests.fixtures.waiting import eventually
@@ -241,3 +242,48 @@ servers:
     assert len(set(lists)) == 2, [json.loads(text)["tools"][0]["description"] for text in dict.fromkeys(lists)]
     assert len(announced) <= 1
     assert re.search(r"Costs ~\d+ tokens, ~\d+ ms\.", lists[-1]) is not None, lists[-1]
+
+
+def test_any_tool_can_declare_the_window_it_needs_and_the_refusal_names_that_window() -> None:
+    policy = ClientPolicy(Clients(min_context={"graph_query": 32_000, "wiki_read_all": 1_000_000}))
+    small, mid, large = Declared(8_000, "header"), Declared(64_000, "header"), Declared(200_000, "header")
+    assert not policy.allowed("graph_query", small) and policy.allowed("graph_query", mid)
+    assert not policy.allowed("wiki_read_all", large)  # min_context wins over large_context_tools
+    assert policy.allowed("files_read", Declared(None, "unknown"))
+    assert policy.hidden(mid) == {"wiki_read_all"} and policy.hidden(small) == {"graph_query", "wiki_read_all"}
+    assert "32,000 tokens" in policy.refusal("graph_query", small)
+    note = "Router:\n  - graphs? -> graph_query\n  - read? -> files_read"
+    listing = {
+        "tools": [
+            {"name": "graph_query", "description": f"Graphs.\n\n{note}"},
+            {"name": "files_read", "description": f"Read.\n\n{note}"},
+        ]
+    }
+    shown = policy.listing(listing, note, small)
+    assert [t["name"] for t in shown["tools"]] == ["files_read"]
+    assert "graph_query" not in shown["tools"][0]["description"]  # the note's item naming it is gone too
+    assert policy.listing(listing, note, small) is shown  # cached per listing
+    assert policy.listing(listing, note, mid) == listing  # nothing of this list is hidden from this client
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+async def test_a_tool_that_needs_a_window_is_neither_listed_nor_callable_below_it(tmp_path: Path, mode: str) -> None:
+    (tmp_path / "a.md").write_text("# A\n\nA page.\n", encoding="utf-8")
+    config = f"""
+version: 1
+gateway: {{audit: {{enabled: false}}}}
+wiki: {{root: {tmp_path}}}
+clients:
+  known: {{mid-agent: 64000, tiny-agent: 8000}}
+  min_context: {{files_neighbors: 32000}}
+"""
+    for name, sees in (("mid-agent", True), ("tiny-agent", False)):
+        info = types.Implementation(name=name, version="1")
+        async with in_process_gateway(config, mode=mode, client_info=info) as (client, _):
+            listed = [t.name for t in (await client.list_tools()).tools]
+            assert ("files_neighbors" in listed) is sees and "files_read" in listed
+            result = await client.call_tool("files_neighbors", {"path": "a.md"})
+            assert result.is_error is not sees
+            if not sees:
+                assert "at least 32,000 tokens" in result.content[0].text  # type: ignore[union-attr]

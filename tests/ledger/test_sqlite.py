@@ -26,6 +26,7 @@ from gateway.cli.audit import (
     add_audit_subcommands,
     parse_time,
     record_to_json,
+    render_callers,
     render_records,
     render_stats,
     run_audit,
@@ -248,7 +249,7 @@ async def test_an_empty_v0_file_is_migrated_to_the_current_schema(tmp_path: Path
     assert user_version(db) == 0
     async with Ledger(db) as ledger:
         await ledger.record(make(1))
-    assert user_version(db) == len(MIGRATIONS) == 2
+    assert user_version(db) == len(MIGRATIONS) == 3
     with sqlite3.connect(db) as conn:
         indexes = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -271,7 +272,7 @@ async def test_migrations_are_applied_in_order_to_an_older_database_keeping_its_
     async with Ledger(db) as ledger:
         await ledger.record(make(2))
 
-    assert user_version(db) == len(audit.MIGRATIONS) == 4
+    assert user_version(db) == len(audit.MIGRATIONS) == 5
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT correlation_id, note FROM calls ORDER BY id").fetchall() == [
             ("corr-1", "migrated"),
@@ -505,19 +506,10 @@ def test_stats_render_as_a_table_and_as_json() -> None:
     items = [ToolStats("search", 100, {"ok": 90, "error": 10}, 0.1, 0.0, 50.0, 95.0, 99.0)]
     table = render_stats(items, as_json=False).splitlines()
     assert table[0].split() == [
-        "TOOL",
-        "CALLS",
-        "REFUSED",
-        "ERROR%",
-        "DEGRADED%",
-        "P50",
-        "MS",
-        "P95",
-        "MS",
-        "P99",
-        "MS",
-    ]
-    assert table[1].split() == ["search", "100", "0", "10.0", "0.0", "50.0", "95.0", "99.0"]
+        "TOOL", "CALLS", "REFUSED", "ERROR%", "DEGRADED%", "P50", "MS", "P95", "MS", "P99", "MS", "TOKENS", "IN",
+        "TOKENS", "OUT",
+    ]  # fmt: skip
+    assert table[1].split() == ["search", "100", "0", "10.0", "0.0", "50.0", "95.0", "99.0", "0", "0"]
     assert len(table[0]) == len(table[1])  # numbers right-aligned under their headers
     assert json.loads(render_stats(items, as_json=True)) == [
         {
@@ -530,8 +522,48 @@ def test_stats_render_as_a_table_and_as_json() -> None:
             "p50_ms": 50.0,
             "p95_ms": 95.0,
             "p99_ms": 99.0,
+            "tokens_in": 0,
+            "tokens_out": 0,
         }
     ]
+
+
+@pytest.mark.anyio
+async def test_tokens_per_caller_and_tool_and_per_hour_are_read_back_and_a_v2_ledger_migrates(tmp_path: Path) -> None:
+    db = tmp_path / "audit.db"
+    with sqlite3.connect(db) as conn:  # a ledger written before rows had tokens: they read as not counted
+        for statement in (*MIGRATIONS[0], *MIGRATIONS[1]):
+            conn.execute(statement)
+        conn.execute("PRAGMA user_version = 2")
+        conn.execute(
+            "INSERT INTO calls (ts, correlation_id, caller, tool, chain, status, duration_ms, result_bytes,"
+            " arg_preview, args_hash) VALUES (?, 'old', 'alice', 'search', '[]', 'ok', 1.0, 0, '{}', 'h')",
+            (NOW,),
+        )
+    async with Ledger(db) as ledger:
+        await ledger.record(make(1, caller="alice", tool="search", tokens_in=5, tokens_out=700))
+        await ledger.record(make(2, caller="alice", tool="read", tokens_in=3, tokens_out=300))
+        await ledger.record(make(3, caller="bob", tool="search", tokens_in=4, tokens_out=2_000))
+        await ledger.record(make(4, caller="bob", tool="x://r", kind="resources/read", tokens_out=9))
+    reader = open_reader(db)
+    assert [(r.correlation_id, r.tokens_in, r.tokens_out) for r in reader.query(Filters(tool="search"))] == [
+        ("old", None, None),
+        ("corr-1", 5, 700),
+        ("corr-3", 4, 2_000),
+    ]
+    callers = reader.callers()
+    assert [(c.caller, c.calls, c.tokens_in, c.tokens_out) for c in callers] == [
+        ("bob", 1, 4, 2_000),  # the resource read is not a tool call
+        ("alice", 3, 8, 1_000),
+    ]
+    assert callers[1].by_tool == {"search": 700, "read": 300}
+    assert sorted(reader.hourly()) == [(int(NOW // 3600), "alice", 1_000), (int(NOW // 3600), "bob", 2_000)]
+    search = next(item for item in reader.stats() if item.tool == "search")
+    assert (search.tokens_in, search.tokens_out) == (9, 2_700)
+    table = render_callers(callers, as_json=False).splitlines()
+    assert table[0].split()[:5] == ["CALLER", "CALLS", "TOKENS", "IN", "TOKENS"]
+    assert table[1].split()[:4] == ["bob", "1", "4", "2000"]
+    assert json.loads(render_callers(callers, as_json=True))[1]["by_tool"] == {"search": 700, "read": 300}
 
 
 def _cli(db: Path) -> argparse.ArgumentParser:

@@ -149,11 +149,17 @@ def status_document(
         "gateway": gateway.config.gateway.name,
         "version": VERSION,
         "status": "ok" if gateway.healthy() else "degraded",
-        "catalog": {"tools": len(catalog), "problems": list(catalog.problems)},
+        "catalog": {
+            "tools": len(catalog),
+            "problems": list(catalog.problems),
+            "tokens": {"large_context": catalog.tokens[0], "others": catalog.tokens[1]},  # what tools/list costs
+        },
         "backends": backends,
         "config": {"file": gateway.config.source, "loaded_at": gateway.loaded_at, "reload_error": gateway.reload_error},
         "time": time.time(),
     }
+    if gateway.answers.on:
+        doc["kept_results"] = gateway.answers.kept.statistics()  # the rest of answers cut to a budget (counts)
     if connections is not None:
         doc["connections"] = connections
     if sessions is not None:

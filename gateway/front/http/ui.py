@@ -35,7 +35,7 @@ from gateway.core.catalog import Catalog
 from gateway.core.runtime import Gateway
 from gateway.errors import AuditError
 from gateway.ledger.engines import open_reader
-from gateway.ledger.readers import Filters, ToolStats
+from gateway.ledger.readers import CallerTokens, Filters, ToolStats
 from gateway.ledger.records import AuditRecord
 from gateway.observe.logs import redactor
 from gateway.version import VERSION
@@ -232,10 +232,46 @@ def _refused(status: int, message: str) -> Response:
 
 
 @dataclass(frozen=True, slots=True)
+class _TokenRow:
+    """One caller's tokens over the stats window, and its tokens out per hour (oldest first) as chart bars."""
+
+    caller: str | None
+    calls: int
+    tokens_in: int
+    tokens_out: int
+    bars: Sequence[tuple[int, int, int]]  # (x, height, tokens) of each hour's bar in the chart
+
+
+@dataclass(frozen=True, slots=True)
 class _LedgerData:
     calls: Sequence[AuditRecord] = ()  # newest first
     stats: Sequence[ToolStats] = ()
     problem: str | None = None  # why there is nothing to show: the ledger is off, or unreadable
+    tokens: Sequence[_TokenRow] = ()
+
+
+CHART_HOURS = 24
+BAR_W, CHART_H = 6, 24  # each hour's bar, and the chart's height, in pixels
+
+
+def _token_rows(
+    callers: Sequence[CallerTokens], hourly: Sequence[tuple[int, str | None, int]], now: float
+) -> list[_TokenRow]:
+    """Each caller's row, its bars scaled to the busiest hour of any caller."""
+    last = int(now // 3600)
+    per: dict[str | None, dict[int, int]] = {}
+    for hour, caller, tokens in hourly:
+        per.setdefault(caller, {})[hour] = tokens
+    top = max((t for hours in per.values() for t in hours.values()), default=0) or 1
+    rows = []
+    for item in callers:
+        hours = per.get(item.caller, {})
+        bars = []
+        for n in range(CHART_HOURS):
+            tokens = hours.get(last - CHART_HOURS + 1 + n, 0)
+            bars.append((n * BAR_W, max(1, round(tokens / top * CHART_H)) if tokens else 0, tokens))
+        rows.append(_TokenRow(item.caller, item.calls, item.tokens_in, item.tokens_out, bars))
+    return rows
 
 
 class _LedgerView:
@@ -243,7 +279,7 @@ class _LedgerView:
 
     def __init__(self, gateway: Gateway) -> None:
         self._gateway = gateway
-        self._stats: tuple[float, list[ToolStats]] | None = None  # (read at, figures)
+        self._stats: tuple[float, list[ToolStats], list[_TokenRow]] | None = None  # (read at, figures)
 
     async def read(self) -> _LedgerData:
         ledger = self._gateway.ledger
@@ -255,13 +291,16 @@ class _LedgerView:
             now = anyio.current_time()
             cached = self._stats
             if cached is None or now - cached[0] >= STATS_CACHE_S:
-                figures = await anyio.to_thread.run_sync(
-                    lambda: reader.stats(Filters(since=time.time() - STATS_WINDOW_S))
-                )
-                cached = self._stats = (now, figures)
+                window = Filters(since=time.time() - STATS_WINDOW_S)
+
+                def figures() -> tuple[list[ToolStats], list[_TokenRow]]:
+                    tokens = _token_rows(reader.callers(window), reader.hourly(window), time.time())
+                    return reader.stats(window), tokens
+
+                cached = self._stats = (now, *await anyio.to_thread.run_sync(figures))
         except AuditError as exc:
             return _LedgerData(problem=str(exc))
-        return _LedgerData(calls=list(reversed(calls)), stats=cached[1])
+        return _LedgerData(calls=list(reversed(calls)), stats=cached[1], tokens=cached[2])
 
 
 # ------------------------------------------------------------------------------------------------- rendering
@@ -373,6 +412,8 @@ def _render_page(
         reload_error=gateway.reload_error,
         config_file=gateway.config.source,
         loaded_at=gateway.loaded_at,
+        catalog_tokens=gateway.catalog.tokens,
+        chart=(CHART_HOURS * BAR_W, CHART_H),
         ledger=ledger,
         recent_calls=RECENT_CALLS,
         description_limit=DESCRIPTION_LIMIT,

@@ -19,6 +19,7 @@ from structlog.testing import capture_logs
 from gateway.auth.tokens import Tokens
 from gateway.backends.base import BackendState
 from gateway.config import Federation, parse_config
+from gateway.core.answers import Answers
 from gateway.core.catalog import Catalog
 from gateway.core.runtime import Gateway
 from gateway.front.http import guard as guard_module
@@ -393,6 +394,7 @@ class StubGateway:
         self.loaded_at = 1_700_000_000.0
         self.reload_error: str | None = None
         self.ledger: Any = None  # status_document reads the ledger's state; the stub keeps none
+        self.answers = Answers(lambda: config)  # and what is kept of answers cut to a budget
 
     def statuses(self) -> list[tuple[str, str, Any]]:
         return [(b.name, b.kind, b.status) for b in self.backends.values()]

@@ -474,6 +474,10 @@ async def test_the_real_gateway_shows_backends_calls_and_figures(with_calls: Run
     assert '<span class="badge degraded">degraded</span>' in calls
     figures = text.split('<table id="stats">', 1)[1].split("</table>", 1)[0]
     assert "<code>shout</code>" in figures and "100.0 %" in figures  # every shout fell back
+    tokens = text.split('<table id="tokens">', 1)[1].split("</table>", 1)[0]
+    assert "<code>tester</code>" in tokens and '<td class="num">5</td>' in tokens  # its five calls, with tokens
+    assert tokens.count("<rect ") == 24 and "tokens</title></rect>" in tokens  # one bar per hour, the last 24
+    assert "tools/list costs ~" in text
 
 
 async def test_in_chromium_a_person_signs_in_and_sees_backends_calls_and_figures(
