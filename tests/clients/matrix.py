@@ -51,7 +51,7 @@ class Client:
     """Known client-side limits, as docs/clients.md states them."""
 
     def version(self) -> str:
-        for tree in (CLIENTS / self.key, TOOLS / "npm"):  # the Inspector comes with the test tools (tools/npm)
+        for tree in (CLIENTS / self.key, TOOLS / "npm-test"):  # the Inspector comes with the test tools
             npm = tree / "node_modules" / self.package / "package.json"
             if npm.is_file():
                 return str(json.loads(npm.read_text())["version"])
@@ -63,10 +63,11 @@ class Client:
         return "not installed"
 
     def pinned(self) -> str:
-        """The version its pins in tools/ name (tools/clients/KEY, or the test tools' tools/npm and tools/python)."""
+        """The version its pins in tools/ name (tools/clients/KEY, or the test tools' tools/npm-test and
+        tools/python)."""
         for manifest in (
             ROOT / "tools" / "clients" / self.key / "package.json",
-            ROOT / "tools" / "npm" / "package.json",
+            ROOT / "tools" / "npm-test" / "package.json",
         ):
             if manifest.is_file():
                 found = json.loads(manifest.read_text()).get("dependencies", {}).get(self.package)
