@@ -109,8 +109,9 @@ async def test_a_search_answers_ready_tools_with_health_and_cost_and_skips_down_
         "failed: connection refused",
     )
     assert first["cost"] == "not measured yet"
-    hidden = await disclosure.search({"query": "read everything"}, {"send_email"})  # the policy seam
-    assert [t["name"] for t in hidden.structured_content["tools"]] == ["send_email"]  # type: ignore[index]
+    hidden = (await disclosure.search({"query": "read everything"}, {"send_email"})).structured_content  # the seam
+    assert hidden is not None
+    assert [t["name"] for t in hidden["tools"] + hidden.get("closest", [])] == ["send_email"]
     for bad in (
         {"query": ""},
         {"query": "x", "limit": 0},
@@ -119,6 +120,23 @@ async def test_a_search_answers_ready_tools_with_health_and_cost_and_skips_down_
     ):
         with pytest.raises(InvalidArguments):
             await disclosure.search(bad, None)
+
+
+async def test_a_search_scores_each_hit_and_says_plainly_when_no_tool_fits() -> None:
+    fed = _federation("exposure:\n  mode: search\n")
+    disclosure, _ = _disclosure(fed)
+    fits = (await disclosure.search({"query": "how long is the drive from Lyon to Geneva"}, None)).structured_content
+    assert fits is not None and fits["fits"] is True
+    first = fits["tools"][0]
+    assert first["name"] == "maps_directions" and 0.0 < first["score"] <= 1.0
+    assert [t["score"] for t in fits["tools"]] == sorted((t["score"] for t in fits["tools"]), reverse=True)
+    none = await disclosure.search({"query": "order a large pepperoni pizza to my office"}, None)
+    answer = none.structured_content
+    assert answer is not None and answer["tools"] == [] and answer["fits"] is False
+    assert answer["note"].startswith("No tool fits this request")
+    assert {t["name"] for t in answer["closest"]} <= {"send_email", "wiki_read_all", "maps_directions"}
+    assert all(0.0 <= t["score"] < 0.5 and "inputSchema" not in t for t in answer["closest"])
+    assert json.loads(none.content[0].text) == answer  # type: ignore[union-attr]
 
 
 def test_a_cost_band_names_the_band_and_the_figures() -> None:
