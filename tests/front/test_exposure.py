@@ -4,6 +4,7 @@ the call tool unwraps, what a search answers, and how cost bands read. Over real
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import pytest
@@ -14,8 +15,9 @@ from gateway.config import Federation, parse_config
 from gateway.core.catalog import Catalog
 from gateway.core.costs import Cost
 from gateway.errors import InvalidArguments
+from gateway.front import exposure as exposure_module
 from gateway.front.exposure import Disclosure, cost_band
-from gateway.search.ranking import load_embedder
+from gateway.search.ranking import Embedder, load_embedder
 from gateway.testing import FakeBackend, make_tool
 
 pytestmark = pytest.mark.anyio
@@ -144,3 +146,26 @@ def test_a_cost_band_names_the_band_and_the_figures() -> None:
     assert cost_band(Cost(300, 12.0, "median of 40 calls")) == "small (~300 tokens, p50 12 ms, median of 40 calls)"
     assert cost_band(Cost(5_000)).startswith("medium (")
     assert cost_band(Cost(50_000)).startswith("large (")
+
+
+async def test_a_search_during_a_long_index_build_ranks_by_keywords_and_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    release = threading.Event()
+
+    def slow_model() -> Embedder:
+        assert release.wait(10), "the test never released the model"
+        return load_embedder()
+
+    monkeypatch.setattr(exposure_module, "INDEX_WAIT_S", 0.05)
+    fed = _federation("exposure:\n  mode: search\n")
+    table: dict[str, Backend] = {b.name: b for b in (MAIL, MAPS)}
+    catalog = Catalog.build(fed, table)
+    disclosure = Disclosure(lambda: fed, lambda: catalog, lambda: table, slow_model)
+    early = (await disclosure.search({"query": "driving directions"}, None)).structured_content
+    assert early is not None and early["ranking"].endswith("the semantic index of 3 tools is being built")
+    assert early["tools"][0]["name"] == "maps_directions"
+    release.set()
+    monkeypatch.setattr(exposure_module, "INDEX_WAIT_S", 10.0)
+    later = (await disclosure.search({"query": "driving directions"}, None)).structured_content
+    assert later is not None and "ranking" not in later and later["tools"][0]["name"] == "maps_directions"
