@@ -1,18 +1,17 @@
-"""Tool search: does it find the right tool among 1,259 real ones, how much smaller is search mode's tools/list, and
-what does a search cost at 1,000 and 10,000 tools.
+"""Tool search: does it find the right tool among 1,259 real ones, does it say when none fits, how much smaller is
+search mode's tools/list, and what does a search cost at 1,000 and 10,000 tools.
 
 Catalog: bench/catalog/ (bench/collect_catalog.py), deduplicated to one tool per (package, name) under the package's
-primary variant (its shortest variant name), id ``variant/name``. Requests: bench/toolsearch_requests.yaml (written
-before the search code; ids 1-80 tune, 81- are held out). A result is a hit when it is one of the request's tools.
+primary variant (its shortest variant name), id ``variant/name``. Requests: bench/toolsearch_blind/requests.yaml
+(written blind; ``half`` dev fits the engine, test is only reported; ``tools`` [] = nothing fits) and the project's
+first set, bench/toolsearch_requests.yaml. A result is a hit when it is one of the request's tools.
 
-Figures: recall@1, recall@5 and MRR (first hit within the top 10) for keyword, semantic and hybrid, on the tuning
-half, the held-out half and all; tokens of tools/list in ``all`` mode (every tool) and ``search`` mode (the search
-and call tools, no pins) and of one search answer (5 tools with schemas), counted with the tokenizer inside the
-installed wordllama wheel (Llama 2's 32k vocabulary; other models' tokenizers count differently, by tens of
-percent, not by the ratio); search latency p50/p99 at the real catalog and at 10x by replication (every tool copied
-under a renamed name and backend, ``_r1``..``_r9``); RSS after the model, after each index.
+Figures: recall@1, recall@5 and MRR (first hit within the top 10) for keyword, semantic and hybrid on both halves,
+hybrid by kind; "nothing fits" precision and recall; learning from use simulated for one team; tokens of tools/list
+in ``all`` and ``search`` mode, counted with Llama 2's tokenizer (the wordllama wheel); search latency (wall p50/p99
+and thread-CPU p50) at the real catalog and at 10x by replication; RSS after the model and after each index.
 
-    .venv/bin/python -m bench.bench_toolsearch [--tune] [--queries 300]
+    .venv/bin/python -m bench.bench_toolsearch [--queries 300] [--misses]
 """
 
 from __future__ import annotations
