@@ -19,11 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import yaml
 
 from bench.bench_retrieval import _rss_mb
@@ -68,6 +71,50 @@ def requests() -> list[dict[str, Any]]:
 def blind_requests() -> list[dict[str, Any]]:
     """The set written blind (bench/toolsearch_blind/README.md): ``half`` dev or test, ``tools`` [] = nothing fits."""
     return list(yaml.safe_load((_HERE / "toolsearch_blind" / "requests.yaml").read_text()))
+
+
+SIZES = (None, 20, 8, 3)
+"""Catalogs a request is ranked in: the whole one, and random subsets of this many servers."""
+
+
+def subset(index: ToolIndex, req: dict[str, Any], size: int | None) -> tuple[npt.NDArray[np.bool_] | None, set[str]]:
+    """A catalog of ``size`` random servers for ``req`` (seeded by its id; None: all), as a mask of ``index.docs``,
+    and the request's tools in it. Half the time the request's own servers are kept, so a request is seen both where
+    a tool fits it and in a gateway without that product, where nothing does."""
+    if size is None:
+        return None, set(req["tools"])
+    rng = random.Random(req["id"] * 100 + size)
+    servers = sorted({doc.backends[0] for doc in index.docs})
+    chosen = set(rng.sample(servers, size))
+    if req["tools"] and rng.random() < 0.5:
+        chosen |= {name.split("/", 1)[0] for name in req["tools"]}
+    keep = np.array([doc.backends[0] in chosen for doc in index.docs])
+    return keep, {name for name in req["tools"] if name.split("/", 1)[0] in chosen}
+
+
+def small_catalogs(index: ToolIndex, reqs: list[dict[str, Any]]) -> str:
+    """The hybrid ranking of ``reqs`` in catalogs of 20, 8 and 3 random servers (``subset``)."""
+    lines = ["| servers | served | recall@1 | recall@5 | unserved | 'nothing fits' said | precision | recall |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for size in SIZES[1:]:
+        served = r1 = r5 = unserved = said = right = 0
+        for req in reqs:
+            keep, wanted = subset(index, req, size)
+            allowed = {index.docs[i].name for i in np.flatnonzero(keep)} if keep is not None else None
+            ranking = index.rank(req["q"], 5, allowed=allowed)
+            names = [index.docs[i].name for i, _ in ranking.hits]
+            if wanted:
+                served += 1
+                r1 += bool(names) and names[0] in wanted
+                r5 += bool(set(names) & wanted)
+            else:
+                unserved += 1
+            if not ranking.fits:
+                said += 1
+                right += not wanted
+        lines.append(f"| {size} | {served} | {r1 / served:.3f} | {r5 / served:.3f} | {unserved} | {said} | "
+                     f"{right / said if said else 1:.2f} | {right / unserved if unserved else 1:.2f} |")  # fmt: skip
+    return "\n".join(lines)
 
 
 def quality(index: ToolIndex, reqs: list[dict[str, Any]], mode: Mode, learned: Any = None) -> dict[str, float]:
@@ -201,6 +248,7 @@ def main() -> None:
     for part, subset in (("dev", dev), ("test", test)):
         nf = nothing_fits(index, subset)
         print(f"| {part} | {nf['none']} | {nf['said']} | {nf['precision']:.2f} | {nf['recall']:.2f} | {nf['lost']} |")
+    print("\nthe test half in smaller catalogs (random servers, seeded by request):\n" + small_catalogs(index, test))
     print("\n" + learning_report(index, dev, test))
     if args.misses:
         print("\nhybrid misses at 5 (dev half only):")

@@ -4,9 +4,11 @@
 Two logistic regressions, fitted by gradient descent on standardised features (an L2 penalty keeps them small),
 then folded back to raw-feature weights: one over each (request, candidate) pair, labelled by whether the candidate
 is one of the request's tools; one over each request (its best hit's log-odds and its best cosine), labelled by
-whether no tool fits it. The threshold is the lowest "nothing fits" probability at which the dev half's "nothing
-fits" answers are at least ``--precision`` right (when none is, the most precise one that says it at least three
-times); the dev figures at other thresholds are printed too. The test half is never read here.
+whether no tool fits it. Each dev request is fitted in the whole catalog and in random subsets of its servers
+(``SIZES``, ``bench_toolsearch.subset``), so the scores mean the same in a gateway of three servers as in one of
+fifty-five. The threshold is the lowest "nothing fits" probability at which those "nothing fits" answers are at
+least ``--precision`` right (when none is, the most precise one that says it at least three times); the figures at
+other thresholds are printed too. The test half is never read here.
 
     .venv/bin/python -m bench.toolsearch_fit [--precision 0.9]
 """
@@ -19,7 +21,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from bench.bench_toolsearch import blind_requests, load_catalog
+from bench.bench_toolsearch import SIZES, blind_requests, load_catalog, subset
 from gateway.search import tools as toolsearch
 from gateway.search.ranking import load_embedder
 from gateway.search.tools import Features, ToolIndex
@@ -40,14 +42,16 @@ def logistic(x: Floats, y: Floats, l2: float = 1e-2, steps: int = 4000, rate: fl
 
 
 def pairs(index: ToolIndex, reqs: list[dict[str, Any]]) -> list[tuple[dict[str, Any], Features, Floats]]:
-    """Per request: what the ranker reads of it, and its candidates' labels."""
+    """Per request and catalog (``SIZES``, ``subset``): what the ranker reads of it, and its candidates' labels."""
     out = []
     for req in reqs:
         vector = index.query_vector(req["q"])
         assert vector is not None
-        found = index.features(req["q"], vector)
-        labels = np.array([index.docs[i].name in req["tools"] for i in found.candidates], dtype=np.float64)
-        out.append((req, found, labels))
+        for size in SIZES:
+            keep, wanted = subset(index, req, size)
+            found = index.features(req["q"], vector, keep)
+            labels = np.array([index.docs[i].name in wanted for i in found.candidates], dtype=np.float64)
+            out.append(({**req, "tools": sorted(wanted)}, found, labels))
     return out
 
 
@@ -85,7 +89,8 @@ def main() -> None:
         print(f"  at {t}: said {int(said.sum())}, precision {y[said].mean() if said.any() else 1:.2f}, "
               f"recall {y[said].sum() / y.sum():.2f}")  # fmt: skip
     said = p >= threshold
-    print(f"dev: {len(dev)} requests, {int(y.sum())} with nothing that fits; at {threshold:.3f} 'nothing fits' is said "
+    print(f"dev: {len(dev)} requests x {len(SIZES)} catalogs, {int(y.sum())} with nothing that fits; "
+          f"at {threshold:.3f} 'nothing fits' is said "
           f"{int(said.sum())} times, {int(y[said].sum())} rightly")  # fmt: skip
     print(f"FEATURES = {toolsearch.FEATURES}")
     print(f"FEATURE_WEIGHTS = ({', '.join(f'{v:.4f}' for v in w)})")

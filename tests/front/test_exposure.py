@@ -127,7 +127,7 @@ async def test_a_search_answers_ready_tools_with_health_and_cost_and_skips_down_
 async def test_a_search_scores_each_hit_and_says_plainly_when_no_tool_fits() -> None:
     fed = _federation("exposure:\n  mode: search\n")
     disclosure, _ = _disclosure(fed)
-    fits = (await disclosure.search({"query": "how long is the drive from Lyon to Geneva"}, None)).structured_content
+    fits = (await disclosure.search({"query": "get driving directions from Lyon to Geneva"}, None)).structured_content
     assert fits is not None and fits["fits"] is True
     first = fits["tools"][0]
     assert first["name"] == "maps_directions" and 0.0 < first["score"] <= 1.0

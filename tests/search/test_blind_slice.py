@@ -13,10 +13,10 @@ from bench.bench_toolsearch import blind_requests, load_catalog
 from gateway.search.ranking import load_embedder
 from gateway.search.tools import ToolIndex
 
-# Measured on the slice when the engine was fitted: recall@1 0.605, recall@5 0.837 over its 43 served requests;
-# "nothing fits" said for 2 of its 8 unserved ones and for none of the 43. A floor sits about two requests lower.
+# Measured on the slice when the engine was fitted: recall@1 0.605, recall@5 0.860 over its 43 served requests;
+# "nothing fits" said for 3 of its 8 unserved ones and for none of the 43. A floor sits about two requests lower.
 RECALL_1_FLOOR = 0.55
-RECALL_5_FLOOR = 0.79
+RECALL_5_FLOOR = 0.81
 SERVED = 43
 WRONG_NOTHING_CEILING = 1
 SLICE = [r for r in blind_requests() if r["half"] == "test"][::4]
