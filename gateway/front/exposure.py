@@ -8,9 +8,14 @@ context gate), and serves what search mode adds:
 * the ``tools/list`` of search mode: the search tool, the call tool and the operator's ``pinned`` tools, pre-serialised
   once per catalog. The search tool's description carries the router note, so a model still reads one routing
   paragraph, now ending with how to find tools;
-* the search tool: query -> the best tools (name, one-line description, input schema, backend health, cost band),
-  ranked by the shared engine (``toolsearch.ToolIndex``, built in a worker thread once per catalog), filtered by
-  backend and annotations, and only among tools whose backend is ready unless ``include_unavailable`` is set;
+* the search tool: query -> the best tools (name, one-line description, input schema, backend health, cost band,
+  and ``score``, the calibrated probability that the tool fits), ranked by the shared engine
+  (``search/tools.py``'s ``ToolIndex``, built in a worker thread once per catalog, reusing the vectors of the
+  previous one; a search ranks in a worker thread too), filtered by backend and annotations, and only among tools
+  whose backend is ready unless ``include_unavailable`` is set. When no tool fits, the answer says so plainly: no
+  ``tools``, a note, and the ``closest`` few by name and score only;
+* learning from use: a call, by the same connection, of a tool its last search found is remembered for the
+  caller's team (its policy; ``search/learning.py``) and nudges that team's later alike searches;
 * the call tool: ``unwrap`` turns ``{name, arguments}`` into the real call, which the router then serves exactly as a
   direct call (same route, ladder, audit row under the real tool's name). A direct call by name still works;
 * ``tools_changed``: whether a search-mode client's list changed (only when the pinned set or the search tool's
@@ -25,7 +30,9 @@ a direct call of a tool the caller may not see.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import json
+import threading
 import weakref
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
@@ -43,15 +50,19 @@ from gateway.core.costs import BYTES_PER_TOKEN, Cost
 from gateway.core.gate import note_without
 from gateway.core.policies import View, Views
 from gateway.errors import InvalidArguments
-from gateway.search.ranking import Embedder, SemanticUnavailable, load_embedder
-from gateway.search.tools import ToolDoc, ToolIndex
+from gateway.search.learning import UseMemory
+from gateway.search.ranking import Embedder, SemanticUnavailable, Vectors, load_embedder
+from gateway.search.tools import Ranking, ToolDoc, ToolIndex
 
-__all__ = ["Disclosure", "cost_band", "meta_tools"]
+__all__ = ["INDEX_WAIT_S", "Disclosure", "cost_band", "meta_tools"]
 
 log = structlog.get_logger("gateway.disclosure")
 
 _SERVING = (BackendState.READY, BackendState.DEGRADED)
 _LINE_CHARS = 160  # a result's one-line description
+_CLOSEST = 3  # tools named when none fits
+INDEX_WAIT_S = 5.0
+"""How long a search waits for the catalog's semantic index before it ranks by keywords alone."""
 
 
 def _search_description(exposure: Exposure, note: str) -> str:
@@ -149,9 +160,14 @@ class Disclosure:
         self._lists: dict[tuple[int, bool, str | None], tuple[Catalog, Mapping[str, Any]]] = {}
         self._views: Views | None = None
         self._index: tuple[Catalog, ToolIndex] | None = None
-        self._building = anyio.Lock()
+        self._building: tuple[Catalog, threading.Event, ToolIndex] | None = None
+        self._lock = threading.Lock()
         self._searching: weakref.WeakSet[Any] = weakref.WeakSet()
         self._sizes: dict[int, tuple[Catalog, int]] = {}
+        self.memory = UseMemory()
+        self._last: weakref.WeakKeyDictionary[Any, tuple[str | None, Vectors, frozenset[str]]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     @property
     def exposure(self) -> Exposure:
@@ -283,31 +299,68 @@ class Disclosure:
     # -- the search tool --------------------------------------------------------------------------------------------
 
     async def index(self) -> ToolIndex:
-        """The search index of the current catalog, built once per catalog in a worker thread."""
+        """The search index of the current catalog, built once per catalog in a thread of its own (embedding a
+        large catalog takes a while: up to ``INDEX_WAIT_S`` is waited for, then searches rank by keywords and say so
+        until the build is done)."""
         catalog = self._catalog()
-        async with self._building:
+        with self._lock:
             if self._index is not None and self._index[0] is catalog:
                 return self._index[1]
-            built = await anyio.to_thread.run_sync(self._build, catalog)
-            self._index = (catalog, built)
-            return built
+            if self._building is None or self._building[0] is not catalog:
+                docs = [_doc(entry) for entry in catalog.entries.values()]
+                quick = ToolIndex.build(docs, None, f"the semantic index of {len(docs)} tools is being built")
+                self._building = (catalog, threading.Event(), quick)
+                worker = threading.Thread(target=self._finish, args=(catalog, docs), name="toolsearch-index")
+                worker.daemon = True  # pure computation on a snapshot: nothing to clean up if the process ends
+                worker.start()
+            _, done, quick = self._building
+        if await anyio.to_thread.run_sync(done.wait, INDEX_WAIT_S):
+            with self._lock:
+                if self._index is not None and self._index[0] is catalog:
+                    return self._index[1]
+        return quick
 
-    def _build(self, catalog: Catalog) -> ToolIndex:
-        docs = [_doc(entry) for entry in catalog.entries.values()]
+    def _finish(self, catalog: Catalog, docs: list[ToolDoc]) -> None:
+        try:
+            built = self._build(docs)
+            with self._lock:
+                self._index = (catalog, built)
+        except Exception:  # the thread's top level: searches go on by keywords, and the log says why
+            log.exception("toolsearch.index_failed", tools=len(docs))
+        finally:
+            with self._lock:
+                if self._building is not None and self._building[0] is catalog:
+                    self._building[1].set()
+
+    def _build(self, docs: list[ToolDoc]) -> ToolIndex:
         try:
             embedder: Embedder | None = self._load_model()
             reason = None
         except SemanticUnavailable as exc:
             embedder, reason = None, exc.reason
             log.warning("toolsearch.keyword_only", reason=reason)
-        built = ToolIndex.build(docs, embedder, reason)
-        log.info("toolsearch.index", tools=len(built), build_s=round(built.build_s, 3))
+        previous = self._index[1] if self._index is not None else None
+        built = ToolIndex.build(docs, embedder, reason, previous)
+        log.info("toolsearch.index", tools=len(built), embedded=built.embedded, build_s=round(built.build_s, 3))
         return built
 
+    def called(self, connection: Any, name: str) -> None:
+        """A search-mode ``connection`` called ``name``: if its last search found it, its team learns the choice."""
+        if connection is None:
+            return
+        last = self._last.pop(connection, None)
+        if last is not None and name in last[2]:
+            self.memory.record(last[0], last[1], name)
+
     async def search(
-        self, arguments: Mapping[str, Any] | None, visible: Collection[str] | None
+        self,
+        arguments: Mapping[str, Any] | None,
+        visible: Collection[str] | None,
+        team: str | None = None,
+        connection: Any = None,
     ) -> types.CallToolResult:
-        """Answer one search-tool call; ``visible`` (None: every tool) is the caller's policy seam.
+        """Answer one search-tool call; ``visible`` (None: every tool) is the caller's policy seam, ``team`` its
+        policy's name (what it learns from), ``connection`` whose next call tells what it chose.
 
         Raises:
             InvalidArguments: an argument has the wrong type or range.
@@ -334,29 +387,49 @@ class Disclosure:
         if not flags["include_unavailable"]:
             ready = {doc.name for doc in index.docs if any(b in serving for b in doc.backends)}
             allowed = ready if allowed is None else allowed & ready
-        hits = index.search(
-            query,
-            limit,
-            backends=(backend,) if backend is not None else None,
-            read_only=flags["read_only"],
-            destructive=flags["destructive"],
-            allowed=allowed,
+        ranking: Ranking = await anyio.to_thread.run_sync(
+            functools.partial(
+                index.rank,
+                query,
+                limit,
+                backends=(backend,) if backend is not None else None,
+                read_only=flags["read_only"],
+                destructive=flags["destructive"],
+                allowed=allowed,
+                learned=self.memory.nudge(team),
+            )
         )
-        catalog = self._catalog()
-        found = []
-        for i, _score in hits:
-            entry = catalog.get(index.docs[i].name)
-            if entry is not None:
-                found.append(self._result(entry, backends))
-        answer: dict[str, Any] = {"query": query, "tools": found}
-        if not found:
-            answer["note"] = "No tool matched; try other words, or fewer filters."
+        answer = self._answer(query, index, ranking, backends)
+        if connection is not None and index.embedder is not None and ranking.hits:
+            vector = await anyio.to_thread.run_sync(index.query_vector, query)
+            if vector is not None:
+                self._last[connection] = (team, vector, frozenset(index.docs[i].name for i, _ in ranking.hits))
         if index.semantic_reason:
-            answer["ranking"] = f"keyword only: {index.semantic_reason}"
+            answer["ranking"] = f"keyword only (scores are BM25's, not probabilities): {index.semantic_reason}"
         text = json.dumps(answer, ensure_ascii=False)
         return types.CallToolResult(content=[types.TextContent(type="text", text=text)], structured_content=answer)
 
-    def _result(self, entry: CatalogEntry, backends: Mapping[str, Backend]) -> dict[str, Any]:
+    def _answer(
+        self, query: str, index: ToolIndex, ranking: Ranking, backends: Mapping[str, Backend]
+    ) -> dict[str, Any]:
+        catalog = self._catalog()
+        hits = [(entry, score) for i, score in ranking.hits if (entry := catalog.get(index.docs[i].name)) is not None]
+        if not hits:
+            return {"query": query, "tools": [], "note": "No tool matched; try other words, or fewer filters."}
+        if not ranking.fits:
+            closest = [
+                {"name": entry.name, "description": _one_line(entry.tool.description), "score": score}
+                for entry, score in hits[:_CLOSEST]
+            ]
+            note = (
+                "No tool fits this request: this gateway has no tool for it, as far as its search can tell (the "
+                "closest are named, with the probability that each fits). Say so rather than force one; or search "
+                "again in other words."
+            )
+            return {"query": query, "tools": [], "fits": False, "note": note, "closest": closest}
+        return {"query": query, "tools": [self._result(entry, backends, score) for entry, score in hits], "fits": True}
+
+    def _result(self, entry: CatalogEntry, backends: Mapping[str, Backend], score: float) -> dict[str, Any]:
         health = {}
         for provider in entry.providers:
             backend = backends.get(provider.backend)
@@ -370,6 +443,7 @@ class Disclosure:
             "backend": ", ".join(health) if len(health) > 1 else next(iter(health), ""),
             "health": health if len(health) > 1 else next(iter(health.values()), "unknown"),
             "cost": cost_band(self._catalog().costs.get(entry.name)),
+            "score": score,
         }
         if entry.tool.annotations is not None:
             result["annotations"] = entry.tool.annotations.model_dump(by_alias=True, exclude_none=True)

@@ -220,18 +220,19 @@ class Face:
             call = dataclasses.replace(call, visible=seen.tools)
         try:
             large = gateway.clients.is_large(call.declared)
-            if self.exposure.searching(
-                call.client_name, call.client_version, large, connection_of(ctx), call.declared.tokens
-            ):
+            connection = connection_of(ctx)
+            if self.exposure.searching(call.client_name, call.client_version, large, connection, call.declared.tokens):
                 if params.name == self.exposure.exposure.search_tool:
                     visible = call.visible  # the caller's policy (None: every tool), less what its window is below
                     hidden = gateway.clients.hidden(call.declared)
                     if hidden:
                         visible = frozenset(visible if visible is not None else gateway.catalog.entries) - hidden
-                    return await self.exposure.search(params.arguments, visible)
+                    team = seen.policy if seen is not None else None
+                    return await self.exposure.search(params.arguments, visible, team, connection)
                 if params.name == self.exposure.exposure.call_tool:  # routed and audited as the real tool's call
                     name, arguments = self.exposure.unwrap(params.arguments)
                     params = params.model_copy(update={"name": name, "arguments": arguments})
+                self.exposure.called(connection, params.name)  # what its last search found, if it did
             return await self._call(ctx, params, call)
         except (ToolNotFound, InvalidArguments) as exc:
             raise MCPError(INVALID_PARAMS, str(exc)) from exc

@@ -1,14 +1,16 @@
-"""The gateway's one search engine, as pure, blocking parts: BM25 postings, the static embedding model, nearest
-vectors, and reciprocal rank fusion. The wiki's semantic rung (``backends/wiki/semantic.py``) and the tool search
+"""The gateway's one search engine, as pure, blocking parts: BM25 postings, the embedding models, nearest vectors,
+and reciprocal rank fusion. The wiki's semantic rung (``backends/wiki/semantic.py``) and the tool search
 (``search/tools.py``) both rank with these, so a fix or a better model reaches both.
 
-The model is a *static* embedding model that ships inside a registry package: the wheel of ``wordllama`` carries
+``load_embedder`` gives the one model both use: the sentence model of ``search/sentence.py`` (all-MiniLM-L6-v2,
+which reads a request as a sentence). ``load_from`` still opens the older *static* model, kept for counting tokens
+with Llama 2's vocabulary and for a folder given by hand: the wheel of ``wordllama`` carries
 ``weights/l2_supercat_256.safetensors`` (a 32,000 x 256 float16 token table, 16 MB) and its tokenizer
 (``tokenizers/l2_supercat_tokenizer_config.json``, Llama 2's vocabulary). A text's vector is the mean of its tokens'
-rows, normalised, so embedding is a table lookup: no GPU, no torch, about a millisecond for a query. ``load_embedder``
+rows, normalised, so embedding is a table lookup: no GPU, no torch, about a millisecond for a query. ``load_from``
 opens those two files by their paths inside the installed package and nothing else: no hub, no cache folder, no
 network, ever (the library's own ``WordLlama.load`` looks for the tokenizer under ``tokenizer/`` rather than
-``tokenizers/`` and would try to download it). When a file is missing or unreadable it raises
+``tokenizers/`` and would try to download it). When a file is missing or unreadable either loader raises
 ``SemanticUnavailable`` with the reason; callers then serve keyword ranking alone and say why.
 """
 
@@ -22,19 +24,25 @@ from array import array
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
+
+from gateway.search.sentence import load_sentence
+from gateway.search.vectors import SemanticUnavailable, Vectors
 
 __all__ = [
     "RRF_K",
     "Bm25",
     "Embedder",
     "SemanticUnavailable",
+    "StaticEmbedder",
+    "Vectors",
     "fuse",
     "load_embedder",
     "load_from",
+    "load_static",
     "nearest",
     "tokenizer_file",
 ]
@@ -43,8 +51,6 @@ RRF_K = 60
 """The rank constant of reciprocal rank fusion (the value of the original paper; robust across collections)."""
 BM25_K1 = 1.2
 BM25_B = 0.75
-
-Vectors = npt.NDArray[np.float32]
 
 
 class Bm25:
@@ -68,6 +74,9 @@ class Bm25:
         self._dense_lengths = np.frombuffer(self._lengths, dtype=np.uint32).astype(np.float64)
         self.k1 = k1
         self.b = b
+
+    def __contains__(self, term: object) -> bool:
+        return term in self._postings
 
     def _matches(self, terms: Sequence[str]) -> Iterator[tuple[array[int], array[int], float]]:
         """Each distinct term of ``terms`` that some document holds, once: its postings (document ids and term
@@ -139,15 +148,19 @@ def fuse(
     return heapq.nlargest(limit, fused.items(), key=lambda item: (item[1], -item[0]))
 
 
-class SemanticUnavailable(Exception):
-    """The embedding model cannot be loaded; ``reason`` says why (shown to callers and in the log)."""
+class Embedder(Protocol):
+    """An embedding model: ``embed`` returns unit vectors (float32, one row per text)."""
 
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-        super().__init__(reason)
+    dimensions: int
+    source: str
+    load_s: float
+
+    def embed(self, texts: Sequence[str]) -> Vectors: ...
+
+    def count_tokens(self, text: str) -> int: ...
 
 
-class Embedder:
+class StaticEmbedder:
     """The static embedding model: tokenizer + token table; ``embed`` returns unit vectors (float32, one row each)."""
 
     def __init__(self, table: npt.NDArray[np.floating[Any]], tokenizer: Any, source: str, load_s: float) -> None:
@@ -179,7 +192,8 @@ _MODEL: Embedder | SemanticUnavailable | None = None
 
 
 def load_embedder() -> Embedder:
-    """The model from the installed ``wordllama`` package's own files, loaded once per process. Blocking.
+    """The sentence model (``search/sentence.py``) from its installed packages' own files, loaded once per process.
+    Blocking.
 
     Raises:
         SemanticUnavailable: the package, a file, or a library it needs is missing or unreadable (the outcome is
@@ -189,12 +203,17 @@ def load_embedder() -> Embedder:
     with _MODEL_LOCK:
         if _MODEL is None:
             try:
-                _MODEL = _load()
+                _MODEL = load_sentence()
             except SemanticUnavailable as exc:
                 _MODEL = exc
         if isinstance(_MODEL, SemanticUnavailable):
             raise _MODEL
         return _MODEL
+
+
+def load_static() -> StaticEmbedder:
+    """The static model from the installed ``wordllama`` package (Llama 2's tokenizer counts tokens for the bench)."""
+    return load_from(_package())
 
 
 def _package() -> Path:
@@ -224,11 +243,7 @@ def tokenizer_file() -> Path | None:
     return found if found.is_file() else None
 
 
-def _load() -> Embedder:
-    return load_from(_package())
-
-
-def load_from(package: Path) -> Embedder:
+def load_from(package: Path) -> StaticEmbedder:
     """The model from the files of a ``wordllama`` package folder (not cached). Blocking.
 
     Raises:
@@ -255,4 +270,4 @@ def load_from(package: Path) -> Embedder:
         raise SemanticUnavailable(f"the embedding model cannot be read: {type(exc).__name__}: {exc}") from exc
     if table.ndim != 2 or table.shape[0] < tokenizer.get_vocab_size() or table.dtype.kind != "f":
         raise SemanticUnavailable(f"the embedding table has an unexpected shape {table.shape}")
-    return Embedder(table, tokenizer, f"wordllama {weights.name}", time.perf_counter() - began)
+    return StaticEmbedder(table, tokenizer, f"wordllama {weights.name}", time.perf_counter() - began)

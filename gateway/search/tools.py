@@ -1,21 +1,30 @@
-"""Finding the right tool among thousands: a hybrid keyword + semantic index over tool definitions. Pure, blocking.
+"""Finding the right tool among thousands: a keyword + semantic index over tool definitions, and a calibrated
+re-ranker that says how likely each hit fits and when nothing does. Pure, blocking.
 
-``ToolIndex.build(docs, embedder)`` indexes each tool's name, description, and parameter names and descriptions:
+``ToolIndex.build(docs, embedder)`` indexes each tool's name, description, parameters and backend:
   * **keyword**: BM25 (``ranking.Bm25``) over words, where names are split at ``_``, ``-``, ``.``, ``/`` and
     camelCase boundaries (``getIssueComments`` -> get, issue, comments), every word lower-cased and lightly stemmed
-    (issues -> issue), the name's words counted ``NAME_WEIGHT`` times (a name is the densest summary a tool has);
-  * **semantic**: the shared static embedding model (``ranking.Embedder``) over the name's words, the description's
-    head and the parameter names, stop words left out, plus the name's own vector (``NAME_VECTOR_WEIGHT``); ranked
-    by cosine similarity to the query's vector (its stop words left out too);
-  * **hybrid**: both rankings fused by reciprocal rank fusion (``ranking.fuse``), the keyword side weighted
-    ``KEYWORD_WEIGHT``. The constants were tuned on the first half of bench/toolsearch_requests.yaml only (see
-    docs/benchmarks.md, "Tool search").
+    (issues -> issue), the name's words counted ``NAME_WEIGHT`` times (a name is the densest summary a tool has) and
+    the backend's name's ``BACKEND_WEIGHT`` times (a request often names the product: "in Redis");
+  * **semantic**: the shared sentence model (``ranking.load_embedder``) over the name's words and the description's
+    head, plus ``NAME_VECTOR_WEIGHT`` times the name's own vector; ranked by cosine similarity to the request's;
+  * **hybrid**: the ``CANDIDATES`` best of each ranking are scored by a logistic model over eight features of the
+    two (``FEATURES``): the score is the probability that the tool fits the request. A request whose best hit is
+    unlikely, whose words the catalog barely knows, and whose nearest vector is far gets ``Ranking.fits`` False
+    (a second logistic model, ``NOTHING_WEIGHTS``, over those three, with the threshold ``NOTHING_FITS``).
+    Every weight was fitted on the development half of bench/toolsearch_blind/ by ``bench/toolsearch_fit.py``, in
+    the whole catalog and in random subsets of its servers, so a score means the same among 30 tools as among
+    1,259 (docs/benchmarks.md, "Tool search").
+
+``build`` takes the previous index of the same model and embeds only the texts it did not hold (a catalog change
+costs its new tools, not the whole catalog).
 
 Filters (``backends``, ``read_only``, ``destructive``, ``allowed``) are applied before ranking, so a filtered search
-still returns ``limit`` tools when that many match. Annotations are read as the MCP spec defines them: a tool without
+still returns ``limit`` tools when that many match; ``learned`` (``search/learning.py``) adds what a caller's team
+chose after earlier searches. Annotations are read as the MCP spec defines them: a tool without
 ``readOnlyHint`` is not read-only, and a tool that is not read-only is destructive unless it says
 ``destructiveHint: false``. Without an embedder (the model could not be loaded) semantic and hybrid searches fall back
-to keyword ranking, and ``ToolIndex.semantic_reason`` says why.
+to keyword ranking (scored by BM25, fitting when any word matches), and ``ToolIndex.semantic_reason`` says why.
 """
 
 from __future__ import annotations
@@ -23,34 +32,41 @@ from __future__ import annotations
 import re
 import time
 from collections import Counter
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
-from gateway.search.ranking import Bm25, Embedder, Vectors, fuse, nearest
+from gateway.search.ranking import Bm25, Embedder, Vectors, nearest
 
-__all__ = ["KEYWORD_WEIGHT", "NAME_WEIGHT", "Mode", "ToolDoc", "ToolIndex", "words"]
+__all__ = ["NAME_WEIGHT", "NOTHING_FITS", "Mode", "Ranking", "ToolDoc", "ToolIndex", "words"]
 
 Mode = Literal["keyword", "semantic", "hybrid"]
 
 NAME_WEIGHT = 4
 """How many times a name's words count in a tool's BM25 document."""
-KEYWORD_WEIGHT = 0.5
-"""The keyword ranking's weight in the fusion (the semantic ranking's is 1)."""
-FUSION_K = 30.0
-"""The fusion's rank constant (``ranking.RRF_K``)."""
-FUSION_DEPTH = 50
-"""How far down each ranking the fusion looks."""
-NAME_VECTOR_WEIGHT = 1.0
-"""A tool's vector is its text's vector plus this times its name's vector (then normalised): a static embedding
-averages every word, and the name says what the tool does in the fewest."""
-_EMBED_DESCRIPTION_CHARS = 100  # a static vector blurs as the text grows: the head says what the tool is for
+BACKEND_WEIGHT = 2
+"""How many times the backend's name's words count in each of its tools' BM25 documents."""
+NAME_VECTOR_WEIGHT = 0.5
+"""A tool's vector is its text's vector plus this times its name's vector (then normalised)."""
+CANDIDATES = 30
+"""How many of each ranking's best the re-ranker scores."""
+FEATURES = ("cos", "cos_text", "cos_name", "bm25_relative", "bm25_log", "rr_bm25", "rr_cos", "cos_gap")
+FEATURE_WEIGHTS = (0.6381, 0.9714, -0.1387, 0.9040, 0.4687, 1.4995, 2.0325, 2.4053)
+"""The re-ranker's weights over ``FEATURES`` and its bias (fitted by bench/toolsearch_fit.py on the dev half)."""
+FEATURE_BIAS = -5.7585
+NOTHING_WEIGHTS = (-0.4483, -7.9222)
+"""The "nothing fits" model's weights over (the best hit's log-odds, the best cosine) and its bias. Features that
+depend on the catalog's size (the share of a request's words it knows) were tried and left out: a three-tool
+gateway then found nothing for anything."""
+NOTHING_BIAS = 2.3306
+NOTHING_FITS = 0.792
+"""A request whose "nothing fits" probability reaches this is answered with no tool."""
+_EMBED_DESCRIPTION_CHARS = 300  # the head says what the tool is for; the model reads at most 128 tokens
 _PARAM_LIMIT = 40  # parameters past this many (a generated schema) add nothing to what a tool is for
 
-_PUNCTUATION = ".,;:!?()[]{}'\"`"
 _SPLIT = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
 _STOPWORDS = frozenset(
     "a an and are as at be but by can do does for from has have how i if in into is it its me my no not of on or "
@@ -118,6 +134,9 @@ def _keyword_counts(doc: ToolDoc) -> Counter[str]:
     counts: Counter[str] = Counter()
     for word in words(doc.name):
         counts[word] += NAME_WEIGHT
+    for backend in doc.backends:
+        for word in words(backend):
+            counts[word] += BACKEND_WEIGHT
     counts.update(words(doc.description))
     for name, description in doc.parameters():
         counts.update(words(name))
@@ -125,30 +144,38 @@ def _keyword_counts(doc: ToolDoc) -> Counter[str]:
     return counts
 
 
-def _content(text: str) -> str:
-    """``text`` without its stop words (a static vector is their average too), or as it is if nothing else is left."""
-    kept = [w for w in text.split() if w.lower().strip(_PUNCTUATION) not in _STOPWORDS]
-    return " ".join(kept) if kept else text
-
-
 def _name_text(doc: ToolDoc) -> str:
     return " ".join(_SPLIT.findall(doc.name)).lower()
 
 
 def _embedding_text(doc: ToolDoc) -> str:
-    head = doc.description.strip()
+    head = " ".join(doc.description.split())
     if len(head) > _EMBED_DESCRIPTION_CHARS:
         head = head[:_EMBED_DESCRIPTION_CHARS]
-    params = " ".join(" ".join(_SPLIT.findall(name)).lower() for name, _ in doc.parameters())
-    return _content(f"{_name_text(doc)}. {head} {params}".strip())
+    return f"{_name_text(doc)}. {head}".strip()
 
 
-def _vectors(embedder: Embedder, docs: Sequence[ToolDoc]) -> Vectors:
-    matrix = embedder.embed([_embedding_text(doc) for doc in docs])
-    matrix += NAME_VECTOR_WEIGHT * embedder.embed([_name_text(doc) for doc in docs])
-    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-    np.divide(matrix, norms, out=matrix, where=norms > 0)
-    return matrix
+def _sigmoid(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    return 1.0 / (1.0 + np.exp(-np.clip(x, -30.0, 30.0)))
+
+
+class Features(NamedTuple):
+    """What the re-ranker and the "nothing fits" model read of one request."""
+
+    candidates: npt.NDArray[np.int64]  # positions in ``docs``
+    rows: npt.NDArray[np.float64]  # one row of ``FEATURES`` per candidate
+    best_cos: float  # the best cosine among the tools kept
+
+
+@dataclass(frozen=True, slots=True)
+class Ranking:
+    """A search's answer: hits (position in ``docs``, score) best first, and whether any of them fits. In hybrid
+    mode a score is the probability that the tool fits; in keyword mode it is BM25's. ``nothing`` is the probability
+    that no tool fits (None without the model)."""
+
+    hits: list[tuple[int, float]]
+    fits: bool
+    nothing: float | None
 
 
 @dataclass(frozen=True)
@@ -157,21 +184,47 @@ class ToolIndex:
 
     docs: tuple[ToolDoc, ...]
     bm25: Bm25
-    matrix: Vectors | None
     embedder: Embedder | None
     semantic_reason: str | None
     build_s: float
+    texts: tuple[str, ...] = ()
+    text_matrix: Vectors | None = None
+    name_matrix: Vectors | None = None
+    matrix: Vectors | None = None
+    embedded: int = 0  # texts embedded by this build (the rest came from the previous index)
 
     @classmethod
-    def build(cls, docs: Sequence[ToolDoc], embedder: Embedder | None, reason: str | None = None) -> ToolIndex:
-        """Index ``docs``; with ``embedder`` None, ``reason`` says why searches are keyword only."""
+    def build(
+        cls,
+        docs: Sequence[ToolDoc],
+        embedder: Embedder | None,
+        reason: str | None = None,
+        previous: ToolIndex | None = None,
+    ) -> ToolIndex:
+        """Index ``docs``; with ``embedder`` None, ``reason`` says why searches are keyword only. Vectors of texts
+        ``previous`` (built with the same model) holds are reused."""
         began = time.perf_counter()
         docs = tuple(docs)
         bm25 = Bm25([_keyword_counts(doc) for doc in docs])
-        matrix = None
-        if embedder is not None:
-            matrix = _vectors(embedder, docs) if docs else None
-        return cls(docs, bm25, matrix, embedder, None if embedder is not None else reason, time.perf_counter() - began)
+        if embedder is None or not docs:
+            return cls(docs, bm25, embedder, None if embedder is not None else reason, time.perf_counter() - began)
+        texts = tuple(_embedding_text(doc) for doc in docs)
+        names = [_name_text(doc) for doc in docs]
+        known: dict[str, npt.NDArray[np.float32]] = {}
+        if previous is not None and previous.embedder is embedder and previous.text_matrix is not None:
+            known.update(zip(previous.texts, previous.text_matrix, strict=True))
+            known.update(zip((_name_text(d) for d in previous.docs), previous.name_matrix, strict=True))  # type: ignore[arg-type]
+        todo = [t for t in dict.fromkeys([*texts, *names]) if t not in known]
+        if todo:
+            known.update(zip(todo, embedder.embed(todo), strict=True))
+        text_matrix = np.stack([known[t] for t in texts]).astype(np.float32)
+        name_matrix = np.stack([known[t] for t in names]).astype(np.float32)
+        matrix = text_matrix + NAME_VECTOR_WEIGHT * name_matrix
+        norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+        np.divide(matrix, norms, out=matrix, where=norms > 0)
+        return cls(
+            docs, bm25, embedder, None, time.perf_counter() - began, texts, text_matrix, name_matrix, matrix, len(todo)
+        )
 
     def __len__(self) -> int:
         return len(self.docs)
@@ -202,18 +255,89 @@ class ToolIndex:
         scores = self.bm25.dense(words(query))
         if keep is not None:
             scores[~keep] = 0.0
-        matched = int(np.count_nonzero(scores))
-        count = min(limit, matched)
-        if count <= 0:
-            return []
-        top = np.argpartition(-scores, count - 1)[:count]
-        ranked = sorted(top.tolist(), key=lambda i: (-float(scores[i]), i))
-        return [(i, float(scores[i])) for i in ranked]
+        return _top(scores, min(limit, int(np.count_nonzero(scores))))
+
+    def query_vector(self, query: str) -> Vectors | None:
+        """The request's unit vector (None without the model)."""
+        return None if self.embedder is None else self.embedder.embed([query])[0]
 
     def semantic(self, query: str, limit: int, keep: npt.NDArray[np.bool_] | None = None) -> list[tuple[int, float]]:
         if self.embedder is None or self.matrix is None:
             return self.keyword(query, limit, keep)
-        return nearest(self.matrix, self.embedder.embed([_content(query)])[0], limit, keep)
+        return nearest(self.matrix, self.embedder.embed([query])[0], limit, keep)
+
+    def features(self, query: str, vector: Vectors, keep: npt.NDArray[np.bool_] | None = None) -> Features:
+        """The re-ranker's candidates and their ``FEATURES`` rows, and the best cosine. Needs the model."""
+        assert self.matrix is not None and self.text_matrix is not None and self.name_matrix is not None
+        terms = words(query)
+        kw = self.bm25.dense(terms)
+        cos = (self.matrix @ vector).astype(np.float64)
+        if keep is not None:
+            kw[~keep] = 0.0
+            cos[~keep] = -np.inf
+        allowed = len(self.docs) if keep is None else int(keep.sum())
+        depth = min(CANDIDATES, allowed)
+        by_kw = [i for i, _ in _top(kw, min(depth, int(np.count_nonzero(kw))))]
+        by_cos = [i for i, _ in _top(cos, depth)]
+        cand = np.fromiter(dict.fromkeys(by_kw + by_cos), dtype=np.int64)
+        best_cos = float(cos.max()) if allowed else 0.0
+        if not len(cand):
+            return Features(cand, np.zeros((0, len(FEATURES))), best_cos)
+        kmax = float(kw.max()) or 1.0
+        rank_kw = (kw[None, :] > kw[cand][:, None]).sum(axis=1)
+        rank_cos = (cos[None, :] > cos[cand][:, None]).sum(axis=1)
+        rows = np.column_stack(
+            [
+                cos[cand],
+                self.text_matrix[cand] @ vector,
+                self.name_matrix[cand] @ vector,
+                kw[cand] / kmax,
+                np.log1p(kw[cand]),
+                1.0 / (1.0 + rank_kw),
+                1.0 / (1.0 + rank_cos),
+                cos[cand] - best_cos,
+            ]
+        ).astype(np.float64)
+        return Features(cand, rows, best_cos)
+
+    def rank(
+        self,
+        query: str,
+        limit: int = 8,
+        mode: Mode = "hybrid",
+        *,
+        backends: Collection[str] | None = None,
+        read_only: bool | None = None,
+        destructive: bool | None = None,
+        allowed: Collection[str] | None = None,
+        learned: Callable[[Vectors], Mapping[str, float]] | None = None,
+    ) -> Ranking:
+        """The ``limit`` best tools for ``query`` among those passing the filters, and whether any fits.
+        ``allowed`` is the seam for per-caller policies: the names a caller may see; ``learned`` maps the request's
+        vector to log-odds to add per tool name (what the caller's team chose after like requests)."""
+        keep = self.mask(backends, read_only, destructive, allowed)
+        if keep is not None and not keep.any():
+            return Ranking([], False, None)
+        if mode == "keyword" or self.embedder is None or self.matrix is None:
+            hits = self.keyword(query, limit, keep)
+            return Ranking(hits, bool(hits), None)
+        if mode == "semantic":
+            return Ranking(self.semantic(query, limit, keep), True, None)
+        vector = self.embedder.embed([query])[0]
+        cand, rows, best_cos = self.features(query, vector, keep)
+        if not len(cand):
+            return Ranking([], False, 1.0)
+        logit = rows @ np.asarray(FEATURE_WEIGHTS) + FEATURE_BIAS
+        if learned is not None:
+            bonus = learned(vector)
+            if bonus:
+                logit += np.array([bonus.get(self.docs[i].name, 0.0) for i in cand])
+        order = np.lexsort((cand, -logit))[:limit]
+        prob = _sigmoid(logit)
+        best = float(logit[order[0]])
+        nothing = float(_sigmoid(np.array(np.dot(NOTHING_WEIGHTS, (best, best_cos)) + NOTHING_BIAS)))
+        hits = [(int(cand[n]), round(float(prob[n]), 4)) for n in order]
+        return Ranking(hits, nothing < NOTHING_FITS, round(nothing, 4))
 
     def search(
         self,
@@ -226,19 +350,16 @@ class ToolIndex:
         destructive: bool | None = None,
         allowed: Collection[str] | None = None,
     ) -> list[tuple[int, float]]:
-        """The ``limit`` best tools for ``query`` among those passing the filters: (position in ``docs``, score),
-        best first. ``allowed`` is the seam for per-caller policies: the names a caller may see."""
-        keep = self.mask(backends, read_only, destructive, allowed)
-        if keep is not None and not keep.any():
-            return []
-        if mode == "keyword" or self.embedder is None:
-            return self.keyword(query, limit, keep)
-        if mode == "semantic":
-            return self.semantic(query, limit, keep)
-        depth = max(limit, FUSION_DEPTH)
-        return fuse(
-            (self.keyword(query, depth, keep), self.semantic(query, depth, keep)),
-            limit,
-            FUSION_K,
-            (KEYWORD_WEIGHT, 1.0),
-        )
+        """``rank``'s hits alone: (position in ``docs``, score), best first."""
+        return self.rank(
+            query, limit, mode, backends=backends, read_only=read_only, destructive=destructive, allowed=allowed
+        ).hits
+
+
+def _top(scores: npt.NDArray[np.float64], count: int) -> list[tuple[int, float]]:
+    """The ``count`` highest of ``scores``, best first (ties: the lower position)."""
+    if count <= 0:
+        return []
+    top = np.argpartition(-scores, count - 1)[:count]
+    ranked = sorted(top.tolist(), key=lambda i: (-float(scores[i]), i))
+    return [(i, float(scores[i])) for i in ranked]

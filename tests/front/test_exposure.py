@@ -4,6 +4,7 @@ the call tool unwraps, what a search answers, and how cost bands read. Over real
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import pytest
@@ -14,8 +15,9 @@ from gateway.config import Federation, parse_config
 from gateway.core.catalog import Catalog
 from gateway.core.costs import Cost
 from gateway.errors import InvalidArguments
+from gateway.front import exposure as exposure_module
 from gateway.front.exposure import Disclosure, cost_band
-from gateway.search.ranking import load_embedder
+from gateway.search.ranking import Embedder, load_embedder
 from gateway.testing import FakeBackend, make_tool
 
 pytestmark = pytest.mark.anyio
@@ -109,8 +111,9 @@ async def test_a_search_answers_ready_tools_with_health_and_cost_and_skips_down_
         "failed: connection refused",
     )
     assert first["cost"] == "not measured yet"
-    hidden = await disclosure.search({"query": "read everything"}, {"send_email"})  # the policy seam
-    assert [t["name"] for t in hidden.structured_content["tools"]] == ["send_email"]  # type: ignore[index]
+    hidden = (await disclosure.search({"query": "read everything"}, {"send_email"})).structured_content  # the seam
+    assert hidden is not None
+    assert [t["name"] for t in hidden["tools"] + hidden.get("closest", [])] == ["send_email"]
     for bad in (
         {"query": ""},
         {"query": "x", "limit": 0},
@@ -121,8 +124,48 @@ async def test_a_search_answers_ready_tools_with_health_and_cost_and_skips_down_
             await disclosure.search(bad, None)
 
 
+async def test_a_search_scores_each_hit_and_says_plainly_when_no_tool_fits() -> None:
+    fed = _federation("exposure:\n  mode: search\n")
+    disclosure, _ = _disclosure(fed)
+    fits = (await disclosure.search({"query": "get driving directions from Lyon to Geneva"}, None)).structured_content
+    assert fits is not None and fits["fits"] is True
+    first = fits["tools"][0]
+    assert first["name"] == "maps_directions" and 0.0 < first["score"] <= 1.0
+    assert [t["score"] for t in fits["tools"]] == sorted((t["score"] for t in fits["tools"]), reverse=True)
+    none = await disclosure.search({"query": "order a large pepperoni pizza to my office"}, None)
+    answer = none.structured_content
+    assert answer is not None and answer["tools"] == [] and answer["fits"] is False
+    assert answer["note"].startswith("No tool fits this request")
+    assert {t["name"] for t in answer["closest"]} <= {"send_email", "wiki_read_all", "maps_directions"}
+    assert all(0.0 <= t["score"] < 0.5 and "inputSchema" not in t for t in answer["closest"])
+    assert json.loads(none.content[0].text) == answer  # type: ignore[union-attr]
+
+
 def test_a_cost_band_names_the_band_and_the_figures() -> None:
     assert cost_band(None) == "not measured yet"
     assert cost_band(Cost(200, 10.0, "measured")) == "small (~200 tokens, ~10 ms)"
     assert cost_band(Cost(5_000)).startswith("medium (")
     assert cost_band(Cost(50_000)).startswith("large (")
+
+
+async def test_a_search_during_a_long_index_build_ranks_by_keywords_and_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    release = threading.Event()
+
+    def slow_model() -> Embedder:
+        assert release.wait(10), "the test never released the model"
+        return load_embedder()
+
+    monkeypatch.setattr(exposure_module, "INDEX_WAIT_S", 0.05)
+    fed = _federation("exposure:\n  mode: search\n")
+    table: dict[str, Backend] = {b.name: b for b in (MAIL, MAPS)}
+    catalog = Catalog.build(fed, table)
+    disclosure = Disclosure(lambda: fed, lambda: catalog, lambda: table, slow_model)
+    early = (await disclosure.search({"query": "driving directions"}, None)).structured_content
+    assert early is not None and early["ranking"].endswith("the semantic index of 3 tools is being built")
+    assert early["tools"][0]["name"] == "maps_directions"
+    release.set()
+    monkeypatch.setattr(exposure_module, "INDEX_WAIT_S", 10.0)
+    later = (await disclosure.search({"query": "driving directions"}, None)).structured_content
+    assert later is not None and "ranking" not in later and later["tools"][0]["name"] == "maps_directions"

@@ -1,5 +1,5 @@
 """The tool search index (gateway/toolsearch.py) and the shared ranking parts under it (gateway/ranking.py), with
-the real embedding model from the installed wordllama wheel."""
+the real sentence model from its installed wheels."""
 
 from __future__ import annotations
 
