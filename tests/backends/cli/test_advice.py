@@ -58,7 +58,7 @@ adapters:
     federation = parse_config(config, file=str(tmp_path / "federation.yaml"), env={})
     async with Gateway(federation, audit=False).running() as gateway:
         with anyio.fail_after(20):
-            assert await gateway.wait_settled(15)
+            assert await gateway.wait_settled(15, checked=True)  # the probes too (they run after the handshake)
         [(_, _, status)] = gateway.statuses()
     [(label, reason)] = status.unready
     command = f"cd {tmp_path} && XDG_CACHE_HOME={tmp_path}/.cache PATH={tools}:/usr/bin:/bin {tools}/qmd pull"
