@@ -70,7 +70,7 @@ async def served(
     federation = parse_config(config, file=str(folder / "federation.yaml"), env={})
     async with Gateway(federation).running() as gateway:
         with anyio.fail_after(10):
-            assert await gateway.wait_settled(10)
+            assert await gateway.wait_settled(10, checked=True)  # an adapter's probes too: the page shows them
         app = build_app(gateway, host=host, tokens=Tokens(tokens))
         async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url=BASE_URL) as client:
             yield client
