@@ -39,6 +39,7 @@ from gateway.front.eras import Eras, ahead
 from gateway.front.exposure import Disclosure
 from gateway.front.scope import caller_of, session_digest, withheld_of
 from gateway.front.server import GatewayServer, ValidatedLists, enveloped, progress_of, quiet, refusal
+from gateway.observe.logs import redactor
 from gateway.version import VERSION
 
 __all__ = ["Face"]
@@ -159,10 +160,17 @@ class Face:
     # -- every request ---------------------------------------------------------------------------------------------
 
     async def middleware(self, ctx: ServerRequestContext[Any], call_next: CallNext) -> HandlerResult:
-        """The per-request boundary: a fault while serving one request ends it alone."""
+        """The per-request boundary: a fault while serving one request ends it alone, and an error answer leaves
+        scrubbed of registered secrets (a backend's failure quoted in it may hold one: observe/logs.py)."""
         try:
             return await self._serve(ctx, call_next)
-        except (MCPError, ValidationError, anyio.get_cancelled_exc_class()):
+        except MCPError as exc:
+            error = exc.error
+            message, data = redactor.scrub(error.message), redactor.scrub(error.data)
+            if message == error.message and data == error.data:
+                raise
+            raise MCPError(error.code, message, data) from None
+        except (ValidationError, anyio.get_cancelled_exc_class()):
             raise  # the SDK's own answers (a ValidationError of the params is its invalid params), and cancellation
         except Exception as exc:
             log.exception("request.internal_error", method=ctx.method, error=type(exc).__name__)

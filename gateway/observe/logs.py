@@ -16,7 +16,9 @@ Which configured values are secrets (documented in docs/operations.md, "Logs"):
   * a stdio server's or an adapter's ``env`` value when the variable's name is a secret name (``QMD_TOKEN``,
     ``OPENAI_API_KEY``, ``DB_PASSWORD``, ...) or is listed in its ``secret_env``; an adapter's ``pass_env`` variables
     by the same rule (their values come from the gateway's own environment);
-  * every ``gateway.tracing.headers`` value.
+  * every ``gateway.tracing.headers`` value;
+  * a URL's password (``https://user:PASSWORD@host``, as written and percent-decoded) and the value of a query
+    parameter whose name is a secret name (``?api_key=...``): a server's ``url``, the ledger's and Redis's.
 
 ``relay_program_output`` turns the lines a program printed (scripts/serve pipes scripts/prepare's qmd and graphify
 output through ``python -m gateway._logging prepare``) into structured events, so no raw text lands in the JSON log:
@@ -31,13 +33,13 @@ import re
 import sys
 from collections.abc import Collection, Iterable, Mapping, MutableMapping
 from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import structlog
 
 from gateway.config import Federation, StdioServer, environ
-from gateway.ledger.urls import url_secrets
 
-__all__ = ["MASK", "Redactor", "config_secrets", "configure_logging", "is_secret_name", "redactor"]
+__all__ = ["MASK", "Redactor", "config_secrets", "configure_logging", "is_secret_name", "redactor", "url_secrets"]
 
 MASK = "[redacted]"
 MIN_SECRET_LENGTH = 4
@@ -122,6 +124,21 @@ def _env_values(env: Mapping[str, str], marked: Iterable[str]) -> list[str]:
     return [value for name, value in env.items() if name in listed or is_secret_name(name)]
 
 
+def url_secrets(url: str | None) -> list[str]:
+    """The secrets a URL carries: its password, and the values of its query parameters with a secret name."""
+    if not url:
+        return []
+    try:
+        parts = urlsplit(url)
+        query = parse_qsl(parts.query, keep_blank_values=True)
+    except ValueError:
+        return []
+    userinfo = parts.netloc.rpartition("@")[0]
+    found = [userinfo.partition(":")[2]] if ":" in userinfo else []
+    found += [value for name, value in query if is_secret_name(name) or name == "password"]
+    return [secret for value in found if value for secret in {value, unquote(value)}]
+
+
 def config_secrets(config: Federation) -> list[str]:
     """Every secret value ``config`` carries (see the module docstring for the rules), for ``Redactor.add``."""
     values: list[str] = []
@@ -130,6 +147,7 @@ def config_secrets(config: Federation) -> list[str]:
             values += _env_values(server.env, server.secret_env)
         else:
             values += _header_values(server.headers, server.secret_headers)
+            values += url_secrets(server.url)
             exchange = getattr(server, "token_exchange", None)
             if exchange is not None:
                 values.append(exchange.client_secret)
@@ -141,9 +159,7 @@ def config_secrets(config: Federation) -> list[str]:
                 values.append(value)
     values += _header_values(config.gateway.tracing.headers, config.gateway.tracing.headers.keys())
     values += url_secrets(config.gateway.audit.url)
-    redis_url = config.gateway.shared.redis_url
-    if redis_url is not None:  # redis://[user]:password@host: the same userinfo rule as the ledger's URL
-        values += url_secrets("postgresql" + redis_url[redis_url.index(":") :])
+    values += url_secrets(config.gateway.shared.redis_url)
     return values
 
 
