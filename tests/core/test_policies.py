@@ -88,8 +88,10 @@ class Raw:
         if self.era == MODERN:
             params = {**params, "_meta": MODERN_META}
             headers["mcp-method"] = method
-            if method == "tools/call":
+            if method in ("tools/call", "prompts/get"):
                 headers["mcp-name"] = params["name"]
+            elif method == "resources/read":
+                headers["mcp-name"] = params["uri"]
         body = {"jsonrpc": "2.0", "id": 7, "method": method, "params": params}
         with anyio.fail_after(WAIT):
             # json.dumps escapes a lone surrogate (\ud800) as JSON allows; httpx2's own encoder refuses it
@@ -554,3 +556,56 @@ def test_a_token_exchange_endpoint_must_be_https_off_loopback() -> None:
         parse_config(text, file="f.yaml")
     assert (caught.value.key_path, caught.value.line) == ("servers.s.token_exchange.token_endpoint", 6)
     assert "https" in str(caught.value) and "s3cret-value" not in str(caught.value)
+
+
+# ----------------------------------------------------------------------------------------------- what a URI resolves to
+
+
+def vault_config() -> str:
+    return f"""
+gateway:
+  audit: {{enabled: false}}
+servers:
+  vault:
+    transport: stdio
+    command: {PYTHON}
+    args: [{json.dumps(str(FIXTURES / "fidelity_server.py"))}, --stdio]
+policies:
+  readers:
+    callers: [alice]
+    resources: {{exclude: ["fid://r/*", "fid://item/*"]}}
+  everyone: {{}}
+"""
+
+
+@pytest.mark.spawns
+@pytest.mark.parametrize("era", [HANDSHAKE, MODERN])
+async def test_a_hidden_resource_stays_hidden_under_its_backend_prefixed_uri_for_every_request_kind(
+    tmp_path: Path, era: str
+) -> None:
+    # `vault__fid://r/1` resolves to vault's fid://r/1, which alice's policy hides: the policy applies to what a
+    # request resolves to, not to the string typed.
+    not_found = {"code": -32602, "message": "Resource not found"}
+    with run_gateway(vault_config(), tmp_path, tokens=TOKENS) as gateway:
+        async with raw(gateway.url(), "tok-alice-0123", era) as alice, raw(gateway.url(), "tok-bob-4567", era) as bob:
+            answers = {}
+            for uri in ("fid://r/1", "vault__fid://r/1", "vault__fid://item/7", "fid://item/7", "nope://x"):
+                answers[uri] = json.loads(await alice.send("resources/read", {"uri": uri}))
+            read = json.loads(await bob.send("resources/read", {"uri": "vault__fid://r/1"}))
+            completion = {
+                "ref": {"type": "ref/resource", "uri": "vault__fid://item/{id}"},
+                "argument": {"name": "id", "value": "1"},
+            }
+            completed = json.loads(await alice.send("completion/complete", completion))
+            completed_bob = json.loads(await bob.send("completion/complete", completion))
+            subscribed = None
+            if era == HANDSHAKE:  # the stateless era has no resources/subscribe (subscriptions/listen instead)
+                subscribed = json.loads(await alice.send("resources/subscribe", {"uri": "vault__fid://r/1"}))
+    assert read["result"]["contents"][0]["text"] == "resource 1 of fidelity", read  # the prefixed form serves bob
+    for uri, answer in answers.items():
+        assert {k: answer["error"][k] for k in ("code", "message")} == not_found, (uri, answer)
+        assert "result" not in answer
+    assert completed_bob["result"]["completion"]["values"] == ["1", "12"]
+    assert "error" in completed and "result" not in completed, completed
+    if subscribed is not None:
+        assert "error" in subscribed and "result" not in subscribed, subscribed
