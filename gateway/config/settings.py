@@ -138,6 +138,10 @@ class Auth(Model):
     headers takes its value from (caller ``"*"``: the gateway's own session, which lists the tools). Read at start and
     again when it changes; it must not be readable by group or others (docs/security.md)."""
 
+    operators: tuple[str, ...] = ()
+    """Callers (static token names or ``ISSUER-NAME:SUBJECT``, globs) the status page shows everything: every backend,
+    tool, policy and caller's calls. Any other caller sees there what its policy shows it, and its own calls only."""
+
     _resolve_secrets = field_validator("caller_secrets")(resolve)
 
 

@@ -93,6 +93,10 @@ class View:
             return self.list_result
         return self.list_result_small
 
+    def sees_backend(self, backend: str) -> bool:
+        """Whether this view's policy lets its callers use ``backend`` at all (its ``backends`` selection)."""
+        return _selected(self._rule.backends, backend)
+
     def origins(self, uri: str, origins: tuple[Origin, ...]) -> tuple[Origin, ...]:
         """Of the backends that may serve ``uri``, those this view may read it from (none: "Resource not found"):
         the policy must pass both the URI as the request named it and what it resolves to on each backend (the name

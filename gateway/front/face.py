@@ -37,7 +37,7 @@ from gateway.front.clients import Clients
 from gateway.front.continuation import may_ask_mid_call
 from gateway.front.eras import Eras, ahead
 from gateway.front.exposure import Disclosure
-from gateway.front.scope import caller_of, session_digest, withheld_of
+from gateway.front.scope import caller_of, request_caller, session_digest, withheld_of
 from gateway.front.server import GatewayServer, ValidatedLists, enveloped, progress_of, quiet, refusal
 from gateway.observe.logs import redactor
 from gateway.version import VERSION
@@ -207,8 +207,15 @@ class Face:
         return enveloped(ctx, self.listing(ctx))
 
     def input_schema(self, name: str) -> Mapping[str, Any] | None:
-        entry = self.gateway.catalog.get(name)
-        return entry.tool.input_schema if entry is not None else self.exposure.input_schema(name)
+        """The input schema the SDK's ``Mcp-Param-*`` header check compares a stateless ``tools/call`` with, as the
+        caller sees the tool: None for a tool its policy hides, exactly as for one that does not exist (the call then
+        gets the unknown tool's answer, never a header error that names the tool's arguments)."""
+        catalog = self.gateway.catalog
+        entry = catalog.get(name)
+        if entry is None:
+            return self.exposure.input_schema(name)
+        seen = self.views.view(catalog, request_caller())
+        return entry.tool.input_schema if seen is None or name in seen.tools else None
 
     async def call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
