@@ -37,8 +37,9 @@ from gateway.front.clients import Clients
 from gateway.front.continuation import may_ask_mid_call
 from gateway.front.eras import Eras, ahead
 from gateway.front.exposure import Disclosure
+from gateway.front.outbox import Outboxes
 from gateway.front.scope import caller_of, request_caller, session_digest, withheld_of
-from gateway.front.server import GatewayServer, ValidatedLists, enveloped, progress_of, quiet, refusal
+from gateway.front.server import GatewayServer, ValidatedLists, enveloped, quiet, refusal
 from gateway.observe.logs import redactor
 from gateway.version import VERSION
 
@@ -47,6 +48,8 @@ __all__ = ["Face"]
 log = structlog.get_logger("gateway.server")
 
 INVALID_PARAMS = -32602
+_ROUTED = frozenset({"tools/call", "resources/read", "prompts/get", "completion/complete", "resources/subscribe"})
+"""Requests whose downstream may talk to their client meanwhile: each gets an outbox (front/outbox.py)."""
 _NOT_FOUND_CODES = frozenset({INVALID_PARAMS, -32002})
 """A downstream's "no such resource" (-32002 is the code of the specification before SEP-2164)."""
 
@@ -70,6 +73,7 @@ class Face:
         self.exposure.use_views(self.views)
         self.eras = Eras(gateway)
         self._validated = ValidatedLists()
+        self.outboxes = Outboxes(lambda: gateway.config.gateway.edge, gateway.start_soon)
         gateway.on_catalog_change(self.clients.announce)
         gateway.on_backend_notification(self.clients.on_backend_notification)
 
@@ -107,7 +111,7 @@ class Face:
     # -- a request's context ---------------------------------------------------------------------------------------
 
     def channel(self, ctx: ServerRequestContext[Any]) -> BackChannel:
-        return SessionChannel(ctx, self._resumes)
+        return SessionChannel(ctx, self._resumes, self.outboxes.of(ctx))
 
     def context(
         self, ctx: ServerRequestContext[Any], *, channel: BackChannel | None = None, round: Round | None = None
@@ -163,7 +167,9 @@ class Face:
         """The per-request boundary: a fault while serving one request ends it alone, and an error answer leaves
         scrubbed of registered secrets (a backend's failure quoted in it may hold one: observe/logs.py)."""
         try:
-            return await self._serve(ctx, call_next)
+            if ctx.method not in _ROUTED:
+                return await self._serve(ctx, call_next)
+            return await self.outboxes.serve(ctx, self.caller(ctx).name, lambda: self._serve(ctx, call_next))
         except MCPError as exc:
             error = exc.error
             message, data = redactor.scrub(error.message), redactor.scrub(error.data)
@@ -248,7 +254,7 @@ class Face:
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams, call: CallContext
     ) -> types.CallToolResult | types.InputRequiredResult:
         """A tools/call of a published tool: bridged, retried, or routed."""
-        router, progress, caller = self.gateway.router, progress_of(ctx), call.caller.name
+        router, progress, caller = self.gateway.router, self.outboxes.progress(ctx), call.caller.name
         name, arguments = params.name, params.arguments
 
         async def resume(origin: Origin, retry: Round) -> types.CallToolResult:
@@ -283,7 +289,7 @@ class Face:
         bridge: Bridge | None = None
         if params.request_state is None:
             if may_ask_mid_call(gateway.catalog, gateway.backends, params.name):
-                retry, progress = ahead(params.input_responses), quiet(progress_of(ctx))
+                retry, progress = ahead(params.input_responses), quiet(self.outboxes.progress(ctx))
 
                 async def work(channel: Bridge) -> types.CallToolResult:
                     bridged = _with_round(call, retry, channel)
@@ -414,7 +420,7 @@ class Face:
         # An unlisted URI may be asked of several backends; when none has it, the answer is SEP-2164's.
         not_found = MCPError(types.INVALID_PARAMS, "Resource not found", {"uri": clip(params.uri, URI_CHARS)})
         origin, result = await self.forward(
-            "resources/read", params.uri, origins, build, types.ReadResourceResult, call, progress_of(ctx),
+            "resources/read", params.uri, origins, build, types.ReadResourceResult, call, self.outboxes.progress(ctx),
             none_answered=not_found,
         )  # fmt: skip
         if origin.local != params.uri:  # published under a prefix: the contents name the URI the client asked for
@@ -494,7 +500,7 @@ class Face:
         async def send_to(origin: Origin, again: Round | None) -> Any:
             found = await self.forward(
                 "prompts/get", params.name, (origin,), build, types.GetPromptResult, _with_round(call, again),
-                progress_of(ctx), arguments=params.arguments,
+                self.outboxes.progress(ctx), arguments=params.arguments,
             )  # fmt: skip
             return found[1]
 
@@ -566,7 +572,7 @@ class Face:
             return types.CompleteRequest(params=params.model_copy(update={"ref": local_ref, "meta": meta}))
 
         found = await self.forward(
-            "completion/complete", name, (origin,), build, types.CompleteResult, call, progress_of(ctx)
+            "completion/complete", name, (origin,), build, types.CompleteResult, call, self.outboxes.progress(ctx)
         )
         return found[1]
 
