@@ -85,3 +85,15 @@ async def test_abandoned_bridged_calls_never_open_the_backends_circuit(tmp_path:
     assert [status for status, _ in abandoned] == ["input_required", "error"] * 3
     assert all(chain == ["fid/elicit_or_raise:rpc_error"] for status, chain in abandoned if status == "error")
     assert "circuit open" not in said and "timed out after" not in said
+
+
+async def test_one_callers_waiting_call_does_not_fail_another_callers_elicitation(tmp_path: Path) -> None:
+    # Both calls are in flight on the one shared stdio session, where nothing ties a downstream's request to a call:
+    # the call already waiting for its client's input is not the one asking again.
+    with run_gateway(_config(), tmp_path, tokens=TOKENS, env=ENV) as gateway:
+        with anyio.fail_after(40):
+            async with client(gateway.url(), token="tok-alice") as alice:
+                await _abandoned(alice, "elicit", "Alice?")
+                async with client(gateway.url(), token="tok-bob", answers=Said()) as bob:
+                    answered = await bob.call_tool("elicit", {"message": "Bob?"})
+    assert _text(answered) == 'elicited: accept {"answer": "forty-two to Bob?"}'
