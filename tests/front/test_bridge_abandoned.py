@@ -87,6 +87,26 @@ async def test_abandoned_bridged_calls_never_open_the_backends_circuit(tmp_path:
     assert "circuit open" not in said and "timed out after" not in said
 
 
+async def test_with_per_client_sessions_an_immediate_retry_is_served(tmp_path: Path) -> None:
+    answer = {"input": types.ElicitResult(action="accept", content={"answer": "now"})}
+    with run_gateway(_config(session="per_client"), tmp_path, tokens=TOKENS, env=ENV) as gateway:
+        with anyio.fail_after(40):
+            async with client(gateway.url(), token="tok-alice") as alice:
+                first = await _abandoned(alice, "elicit", "Q?")
+                done = await alice.session.call_tool(
+                    "elicit", {"message": "Q?"}, input_responses=answer, request_state=first.request_state
+                )
+            # the call's own downstream session (a process over stdio) lasted as long as the call, and no longer
+            await eventually(lambda: _client_sessions(gateway.output()) == ["open", "closed"], within=20)
+    assert _text(done) == 'elicited: accept {"answer": "now"}'
+
+
+def _client_sessions(log: str) -> list[str]:
+    """The states the gateway logged for per-client downstream sessions, in order."""
+    lines = (json.loads(line) for line in log.splitlines() if '"backend.client_session"' in line)
+    return [line["state"] for line in lines]
+
+
 async def test_one_callers_waiting_call_does_not_fail_another_callers_elicitation(tmp_path: Path) -> None:
     # Both calls are in flight on the one shared stdio session, where nothing ties a downstream's request to a call:
     # the call already waiting for its client's input is not the one asking again.
