@@ -293,6 +293,9 @@ class ContinuationSettings(Model):
     bridge_max_pending: int = Field(default=256, gt=0)
     """The most such waiting downstream requests this process holds at once; beyond it the downstream's request
     is refused at once (as when no client can be asked)."""
+    bridge_max_per_caller: int = Field(default=16, gt=0)
+    """The most of them one caller holds at once (a caller that never retries uses up its own share, never the
+    others'); beyond it that caller's next one is refused at once."""
 
 
 class SharedSettings(Model):

@@ -6,8 +6,8 @@ The request runs in a task of the gateway's own (``Bridges.start``), whose ``Bac
 downstream's request is handed over, the client is answered an input-required result carrying it (key ``input``)
 under a sealed state naming a key of the ``pending`` table, and the downstream waits, bounded, for the client's retry
 to bring the answer (``Bridges.next``). The waiting request lives in this process only, bounded by
-``gateway.continuation.bridge_ttl_s`` and ``bridge_max_pending``; a retry that finds no such request here (expired,
-another replica, a restart) or comes from another caller is refused with the SDK's -32602.
+``gateway.continuation.bridge_ttl_s``, ``bridge_max_pending`` and ``bridge_max_per_caller``; a retry that finds no
+such request here (expired, another replica, a restart) or comes from another caller is refused with the SDK's -32602.
 The request's client, as a backend sees it (``Bridge.client``, what a ``session: per_client`` downstream session
 belongs to), lasts as long as the request's work, not as long as the POST that started it.
 """
@@ -267,12 +267,19 @@ class Bridges:
             bridge.answer(None)  # the downstream hears at once that nobody can answer
             raise
         self._expire()
-        if len(self._pending) >= settings.bridge_max_pending:
+        held = sum(1 for other, _ in self._pending.values() if other.caller == caller)
+        full = None
+        if held >= settings.bridge_max_per_caller:
+            full = f"this caller already has {held} waiting requests (gateway.continuation.bridge_max_per_caller)"
+        elif len(self._pending) >= settings.bridge_max_pending:
+            full = (
+                f"this gateway already holds {len(self._pending)} waiting requests "
+                "(gateway.continuation.bridge_max_pending)"
+            )
+        if full is not None:
             bridge.answer(None)
             raise MCPError(
-                types.INTERNAL_ERROR,
-                f"The server behind {quote(name)} needs input ({request.method}) and this gateway already holds "
-                f"{len(self._pending)} waiting requests (gateway.continuation.bridge_max_pending).",
+                types.INTERNAL_ERROR, f"The server behind {quote(name)} needs input ({request.method}) and {full}."
             )
         key = secrets.token_urlsafe(16)
         self._pending[key] = (bridge, anyio.current_time() + settings.bridge_ttl_s)

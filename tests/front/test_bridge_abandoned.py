@@ -16,6 +16,7 @@ import anyio
 import mcp_types as types
 import pytest
 from mcp.client import Client
+from mcp.shared.exceptions import MCPError
 
 from tests.fixtures.downstreams import Downstream, Downstreams
 from tests.fixtures.gateway_proc import FIDELITY, PYTHON, run_gateway
@@ -116,4 +117,21 @@ async def test_one_callers_waiting_call_does_not_fail_another_callers_elicitatio
                 await _abandoned(alice, "elicit", "Alice?")
                 async with client(gateway.url(), token="tok-bob", answers=Said()) as bob:
                     answered = await bob.call_tool("elicit", {"message": "Bob?"})
+    assert _text(answered) == 'elicited: accept {"answer": "forty-two to Bob?"}'
+
+
+async def test_a_caller_holds_at_most_its_share_of_waiting_calls(tmp_path: Path, over: Downstream | None) -> None:
+    with run_gateway(_config(per_caller=2, over=over), tmp_path, tokens=TOKENS, env=ENV) as gateway:
+        with anyio.fail_after(40):
+            async with client(gateway.url(), token="tok-alice") as alice:
+                await _abandoned(alice, "elicit", "A1")
+                await _abandoned(alice, "elicit", "A2")
+                with pytest.raises(MCPError) as refused:
+                    await _abandoned(alice, "elicit", "A3")
+                async with client(gateway.url(), token="tok-bob", answers=Said()) as bob:
+                    answered = await bob.call_tool("elicit", {"message": "Bob?"})
+    assert refused.value.error.message == (
+        "The server behind 'elicit' needs input (elicitation/create) and this caller already has 2 waiting "
+        "requests (gateway.continuation.bridge_max_per_caller)."
+    )
     assert _text(answered) == 'elicited: accept {"answer": "forty-two to Bob?"}'
