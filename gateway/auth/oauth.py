@@ -28,6 +28,7 @@ import base64
 import hashlib
 import json
 import time
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -313,21 +314,57 @@ class _FetchError(Exception):
 
 
 async def _get_json(http: httpx2.AsyncClient, url: str) -> dict[str, Any]:
+    """An issuer's JSON document, read at most ``MAX_DOCUMENT_BYTES`` (after decompression) into memory: the read
+    stops, and the connection closes, as soon as the body passes the limit."""
     try:
-        response = await http.get(url, headers={"accept": "application/json"})
+        async with http.stream("GET", url, headers={"accept": "application/json", **_ENCODINGS}) as response:
+            if response.status_code != 200:
+                raise _FetchError(f"GET {url} answered HTTP {response.status_code}")
+            body = await _bounded_body(response, url)
     except httpx2.HTTPError as exc:
         raise _FetchError(f"GET {url} failed: {type(exc).__name__}") from exc
-    if response.status_code != 200:
-        raise _FetchError(f"GET {url} answered HTTP {response.status_code}")
-    if len(response.content) > MAX_DOCUMENT_BYTES:
-        raise _FetchError(f"GET {url} answered more than {MAX_DOCUMENT_BYTES} bytes")
     try:
-        document = json.loads(response.content)
+        document = json.loads(body)
     except ValueError as exc:
         raise _FetchError(f"GET {url} answered something that is not JSON") from exc
     if not isinstance(document, dict):
         raise _FetchError(f"GET {url} answered JSON that is not an object")
     return document
+
+
+_ENCODINGS = {"accept-encoding": "gzip, deflate"}
+"""What an issuer may compress its documents with: the two the gateway decodes itself, bounded (``_bounded_body``)."""
+
+
+async def _bounded_body(response: httpx2.Response, url: str) -> bytes:
+    """The body, decoded here rather than by httpx2 (which expands a whole received chunk at once: 64 KiB of gzip may
+    become 64 MiB), never holding more than ``MAX_DOCUMENT_BYTES`` + 1 decoded bytes."""
+    too_large = _FetchError(f"GET {url} answered more than {MAX_DOCUMENT_BYTES} bytes")
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_DOCUMENT_BYTES:  # refused unread
+        raise too_large
+    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+    decoder: Any = None
+    if encoding in ("gzip", "x-gzip"):
+        decoder = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    elif encoding == "deflate":
+        decoder = zlib.decompressobj()
+    elif encoding not in ("", "identity"):
+        raise _FetchError(f"GET {url} answered in an encoding the gateway does not read ({encoding})")
+    body = bytearray()
+    async for raw in response.aiter_raw():
+        if decoder is None:
+            body += raw
+        else:
+            try:
+                body += decoder.decompress(raw, MAX_DOCUMENT_BYTES + 1 - len(body))
+            except zlib.error as exc:
+                raise _FetchError(f"GET {url} answered a body that does not decompress ({encoding})") from exc
+            if decoder.unconsumed_tail:  # more output than the room left: over the limit
+                raise too_large
+        if len(body) > MAX_DOCUMENT_BYTES:
+            raise too_large
+    return bytes(body)
 
 
 class ResourceServer:

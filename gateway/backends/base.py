@@ -40,6 +40,7 @@ from mcp.shared.dispatcher import ProgressFnT
 
 from gateway.calls import NO_UPSTREAM, ClientLink, Upstream
 from gateway.errors import BackendError, BackendUnavailable
+from gateway.observe.logs import redactor
 
 log = structlog.get_logger("gateway.backend")
 
@@ -64,6 +65,11 @@ class BackendStatus:
     the state was entered; ``last_error`` is the most recent failure, kept after the backend heals; ``unready`` names
     the variants of a ready backend found unable to run (``("files_search[deep]", "the detected reason")``), which
     the ladder skips at once.
+
+    A status is what every way out reads (``/status``, ``/ui``, ``find_tools``, ``gateway check``, the log): its
+    reasons are scrubbed of registered secrets when it is made (observe/logs.py ``redactor``), so none of them can
+    forget to, and a reason quoting a stderr line with an API key in it, or a URL with its password, shows
+    ``[redacted]`` wherever it goes.
     """
 
     state: BackendState
@@ -73,6 +79,14 @@ class BackendStatus:
     tool_count: int = 0
     declared: bool = False  # True when the reason is the operator's (enabled: false), not detected
     unready: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.reason:
+            object.__setattr__(self, "reason", redactor.scrub(self.reason))
+        if self.last_error:
+            object.__setattr__(self, "last_error", redactor.scrub(self.last_error))
+        if self.unready:
+            object.__setattr__(self, "unready", tuple((label, redactor.scrub(why)) for label, why in self.unready))
 
 
 ProgressFn = ProgressFnT

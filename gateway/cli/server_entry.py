@@ -2,8 +2,11 @@
 the parsed JSON (no environment, no file it points at, no network). ``EntryConverter`` guarantees that
 
 - a literal secret never reaches the entry or the report: a value of ``env``/``headers`` (or a URL query parameter,
-  or an argument after a flag) whose key looks like a secret becomes a ``${VAR}`` reference, and the report names
-  the variable to set, never the value;
+  a URL's password, or an argument after a flag) whose key looks like a secret becomes a ``${VAR}`` reference, and
+  the report names the variable to set, never the value;
+- the gateway's own variables (``GATEWAY_*``: its tokens, its state key) never reach a server through an import: a
+  client never expands ``${GATEWAY_TOKENS}`` in its own file, the gateway would; such a reference becomes a variable
+  of the entry's own, reported (the operator may still write one into federation.yaml by hand);
 - the entry's keys keep the order of the file;
 - everything it could not carry over as written (an unknown key, a VS Code ``${input:...}``, an ``envFile``) is one
   sentence of the report, and each variable the entry needs is a ``Variable``.
@@ -32,6 +35,9 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ENV_WITH_DEFAULT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*):-.*", re.DOTALL)
 _AUTH_SCHEME = re.compile(r"(Bearer|Basic|Token|Bot)(\s+)(\S.*)", re.IGNORECASE | re.DOTALL)
 _QUERY_PARAM = re.compile(r"([?&])([^=&#]+)=([^&#]*)")
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)([^/@?#:]*):([^/@?#]*)@")
+_GATEWAY_OWN = "GATEWAY_"
+"""The gateway's own variables (``GATEWAY_TOKENS``, ``GATEWAY_STATE_KEY``, ...): never carried into an entry."""
 _FLAG = re.compile(r"--?[A-Za-z][A-Za-z0-9_-]*")
 _FLAG_SECRET_WORDS = frozenset({"TOKEN", "KEY", "APIKEY", "SECRET", "PASSWORD", "PASSWD", "AUTH", "CREDENTIAL"})
 _FLAG_OTHER_WORDS = frozenset(
@@ -193,6 +199,9 @@ class EntryConverter:
         def replace(match: re.Match[str]) -> str:
             inner = match.group(1)
             what = f"{where} of server {server!r}"
+            named = inner.removeprefix("env:").partition(":-")[0]
+            if named.startswith(_GATEWAY_OWN) and _ENV_NAME.fullmatch(named):
+                return self.own_variable(server, where, named)
             if inner.startswith("env:") and _ENV_NAME.fullmatch(inner[4:]):
                 self.need(inner[4:], what)
                 return "${" + inner[4:] + "}"
@@ -224,6 +233,18 @@ class EntryConverter:
             return "${" + variable + "}"
 
         return _REFERENCE.sub(replace, value)
+
+    def own_variable(self, server: str, where: str, named: str) -> str:
+        """A reference to one of the gateway's own variables, replaced by a variable of the entry's own."""
+        variable = self.secret_variable(server, where.rpartition(" ")[2] or where, "${" + named + "}")
+        self.need(variable, f"{where} of server {server!r} (was the gateway's own {named})", secret=True)
+        self.note(
+            server,
+            f"{where} references the gateway's own variable {named}, which a client never expands in its own file "
+            f"and the gateway would (its tokens and keys would reach the server): written as ${{{variable}}}; set "
+            f"{variable} to the value the server needs",
+        )
+        return "${" + variable + "}"
 
     def input_reference(self, server: str, where: str, ident: str) -> str:
         variable = _upper_snake(ident)
@@ -306,7 +327,11 @@ class EntryConverter:
                 return match.group(0)
             return f"{sep}{key}={self.hide(server, key, f'the URL query parameter {key}', secret)}"
 
-        return _QUERY_PARAM.sub(replace, value)
+        def password(match: re.Match[str]) -> str:
+            scheme, user, secret = match.groups()
+            return f"{scheme}{user}:{self.hide(server, 'password', 'the URL password', secret)}@"
+
+        return _USERINFO.sub(password, _QUERY_PARAM.sub(replace, value), count=1)
 
     # ------------------------------------------------------------------ one entry
 

@@ -138,6 +138,10 @@ class Auth(Model):
     headers takes its value from (caller ``"*"``: the gateway's own session, which lists the tools). Read at start and
     again when it changes; it must not be readable by group or others (docs/security.md)."""
 
+    operators: tuple[str, ...] = ()
+    """Callers (static token names or ``ISSUER-NAME:SUBJECT``, globs) the status page shows everything: every backend,
+    tool, policy and caller's calls. Any other caller sees there what its policy shows it, and its own calls only."""
+
     _resolve_secrets = field_validator("caller_secrets")(resolve)
 
 
@@ -201,6 +205,12 @@ class EdgeSettings(Model):
     """Bytes of recent SSE events kept in memory, across all streams, so a client can resume a broken stream."""
     replay_stream_bytes: int = Field(default=4 * 1024 * 1024, ge=0)
     """Bytes of recent events kept for any one stream; an event larger than this is sent but not kept."""
+    client_buffer_bytes: int = Field(default=1024 * 1024, ge=1024)
+    """Bytes of a request's log messages waiting for a client that does not read its stream (its progress is
+    coalesced to the latest meanwhile); beyond them the request is given up for that client (front/outbox.py)."""
+    client_stall_s: float = Field(default=30.0, gt=0)
+    """How long a client may leave a notification of its request unread while more come; then the request is given
+    up for that client, and its downstream work cancelled."""
 
 
 class Naming(Model):
@@ -283,6 +293,9 @@ class ContinuationSettings(Model):
     bridge_max_pending: int = Field(default=256, gt=0)
     """The most such waiting downstream requests this process holds at once; beyond it the downstream's request
     is refused at once (as when no client can be asked)."""
+    bridge_max_per_caller: int = Field(default=16, gt=0)
+    """The most of them one caller holds at once (a caller that never retries uses up its own share, never the
+    others'); beyond it that caller's next one is refused at once."""
 
 
 class SharedSettings(Model):

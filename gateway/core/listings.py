@@ -11,8 +11,10 @@ with it and swapped with it, see ``Catalog.lists``). Names follow the tools' nam
 
 The mapping is reversible by construction, because it is a prefix: ``resolve(uri)`` finds the backend (and its own
 URI) for a listed URI, for a URI expanded from a listed template (the prefix survives expansion) and, as a last
-resort, for an unlisted URI (every backend that serves resources is a candidate, in declaration order). What the
-gateway offers is what the ready backends offer: ``offers`` is the union of their capabilities.
+resort, for an unlisted URI (every backend that serves resources is a candidate, in declaration order); and back,
+``published(origin)`` is the name an origin is published under, whatever name a request used to reach it (what a
+policy is applied to). What the gateway offers is what the ready backends offer: ``offers`` is the union of their
+capabilities.
 """
 
 from __future__ import annotations
@@ -62,12 +64,15 @@ class Listings:
     resource_backends: tuple[str, ...] = ()
     """Backends serving resources, in declaration order (the fallback candidates for an unlisted URI)."""
     separator: str = "__"
+    naming: str = "conditional"
     offers: Offers = Offers()
     prompts_result: Mapping[str, Any] = field(default_factory=lambda: {"prompts": []})
     resources_result: Mapping[str, Any] = field(default_factory=lambda: {"resources": []})
     templates_result: Mapping[str, Any] = field(default_factory=lambda: {"resourceTemplates": []})
     """The pre-serialised list answers (wire shape, camelCase), built once per catalog."""
     problems: tuple[str, ...] = ()
+    published_as: Mapping[Origin, str] = field(default_factory=dict)
+    """Each listed resource's and template's origin -> the URI (template) it is published as."""
 
     # -- lookups ----------------------------------------------------------------------------------------------------
 
@@ -103,6 +108,20 @@ class Listings:
                 return (Origin(backend, uri[len(prefix) :]),)
         return tuple(Origin(backend, uri) for backend in self.resource_backends)
 
+    def published(self, origin: Origin) -> str:
+        """The name ``origin`` is published under, however a request named it: a listed resource's or template's
+        published URI, a URI one of its backend's templates expands to (under that template's prefix), else its URI
+        as the naming mode publishes it. A policy is applied to this name (core/policies.py ``View.origins``), so
+        ``a__x://1`` is no way around a policy that hides ``x://1``."""
+        listed = self.published_as.get(origin)
+        if listed is not None:
+            return listed
+        for template in self.templates:
+            if template.origin.backend == origin.backend and template.matcher is not None:
+                if template.matcher.match(origin.local) is not None:
+                    return template.prefix + origin.local
+        return f"{origin.backend}{self.separator}{origin.local}" if self.naming == "always" else origin.local
+
     def changes(self, other: Listings) -> frozenset[str]:
         """What clients would see differently from ``other``: any of ``resources`` (resources or templates),
         ``prompts`` and ``offers`` (the capabilities behind the lists)."""
@@ -134,6 +153,7 @@ class Listings:
         published_resources = [r.model_copy(update={"uri": name}) for name, _, r in resources]
         published_templates = [t.model_copy(update={"uri_template": name}) for name, _, t in templates]
         caps = {b.name: b.capabilities for b in serving}
+        published_as = {origin: name for name, origin, _ in templates} | {origin: name for name, origin, _ in resources}
         return cls(
             prompts={name: origin for name, origin, _ in prompts},
             resources={name: origin for name, origin, _ in resources},
@@ -143,11 +163,13 @@ class Listings:
             ),
             resource_backends=tuple(name for name, c in caps.items() if c is not None and c.resources is not None),
             separator=sep,
+            naming=mode,
             offers=offers,
             prompts_result={"prompts": _dump(published_prompts)},
             resources_result={"resources": _dump(published_resources)},
             templates_result={"resourceTemplates": _dump(published_templates)},
             problems=tuple(problems),
+            published_as=published_as,
         )
 
 

@@ -26,6 +26,7 @@ from gateway.calls import Caller, Origin
 from gateway.config import Policy, Selection
 from gateway.core.catalog import Catalog, with_note
 from gateway.core.gate import note_without
+from gateway.core.listings import Listings
 
 __all__ = ["NOBODY", "View", "Views", "policy_for"]
 
@@ -85,17 +86,30 @@ class View:
     prompts_result: Mapping[str, Any]
     prompts: frozenset[str]
     _rule: Policy = field(repr=False)
+    _listings: Listings = field(repr=False, compare=False, default_factory=Listings)
 
     def listing(self, large_context: bool) -> Mapping[str, Any]:
         if large_context or self.list_result_small is None:
             return self.list_result
         return self.list_result_small
 
+    def sees_backend(self, backend: str) -> bool:
+        """Whether this view's policy lets its callers use ``backend`` at all (its ``backends`` selection)."""
+        return _selected(self._rule.backends, backend)
+
     def origins(self, uri: str, origins: tuple[Origin, ...]) -> tuple[Origin, ...]:
-        """Of the backends that may serve ``uri``, those this view may read it from (none: "Resource not found")."""
-        if not _selected(self._rule.resources, uri):
+        """Of the backends that may serve ``uri``, those this view may read it from (none: "Resource not found"):
+        the policy must pass both the URI as the request named it and what it resolves to on each backend (the name
+        that origin is published under, core/listings.py ``published``), so a backend-prefixed form of a hidden URI
+        stays hidden. Every request kind that names a resource (read, subscribe, completion) asks this."""
+        rule = self._rule
+        if not _selected(rule.resources, uri):
             return ()
-        return tuple(o for o in origins if _selected(self._rule.backends, o.backend))
+        return tuple(
+            o
+            for o in origins
+            if _selected(rule.backends, o.backend) and _selected(rule.resources, self._listings.published(o))
+        )
 
     def changed(self, other: View | None, catalog: Catalog | None = None) -> frozenset[str]:
         """The lists (``tools``, ``resources``, ``prompts``) that differ between this view and ``other`` (None: the
@@ -199,6 +213,7 @@ def build_view(catalog: Catalog, name: str, rule: Policy) -> View:
         prompts_result={"prompts": [p for p in lists.prompts_result["prompts"] if p["name"] in prompts]},
         prompts=prompts,
         _rule=rule,
+        _listings=lists,
     )
 
 

@@ -6,8 +6,10 @@ The request runs in a task of the gateway's own (``Bridges.start``), whose ``Bac
 downstream's request is handed over, the client is answered an input-required result carrying it (key ``input``)
 under a sealed state naming a key of the ``pending`` table, and the downstream waits, bounded, for the client's retry
 to bring the answer (``Bridges.next``). The waiting request lives in this process only, bounded by
-``gateway.continuation.bridge_ttl_s`` and ``bridge_max_pending``; a retry that finds no such request here (expired,
-another replica, a restart) or comes from another caller is refused with the SDK's -32602.
+``gateway.continuation.bridge_ttl_s``, ``bridge_max_pending`` and ``bridge_max_per_caller``; a retry that finds no
+such request here (expired, another replica, a restart) or comes from another caller is refused with the SDK's -32602.
+The request's client, as a backend sees it (``Bridge.client``, what a ``session: per_client`` downstream session
+belongs to), lasts as long as the request's work, not as long as the POST that started it.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ class Bridge:
     waits, at most ``ttl_s``, for ``answer`` (the client's input response on its retry); the request's end comes
     through the events too (``done``). Log messages and stream closes go to the request's own channel."""
 
-    __slots__ = ("_answer", "_inner", "_receive", "_send", "caller", "scope", "ttl_s", "waiting")
+    __slots__ = ("_answer", "_inner", "_link", "_receive", "_send", "caller", "scope", "ttl_s", "waiting")
 
     def __init__(self, inner: BackChannel, caller: str | None, ttl_s: float) -> None:
         self._inner = inner
@@ -55,6 +57,7 @@ class Bridge:
         self.ttl_s = ttl_s
         self._send, self._receive = anyio.create_memory_object_stream[tuple[str, Any]](2)
         self._answer: anyio.Event | None = None
+        self._link = _BridgeLink(self) if inner.client is not None else None
         self.scope = anyio.CancelScope()
         """The request's task runs in it: the client's cancellation of the request waiting for it reaches it."""
         self.waiting: Any = None
@@ -62,11 +65,18 @@ class Bridge:
 
     @property
     def client(self) -> ClientLink | None:
-        return self._inner.client
+        """The client as long as this request's work runs (its first POST's connection ends with the first round)."""
+        return self._link
 
     @property
     def capabilities(self) -> types.ClientCapabilities | None:
         return self._inner.capabilities
+
+    @property
+    def declared(self) -> types.ClientCapabilities | None:
+        """What the client's connection declared (a per-client downstream session offers the same)."""
+        inner = self._inner.client
+        return inner.capabilities if inner is not None else self._inner.capabilities
 
     async def log(self, notification: types.LoggingMessageNotification) -> None:
         await self._inner.log(notification)
@@ -114,6 +124,8 @@ class Bridge:
 
     async def finish(self, outcome: tuple[str, Any]) -> None:
         """The request's end; dropped when nobody can hear it any more (the bridge was closed)."""
+        if self._link is not None:
+            self._link.close()
         try:
             await self._send.send(outcome)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
@@ -130,6 +142,38 @@ class Bridge:
         """Nobody will read this request's events any more (it ended, expired, or its client gave up)."""
         self._send.close()
         self._receive.close()
+
+
+class _BridgeLink:
+    """A bridged request's client as a ``ClientLink``: closed when the request's work ends. Asking it outside any
+    call asks through the request's bridge, its one channel to that client."""
+
+    __slots__ = ("__weakref__", "_bridge", "_closing")
+
+    def __init__(self, bridge: Bridge) -> None:
+        self._bridge = bridge
+        self._closing: list[Callable[[], object]] | None = []
+
+    @property
+    def capabilities(self) -> types.ClientCapabilities | None:
+        return self._bridge.declared
+
+    def on_close(self, callback: Callable[[], object]) -> None:
+        if self._closing is None:
+            callback()
+        else:
+            self._closing.append(callback)
+
+    def close(self) -> None:
+        closing, self._closing = self._closing, None
+        for callback in closing or ():
+            callback()
+
+    async def ask(self, request: types.ServerRequest, backend: str) -> Any:
+        return await self._bridge.ask(request, backend)
+
+    async def log(self, notification: types.LoggingMessageNotification) -> None:
+        await self._bridge.log(notification)
 
 
 class Bridges:
@@ -223,12 +267,19 @@ class Bridges:
             bridge.answer(None)  # the downstream hears at once that nobody can answer
             raise
         self._expire()
-        if len(self._pending) >= settings.bridge_max_pending:
+        held = sum(1 for other, _ in self._pending.values() if other.caller == caller)
+        full = None
+        if held >= settings.bridge_max_per_caller:
+            full = f"this caller already has {held} waiting requests (gateway.continuation.bridge_max_per_caller)"
+        elif len(self._pending) >= settings.bridge_max_pending:
+            full = (
+                f"this gateway already holds {len(self._pending)} waiting requests "
+                "(gateway.continuation.bridge_max_pending)"
+            )
+        if full is not None:
             bridge.answer(None)
             raise MCPError(
-                types.INTERNAL_ERROR,
-                f"The server behind {quote(name)} needs input ({request.method}) and this gateway already holds "
-                f"{len(self._pending)} waiting requests (gateway.continuation.bridge_max_pending).",
+                types.INTERNAL_ERROR, f"The server behind {quote(name)} needs input ({request.method}) and {full}."
             )
         key = secrets.token_urlsafe(16)
         self._pending[key] = (bridge, anyio.current_time() + settings.bridge_ttl_s)

@@ -11,6 +11,7 @@ stream mid-call (SEP-1699 polling) has the client's stream closed too, and waits
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any, get_args
 
 import anyio
@@ -22,6 +23,7 @@ from mcp.shared.message import ServerMessageMetadata
 from pydantic import ValidationError
 
 from gateway.calls import ClientLink
+from gateway.front.outbox import Outbox, size_of
 
 __all__ = [
     "LOG_LEVELS",
@@ -221,13 +223,17 @@ class ConnectionLink:
 
 
 class SessionChannel:
-    """The way back to the client of one request, over the SDK's server session (a ``BackChannel``)."""
+    """The way back to the client of one request, over the SDK's server session (a ``BackChannel``); its log
+    messages go through the request's ``outbox`` when it has one (front/outbox.py: never waiting for the client)."""
 
-    __slots__ = ("_ctx", "_resumes")
+    __slots__ = ("_ctx", "_outbox", "_resumes")
 
-    def __init__(self, ctx: ServerRequestContext[Any], resumes: Resumes | None = None) -> None:
+    def __init__(
+        self, ctx: ServerRequestContext[Any], resumes: Resumes | None = None, outbox: Outbox | None = None
+    ) -> None:
         self._ctx = ctx
         self._resumes = resumes
+        self._outbox = outbox
 
     @property
     def client(self) -> ClientLink | None:
@@ -266,7 +272,11 @@ class SessionChannel:
         if admits(client_log_level(connection_of(ctx)), level) and level in allowed_log_levels(
             ctx.protocol_version, ctx.meta
         ):
-            await ctx.session.send_notification(notification, related_request_id=ctx.request_id)
+            send = partial(ctx.session.send_notification, notification, related_request_id=ctx.request_id)
+            if self._outbox is None:
+                await send()
+            else:
+                self._outbox.send(send, size_of(notification))
 
     async def stream_closed(self, retry_ms: int | None) -> None:
         """The downstream closed this call's stream mid-call (SEP-1699) and will be resumed: close the client's

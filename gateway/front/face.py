@@ -38,8 +38,10 @@ from gateway.front.clients import Clients
 from gateway.front.continuation import may_ask_mid_call
 from gateway.front.eras import Eras, ahead
 from gateway.front.exposure import Disclosure
-from gateway.front.scope import caller_of, session_digest, withheld_of
-from gateway.front.server import GatewayServer, ValidatedLists, enveloped, progress_of, quiet, refusal
+from gateway.front.outbox import Outboxes
+from gateway.front.scope import caller_of, request_caller, session_digest, withheld_of
+from gateway.front.server import GatewayServer, ValidatedLists, enveloped, quiet, refusal
+from gateway.observe.logs import redactor
 from gateway.version import VERSION
 
 __all__ = ["Face"]
@@ -47,6 +49,8 @@ __all__ = ["Face"]
 log = structlog.get_logger("gateway.server")
 
 INVALID_PARAMS = -32602
+_ROUTED = frozenset({"tools/call", "resources/read", "prompts/get", "completion/complete", "resources/subscribe"})
+"""Requests whose downstream may talk to their client meanwhile: each gets an outbox (front/outbox.py)."""
 _NOT_FOUND_CODES = frozenset({INVALID_PARAMS, -32002})
 """A downstream's "no such resource" (-32002 is the code of the specification before SEP-2164)."""
 
@@ -70,6 +74,7 @@ class Face:
         self.exposure.use_views(self.views)
         self.eras = Eras(gateway)
         self._validated = ValidatedLists()
+        self.outboxes = Outboxes(lambda: gateway.config.gateway.edge, gateway.start_soon)
         gateway.on_catalog_change(self.clients.announce)
         gateway.on_backend_notification(self.clients.on_backend_notification)
 
@@ -107,7 +112,7 @@ class Face:
     # -- a request's context ---------------------------------------------------------------------------------------
 
     def channel(self, ctx: ServerRequestContext[Any]) -> BackChannel:
-        return SessionChannel(ctx, self._resumes)
+        return SessionChannel(ctx, self._resumes, self.outboxes.of(ctx))
 
     def context(
         self, ctx: ServerRequestContext[Any], *, channel: BackChannel | None = None, round: Round | None = None
@@ -166,10 +171,19 @@ class Face:
     # -- every request ---------------------------------------------------------------------------------------------
 
     async def middleware(self, ctx: ServerRequestContext[Any], call_next: CallNext) -> HandlerResult:
-        """The per-request boundary: a fault while serving one request ends it alone."""
+        """The per-request boundary: a fault while serving one request ends it alone, and an error answer leaves
+        scrubbed of registered secrets (a backend's failure quoted in it may hold one: observe/logs.py)."""
         try:
-            return await self._serve(ctx, call_next)
-        except (MCPError, ValidationError, anyio.get_cancelled_exc_class()):
+            if ctx.method not in _ROUTED:
+                return await self._serve(ctx, call_next)
+            return await self.outboxes.serve(ctx, self.caller(ctx).name, lambda: self._serve(ctx, call_next))
+        except MCPError as exc:
+            error = exc.error
+            message, data = redactor.scrub(error.message), redactor.scrub(error.data)
+            if message == error.message and data == error.data:
+                raise
+            raise MCPError(error.code, message, data) from None
+        except (ValidationError, anyio.get_cancelled_exc_class()):
             raise  # the SDK's own answers (a ValidationError of the params is its invalid params), and cancellation
         except Exception as exc:
             log.exception("request.internal_error", method=ctx.method, error=type(exc).__name__)
@@ -206,8 +220,15 @@ class Face:
         return enveloped(ctx, self.listing(ctx))
 
     def input_schema(self, name: str) -> Mapping[str, Any] | None:
-        entry = self.gateway.catalog.get(name)
-        return entry.tool.input_schema if entry is not None else self.exposure.input_schema(name)
+        """The input schema the SDK's ``Mcp-Param-*`` header check compares a stateless ``tools/call`` with, as the
+        caller sees the tool: None for a tool its policy hides, exactly as for one that does not exist (the call then
+        gets the unknown tool's answer, never a header error that names the tool's arguments)."""
+        catalog = self.gateway.catalog
+        entry = catalog.get(name)
+        if entry is None:
+            return self.exposure.input_schema(name)
+        seen = self.views.view(catalog, request_caller())
+        return entry.tool.input_schema if seen is None or name in seen.tools else None
 
     async def call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
@@ -243,7 +264,7 @@ class Face:
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams, call: CallContext
     ) -> types.CallToolResult | types.InputRequiredResult:
         """A tools/call of a published tool: bridged, retried, or routed."""
-        router, progress, caller = self.gateway.router, progress_of(ctx), call.caller.name
+        router, progress, caller = self.gateway.router, self.outboxes.progress(ctx), call.caller.name
         name, arguments = params.name, params.arguments
 
         async def resume(origin: Origin, retry: Round) -> types.CallToolResult:
@@ -278,7 +299,7 @@ class Face:
         bridge: Bridge | None = None
         if params.request_state is None:
             if may_ask_mid_call(gateway.catalog, gateway.backends, params.name):
-                retry, progress = ahead(params.input_responses), quiet(progress_of(ctx))
+                retry, progress = ahead(params.input_responses), quiet(self.outboxes.progress(ctx))
 
                 async def work(channel: Bridge) -> types.CallToolResult:
                     bridged = _with_round(call, retry, channel)
@@ -415,7 +436,7 @@ class Face:
         # An unlisted URI may be asked of several backends; when none has it, the answer is SEP-2164's.
         not_found = MCPError(types.INVALID_PARAMS, "Resource not found", {"uri": clip(params.uri, URI_CHARS)})
         origin, result = await self.forward(
-            "resources/read", params.uri, origins, build, types.ReadResourceResult, call, progress_of(ctx),
+            "resources/read", params.uri, origins, build, types.ReadResourceResult, call, self.outboxes.progress(ctx),
             none_answered=not_found,
         )  # fmt: skip
         if origin.local != params.uri:  # published under a prefix: the contents name the URI the client asked for
@@ -495,7 +516,7 @@ class Face:
         async def send_to(origin: Origin, again: Round | None) -> Any:
             found = await self.forward(
                 "prompts/get", params.name, (origin,), build, types.GetPromptResult, _with_round(call, again),
-                progress_of(ctx), arguments=params.arguments,
+                self.outboxes.progress(ctx), arguments=params.arguments,
             )  # fmt: skip
             return found[1]
 
@@ -567,7 +588,7 @@ class Face:
             return types.CompleteRequest(params=params.model_copy(update={"ref": local_ref, "meta": meta}))
 
         found = await self.forward(
-            "completion/complete", name, (origin,), build, types.CompleteResult, call, progress_of(ctx)
+            "completion/complete", name, (origin,), build, types.CompleteResult, call, self.outboxes.progress(ctx)
         )
         return found[1]
 

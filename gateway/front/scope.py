@@ -3,17 +3,34 @@ layers of middleware: who is calling (made once by the guard), the JSON-RPC mess
 withheld from its arguments (the body check). One key and one typed accessor each, so nothing reads a scope by hand.
 
 Session ids are bearer credentials: the log, the ledger and spans name a session by ``session_digest`` only.
+
+One value also travels as a context variable: the caller of the request a task serves (``BindCaller``, read by
+``request_caller``), for the one SDK callback that is given a name and no request (its ``Mcp-Param-*`` header check
+asks a tool's input schema by name alone, front/face.py ``input_schema``), so it can answer as that caller's policy.
 """
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
+from starlette.types import ASGIApp, Receive, Scope, Send
+
 from gateway.calls import ANONYMOUS, Caller
 
-__all__ = ["caller_of", "message_of", "session_digest", "set_caller", "set_message", "set_withheld", "withheld_of"]
+__all__ = [
+    "BindCaller",
+    "caller_of",
+    "message_of",
+    "request_caller",
+    "session_digest",
+    "set_caller",
+    "set_message",
+    "set_withheld",
+    "withheld_of",
+]
 
 _CALLER = "gateway.caller"
 _MESSAGE = "gateway.message"
@@ -59,3 +76,25 @@ def session_digest(session_id: str | None) -> str | None:
     """What the log, the ledger and spans say instead of a session id: 12 hex digits of its SHA-256 (whoever has
     the id can compute it; nobody can use it)."""
     return hashlib.sha256(session_id.encode()).hexdigest()[:12] if session_id else None
+
+
+_REQUEST_CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar("gateway_request_caller", default=ANONYMOUS)
+
+
+def request_caller() -> Caller:
+    """The caller of the HTTP request the current task serves (``BindCaller``); ``ANONYMOUS`` outside one."""
+    return _REQUEST_CALLER.get()
+
+
+class BindCaller:
+    """Pure ASGI middleware: the request's caller (``caller_of``) is ``request_caller()`` while the app serves it."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        token = _REQUEST_CALLER.set(caller_of(scope))
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            _REQUEST_CALLER.reset(token)

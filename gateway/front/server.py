@@ -25,7 +25,7 @@ from gateway.core.router import Unanswered
 from gateway.core.runtime import Gateway
 from gateway.errors import BackendRpcError
 
-__all__ = ["GatewayServer", "ValidatedLists", "enveloped", "progress_of", "quiet", "refusal"]
+__all__ = ["GatewayServer", "ValidatedLists", "enveloped", "quiet", "refusal"]
 
 
 class GatewayServer(Server[Any]):
@@ -136,13 +136,6 @@ def enveloped(ctx: ServerRequestContext[Any], listed: Mapping[str, Any]) -> Mapp
     if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
         return {**listed, **_MODERN_LIST_ENVELOPE}
     return listed
-
-
-def progress_of(ctx: ServerRequestContext[Any]) -> ProgressFn | None:
-    """Relay a forwarded request's progress on the client's own stream, against its own token, when it asked."""
-    if ctx.meta and ctx.meta.get("progress_token") is not None:
-        return ctx.session.report_progress
-    return None
 
 
 def quiet(progress: ProgressFn | None) -> ProgressFn | None:

@@ -24,7 +24,7 @@ Run: TypeAlias = Callable[[str, Sequence[Any]], Rows]
 @dataclass(frozen=True, slots=True)
 class Filters:
     """Which rows a reader returns: each field given must match exactly (None matches every row), and
-    ``since <= ts < until``. ``client`` is the client's name; ``kind`` one of ``KINDS``."""
+    ``since <= ts < until``. ``client`` is the client's name; ``caller`` who called; ``kind`` one of ``KINDS``."""
 
     tool: str | None = None
     status: str | None = None
@@ -32,6 +32,7 @@ class Filters:
     kind: str | None = None
     since: float | None = None
     until: float | None = None
+    caller: str | None = None
 
     def where(self) -> tuple[str, list[Any]]:
         """The ``WHERE`` clause (``?`` placeholders) and its parameters."""
@@ -42,6 +43,7 @@ class Filters:
             ("status", self.status),
             ("client_name", self.client),
             ("kind", self.kind),
+            ("caller", self.caller),
         ):
             if value is not None:
                 clauses.append(f"{column} = ?")

@@ -17,7 +17,9 @@ Which configured values are secrets (documented in docs/operations.md, "Logs"):
     ``OPENAI_API_KEY``, ``DB_PASSWORD``, ...) or is listed in its ``secret_env``; its ``pass_env`` variables by the
     same rule (their values come from the gateway's own environment), and the password of a URL one of them holds
     (``HTTPS_PROXY=http://user:password@proxy:3128``);
-  * every ``gateway.tracing.headers`` value.
+  * every ``gateway.tracing.headers`` value;
+  * a URL's password (``https://user:PASSWORD@host``, as written and percent-decoded) and the value of a query
+    parameter whose name is a secret name (``?api_key=...``): a server's ``url``, the ledger's and Redis's.
 
 ``relay_program_output`` turns the lines a program printed (scripts/serve pipes scripts/prepare's qmd and graphify
 output through ``python -m gateway._logging prepare``) into structured events, so no raw text lands in the JSON log:
@@ -32,14 +34,13 @@ import re
 import sys
 from collections.abc import Collection, Iterable, Mapping, MutableMapping
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import structlog
 
 from gateway.config import Federation, StdioServer, passed_environment
-from gateway.ledger.urls import url_secrets
 
-__all__ = ["MASK", "Redactor", "config_secrets", "configure_logging", "is_secret_name", "redactor"]
+__all__ = ["MASK", "Redactor", "config_secrets", "configure_logging", "is_secret_name", "redactor", "url_secrets"]
 
 MASK = "[redacted]"
 MIN_SECRET_LENGTH = 4
@@ -129,11 +130,24 @@ def _passed_values(pass_env: Iterable[str], marked: Iterable[str]) -> list[str]:
     passed = passed_environment(pass_env, {})
     values = _env_values(passed, marked)
     for value in passed.values():
-        userinfo = urlsplit(value).netloc.rpartition("@")[0] if "://" in value else ""
-        if ":" in userinfo:
-            password = userinfo.partition(":")[2]
-            values += [password, unquote(password)]
+        if "://" in value:
+            values += url_secrets(value)
     return [value for value in values if value]
+
+
+def url_secrets(url: str | None) -> list[str]:
+    """The secrets a URL carries: its password, and the values of its query parameters with a secret name."""
+    if not url:
+        return []
+    try:
+        parts = urlsplit(url)
+        query = parse_qsl(parts.query, keep_blank_values=True)
+    except ValueError:
+        return []
+    userinfo = parts.netloc.rpartition("@")[0]
+    found = [userinfo.partition(":")[2]] if ":" in userinfo else []
+    found += [value for name, value in query if is_secret_name(name) or name == "password"]
+    return [secret for value in found if value for secret in {value, unquote(value)}]
 
 
 def config_secrets(config: Federation) -> list[str]:
@@ -145,6 +159,7 @@ def config_secrets(config: Federation) -> list[str]:
             values += _passed_values(server.pass_env, server.secret_env)
         else:
             values += _header_values(server.headers, server.secret_headers)
+            values += url_secrets(server.url)
             exchange = getattr(server, "token_exchange", None)
             if exchange is not None:
                 values.append(exchange.client_secret)
@@ -153,9 +168,7 @@ def config_secrets(config: Federation) -> list[str]:
         values += _passed_values(adapter.pass_env, adapter.secret_env)
     values += _header_values(config.gateway.tracing.headers, config.gateway.tracing.headers.keys())
     values += url_secrets(config.gateway.audit.url)
-    redis_url = config.gateway.shared.redis_url
-    if redis_url is not None:  # redis://[user]:password@host: the same userinfo rule as the ledger's URL
-        values += url_secrets("postgresql" + redis_url[redis_url.index(":") :])
+    values += url_secrets(config.gateway.shared.redis_url)
     return values
 
 

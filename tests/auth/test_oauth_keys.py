@@ -5,8 +5,10 @@ fetch is cut at ``fetch_timeout_s``, an issuer that is down is not asked again b
 
 from __future__ import annotations
 
+import gzip
 import json
 import time
+import tracemalloc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -37,6 +39,13 @@ class Issuer:
     requests: list[str] = field(default_factory=list)
     metadata_issuer: str | None = None
     stalled: anyio.Event = field(default_factory=anyio.Event)
+    flood: bytes | None = None
+    """When set, /jwks answers this chunk over and over (``flood_bytes`` in all, no Content-Length), gzip-encoded
+    when ``flood_gzip``; ``sent`` counts what the socket took before the reader hung up."""
+    flood_bytes: int = 0
+    flood_gzip: bool = False
+    sent: int = 0
+    hung_up: anyio.Event = field(default_factory=anyio.Event)
 
     @property
     def url(self) -> str:
@@ -65,6 +74,9 @@ class Issuer:
             if self.stall:
                 self.stalled.set()
                 await anyio.sleep_forever()
+            if self.flood is not None and path == "/jwks":
+                await self._flood(stream)
+                return
             if self.down:
                 status, body = "500 Internal Server Error", b"{}"
             elif path == "/.well-known/oauth-authorization-server":
@@ -79,6 +91,20 @@ class Issuer:
                 "connection: close\r\n\r\n"
             )
             await stream.send(head.encode() + body)
+
+    async def _flood(self, stream: anyio.abc.SocketStream) -> None:
+        assert self.flood is not None
+        encoding = "content-encoding: gzip\r\n" if self.flood_gzip else ""
+        head = f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n{encoding}connection: close\r\n\r\n"
+        try:
+            await stream.send(head.encode())
+            while self.sent < self.flood_bytes:
+                await stream.send(self.flood)
+                self.sent += len(self.flood)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            pass
+        finally:
+            self.hung_up.set()
 
 
 @asynccontextmanager
@@ -214,3 +240,37 @@ async def test_the_registered_claims_are_checked_within_the_leeway(
                 with pytest.raises(Refusal) as refused:
                     await rs.verify(token)
                 assert (refused.value.status, refused.value.description) == (401, description)
+
+
+async def test_a_key_set_larger_than_the_limit_is_refused_without_reading_it_to_its_end() -> None:
+    # 300 MB of JSON-looking bytes and no Content-Length: the fetch must stop at the limit, not read it all first.
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    async with serving() as issuer:
+        issuer.flood, issuer.flood_bytes = b"[" * (1024 * 1024), 300 * 1024 * 1024
+        rs = server(issuer)
+        with anyio.fail_after(20):
+            with pytest.raises(Refusal) as refused:
+                await rs.verify(issuer.token("a", key))
+            await issuer.hung_up.wait()
+        assert refused.value.status == 503
+        assert issuer.sent < 16 * 1024 * 1024, f"the issuer got {issuer.sent:,} bytes out before the gateway hung up"
+
+
+async def test_a_gzip_key_set_that_expands_past_the_limit_is_refused_without_expanding_it_whole() -> None:
+    # 64 MB of zeros, gzipped (about 64 KB on the wire): the limit holds after decompression, and what is held in
+    # memory while reading stays near the limit, not near the expanded size.
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    bomb = gzip.compress(b"0" * (64 * 1024 * 1024), compresslevel=9)
+    async with serving() as issuer:
+        issuer.flood, issuer.flood_bytes, issuer.flood_gzip = bomb, len(bomb), True
+        rs = server(issuer)
+        tracemalloc.start()
+        try:
+            with anyio.fail_after(20):
+                with pytest.raises(Refusal) as refused:
+                    await rs.verify(issuer.token("a", key))
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert refused.value.status == 503
+        assert peak < 16 * 1024 * 1024, f"{peak:,} bytes held at the peak while reading a 64 MB expansion"

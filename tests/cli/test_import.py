@@ -434,3 +434,43 @@ def test_imported_file_round_trips_through_gateway_check_to_a_ready_backend(tmp_
     doc = json.loads(checked.stdout)
     assert [(b["name"], b["kind"], b["state"]) for b in doc["backends"]] == [("echo-server", "stdio", "ready")]
     assert doc["backends"][0]["tools"] > 0
+
+
+@pytest.mark.spawns
+def test_the_gateways_own_variables_never_reach_an_imported_child_and_a_url_password_becomes_a_variable(
+    tmp_path: Path,
+) -> None:
+    # A client never expands ${GATEWAY_TOKENS} in its own file (it is literal text there); the gateway would, and
+    # hand its own tokens and state key to the child. A URL password is a literal secret like any other.
+    dump = tmp_path / "child-env.json"
+    claude = {
+        "mcpServers": {
+            "echo": {
+                "command": PYTHON,
+                "args": [str(ECHO_SERVER), "--stdio"],
+                "env": {
+                    "GITHUB_TOKEN": "${GATEWAY_TOKENS}",
+                    "STATE": "${env:GATEWAY_STATE_KEY}",
+                    "ECHO_ENV_DUMP": str(dump),
+                },
+            },
+            "remote": {"type": "http", "url": "https://alice:hunter2@example.invalid/mcp"},
+        }
+    }
+    (tmp_path / "claude_desktop_config.json").write_text(json.dumps(claude), encoding="utf-8")
+    done = gateway("import", "claude_desktop_config.json", "-o", "federation.yaml", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    written = (tmp_path / "federation.yaml").read_text(encoding="utf-8")
+    assert "hunter2" not in written + done.stderr
+    assert "GATEWAY_TOKENS}" not in written and "GATEWAY_STATE_KEY}" not in written, written
+    assert "https://alice:${REMOTE_PASSWORD}@example.invalid/mcp" in written, written
+    assert "the gateway's own variable GATEWAY_TOKENS" in done.stderr, done.stderr
+
+    servers = yaml.safe_load(written)["servers"]
+    assert servers["echo"]["env"]["ECHO_ENV_DUMP"] == str(dump)
+    needed = {name: "set-for-the-server" for name in re.findall(r"\$\{([A-Z0-9_]+)\}", written)}
+    own = {"GATEWAY_TOKENS": "alice=the-gateways-own-token", "GATEWAY_STATE_KEY": "the-gateways-own-state-key"}
+    checked = gateway("check", "-c", "federation.yaml", cwd=tmp_path, env={**os.environ, **own, **needed})
+    assert dump.exists(), checked.stdout + checked.stderr
+    child = json.loads(dump.read_text())
+    assert not [name for name, seen in child.items() if "the-gateways-own" in seen], child

@@ -88,8 +88,10 @@ class Raw:
         if self.era == MODERN:
             params = {**params, "_meta": MODERN_META}
             headers["mcp-method"] = method
-            if method == "tools/call":
+            if method in ("tools/call", "prompts/get"):
                 headers["mcp-name"] = params["name"]
+            elif method == "resources/read":
+                headers["mcp-name"] = params["uri"]
         body = {"jsonrpc": "2.0", "id": 7, "method": method, "params": params}
         with anyio.fail_after(WAIT):
             # json.dumps escapes a lone surrogate (\ud800) as JSON allows; httpx2's own encoder refuses it
@@ -554,3 +556,156 @@ def test_a_token_exchange_endpoint_must_be_https_off_loopback() -> None:
         parse_config(text, file="f.yaml")
     assert (caught.value.key_path, caught.value.line) == ("servers.s.token_exchange.token_endpoint", 6)
     assert "https" in str(caught.value) and "s3cret-value" not in str(caught.value)
+
+
+# ----------------------------------------------------------------------------------------------- what a URI resolves to
+
+
+def vault_config() -> str:
+    return f"""
+gateway:
+  audit: {{enabled: false}}
+servers:
+  vault:
+    transport: stdio
+    command: {PYTHON}
+    args: [{json.dumps(str(FIXTURES / "fidelity_server.py"))}, --stdio]
+policies:
+  readers:
+    callers: [alice]
+    resources: {{exclude: ["fid://r/*", "fid://item/*"]}}
+  everyone: {{}}
+"""
+
+
+@pytest.mark.spawns
+@pytest.mark.parametrize("era", [HANDSHAKE, MODERN])
+async def test_a_hidden_resource_stays_hidden_under_its_backend_prefixed_uri_for_every_request_kind(
+    tmp_path: Path, era: str
+) -> None:
+    # `vault__fid://r/1` resolves to vault's fid://r/1, which alice's policy hides: the policy applies to what a
+    # request resolves to, not to the string typed.
+    not_found = {"code": -32602, "message": "Resource not found"}
+    with run_gateway(vault_config(), tmp_path, tokens=TOKENS) as gateway:
+        async with raw(gateway.url(), "tok-alice-0123", era) as alice, raw(gateway.url(), "tok-bob-4567", era) as bob:
+            answers = {}
+            for uri in ("fid://r/1", "vault__fid://r/1", "vault__fid://item/7", "fid://item/7", "nope://x"):
+                answers[uri] = json.loads(await alice.send("resources/read", {"uri": uri}))
+            read = json.loads(await bob.send("resources/read", {"uri": "vault__fid://r/1"}))
+            completion = {
+                "ref": {"type": "ref/resource", "uri": "vault__fid://item/{id}"},
+                "argument": {"name": "id", "value": "1"},
+            }
+            completed = json.loads(await alice.send("completion/complete", completion))
+            completed_bob = json.loads(await bob.send("completion/complete", completion))
+            subscribed = None
+            if era == HANDSHAKE:  # the stateless era has no resources/subscribe (subscriptions/listen instead)
+                subscribed = json.loads(await alice.send("resources/subscribe", {"uri": "vault__fid://r/1"}))
+    assert read["result"]["contents"][0]["text"] == "resource 1 of fidelity", read  # the prefixed form serves bob
+    for uri, answer in answers.items():
+        assert {k: answer["error"][k] for k in ("code", "message")} == not_found, (uri, answer)
+        assert "result" not in answer
+    assert completed_bob["result"]["completion"]["values"] == ["1", "12"]
+    assert "error" in completed and "result" not in completed, completed
+    if subscribed is not None:
+        assert "error" in subscribed and "result" not in subscribed, subscribed
+
+
+# ----------------------------------------------------------------------------------------------- a hidden tool's schema
+
+
+def mirror_config() -> str:
+    return f"""
+gateway:
+  audit: {{enabled: false}}
+servers:
+  c:
+    transport: stdio
+    command: {PYTHON}
+    args: [{json.dumps(str(FIXTURES / "conformance_server.py"))}, --stdio]
+policies:
+  readers:
+    callers: [alice]
+    tools: {{exclude: [test_header_mirror]}}
+  everyone: {{}}
+"""
+
+
+@pytest.mark.spawns
+async def test_a_hidden_tools_header_schema_is_no_clue_in_the_stateless_era(tmp_path: Path) -> None:
+    # test_header_mirror declares `region` as mirrored in Mcp-Param-Region (SEP-2243): a call without that header is
+    # refused by the header check, which must not read the schema of a tool the caller cannot see.
+    arguments = {"region": "eu-west", "query": "q"}
+    with run_gateway(mirror_config(), tmp_path, tokens=TOKENS) as gateway:
+        async with (
+            raw(gateway.url(), "tok-alice-0123", MODERN) as alice,
+            raw(gateway.url(), "tok-bob-4567", MODERN) as bob,
+        ):
+            assert "test_header_mirror" in await bob.tools()  # the first request waits for startup to be over
+            hidden = await alice.send("tools/call", {"name": "test_header_mirror", "arguments": arguments})
+            hidden_status = alice.status
+            unknown = await alice.send("tools/call", {"name": "test_header_mirrox", "arguments": arguments})
+            unknown_status = alice.status
+            seen = json.loads(await bob.send("tools/call", {"name": "test_header_mirror", "arguments": arguments}))
+    assert seen["error"]["code"] == -32020 and "Mcp-Param-Region" in seen["error"]["message"]  # the check works
+    assert hidden.replace(b"test_header_mirror", b"test_header_mirrox") == unknown, hidden
+    assert hidden_status == unknown_status
+    assert json.loads(hidden)["error"]["code"] == -32602, hidden
+
+
+# ----------------------------------------------------------------------------------------------- the status page
+
+
+UI_TOKENS = f"{TOKENS},carol=tok-carol-8910"
+
+
+def ui_config() -> str:
+    return config().replace("gateway:\n", "gateway:\n  auth: {operators: [carol]}\n", 1)
+
+
+async def pages(gateway: Any, *tokens: str) -> list[str]:
+    """The status page as each token's caller sees it, after alice called ``echo`` and bob ``fail``."""
+    with anyio.fail_after(WAIT):
+        async with mcp_session(gateway.url(), token="tok-alice-0123") as alice:
+            await alice.call_tool("echo", {"text": "alice was here"})
+        async with mcp_session(gateway.url(), token="tok-bob-4567") as bob:
+            await bob.call_tool("fail", {"message": "bob was here"})
+    shown = []
+    for token in tokens:
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=WAIT) as http:
+            response = await http.get(gateway.url("/ui/"))
+        assert response.status_code == 200
+        shown.append(response.text)
+    return shown
+
+
+def section(text: str, table: str) -> str:
+    return text.split(f'<table id="{table}">', 1)[1].split("</table>", 1)[0] if f'id="{table}"' in text else ""
+
+
+def listed(text: str) -> set[str]:
+    return {name for name in ALL_TOOLS if f"<code>{name}</code>" in section(text, "catalog")}
+
+
+@pytest.mark.spawns
+async def test_the_status_page_shows_a_caller_what_its_policy_shows_and_its_own_calls_only(tmp_path: Path) -> None:
+    with run_gateway(config(), tmp_path, tokens=TOKENS) as gateway:
+        (shown,) = await pages(gateway, "tok-alice-0123")
+    assert listed(shown) == {"echo", "add"}
+    calls = section(shown, "calls")
+    assert "<code>echo</code>" in calls and "<code>fail</code>" not in calls and "bob" not in calls
+    assert "<code>fail</code>" not in section(shown, "stats")
+    assert "<h2>Access" not in shown and "writers" not in shown
+
+
+@pytest.mark.spawns
+async def test_an_operator_sees_every_tool_every_callers_calls_and_who_sees_what_on_the_status_page(
+    tmp_path: Path,
+) -> None:
+    with run_gateway(ui_config(), tmp_path, tokens=UI_TOKENS) as gateway:
+        alice, carol = await pages(gateway, "tok-alice-0123", "tok-carol-8910")
+    assert listed(alice) == {"echo", "add"} and "bob" not in section(alice, "calls")
+    assert listed(carol) == ALL_TOOLS
+    calls = section(carol, "calls")
+    assert "<code>echo</code>" in calls and "<code>fail</code>" in calls and "bob" in calls
+    assert "<h2>Access" in carol and "writers" in carol

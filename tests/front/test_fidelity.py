@@ -606,23 +606,6 @@ def _alive(pid: int) -> bool:
         return False
 
 
-async def test_an_ambiguous_request_on_a_shared_stdio_session_is_refused_at_once(gateway: RunningServer) -> None:
-    """On the shared stdio session nothing says which of two calls in flight a sampling request belongs to: the
-    downstream is told so at once (no hang), and the unambiguous call is served."""
-    second: dict[str, str] = {}
-
-    async def first_answers_after_a_second_call(context: ClientRequestContext, params: Any) -> Any:
-        async with mcp_session(gateway.url(), sampling_callback=answer_sampling("never used")) as other:
-            second["text"] = first_text(await other.call_tool("s__sample", {"prompt": "me too"}))
-        return types.CreateMessageResult(role="assistant", content=types.TextContent(text="first"), model="m")
-
-    async with mcp_session(gateway.url(), sampling_callback=first_answers_after_a_second_call) as session:
-        with anyio.fail_after(WAIT * 2):
-            first = first_text(await session.call_tool("s__sample", {"prompt": "first"}))
-    assert first == "sampled: first (m)"
-    assert second["text"].startswith("sample failed:") and "2 calls from clients are in flight" in second["text"]
-
-
 @pytest.mark.parametrize("backend", ["h", "s"])
 async def test_a_client_without_the_capability_is_not_asked_and_the_downstream_hears_why(
     backend: str, gateway: RunningServer

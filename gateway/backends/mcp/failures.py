@@ -95,8 +95,10 @@ def map_call_errors(backend: str, timeout_s: float, life: Life) -> Iterator[None
 
     ``life`` is the session the call went out on: a failure that comes from losing it ends it (if it is not over
     already), says why it was lost, and carries it as its ``cause``. ``timeout_s`` is the call's time limit, named
-    when it ran out.
+    when it ran out. A -32001 before the limit ran out is not the gateway's timeout but the downstream's own answer
+    (e.g. the echo of a request of its that its client never answered): a JSON-RPC error, not a failure.
     """
+    started = anyio.current_time()
     try:
         yield
     except MCPError as exc:
@@ -104,7 +106,7 @@ def map_call_errors(backend: str, timeout_s: float, life: Life) -> Iterator[None
         too_large = answer_too_large(exc.error.data) if code == ANSWER_TOO_LARGE else None
         if too_large is not None:
             raise BackendAnswerTooLarge(backend, *too_large) from exc
-        if code == types.REQUEST_TIMEOUT:
+        if code == types.REQUEST_TIMEOUT and anyio.current_time() - started >= timeout_s:
             timeout = f"timed out after {timeout_s:g} s"
             if life.lost.is_set():  # the session went away meanwhile (e.g. its stdin stopped taking messages)
                 raise BackendTimeout(backend, f"{timeout}: {life.reason}", cause=life) from exc

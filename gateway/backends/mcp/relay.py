@@ -9,8 +9,12 @@ for a client. Attribution, in order of precedence:
     however many run.
   * Otherwise nothing links a downstream's request to a call (stdio, SSE, a standalone HTTP stream): each session
     keeps the calls it serves in an ``InFlight`` registry; with exactly one in flight, that one caused it; with none
-    or several there is nobody to ask, and the downstream gets a JSON-RPC error at once. A ``session: per_client``
-    session belongs to one client (``InFlight.owner``), which is asked even outside any call.
+    or several there is nobody to ask, and the downstream gets a JSON-RPC error at once. A call whose own request
+    to its client is still unanswered (a bridged call waiting for a stateless client's retry, for minutes) is taken
+    not to be the one asking again (a server asks one thing at a time within a call): among several, the one call
+    not waiting is. A server that asks several things at once within one call, beside other callers' calls, needs
+    ``session: per_client``. A ``session: per_client`` session belongs to one client (``InFlight.owner``), which is
+    asked even outside any call.
 """
 
 from __future__ import annotations
@@ -39,10 +43,11 @@ _EVERY_CHANNEL = types.ClientCapabilities(
 class InFlight:
     """The client requests one downstream session is serving now."""
 
-    __slots__ = ("_calls", "owner")
+    __slots__ = ("_asking", "_calls", "owner")
 
     def __init__(self, owner: ClientLink | None = None) -> None:
         self._calls: dict[int, Upstream] = {}
+        self._asking: dict[int, int] = {}  # id(upstream) -> its requests to its client not answered yet
         self.owner = owner
         """For a per-client session: the client it belongs to."""
 
@@ -59,10 +64,24 @@ class InFlight:
         return len(self._calls)
 
     def sole(self) -> Upstream | None:
-        """The one request in flight, if exactly one is."""
-        if len(self._calls) != 1:
-            return None
-        return next(iter(self._calls.values()))
+        """The one request in flight, if exactly one is; else the one not waiting for its client's answer to an
+        earlier request of the downstream's, if exactly one is not."""
+        if len(self._calls) == 1:
+            return next(iter(self._calls.values()))
+        free = [upstream for key, upstream in self._calls.items() if key not in self._asking]
+        return free[0] if len(free) == 1 else None
+
+    @contextmanager
+    def asking(self, upstream: Upstream) -> Iterator[None]:
+        """While a downstream's request waits for ``upstream``'s client to answer it."""
+        key = id(upstream)
+        self._asking[key] = self._asking.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            left = self._asking.pop(key) - 1
+            if left:
+                self._asking[key] = left
 
     def any(self) -> Upstream | None:
         """Any request in flight (for a per-client session, where they all belong to the same client)."""
@@ -96,12 +115,15 @@ async def relay_request(request: types.ServerRequest, inflight: InFlight | None,
     if upstream is None and inflight is not None and inflight.owner is not None:
         return await inflight.owner.ask(request, backend)
     channel = upstream.channel if upstream is not None else None
-    if channel is None:
+    if channel is None or upstream is None:
         why = why or "its client has no channel"
         return types.ErrorData(
             code=types.INVALID_REQUEST, message=f"The gateway cannot relay {request.method} from {backend!r}: {why}."
         )
-    return await channel.ask(request, backend)
+    if inflight is None:
+        return await channel.ask(request, backend)
+    with inflight.asking(upstream):
+        return await channel.ask(request, backend)
 
 
 @contextmanager

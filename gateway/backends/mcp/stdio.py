@@ -139,17 +139,35 @@ class StdioLane(DirectLane):
         self.waiting.clear()
 
 
+INBOX_BYTES = 256 * 1024
+"""Progress a direct call's inbox holds for a caller that does not keep up; beyond it, only the latest is kept."""
+
+
 class _Waiter(DirectCall):
-    """One direct call on the pipes: its line written by its caller, its messages handed over by the reader."""
+    """One direct call on the pipes: its line written by its caller, its messages handed over by the reader. The
+    reader never waits for the caller, and the caller may fall behind (its client does not read): past
+    ``INBOX_BYTES`` of waiting progress, a new progress notification replaces the last one waiting, so the inbox
+    holds at most that, one more, and the answer, however much the server says."""
 
     def __init__(self, lane: StdioLane, rid: str, progress: ProgressFn | None) -> None:
         super().__init__(rid, progress)
         self.lane = lane
-        self.inbox: deque[dict[str, Any]] = deque()
+        self.inbox: deque[list[Any]] = deque()  # [message, its size in bytes]
+        self.held = 0
+        self.latest: list[Any] | None = None  # the last progress waiting in the inbox
         self.arrived = anyio.Event()
 
-    def deliver(self, message: dict[str, Any]) -> None:
-        self.inbox.append(message)
+    def deliver(self, message: dict[str, Any], size: int = 0) -> None:
+        if "method" in message:  # progress (the only notification a direct call is handed)
+            if self.latest is not None and self.held > INBOX_BYTES:
+                self.latest[0] = message  # the caller does not keep up: only the latest progress will do
+                self.arrived.set()
+                return
+            entry = self.latest = [message, size]
+        else:
+            entry = [message, size]
+        self.inbox.append(entry)
+        self.held += size
         self.arrived.set()
 
     async def send(self, body: bytes) -> None:
@@ -165,15 +183,20 @@ class _Waiter(DirectCall):
         try:
             while True:
                 while self.inbox:
-                    message = self.inbox.popleft()
+                    entry = self.inbox.popleft()
+                    message, size = entry
+                    self.held -= size
+                    if entry is self.latest:
+                        self.latest = None
                     if message is _CLOSED:
                         raise MCPError(CONNECTION_CLOSED, "Connection closed")
-                    if "method" not in message:
-                        found = answer_of(message, self.rid)
-                        if found is not None:
-                            return found
-                    elif self.progress is not None:
-                        await self.progress(*progress_of(message["params"]))
+                    if "method" in message:
+                        if self.progress is not None:
+                            await self.progress(*progress_of(message["params"]))
+                        continue
+                    found = answer_of(message, self.rid)
+                    if found is not None:
+                        return found
                 if self.arrived.is_set():  # no await since the inbox was found empty: nothing slips past
                     self.arrived = anyio.Event()
                 await self.arrived.wait()
@@ -282,7 +305,7 @@ class _Pipes:
             # caller can run on with its answer.
             await anyio.lowlevel.checkpoint()
             self._passed = False
-        claimed[0].deliver(claimed[1])
+        claimed[0].deliver(claimed[1], len(line))
 
     async def read(self) -> None:
         """Until stdout ends: each line to its reader, an oversized one replaced (see the module docstring)."""

@@ -24,6 +24,8 @@ from starlette.types import ASGIApp, Scope
 
 from gateway.auth.oauth import ResourceServer
 from gateway.auth.tokens import Tokens
+from gateway.calls import Caller
+from gateway.core.policies import View
 from gateway.core.runtime import Gateway
 from gateway.front.channels import Resumes
 from gateway.front.face import Face
@@ -37,6 +39,7 @@ from gateway.front.http.sessions import CallerSessions, filter_session_ids
 from gateway.front.http.shared import SharedRates, SharedRedis, SharedSessionEnds
 from gateway.front.http.status import StatusRoutes
 from gateway.front.http.ui import UI_PATHS, StatusPage
+from gateway.front.scope import BindCaller
 
 __all__ = ["build_app"]
 
@@ -56,7 +59,7 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
     )
     gateway.metrics.watch(status.snapshot)
     limited = CallerLimits(
-        StreamableHTTPASGIApp(sessions),
+        BindCaller(StreamableHTTPASGIApp(sessions)),
         gateway,
         lambda: gateway.config.limit_policies,
         shared=SharedRates(redis) if redis is not None else None,
@@ -66,7 +69,7 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
             *status.routes(),
             Route("/mcp", endpoint=Edge(limited, lambda: gateway.config.gateway.edge, in_flight)),
             # the status page signs people in itself, with the static tokens only (so with OAuth alone it is shut)
-            Mount("/ui", app=StatusPage(gateway, tokens, is_loopback(host) and oauth is None, status.access).app()),
+            Mount("/ui", app=_status_page(gateway, face, tokens, is_loopback(host) and oauth is None, status)),
         ],
         lifespan=partial(_lifespan, sessions, redis),
     )
@@ -88,6 +91,15 @@ def _serves(app: Starlette, scope: Scope) -> bool:
     path = scope["path"]
     other = {**scope, "path": path[:-1] if path.endswith("/") else path + "/"}
     return any(route.matches(s)[0] is not Match.NONE for s in (scope, other) for route in app.routes)
+
+
+def _status_page(gateway: Gateway, face: Face, tokens: Tokens, open_page: bool, status: StatusRoutes) -> ASGIApp:
+    """The status page, showing each signed-in caller its own view of the catalog (operators everything)."""
+
+    def view(name: str) -> View | None:
+        return face.views.view(gateway.catalog, Caller(name))
+
+    return StatusPage(gateway, tokens, open_page, status.access, views=view).app()
 
 
 def _sessions(

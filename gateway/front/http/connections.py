@@ -225,7 +225,26 @@ class _Edge:
         self.transport.close()
 
 
+class _FramingChecked(h11.Connection):
+    """h11's server connection, refusing a request that carries both Content-Length and Transfer-Encoding: h11 would
+    frame it by Transfer-Encoding and keep the connection, so whatever follows it on the connection (a smuggled
+    request) would be served too. RFC 9112 6.1 says close; refusing it (400, then closed) is what llhttp does."""
+
+    def next_event(self) -> Any:
+        event = super().next_event()
+        if isinstance(event, h11.Request):
+            names = {name.lower() for name, _ in event.headers}
+            if b"content-length" in names and b"transfer-encoding" in names:
+                raise h11.RemoteProtocolError("both Content-Length and Transfer-Encoding", error_status_hint=400)
+        return event
+
+
 class _EdgeH11(_Edge, H11Protocol):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # uvicorn's own connection, with the same bound on an incomplete event, and the framing check above
+        self.conn = _FramingChecked(h11.SERVER, self.conn._max_incomplete_event_size)
+
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
         self._received(len(data))
@@ -269,7 +288,8 @@ def edge_protocol(limits: Limits, *, max_connections: int | None = None, parser:
       its head within milliseconds, always finds room however many idle sockets others hold.
 
     A request head is at most ``MAX_HEAD_BYTES`` (h11's own bound; httptools has none, so the edge keeps it: a longer
-    head is answered ``431`` and closed)."""
+    head is answered ``431`` and closed). A request with both Content-Length and Transfer-Encoding is answered ``400``
+    and its connection closed (llhttp refuses it itself; h11 is made to, ``_FramingChecked``)."""
     cap = max_connections if max_connections is not None else limits.max_connections
     attributes = {"limits": limits, "max_connections": cap, "throttle": Throttle()}
     return type("EdgeProtocol", (PARSERS[parser],), attributes)

@@ -122,7 +122,8 @@ def status_document(
 ) -> dict[str, Any]:
     """``/status`` and ``gateway check --json``: every backend's state and reason, the catalog's size and problems.
 
-    Reasons quote what a backend printed (a stderr tail); registered secrets are scrubbed from them.
+    Reasons quote what a backend printed (a stderr tail); registered secrets are scrubbed from them (by
+    ``BackendStatus`` itself, as on every other way out).
     """
     catalog = gateway.catalog
     per_backend = catalog.by_backend()
@@ -133,15 +134,14 @@ def status_document(
                 "name": name,
                 "kind": kind,
                 "state": str(status.state),
-                "reason": redactor.scrub(status.reason),
+                "reason": status.reason,  # scrubbed when the status was made (backends/base.py)
                 "declared": status.declared,
                 "since": status.since,
-                "last_error": redactor.scrub(status.last_error),
+                "last_error": status.last_error,
                 "tools": per_backend.get(name, 0),
                 "downstream_tools": status.tool_count,
                 "variants_not_ready": [
-                    {"variant": label, "reason": redactor.scrub(reason), "detected": True}
-                    for label, reason in status.unready
+                    {"variant": label, "reason": reason, "detected": True} for label, reason in status.unready
                 ],
             }
         )

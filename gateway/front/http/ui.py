@@ -1,11 +1,14 @@
 """The status page (``StatusPage``, mounted at ``/ui``): one server-rendered HTML page for people, beside the
 ``/status`` JSON for programs, with its own sign-in (the ``Guard`` checks Host and Origin, and lets ``UI_PATHS`` past
 its bearer check). The page shows the backends, the catalog, the ledger's recent calls and per-tool figures over the
-last 24 hours (refusals counted apart from the tools' errors and latencies), a banner while an edit of the
-configuration file is refused (``Gateway.reload_error``), and reloads itself every ``REFRESH_S`` seconds; no script
-runs, and the Content-Security-Policy allows nothing but the page's own nonce'd stylesheet. The HTML comes from
-Jinja2 templates (``templates/``, package data) with autoescape on: backend reasons and tool descriptions are a
-downstream's words, untrusted, and reasons are also scrubbed of registered secrets, as on ``/status``.
+last 24 hours (refusals counted apart from the tools' errors and latencies), and reloads itself every ``REFRESH_S``
+seconds. An operator (``gateway.auth.operators``, or anyone on the open loopback page) sees all of it, who sees what,
+and a banner while an edit of the configuration file is refused (``Gateway.reload_error``); anyone else sees what its
+policy shows it (its backends and tools) and its own calls, figures and tokens only, so the page is no way around a
+policy. No script runs, and the Content-Security-Policy allows nothing but the page's own nonce'd stylesheet. The
+HTML comes from Jinja2 templates (``templates/``, package data) with autoescape on: backend reasons and tool
+descriptions are a downstream's words, untrusted, and reasons are also scrubbed of registered secrets, as on
+``/status``.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from fnmatch import fnmatchcase
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -32,6 +36,7 @@ from gateway.auth.cookies import SESSION_TTL_S, SessionCookies
 from gateway.auth.tokens import Tokens
 from gateway.backends.base import BackendStatus
 from gateway.core.catalog import Catalog
+from gateway.core.policies import View
 from gateway.core.runtime import Gateway
 from gateway.errors import AuditError
 from gateway.ledger.engines import open_reader
@@ -53,6 +58,7 @@ RECENT_CALLS = 25
 STATS_WINDOW_S = 24 * 3600.0
 STATS_CACHE_S = 10.0  # stats read every row of the window: open tabs refreshing every 5 s share one reading
 MAX_FORM_BYTES = 4096  # a sign-in form holds one token; a bigger body is not the form
+MAX_STATS_CALLERS = 64  # per-caller figures kept (the least recently read out first)
 TEXT_LIMIT = 600  # characters of a reason or error shown (a stderr tail can be long)
 DESCRIPTION_LIMIT = 160
 
@@ -77,16 +83,23 @@ class StatusPage:
         gateway: the running gateway whose state the page shows.
         tokens: the accepted bearer tokens; none configured means the page is open (on loopback only).
         loopback: whether the gateway is bound to loopback.
-        access: the policies and, per caller, how many tools it sees (``Views.statistics``), shown when given.
+        access: the policies and, per caller, how many tools it sees (``Views.statistics``), shown to operators.
+        views: a caller's view of the catalog by its name (None: no policies, it sees every tool).
     """
 
     def __init__(
-        self, gateway: Gateway, tokens: Tokens, loopback: bool, access: Callable[[], dict[str, Any]] | None = None
+        self,
+        gateway: Gateway,
+        tokens: Tokens,
+        loopback: bool,
+        access: Callable[[], dict[str, Any]] | None = None,
+        views: Callable[[str], View | None] | None = None,
     ) -> None:
         self.gateway = gateway
         self.tokens = tokens
         self.loopback = loopback
         self.access = access
+        self.views = views
         self.cookies = SessionCookies()
         self.allowed_origins = {o.lower() for o in gateway.config.gateway.allowed_origins}
         self.ledger = _LedgerView(gateway)
@@ -115,7 +128,8 @@ class StatusPage:
             if not self.tokens:
                 return _refused(403, "The status page is open only on a loopback bind; configure tokens to sign in.")
             return _redirect(f"{base}/login")
-        ledger = await self.ledger.read()
+        shown = self.shown(caller)
+        ledger = await self.ledger.read(None if shown.operator else caller)
         nonce = secrets.token_urlsafe(16)
         body = _render_page(
             self.gateway,
@@ -123,9 +137,18 @@ class StatusPage:
             caller=caller if self.tokens else None,
             base=base,
             nonce=nonce,
-            access=self.access() if self.access else None,
+            access=self.access() if self.access and shown.operator else None,
+            shown=shown,
         )
         return _html(body, nonce)
+
+    def shown(self, caller: str) -> _Shown:
+        """What ``caller`` is shown: everything when it is an operator (or the page is open, without tokens), else
+        what its policy shows it."""
+        operators = self.gateway.config.gateway.auth.operators
+        if not self.tokens or any(fnmatchcase(caller, pattern) for pattern in operators):
+            return _Shown(operator=True, view=None)
+        return _Shown(operator=False, view=self.views(caller) if self.views is not None else None)
 
     async def login_form(self, request: Request) -> Response:
         base = _base(request)
@@ -228,6 +251,14 @@ def _refused(status: int, message: str) -> Response:
     return HTMLResponse(body, status_code=status, headers={**_SECURITY_HEADERS, "Content-Security-Policy": _csp(None)})
 
 
+@dataclass(frozen=True, slots=True)
+class _Shown:
+    """What one person is shown: everything (``operator``), or what ``view`` shows (None: no policies, every tool)."""
+
+    operator: bool
+    view: View | None
+
+
 # ------------------------------------------------------------------------------------------------- ledger
 
 
@@ -279,25 +310,31 @@ class _LedgerView:
 
     def __init__(self, gateway: Gateway) -> None:
         self._gateway = gateway
-        self._stats: tuple[float, list[ToolStats], list[_TokenRow]] | None = None  # (read at, figures)
+        self._stats: dict[
+            str | None, tuple[float, list[ToolStats], list[_TokenRow]]
+        ] = {}  # caller -> (read at, figures)
 
-    async def read(self) -> _LedgerData:
+    async def read(self, caller: str | None) -> _LedgerData:
+        """The recent calls and figures of ``caller`` (None: of every caller)."""
         ledger = self._gateway.ledger
         if ledger is None or ledger.target is None:
             return _LedgerData(problem="The audit ledger is off (gateway.audit.enabled: false), so no calls are kept.")
         reader = open_reader(ledger.target)
         try:
-            calls = await anyio.to_thread.run_sync(lambda: reader.query(limit=RECENT_CALLS))
+            calls = await anyio.to_thread.run_sync(lambda: reader.query(Filters(caller=caller), limit=RECENT_CALLS))
             now = anyio.current_time()
-            cached = self._stats
+            cached = self._stats.pop(caller, None)
             if cached is None or now - cached[0] >= STATS_CACHE_S:
-                window = Filters(since=time.time() - STATS_WINDOW_S)
+                window = Filters(since=time.time() - STATS_WINDOW_S, caller=caller)
 
                 def figures() -> tuple[list[ToolStats], list[_TokenRow]]:
                     tokens = _token_rows(reader.callers(window), reader.hourly(window), time.time())
                     return reader.stats(window), tokens
 
-                cached = self._stats = (now, *await anyio.to_thread.run_sync(figures))
+                cached = (now, *await anyio.to_thread.run_sync(figures))
+            self._stats[caller] = cached  # the most recently read last
+            if len(self._stats) > MAX_STATS_CALLERS:
+                self._stats.pop(next(iter(self._stats)))
         except AuditError as exc:
             return _LedgerData(problem=str(exc))
         return _LedgerData(calls=list(reversed(calls)), stats=cached[1], tokens=cached[2])
@@ -375,9 +412,11 @@ class _ToolRow:
     description: str  # its first line
 
 
-def _tool_rows(catalog: Catalog) -> list[_ToolRow]:
+def _tool_rows(catalog: Catalog, view: View | None) -> list[_ToolRow]:
     rows = []
     for name in sorted(catalog.entries):
+        if view is not None and name not in view.tools:
+            continue
         entry = catalog.entries[name]
         chain = " → ".join(provider.label for provider in entry.providers)
         first_line = (entry.tool.description or "").strip().split("\n", 1)[0]
@@ -393,9 +432,15 @@ def _render_page(
     base: str,
     nonce: str,
     access: dict[str, Any] | None = None,
+    shown: _Shown = _Shown(operator=True, view=None),
 ) -> str:
     published = gateway.catalog.by_backend()
-    backends = [_BackendRow(name, kind, status, published.get(name, 0)) for name, kind, status in gateway.statuses()]
+    view = shown.view
+    backends = [
+        _BackendRow(name, kind, status, published.get(name, 0))
+        for name, kind, status in gateway.statuses()
+        if view is None or view.sees_backend(name)
+    ]
     return _TEMPLATES.get_template("status.html").render(
         name=gateway.config.gateway.name,
         overall="ok" if gateway.healthy() else "degraded",
@@ -407,9 +452,9 @@ def _render_page(
         base=base,
         nonce=nonce,
         backends=backends,
-        tools=_tool_rows(gateway.catalog),
-        problems=gateway.catalog.problems,
-        reload_error=gateway.reload_error,
+        tools=_tool_rows(gateway.catalog, view),
+        problems=gateway.catalog.problems if shown.operator else (),
+        reload_error=gateway.reload_error if shown.operator else None,
         config_file=gateway.config.source,
         loaded_at=gateway.loaded_at,
         catalog_tokens=gateway.catalog.tokens,

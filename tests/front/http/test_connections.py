@@ -268,3 +268,32 @@ def test_a_throttled_log_filter_passes_a_template_once_per_interval_and_then_nam
     passed = record("Invalid HTTP request received.")
     assert throttled.filter(passed)
     assert passed.getMessage() == "Invalid HTTP request received. (9 more like it suppressed)"
+
+
+@pytest.mark.spawns
+async def test_a_request_with_both_content_length_and_transfer_encoding_is_refused_and_its_connection_closed(
+    tmp_path: Path, parser: str
+) -> None:
+    # RFC 9112 6.1: such a request is a smuggling attempt; whatever is answered, the connection must close after it,
+    # so the request pipelined behind it (here a GET of /healthz) is never served on the same connection.
+    body = b'{"jsonrpc":"2.0","id":1,"method":"ping"}'
+    smuggled = (
+        b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " + TOKEN.encode() + b"\r\n"
+        b"Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
+        b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + f"{len(body):x}\r\n".encode()
+        + body
+        + b"\r\n0\r\n\r\n"
+        + b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    )
+    with gateway(tmp_path, "keep_alive_s: 30", parser) as gw:
+        with anyio.fail_after(10):
+            async with await anyio.connect_tcp(LOOPBACK, gw.port) as stream:
+                await stream.send(smuggled)
+                answer = await read_to_close(stream)
+        assert answer.startswith(b"HTTP/1.1 400 "), answer
+        assert answer.count(b"HTTP/1.1 ") == 1, answer  # the pipelined request was not answered: the connection closed
+        with anyio.fail_after(10):
+            async with mcp_session(gw.url(), token=TOKEN) as session:  # and the gateway serves on
+                result = await session.call_tool("echo", {"text": "after"})
+                assert result.content[0].text == "after"  # type: ignore[union-attr]

@@ -1,0 +1,95 @@
+"""``Outbox`` in memory, against a client that reads and one that never does: nothing put in it waits for the
+client, a reading client gets every notification in order before the request ends, progress for a client that does
+not read is coalesced to the latest (past half of ``limit_bytes``), and log messages waiting beyond ``limit_bytes``
+shed the client (tests/front/test_slow_clients.py drives the same over a real gateway, downstream and socket)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import pytest
+
+from gateway.front.outbox import Outbox
+
+pytestmark = pytest.mark.anyio
+
+
+class Client:
+    """A client's end: ``report`` and ``say`` record what was sent; with ``reading`` cleared, the first send to it
+    blocks (``stuck`` tells when) and nothing after it is taken."""
+
+    def __init__(self, *, reading: bool) -> None:
+        self.sent: list[Any] = []
+        self.reading = reading
+        self.stuck = anyio.Event()
+
+    async def _take(self, item: Any) -> None:
+        if not self.reading:
+            self.stuck.set()
+            await anyio.sleep_forever()
+        self.sent.append(item)
+
+    async def report(self, progress: float, total: float | None, message: str | None) -> None:
+        await self._take(("progress", progress))
+
+    def say(self, text: str) -> Callable[[], Coroutine[Any, Any, None]]:
+        return lambda: self._take(("log", text))
+
+
+@asynccontextmanager
+async def outbox(client: Client, *, limit_bytes: int = 4096) -> AsyncIterator[Outbox]:
+    async with anyio.create_task_group() as tg:
+        box = Outbox(
+            client.report, lambda deliver: tg.start_soon(deliver), limit_bytes=limit_bytes, stall_s=60, caller="c"
+        )
+        yield box
+        with anyio.fail_after(5):
+            await box.close()
+
+
+async def test_a_reading_client_gets_every_notification_in_order_before_the_request_ends() -> None:
+    client = Client(reading=True)
+    async with outbox(client) as box:
+        progress = box.progress
+        assert progress is not None
+        await progress(1, 3, None)
+        box.send(client.say("one"), 10)
+        await progress(2, 3, None)
+        box.send(client.say("two"), 10)
+    assert client.sent == [("progress", 1), ("log", "one"), ("progress", 2), ("log", "two")]
+    assert box.shed is None
+
+
+async def test_progress_for_a_client_that_does_not_read_is_coalesced_to_the_latest() -> None:
+    client = Client(reading=False)
+    async with outbox(client, limit_bytes=1024) as box:
+        progress = box.progress
+        assert progress is not None
+        await progress(1, None, None)
+        with anyio.fail_after(5):
+            await client.stuck.wait()  # the first is being sent, and never taken
+        for step in range(2, 100_000):  # nothing waits for the client
+            await progress(step, None, None)
+        waiting = list(box._queue)  # up to half the limit in bytes, then only the latest is kept
+        assert sum(size for _, _, size in waiting) <= 1024 // 2 + 96
+        assert waiting[-1][0] == [99_999, None, None]
+        assert box.shed is None
+
+
+async def test_log_messages_waiting_beyond_the_limit_shed_the_client_alone() -> None:
+    client = Client(reading=False)
+    async with outbox(client, limit_bytes=1024) as box:
+        box.send(client.say("first"), 600)
+        with anyio.fail_after(5):
+            await client.stuck.wait()
+        box.send(client.say("second"), 600)
+        assert box.shed is None
+        box.send(client.say("third"), 600)
+        assert box.shed is not None and "gateway.edge.client_buffer_bytes (1,024)" in box.shed
+        assert box.scope.cancel_called  # the request's work is given up
+        box.send(client.say("fourth"), 600)  # and nothing more is kept for it
+        assert not box._queue
+    assert client.sent == []

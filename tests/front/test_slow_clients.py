@@ -1,0 +1,128 @@
+"""A client that stops reading its call's stream costs the gateway a bounded amount and nobody else anything: a
+downstream flooding that call with progress is read as fast as it writes (the shared session is never held up), the
+progress is coalesced to the latest while the client does not take it, and the call is given up for that client alone
+once it has not read for ``gateway.edge.client_stall_s``. Over a real gateway process, a real downstream over a stdio
+pipe and over loopback HTTP, and a raw socket that never reads."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import anyio
+import httpx2
+import pytest
+
+from tests.fixtures import FIXTURES
+from tests.fixtures.downstreams import Downstreams
+from tests.fixtures.gateway_proc import PYTHON, first_text, mcp_session, run_gateway
+from tests.fixtures.procs import LOOPBACK, RunningServer
+from tests.fixtures.raw_http import ACCEPT, open_session
+from tests.fixtures.waiting import eventually
+
+pytestmark = [pytest.mark.anyio, pytest.mark.spawns]
+
+TOKENS = "mallory=tok-mallory-0123,bob=tok-bob-4567"
+FLOOD = {"count": 60_000, "size": 2_000, "then_s": 30}
+"""120 MB of progress, far more than every buffer between the downstream and the client holds, then more for half
+a minute: long past ``client_stall_s``."""
+
+
+def rss_mb(server: RunningServer) -> float:
+    """The VmRSS of the gateway proper (``gateway serve`` forks it under a supervisor: the child with its command)."""
+    pid = server.process.pid
+    own = Path(f"/proc/{pid}/cmdline").read_bytes()
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    serving = next((int(c) for c in children if Path(f"/proc/{c}/cmdline").read_bytes() == own), pid)
+    for line in Path(f"/proc/{serving}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+@contextmanager
+def never_reading(gateway: RunningServer, session: str, arguments: dict[str, int]) -> Iterator[socket.socket]:
+    """A raw connection that POSTs a ``flood`` call with a progress token, then never reads a byte of its answer."""
+    body = json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": 9,
+            "method": "tools/call",
+            "params": {"name": "flood", "arguments": arguments, "_meta": {"progressToken": "p"}},
+        }
+    ).encode()
+    head = (
+        f"POST /mcp HTTP/1.1\r\nHost: {LOOPBACK}:{gateway.port}\r\nAuthorization: Bearer tok-mallory-0123\r\n"
+        f"Accept: {ACCEPT}\r\nContent-Type: application/json\r\nMcp-Session-Id: {session}\r\n"
+        f"Mcp-Protocol-Version: 2025-06-18\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the kernel holds as little as it may for it
+    try:
+        sock.connect((LOOPBACK, gateway.port))
+        sock.sendall(head + body)
+        yield sock
+    finally:
+        sock.close()
+
+
+def over(notes: Path) -> bool:
+    """The flood is over: the downstream said all of it, or was told to stop."""
+    text = notes.read_text()
+    return "flood done" in text or "flood stopped" in text
+
+
+def config(transport: str, notes: Path, downstream: Downstreams) -> str:
+    if transport == "stdio":
+        server = {
+            "transport": "stdio",
+            "command": PYTHON,
+            "args": [str(FIXTURES / "faults_server.py"), "--stdio"],
+            "env": {"FIXTURE_NOTES": str(notes)},
+        }
+    else:
+        served = downstream("faults", "streamable_http", env={"FIXTURE_NOTES": str(notes)}, own=True)
+        server = served.settings()
+    return f"""
+gateway:
+  audit: {{enabled: false}}
+  edge: {{client_stall_s: 3}}
+servers:
+  f: {json.dumps(server)}
+"""
+
+
+@pytest.mark.parametrize("transport", ["stdio", "streamable_http"])
+async def test_a_client_that_stops_reading_a_flood_of_progress_costs_nobody_else_and_bounded_memory(
+    tmp_path: Path, downstream: Downstreams, transport: str
+) -> None:
+    notes = tmp_path / "notes"
+    with run_gateway(config(transport, notes, downstream), tmp_path, tokens=TOKENS) as gateway:
+        async with mcp_session(gateway.url(), token="tok-bob-4567") as bob:
+            with anyio.fail_after(20):
+                assert first_text(await bob.call_tool("echo", {"text": "warm"})) == "warm"
+            before = rss_mb(gateway)
+            async with httpx2.AsyncClient(timeout=10) as http:
+                session = await open_session(http, gateway.url(), "tok-mallory-0123")
+            with never_reading(gateway, session, FLOOD):
+                await eventually(lambda: notes.exists() and "flood started" in notes.read_text(), within=20)
+                slowest, index = 0.0, 0
+                with anyio.fail_after(120):  # another caller's calls on the same backend, until the flood is over
+                    while index < 20 or not over(notes):
+                        started = time.monotonic()
+                        with anyio.fail_after(10):
+                            assert first_text(await bob.call_tool("echo", {"text": f"b{index}"})) == f"b{index}"
+                        slowest, index = max(slowest, time.monotonic() - started), index + 1
+                grown = rss_mb(gateway) - before
+                assert slowest < 5, f"another caller's call took {slowest:.1f} s"
+                assert grown < 60, f"the gateway grew {grown:.0f} MB while a client did not read"
+                assert "flood stopped" in notes.read_text()  # the gateway gave the call up, and told the downstream
+            with anyio.fail_after(10):  # and the backend serves on
+                assert first_text(await bob.call_tool("echo", {"text": "after"})) == "after"
+        log = gateway.output()
+    shed = next(json.loads(line) for line in log.splitlines() if '"client.shed"' in line)
+    assert shed["caller"] == "mallory" and "client_stall_s" in shed["reason"]
