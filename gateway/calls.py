@@ -11,7 +11,7 @@ what the router needs for the ledger, the context gate and the caller's policy.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 import mcp_types as types
@@ -159,6 +159,15 @@ class CallContext:
     @property
     def caller(self) -> Caller:
         return self.upstream.caller
+
+    def for_round(self, retry: Round | None, channel: BackChannel | None = None) -> CallContext:
+        """This request for one round of it (its ``Round``, and another back-channel when it runs bridged)."""
+        if retry is None and channel is None:
+            return self
+        upstream = replace(
+            self.upstream, round=retry, channel=channel if channel is not None else self.upstream.channel
+        )
+        return replace(self, upstream=upstream)
 
 
 NO_CONTEXT = CallContext()

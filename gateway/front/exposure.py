@@ -352,6 +352,20 @@ class Disclosure:
         if last is not None and name in last[2]:
             self.memory.record(last[0], last[1], name)
 
+    async def intercept(
+        self, params: types.CallToolRequestParams, visible: Collection[str] | None, team: str | None, connection: Any
+    ) -> types.CallToolResult | types.CallToolRequestParams:
+        """A search-mode client's ``tools/call``: the search tool's answer, or the call to route (the call tool's
+        inner call unwrapped, so it is routed and audited as the real tool's call; ``visible``: what the caller may
+        find)."""
+        if params.name == self.exposure.search_tool:
+            return await self.search(params.arguments, visible, team, connection)
+        if params.name == self.exposure.call_tool:
+            name, arguments = self.unwrap(params.arguments)
+            params = params.model_copy(update={"name": name, "arguments": arguments})
+        self.called(connection, params.name)  # what its last search found, if it did
+        return params
+
     async def search(
         self,
         arguments: Mapping[str, Any] | None,

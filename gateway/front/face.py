@@ -147,10 +147,10 @@ class Face:
         """The caller's view of the catalog (core/policies.py); None: no policies, it sees everything."""
         return self.views.view(self.gateway.catalog, self.caller(ctx))
 
-    def searching(self, ctx: ServerRequestContext[Any]) -> bool:
+    def searching(self, ctx: ServerRequestContext[Any], call: CallContext | None = None) -> bool:
         """Whether the request's client is in search exposure, by its clientInfo (the initialize's in the handshake
-        era, the request's own ``_meta`` in the stateless one)."""
-        call = self.context(ctx)
+        era, the request's own ``_meta`` in the stateless one) and its declared window."""
+        call = call or self.context(ctx)
         large = self.gateway.clients.is_large(call.declared)
         return self.exposure.searching(
             call.client_name, call.client_version, large, connection_of(ctx), call.declared.tokens
@@ -160,9 +160,7 @@ class Face:
         call = self.context(ctx)
         large = self.gateway.clients.is_large(call.declared)
         seen = self.view(ctx)
-        if self.exposure.searching(
-            call.client_name, call.client_version, large, connection_of(ctx), call.declared.tokens
-        ):
+        if self.searching(ctx, call):
             return self.exposure.listing(self.gateway.catalog, large, seen)  # search exposure: search, call, pins
         listed = seen.listing(large) if seen is not None else self.gateway.catalog.listing(large)
         note = self.gateway.catalog.notes[0 if large else 1]
@@ -240,20 +238,16 @@ class Face:
         if seen is not None:
             call = dataclasses.replace(call, visible=seen.tools)
         try:
-            large = gateway.clients.is_large(call.declared)
-            connection = connection_of(ctx)
-            if self.exposure.searching(call.client_name, call.client_version, large, connection, call.declared.tokens):
-                if params.name == self.exposure.exposure.search_tool:
-                    visible = call.visible  # the caller's policy (None: every tool), less what its window is below
-                    hidden = gateway.clients.hidden(call.declared)
-                    if hidden:
-                        visible = frozenset(visible if visible is not None else gateway.catalog.entries) - hidden
-                    team = seen.policy if seen is not None else None
-                    return await self.exposure.search(params.arguments, visible, team, connection)
-                if params.name == self.exposure.exposure.call_tool:  # routed and audited as the real tool's call
-                    name, arguments = self.exposure.unwrap(params.arguments)
-                    params = params.model_copy(update={"name": name, "arguments": arguments})
-                self.exposure.called(connection, params.name)  # what its last search found, if it did
+            if self.searching(ctx, call):
+                visible = call.visible  # the caller's policy (None: every tool), less what its window is below
+                hidden = gateway.clients.hidden(call.declared)
+                if hidden:
+                    visible = frozenset(visible if visible is not None else gateway.catalog.entries) - hidden
+                team = seen.policy if seen is not None else None
+                served = await self.exposure.intercept(params, visible, team, connection_of(ctx))
+                if isinstance(served, types.CallToolResult):
+                    return served
+                params = served
             return await self._call(ctx, params, call)
         except (ToolNotFound, InvalidArguments) as exc:
             raise MCPError(INVALID_PARAMS, str(exc)) from exc
@@ -268,7 +262,7 @@ class Face:
         name, arguments = params.name, params.arguments
 
         async def resume(origin: Origin, retry: Round) -> types.CallToolResult:
-            again = _with_round(call, retry)
+            again = call.for_round(retry)
             return await router.resume(
                 name, arguments, backend_name=origin.backend, tool=origin.local, ctx=again, progress=progress
             )
@@ -279,7 +273,7 @@ class Face:
                 if bridged is not None:
                     return bridged  # type: ignore[no-any-return]
             if params.request_state is None:
-                first = _with_round(call, ahead(params.input_responses))
+                first = call.for_round(ahead(params.input_responses))
                 return await router.call(name, arguments, ctx=first, progress=progress)
             found = self.eras.reopen("tools/call", name, arguments, caller, params.request_state)
             return await resume(Origin(found.backend, found.local), Round(params.input_responses, found.state))
@@ -302,7 +296,7 @@ class Face:
                 retry, progress = ahead(params.input_responses), quiet(self.outboxes.progress(ctx))
 
                 async def work(channel: Bridge) -> types.CallToolResult:
-                    bridged = _with_round(call, retry, channel)
+                    bridged = call.for_round(retry, channel)
                     return await gateway.router.call(params.name, params.arguments, ctx=bridged, progress=progress)
 
                 bridge = bridges.start(call.upstream.channel or self.channel(ctx), caller, work)
@@ -406,14 +400,14 @@ class Face:
             retry = ahead(params.input_responses)
 
         async def again(origin: Origin, retry: Round) -> Any:
-            return await self._read_from(ctx, params, (origin,), meta, _with_round(call, retry))
+            return await self._read_from(ctx, params, (origin,), meta, call.for_round(retry))
 
         not_found = MCPError(types.INVALID_PARAMS, "Resource not found", {"uri": clip(params.uri, URI_CHARS)})
         try:
             if not origins:
                 raise not_found
             try:
-                return await self._read_from(ctx, params, origins, meta, _with_round(call, retry))
+                return await self._read_from(ctx, params, origins, meta, call.for_round(retry))
             except MCPError as exc:
                 if exc.error.code in _NOT_FOUND_CODES and self.view(ctx) is not None:
                     raise not_found from None  # with policies, a downstream's own "not found" is told as a hidden one
@@ -515,7 +509,7 @@ class Face:
 
         async def send_to(origin: Origin, again: Round | None) -> Any:
             found = await self.forward(
-                "prompts/get", params.name, (origin,), build, types.GetPromptResult, _with_round(call, again),
+                "prompts/get", params.name, (origin,), build, types.GetPromptResult, call.for_round(again),
                 self.outboxes.progress(ctx), arguments=params.arguments,
             )  # fmt: skip
             return found[1]
@@ -551,7 +545,7 @@ class Face:
             retry = ahead(params.input_responses)
 
             async def work(channel: Bridge) -> Any:
-                return await serve(ctx, plain, _with_round(call, retry, channel))
+                return await serve(ctx, plain, call.for_round(retry, channel))
 
             bridge = bridges.start(call.upstream.channel or self.channel(ctx), caller, work)
         else:
@@ -604,13 +598,3 @@ class Face:
             return
         for backend in self.gateway.backends.values():
             await backend.roots_changed(client)
-
-
-def _with_round(call: CallContext, retry: Round | None, channel: BackChannel | None = None) -> CallContext:
-    """``call`` for one round of a request (its ``Round``, and another back-channel when it runs bridged)."""
-    if retry is None and channel is None:
-        return call
-    upstream = dataclasses.replace(
-        call.upstream, round=retry, channel=channel if channel is not None else call.upstream.channel
-    )
-    return dataclasses.replace(call, upstream=upstream)
