@@ -2,8 +2,8 @@
 transport, check). HTTP cells: connects, lists the tools, calls one (the model reads its answer), a wrong argument
 (the model reads an error naming it), a token from the real OpenID provider, no token and a wrong token (the client
 gives up at once and tells its user why). Stdio cells: the client spawns ``gateway serve --stdio`` and does the
-first four. A cell known to fail is a strict xfail naming the issue-23 item that fixes it (or the client's limit), so
-it flips when the fix lands. Run alone with ``scripts/test -m clients``; docs/clients.md is generated from a run
+first four. A cell known to fail is an xfail: strict when it names the issue-23 item that fixes it (it flips when the
+fix lands), not strict when it is the client's limit. Run alone with ``scripts/test -m clients``; docs/clients.md is generated from a run
 (``scripts/clients-matrix``)."""
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ def cells() -> Iterator[Any]:
                 expected = EXPECTED.get((client.key, transport, check.key))
                 if expected is not None:
                     why = f"item {expected.item}: {expected.why}" if expected.item else f"client: {expected.why}"
-                    marks.append(pytest.mark.xfail(strict=True, reason=why))
+                    # A gateway defect's cell is strict (its fix makes it fail, so the page is regenerated); a client's
+                    # limit is not: what the client prints is the client's, and Gemini CLI's varies from run to run.
+                    marks.append(pytest.mark.xfail(strict=expected.item is not None, reason=why))
                 yield pytest.param(
                     client.key, transport, check.key, id=f"{client.key}-{transport}-{check.key}", marks=marks
                 )

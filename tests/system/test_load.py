@@ -273,7 +273,10 @@ async def test_every_call_of_a_mixed_load_has_exactly_one_row_with_its_planned_s
 
     table = await anyio.to_thread.run_sync(audit_stats_table, tmp_path)
     header, *body = table.splitlines()
-    assert header.split() == ["TOOL", "CALLS", "REFUSED", "ERROR%", "DEGRADED%", "P50", "MS", "P95", "MS", "P99", "MS"]
+    assert header.split() == [
+        "TOOL", "CALLS", "REFUSED", "ERROR%", "DEGRADED%", "P50", "MS", "P95", "MS", "P99", "MS", "TOKENS", "IN",
+        "TOKENS", "OUT",
+    ]  # fmt: skip
     per_tool = {line.split()[0]: line.split()[1:] for line in body}
     for (tool, _), count in expected_counts(SESSIONS, CALLS_PER_SESSION).items():
         assert int(per_tool[tool][0]) == count
