@@ -3,8 +3,8 @@ transport, check). HTTP cells: connects, lists the tools, calls one (the model r
 (the model reads an error naming it), a token from the real OpenID provider, no token and a wrong token (the client
 gives up at once and tells its user why). Stdio cells: the client spawns ``gateway serve --stdio`` and does the
 first four. A cell known to fail is an xfail: strict when it names the issue-23 item that fixes it (it flips when the
-fix lands), not strict when it is the client's limit. Run alone with ``scripts/test -m clients``; docs/clients.md is generated from a run
-(``scripts/clients-matrix``)."""
+fix lands), not strict when it is the client's limit. Run alone with ``scripts/test -m clients``; docs/clients.md is
+generated from a run (``scripts/clients-matrix``)."""
 
 from __future__ import annotations
 
