@@ -134,7 +134,18 @@ class TokenExchange(Model):
         return check_url(value, "token_endpoint")  # a caller's token must not travel in the clear
 
 
-class HttpServer(_Backend):
+class _Pooled(_Backend):
+    """What the HTTP transports share: the backend's own connections (backends/mcp/pool.py)."""
+
+    max_connections: int = Field(default=32, ge=1)
+    """Calls sent to this server at once, over connections of its own; more wait (at most ``connect_timeout_s``,
+    and half of ``timeout_s``) and then fail as ``saturated``, never as the server's failure."""
+    max_connections_per_caller: int | None = Field(default=None, ge=1)
+    """Of those, what one caller may hold at once (default: half of ``max_connections``), so one caller's flood
+    leaves room for the others."""
+
+
+class HttpServer(_Pooled):
     transport: Literal["streamable_http"]
     url: str = Field(pattern=r"^https?://")
     headers: dict[str, str] = {}
@@ -145,7 +156,7 @@ class HttpServer(_Backend):
     """Each caller's session carries ``Authorization: Bearer`` a token exchanged for the caller's own (RFC 8693)."""
 
 
-class SseServer(_Backend):
+class SseServer(_Pooled):
     transport: Literal["sse"]
     url: str = Field(pattern=r"^https?://")
     headers: dict[str, str] = {}
