@@ -12,6 +12,7 @@ front/clients.py's; search exposure front/exposure.py's.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -37,7 +38,7 @@ from gateway.front.clients import Clients
 from gateway.front.continuation import may_ask_mid_call
 from gateway.front.eras import Eras, ahead
 from gateway.front.exposure import Disclosure
-from gateway.front.scope import caller_of, session_digest, withheld_of
+from gateway.front.scope import caller_of, hold_of, session_digest, withheld_of
 from gateway.front.server import GatewayServer, ValidatedLists, enveloped, progress_of, quiet, refusal
 from gateway.version import VERSION
 
@@ -159,9 +160,13 @@ class Face:
     # -- every request ---------------------------------------------------------------------------------------------
 
     async def middleware(self, ctx: ServerRequestContext[Any], call_next: CallNext) -> HandlerResult:
-        """The per-request boundary: a fault while serving one request ends it alone."""
+        """The per-request boundary: a fault while serving one request ends it alone. A ``tools/call`` holds its
+        place in its caller's concurrent calls (front/scope.py ``CallHold``) until it ends, even when its client has
+        walked away."""
+        hold = hold_of(getattr(ctx.request, "scope", None)) if ctx.method == "tools/call" else None
         try:
-            return await self._serve(ctx, call_next)
+            with hold.held() if hold is not None else contextlib.nullcontext():
+                return await self._serve(ctx, call_next)
         except (MCPError, ValidationError, anyio.get_cancelled_exc_class()):
             raise  # the SDK's own answers (a ValidationError of the params is its invalid params), and cancellation
         except Exception as exc:
