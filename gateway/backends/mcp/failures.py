@@ -44,6 +44,7 @@ __all__ = [
     "OWN_ANSWER",
     "SATURATED",
     "Life",
+    "ListTooLarge",
     "ResponseRecorder",
     "classify_failure",
     "exit_detail",
@@ -83,6 +84,11 @@ def gateway_error(exc: BaseException) -> type[BackendError] | None:
         if mapped is not None:
             return mapped
     return None
+
+
+class ListTooLarge(Exception):
+    """A downstream's list is over its server's ``max_tools`` or ``max_list_bytes`` (lists.py); the message is the
+    reason in plain words."""
 
 
 @dataclass(eq=False)
@@ -194,6 +200,8 @@ def classify_failure(
     leaves = list(_flatten(exc))
     http_reason = _http_reason(http) if http is not None else None
     for leaf in leaves:
+        if isinstance(leaf, ListTooLarge):
+            return str(leaf)
         if isinstance(leaf, TimeoutError):
             return f"handshake timed out after {config.connect_timeout_s:g} s (the server did not answer initialize)"
         if isinstance(leaf, FileNotFoundError) and isinstance(config, StdioServer):

@@ -58,6 +58,7 @@ from gateway.backends.mcp.eras import (
 from gateway.backends.mcp.failures import (
     FOREIGN,
     Life,
+    ListTooLarge,
     ResponseRecorder,
     classify_failure,
     exit_detail,
@@ -376,7 +377,7 @@ class McpBackend(BackendBase):
                         self._init = await open_session(session, protocol=self._config.protocol, backend=self._name)
                         if self._fast is not None:
                             self._fast.version = self._init.protocol_version
-                        lists = await list_each(session, LIST_KINDS, self._init.capabilities)
+                        lists = await list_each(session, LIST_KINDS, self._init.capabilities, self._config)
                     ready_at = anyio.current_time()
                     await self._become_ready(session, lists)
                     on_first_outcome()
@@ -530,7 +531,10 @@ class McpBackend(BackendBase):
             return
         try:
             with anyio.fail_after(self._config.connect_timeout_s):
-                lists = await list_each(session, kinds, self.capabilities)
+                lists = await list_each(session, kinds, self.capabilities, self._config)
+        except ListTooLarge as exc:  # the server has grown past its limits: failed, saying so (and reconnected)
+            self._life.mark_lost(str(exc))
+            return
         except FOREIGN as exc:
             log.warning("backend.relist_failed", backend=self._name, lists=list(kinds), error=str(exc))
             return
