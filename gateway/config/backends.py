@@ -140,7 +140,7 @@ class TokenExchange(Model):
 
 
 class _Pooled(_Backend):
-    """What the HTTP transports share: the backend's own connections (backends/mcp/pool.py)."""
+    """A streamable HTTP server's own connections (backends/mcp/pool.py)."""
 
     max_connections: int = Field(default=32, ge=1)
     """Calls sent to this server at once, over connections of its own; more wait (at most ``connect_timeout_s``,
@@ -161,7 +161,7 @@ class HttpServer(_Pooled):
     """Each caller's session carries ``Authorization: Bearer`` a token exchanged for the caller's own (RFC 8693)."""
 
 
-class SseServer(_Pooled):
+class SseServer(_Backend):
     transport: Literal["sse"]
     url: str = Field(pattern=r"^https?://")
     headers: dict[str, str] = {}

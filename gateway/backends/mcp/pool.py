@@ -1,17 +1,18 @@
 """The gateway's HTTP connections: one ``BackendPool`` per HTTP backend (streamable HTTP and SSE), so one backend's
 saturation is that backend's alone.
 
-Each backend has two pools. Its calls (a JSON-RPC request POSTed for a caller: ``calls_for`` names the caller) take
-one of ``max_connections`` slots, shared fairly (slots.py: a caller holds at most ``max_connections_per_caller``,
-and a freed slot goes to the waiting caller that holds the fewest); a call no slot came for within
-``min(connect_timeout_s, timeout_s / 2)`` is answered by the gateway itself with a ``SATURATED`` error, which the
-backend reads as ``BackendSaturated``: not a transport error, never the downstream's failure. Everything else (the
-handshake, health pings, lists, answers to the server's requests, streams) goes on the control pool, which never
-waits behind calls. Every session borrows a cheap client view (its own headers, timeouts and answer limit) whose
-closing leaves the pools open; ``HttpPool.aclose`` closes them once, at shutdown. A downstream's closed SSE stream is
-resumed when the gateway's own client resumes (polling.py). A POST's response closed early is drained (bounded) so
-its connection is reused, and each view remembers the last error response, so a failed handshake can be told in
-plain words (backends/mcp/failures.py).
+Each backend has two pools. A streamable HTTP server's calls (a JSON-RPC request POSTed for a caller: ``calls_for``
+names the caller) take one of ``max_connections`` slots, shared fairly (slots.py: a caller holds at most
+``max_connections_per_caller``, and a freed slot goes to the waiting caller that holds the fewest); a call no slot came
+for within ``min(connect_timeout_s, timeout_s / 2)`` is answered by the gateway itself with a ``SATURATED`` error, which
+the backend reads as ``BackendSaturated``: not a transport error, never the downstream's failure. Everything else (the
+handshake, health pings, lists, answers to the server's requests, streams) goes on the control pool, which never waits
+behind calls; so does all of a legacy SSE server's traffic (its SDK client sends one message at a time, each answered at
+once). Every session borrows a cheap client view (its own headers, timeouts and answer limit) whose closing leaves the
+pools open; ``HttpPool.aclose`` closes them once, at shutdown. A downstream's closed SSE stream is resumed when the
+gateway's own client resumes (polling.py). A POST's response closed early is drained (bounded) so its connection is
+reused, and each view remembers the last error response, so a failed handshake can be told in plain words
+(backends/mcp/failures.py).
 """
 
 from __future__ import annotations
@@ -110,9 +111,12 @@ class _BackendTransport(httpx2.AsyncBaseTransport):
 
     def __init__(self, name: str, config: HttpServer | SseServer, verify: ssl.SSLContext) -> None:
         self._name = name
-        limit = config.max_connections
-        per_caller = config.max_connections_per_caller or max(1, math.ceil(limit / 2))
-        self.slots = FairSlots(limit, per_caller)
+        # Over the legacy SSE transport the SDK POSTs a session's messages one at a time and drops the session at an
+        # error status: its calls take no slot (its POSTs are answered 202 at once, the answers come on its stream).
+        self._gated = isinstance(config, HttpServer)
+        limit = config.max_connections if isinstance(config, HttpServer) else 100
+        per_caller = config.max_connections_per_caller if isinstance(config, HttpServer) else None
+        self.slots = FairSlots(limit, per_caller or max(1, math.ceil(limit / 2)))
         self._wait_s = min(config.connect_timeout_s, config.timeout_s / 2)
         no_pool_wait = httpx2.Limits(max_connections=limit, max_keepalive_connections=min(limit, 20))
         self._calls = httpx2.AsyncHTTPTransport(verify=verify, limits=no_pool_wait)
@@ -121,7 +125,7 @@ class _BackendTransport(httpx2.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         caller = CALLER.get()
-        if caller is None or request.method != "POST" or not _is_request(request):
+        if caller is None or not self._gated or request.method != "POST" or not _is_request(request):
             return await self._send(self._control, request)
         if not await self.slots.take(caller, self._wait_s):
             return self._saturated(request)
