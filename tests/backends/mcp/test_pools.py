@@ -54,7 +54,7 @@ async def test_a_flood_on_one_backend_leaves_other_callers_fast_and_every_backen
 ) -> None:
     a = downstream("faults", "streamable_http", own=True)
     b = downstream("faults", "streamable_http", own=True)
-    health = {"connect_timeout_s": 2, "ping_interval_s": 0.3}
+    health = {"connect_timeout_s": 4, "ping_interval_s": 0.3}
     settings = f"""
 servers:
   a: {json.dumps(a.settings(**health))}
@@ -72,7 +72,7 @@ servers:
                 alices = await open_session(http, url, "tok-alice")
                 bobs = await open_session(http, url, "tok-bob")
                 direct = await open_session(http, a.url(), "none")
-                flood = {"name": "a__sleep", "arguments": {"seconds": 8}}
+                flood = {"name": "a__sleep", "arguments": {"seconds": 10}}
                 async with anyio.create_task_group() as tg:
                     for n in range(FLOOD):
                         body = {"jsonrpc": "2.0", "id": 100 + n, "method": "tools/call", "params": flood}
@@ -95,7 +95,7 @@ servers:
                     for s in (await http.get(gateway.url("/status"), headers=headers("tok-bob"))).json()["backends"]
                 }
 
-    assert _text(on_b) == "hi" and elapsed < 1.5, f"bob's call on b took {elapsed:.1f} s"
+    assert _text(on_b) == "hi" and elapsed < 3, f"bob's call on b took {elapsed:.1f} s"
     assert _text(on_a) == "slept" and _text(again) == "again"
     for name in ("a", "b"):  # neither backend was read as failed: no reconnect, no error
         assert after[name]["state"] == "ready", after[name]
