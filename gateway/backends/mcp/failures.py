@@ -48,6 +48,7 @@ __all__ = [
     "ResponseRecorder",
     "classify_failure",
     "exit_detail",
+    "over_limits",
     "gateway_error",
     "map_call_errors",
 ]
@@ -186,6 +187,11 @@ def _flatten(exc: BaseException) -> Iterator[BaseException]:
             yield from _flatten(inner)
     else:
         yield exc
+
+
+def over_limits(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or an exception grouped in it) is a list over the server's limits."""
+    return exc is not None and any(isinstance(leaf, ListTooLarge) for leaf in _flatten(exc))
 
 
 def classify_failure(

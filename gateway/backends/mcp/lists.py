@@ -24,19 +24,36 @@ import structlog
 from mcp.client.session import ClientSession
 from mcp.client.subscriptions import ListenNotSupportedError, listen
 from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from gateway.backends.backoff import backoff
 from gateway.backends.mcp.failures import FOREIGN, ListTooLarge
 from gateway.config import ServerConfig
 
-__all__ = ["LISTEN_BACKOFF_S", "LIST_KINDS", "changed_lists", "hold_listen", "list_each"]
+__all__ = [
+    "LISTEN_BACKOFF_S",
+    "LIST_KINDS",
+    "LIST_TOO_LARGE",
+    "OVER_LIMIT_RETRY_S",
+    "changed_lists",
+    "hold_listen",
+    "list_each",
+    "screen_lists",
+]
 
 log = structlog.get_logger("gateway.backend")
 
 LIST_KINDS = ("tools", "resources", "resource_templates", "prompts")
 LISTEN_BACKOFF_S = (0.5, 30.0)
 """A lost listen stream is reopened after 0.5 s, then twice as long each time it is lost again, at most 30 s."""
+
+LIST_TOO_LARGE = -32051
+"""The code of the gateway's own error that stands in for a list page over the server's ``max_tools``
+(``screen_lists``); never a downstream's."""
+OVER_LIMIT_RETRY_S = 300.0
+"""How long a server over its list limits waits before it is asked again (its lists may shrink; a reload that raises
+the limit applies at once)."""
 
 Relist = Callable[[Sequence[str]], Awaitable[None]]
 """Re-read the lists named and tell the listeners."""
@@ -54,7 +71,12 @@ async def list_each(
     Raises:
         ListTooLarge: a list is over the server's ``max_tools`` or ``max_list_bytes``.
     """
-    return {kind: await _list(session, kind, caps, config) for kind in kinds}
+    try:
+        return {kind: await _list(session, kind, caps, config) for kind in kinds}
+    except MCPError as exc:
+        if exc.error.code == LIST_TOO_LARGE:  # screen_lists' stand-in for a page over the limit
+            raise ListTooLarge(exc.error.message) from None
+        raise
 
 
 def changed_lists(message: object) -> tuple[str, ...]:
@@ -66,6 +88,27 @@ def changed_lists(message: object) -> tuple[str, ...]:
     if isinstance(message, types.PromptListChangedNotification):
         return ("prompts",)
     return ()
+
+
+def _too_many(config: ServerConfig) -> str:
+    return f"the server lists more than {config.max_tools:,} tools (max_tools): it is not served"
+
+
+def screen_lists(config: ServerConfig) -> Callable[[Any], Any]:
+    """A filter of the session's incoming messages: a tools list page longer than ``max_tools`` is replaced by the
+    gateway's own ``LIST_TOO_LARGE`` error before the SDK validates it (30,000 tools cost about a second of the event
+    loop and their models' memory), so only its JSON was ever held."""
+
+    def screen(item: Any) -> Any:
+        message = getattr(item, "message", None)
+        if isinstance(message, types.JSONRPCResponse) and isinstance(message.result, dict):
+            tools = message.result.get("tools")
+            if isinstance(tools, list) and len(tools) > config.max_tools:
+                error = types.ErrorData(code=LIST_TOO_LARGE, message=_too_many(config))
+                return SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=message.id, error=error), item.metadata)
+        return item
+
+    return screen
 
 
 def _check_size(kind: str, items: Sequence[Any], page: Sequence[Any], size: int, config: ServerConfig) -> int:

@@ -63,11 +63,19 @@ from gateway.backends.mcp.failures import (
     classify_failure,
     exit_detail,
     map_call_errors,
+    over_limits,
 )
 from gateway.backends.mcp.fastpath import DirectLane
 from gateway.backends.mcp.held import Held
 from gateway.backends.mcp.lanes import Lanes
-from gateway.backends.mcp.lists import LIST_KINDS, changed_lists, hold_listen, list_each
+from gateway.backends.mcp.lists import (
+    LIST_KINDS,
+    OVER_LIMIT_RETRY_S,
+    changed_lists,
+    hold_listen,
+    list_each,
+    screen_lists,
+)
 from gateway.backends.mcp.pool import BackendPool, HttpPool, calls_for
 from gateway.backends.mcp.relay import InFlight, attribute, back_channel, relay_request, serving
 from gateway.backends.mcp.slots import SlotStatistics
@@ -401,6 +409,9 @@ class McpBackend(BackendBase):
                 http=recorder,
             )
             self._fail(reason)
+            if over_limits(failure):  # asking again soon would cost every caller the same again
+                on_first_outcome()
+                await anyio.sleep(OVER_LIMIT_RETRY_S)
             raise _ConnectFailed(reason) from failure
         detail = exit_detail(exit_code, stderr_tail) if proc is not None else ""
         if failure is not None and not detail:
@@ -453,7 +464,8 @@ class McpBackend(BackendBase):
             if shared:
                 self._proc, self._fast = transport.process, transport.lane
             try:
-                watched = WatchedReceiveStream(transport.read, lambda: life.mark_lost("the connection closed"))
+                lost = functools.partial(life.mark_lost, "the connection closed")
+                watched = WatchedReceiveStream(transport.read, lost, screen_lists(self._config))
                 async with ClientSession(
                     watched,
                     transport.write,
