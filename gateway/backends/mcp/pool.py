@@ -182,11 +182,30 @@ class _BackendTransport(httpx2.AsyncBaseTransport):
         await self._control.aclose()
 
 
+_HEAD = 512
+"""Bytes of a POST's body read to tell a request from an answer or a notification (its members before the first
+object-valued one: ``jsonrpc``, ``id``, ``method``)."""
+
+
 def _is_request(request: httpx2.Request) -> bool:
-    """Whether a POST carries a JSON-RPC request (not a notification, nor an answer to the server's request)."""
+    """Whether a POST carries a JSON-RPC request (not a notification, nor an answer to the server's request).
+
+    The SDK and the direct lane write ``id`` and ``method`` before ``params`` (an answer has ``result`` or
+    ``error`` instead), so the body's head tells without parsing arguments that may be megabytes; a head that does
+    not (another order, a long id) is parsed whole.
+    """
     try:
-        message = json.loads(request.content)
-    except (ValueError, httpx2.RequestNotRead):
+        body = request.content
+    except httpx2.RequestNotRead:
+        return False
+    head = body[:_HEAD]
+    ends = [at for at in (head.find(b'"params"'), head.find(b'"result"'), head.find(b'"error"')) if at >= 0]
+    if ends:
+        before = head[: min(ends)]
+        return b'"method"' in before and b'"id"' in before
+    try:
+        message = json.loads(body)
+    except ValueError:
         return False
     return isinstance(message, dict) and "method" in message and "id" in message
 
