@@ -148,8 +148,11 @@ class _BackendTransport(httpx2.AsyncBaseTransport):
             inherited = self._held.get(resume_key(request, last_event_id))
             await _resume_with_upstream(inherited)
         response = await inner.handle_async_request(request)
-        if release is not None and isinstance(response.stream, httpx2.AsyncByteStream):
-            response.stream = _Released(response.stream, release)
+        if release is not None:  # the slot goes back when the answer's body is closed (or at once: no body to close)
+            if isinstance(response.stream, httpx2.AsyncByteStream):
+                response.stream = _Released(response.stream, release)
+            else:
+                release()
         if request.method == "POST" and isinstance(response.stream, httpx2.AsyncByteStream):
             response.stream = _DrainOnClose(response.stream)
         if (
