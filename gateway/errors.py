@@ -4,6 +4,7 @@
     ├── ConfigError            federation.yaml is invalid: names the file, the key path and the line
     ├── BackendError           a provider failed to answer (never a downstream ``isError``, which is an answer)
     │   ├── BackendUnavailable     not connected, disabled, crashed, refused, process could not start
+    │   │   └── BackendSaturated       ... every connection to it is busy: the call was never sent (not a failure)
     │   ├── BackendTimeout         no answer within the step's timeout
     │   │   └── OutOfTime              ... the call's budget left no time to try the step (skipped)
     │   ├── BackendProtocolError   the backend answered with something that is not a valid answer
@@ -121,6 +122,7 @@ class BackendError(GatewayError):
 
     outcome = "error"
     answered = False
+    verdict = True
 
     def __init__(self, backend: str, reason: str, *, cause: object = None) -> None:
         self.backend = backend
@@ -134,6 +136,14 @@ class BackendError(GatewayError):
 
 class BackendUnavailable(BackendError):
     outcome = "unavailable"
+
+
+class BackendSaturated(BackendUnavailable):
+    """No connection to the backend came free for this call in time (its ``max_connections`` are busy): the call was
+    never sent. Says nothing of the backend's health: the circuit breaker neither counts it nor resets."""
+
+    outcome = "saturated"
+    verdict = False
 
 
 class BackendTimeout(BackendError):

@@ -105,6 +105,11 @@ class _Backend(Model):
     max_answer_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
     """The largest answer (one JSON-RPC message: a stdio line, an SSE event, an HTTP body) taken from this server.
     A larger one fails that call alone, naming its size and this limit; the session keeps serving the others."""
+    max_tools: int = Field(default=5_000, ge=1)
+    """The most tools taken from this server: a server that lists more fails, saying so, and is not served."""
+    max_list_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    """The largest any one of its lists (tools, resources, templates, prompts) may be, as JSON; past it the server
+    fails, saying so."""
     min_uptime_s: float = Field(default=30.0, ge=0)
     """How long a session must have stayed up before a reconnect starts the backoff again from its first step; a
     server that dies sooner (e.g. right after its handshake) is restarted with growing waits (0.5 s doubling to
@@ -165,7 +170,18 @@ class TokenExchange(Model):
         return check_url(value, "token_endpoint")  # a caller's token must not travel in the clear
 
 
-class HttpServer(_Backend):
+class _Pooled(_Backend):
+    """A streamable HTTP server's own connections (backends/mcp/pool.py)."""
+
+    max_connections: int = Field(default=32, ge=1)
+    """Calls sent to this server at once, over connections of its own; more wait (at most ``connect_timeout_s``,
+    and half of ``timeout_s``) and then fail as ``saturated``, never as the server's failure."""
+    max_connections_per_caller: int | None = Field(default=None, ge=1)
+    """Of those, what one caller may hold at once (default: half of ``max_connections``), so one caller's flood
+    leaves room for the others."""
+
+
+class HttpServer(_Pooled):
     transport: Literal["streamable_http"]
     url: str = Field(pattern=r"^https?://")
     headers: dict[str, str] = {}

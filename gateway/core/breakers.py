@@ -118,6 +118,10 @@ class Breaker:
         if self.state is BreakerState.CLOSED and self.failures >= self.failure_threshold:
             self._open(self.cooldown_s)
 
+    def abstain(self) -> None:
+        """A call that says nothing of the backend (it was never sent): a half-open trial is handed back."""
+        self._trial = None
+
     def reconnected(self) -> None:
         """The backend came back (its supervisor made a new session): an open or half-open breaker closes."""
         if self.state is not BreakerState.CLOSED:

@@ -588,8 +588,11 @@ _WAITING = "while waiting for backends still starting"
 
 
 def _judge(breaker: Any, taken: AuditStep, failure: BackendError | None) -> None:
-    """A step's verdict on its backend's circuit: an answer (even an error, thin or too large) is a sign of life."""
-    if failure is None or failure.answered:
+    """A step's verdict on its backend's circuit: an answer (even an error, thin or too large) is a sign of life; a
+    step that never reached the backend (saturated) is none, and hands a trial back."""
+    if failure is not None and not failure.verdict:
+        breaker.abstain()
+    elif failure is None or failure.answered:
         breaker.success()
     else:
         breaker.failure(taken.reason or failure.outcome, cause=failure.cause)

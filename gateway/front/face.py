@@ -12,6 +12,7 @@ front/clients.py's; search exposure front/exposure.py's.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -39,9 +40,8 @@ from gateway.front.continuation import may_ask_mid_call
 from gateway.front.eras import Eras, ahead
 from gateway.front.exposure import Disclosure
 from gateway.front.outbox import Outboxes
-from gateway.front.scope import caller_of, request_caller, session_digest, withheld_of
-from gateway.front.server import GatewayServer, ValidatedLists, enveloped, quiet, refusal
-from gateway.observe.logs import redactor
+from gateway.front.scope import caller_of, hold_of, request_caller, session_digest, withheld_of
+from gateway.front.server import GatewayServer, ValidatedLists, enveloped, quiet, refusal, scrubbed
 from gateway.version import VERSION
 
 __all__ = ["Face"]
@@ -170,17 +170,16 @@ class Face:
 
     async def middleware(self, ctx: ServerRequestContext[Any], call_next: CallNext) -> HandlerResult:
         """The per-request boundary: a fault while serving one request ends it alone, and an error answer leaves
-        scrubbed of registered secrets (a backend's failure quoted in it may hold one: observe/logs.py)."""
+        scrubbed of registered secrets (observe/logs.py). A ``tools/call`` holds its place in its caller's concurrent
+        calls (front/scope.py ``CallHold``) until it ends, even when its client has walked away."""
+        hold = hold_of(getattr(ctx.request, "scope", None)) if ctx.method == "tools/call" else None
         try:
-            if ctx.method not in _ROUTED:
-                return await self._serve(ctx, call_next)
-            return await self.outboxes.serve(ctx, self.caller(ctx).name, lambda: self._serve(ctx, call_next))
+            with hold.held() if hold is not None else contextlib.nullcontext():
+                if ctx.method not in _ROUTED:
+                    return await self._serve(ctx, call_next)
+                return await self.outboxes.serve(ctx, self.caller(ctx).name, lambda: self._serve(ctx, call_next))
         except MCPError as exc:
-            error = exc.error
-            message, data = redactor.scrub(error.message), redactor.scrub(error.data)
-            if message == error.message and data == error.data:
-                raise
-            raise MCPError(error.code, message, data) from None
+            raise scrubbed(exc) from None
         except (ValidationError, anyio.get_cancelled_exc_class()):
             raise  # the SDK's own answers (a ValidationError of the params is its invalid params), and cancellation
         except Exception as exc:

@@ -1,6 +1,7 @@
 """What the HTTP edge hands on about a request in its ASGI scope, the one way ASGI passes a request's values between
-layers of middleware: who is calling (made once by the guard), the JSON-RPC message as the client sent it and what was
-withheld from its arguments (the body check). One key and one typed accessor each, so nothing reads a scope by hand.
+layers of middleware: who is calling (made once by the guard), the JSON-RPC message as the client sent it and what
+was withheld from its arguments (the body check), and a ``tools/call``'s place in its caller's concurrent calls (the
+limits). One key and one typed accessor each, so nothing reads a scope by hand.
 
 Session ids are bearer credentials: the log, the ledger and spans name a session by ``session_digest`` only.
 
@@ -14,7 +15,8 @@ from __future__ import annotations
 import contextvars
 import hashlib
 from collections.abc import Mapping, MutableMapping
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -22,11 +24,14 @@ from gateway.calls import ANONYMOUS, Caller
 
 __all__ = [
     "BindCaller",
+    "CallHold",
     "caller_of",
+    "hold_of",
     "message_of",
     "request_caller",
     "session_digest",
     "set_caller",
+    "set_hold",
     "set_message",
     "set_withheld",
     "withheld_of",
@@ -35,6 +40,14 @@ __all__ = [
 _CALLER = "gateway.caller"
 _MESSAGE = "gateway.message"
 _WITHHELD = "gateway.withheld"
+_HOLD = "gateway.hold"
+
+
+class CallHold(Protocol):
+    """A ``tools/call``'s place in its caller's concurrent calls (front/http/limits.py), taken at the edge; the handler
+    that serves the call holds it (``held``) until the call has ended, however long after its POST that is."""
+
+    def held(self) -> AbstractContextManager[None]: ...
 
 
 def _state(scope: MutableMapping[str, Any]) -> dict[str, Any]:
@@ -70,6 +83,15 @@ def withheld_of(scope: Mapping[str, Any] | None) -> tuple[str, str] | None:
     """(argument path, reason): what the body check found in a ``tools/call``'s arguments and did not pass on."""
     found = scope.get("state", {}).get(_WITHHELD) if scope is not None else None
     return found if isinstance(found, tuple) else None
+
+
+def set_hold(scope: MutableMapping[str, Any], hold: CallHold) -> None:
+    _state(scope)[_HOLD] = hold
+
+
+def hold_of(scope: Mapping[str, Any] | None) -> CallHold | None:
+    """The place the caller's limits gave this ``tools/call`` (None: the caller has no concurrent-calls limit)."""
+    return scope.get("state", {}).get(_HOLD) if scope is not None else None
 
 
 def session_digest(session_id: str | None) -> str | None:

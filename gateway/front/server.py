@@ -24,8 +24,9 @@ from gateway.backends.base import ProgressFn
 from gateway.core.router import Unanswered
 from gateway.core.runtime import Gateway
 from gateway.errors import BackendRpcError
+from gateway.observe.logs import redactor
 
-__all__ = ["GatewayServer", "ValidatedLists", "enveloped", "quiet", "refusal"]
+__all__ = ["GatewayServer", "ValidatedLists", "enveloped", "quiet", "refusal", "scrubbed"]
 
 
 class GatewayServer(Server[Any]):
@@ -165,3 +166,13 @@ def refusal(exc: Unanswered, none_answered: MCPError | None) -> MCPError:
     if failure is not None:
         return MCPError(types.INTERNAL_ERROR, str(failure))
     return MCPError(types.INVALID_PARAMS, "No backend serves this request.")
+
+
+def scrubbed(exc: MCPError) -> MCPError:
+    """``exc`` with every registered secret scrubbed from its message and data (a backend's failure quoted in an
+    error answer may hold one: observe/logs.py); ``exc`` itself when it held none."""
+    error = exc.error
+    message, data = redactor.scrub(error.message), redactor.scrub(error.data)
+    if message == error.message and data == error.data:
+        return exc
+    return MCPError(error.code, message, data)

@@ -18,6 +18,7 @@ from gateway.core.catalog import Catalog
 from gateway.core.router import META_KEY, Router
 from gateway.errors import (
     BackendRpcError,
+    BackendSaturated,
     BackendThinResult,
     BackendTimeout,
     BackendUnavailable,
@@ -248,6 +249,22 @@ async def test_when_every_provider_fails_the_answer_is_an_error_naming_each_back
     assert meta(result)["status"] == status
     assert [s["outcome"] for s in meta(result)["steps"]] == ["unavailable", second.outcome]  # type: ignore[attr-defined]
     assert [r.status for r in setup.recorder.records] == [status]
+
+
+async def test_a_saturated_provider_moves_to_the_next_and_never_counts_against_its_circuit() -> None:
+    a, b, solo, qmd = fakes()
+    for _ in range(8):  # beyond the breaker's threshold of 5
+        a.script("search", BackendSaturated("a", "every connection to a is busy"))
+        b.script("search", text_result("from b"))
+    setup = Setup(a, b, solo, qmd)
+
+    for _ in range(8):
+        result = await setup.call("search", {"q": "x"})
+        assert text(result) == "from b"
+        assert [s["outcome"] for s in meta(result)["steps"]] == ["saturated", "ok"]
+    breaker = setup.router.breakers["a"]
+    assert (breaker.state, breaker.failures) == ("closed", 0)
+    assert len(a.calls) == 8  # never skipped as circuit_open
 
 
 async def test_when_every_provider_fails_meta_names_no_server() -> None:

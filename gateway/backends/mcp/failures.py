@@ -4,7 +4,8 @@ The translations live here, so nothing above ``backends/`` sees a foreign error.
 from the errors a downstream session raises (the SDK's ``MCPError``, ``anyio``'s stream errors, ``OSError``,
 ``httpx2``) to the gateway's error tree (gateway/errors.py); ``gateway_error`` consults it (the entry nearest the
 error's own class wins), and ``FOREIGN`` is the same table as a tuple for an ``except`` that only logs.
-``map_call_errors`` applies it to one call, refining the SDK's codes (timeout, connection closed, answer too large);
+``map_call_errors`` applies it to one call, refining the SDK's codes (timeout, connection closed, answer too large)
+and reading the gateway's own ``SATURATED`` answer (no connection came free, pool.py) as ``BackendSaturated``;
 a failure that comes from losing the session carries that session's ``Life`` as its ``cause``, so the circuit
 breaker counts a crash with eight calls in flight once. ``classify_failure`` says why a connection attempt or a
 whole session failed, in plain words ("connection refused at ...", "the handshake answered HTTP 502 with an HTML
@@ -32,6 +33,7 @@ from gateway.errors import (
     BackendError,
     BackendProtocolError,
     BackendRpcError,
+    BackendSaturated,
     BackendTimeout,
     BackendUnavailable,
 )
@@ -39,10 +41,14 @@ from gateway.errors import (
 __all__ = [
     "FOREIGN",
     "FOREIGN_ERRORS",
+    "OWN_ANSWER",
+    "SATURATED",
     "Life",
+    "ListTooLarge",
     "ResponseRecorder",
     "classify_failure",
     "exit_detail",
+    "over_limits",
     "gateway_error",
     "map_call_errors",
 ]
@@ -61,6 +67,12 @@ FOREIGN_ERRORS: Mapping[type[Exception], type[BackendError]] = MappingProxyType(
 )
 """Every foreign error a downstream session may raise, and the gateway's error it stands for."""
 
+SATURATED = -32050
+"""The code of the gateway's own JSON-RPC error for a call no connection to its backend came for (pool.py); never a
+downstream's, and read back as ``BackendSaturated``."""
+OWN_ANSWER = "gateway.own_answer"
+"""The extension that marks a response the gateway made itself (never the downstream's: not recorded)."""
+
 FOREIGN: tuple[type[Exception], ...] = tuple(FOREIGN_ERRORS)
 """``FOREIGN_ERRORS``' keys, for ``except FOREIGN``."""
 
@@ -73,6 +85,11 @@ def gateway_error(exc: BaseException) -> type[BackendError] | None:
         if mapped is not None:
             return mapped
     return None
+
+
+class ListTooLarge(Exception):
+    """A downstream's list is over its server's ``max_tools`` or ``max_list_bytes`` (lists.py); the message is the
+    reason in plain words."""
 
 
 @dataclass(eq=False)
@@ -106,6 +123,8 @@ def map_call_errors(backend: str, timeout_s: float, life: Life) -> Iterator[None
         too_large = answer_too_large(exc.error.data) if code == ANSWER_TOO_LARGE else None
         if too_large is not None:
             raise BackendAnswerTooLarge(backend, *too_large) from exc
+        if code == SATURATED:  # the gateway's own answer (pool.py): the downstream was never asked
+            raise BackendSaturated(backend, exc.error.message) from exc
         if code == types.REQUEST_TIMEOUT and anyio.current_time() - started >= timeout_s:
             timeout = f"timed out after {timeout_s:g} s"
             if life.lost.is_set():  # the session went away meanwhile (e.g. its stdin stopped taking messages)
@@ -138,7 +157,7 @@ class ResponseRecorder:
         self.status, self.content_type, self.body_head = None, "", ""
 
     async def __call__(self, response: httpx2.Response) -> None:
-        if response.status_code < 400:
+        if response.status_code < 400 or response.extensions.get(OWN_ANSWER):
             return
         self.status = response.status_code
         self.content_type = response.headers.get("content-type", "")
@@ -172,6 +191,11 @@ def _flatten(exc: BaseException) -> Iterator[BaseException]:
         yield exc
 
 
+def over_limits(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or an exception grouped in it) is a list over the server's limits."""
+    return exc is not None and any(isinstance(leaf, ListTooLarge) for leaf in _flatten(exc))
+
+
 def classify_failure(
     exc: BaseException,
     *,
@@ -187,6 +211,8 @@ def classify_failure(
     leaves = list(_flatten(exc))
     http_reason = _http_reason(http) if http is not None else None
     for leaf in leaves:
+        if isinstance(leaf, ListTooLarge):
+            return str(leaf)
         if isinstance(leaf, TimeoutError):
             timed_out = (
                 f"handshake timed out after {config.connect_timeout_s:g} s (the server did not answer initialize)"

@@ -1,13 +1,15 @@
 """The downstream's lists (tools, resources, resource templates, prompts): read whole, and heard of when they change.
 
 ``list_each`` reads every page of the lists named (none of a capability the downstream does not offer; a server that
-hands out the same cursor again stops there). ``changed_lists`` names the lists a handshake-era ``list_changed``
-notification is about. A stateless-era (2026-07-28) downstream announces its changes only on a
-``subscriptions/listen`` stream: ``hold_listen`` keeps one open for the lists its discover answer says it announces,
-calling ``relist`` when the stream opens (the spec replays nothing) and leaving each event to the session's message
-handler (the SDK tees listen frames to it); a stream that breaks or is refused is reopened with backoff
-(``LISTEN_BACKOFF_S``), which starts again from its first step after a stream that stayed up ``min_uptime_s``. The
-backend's health stays its discover check: a lost stream never fails the backend.
+hands out the same cursor again stops there), and stops with ``ListTooLarge`` at the first page past the server's
+``max_tools`` or, for any one list, its ``max_list_bytes`` (the items as JSON): a server listing 30,000 tools must not
+take the gateway's memory and every caller's time. ``changed_lists`` names the lists a handshake-era ``list_changed``
+notification is about. A stateless-era (2026-07-28) downstream announces its changes only on a ``subscriptions/listen``
+stream: ``hold_listen`` keeps one open for the lists its discover answer says it announces, calling ``relist`` when the
+stream opens (the spec replays nothing) and leaving each event to the session's message handler (the SDK tees listen
+frames to it); a stream that breaks or is refused is reopened with backoff (``LISTEN_BACKOFF_S``), which starts again
+from its first step after a stream that stayed up ``min_uptime_s``. The backend's health stays its discover check: a
+lost stream never fails the backend.
 """
 
 from __future__ import annotations
@@ -22,19 +24,36 @@ import structlog
 from mcp.client.session import ClientSession
 from mcp.client.subscriptions import ListenNotSupportedError, listen
 from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from gateway.backends.backoff import backoff
-from gateway.backends.mcp.failures import FOREIGN
+from gateway.backends.mcp.failures import FOREIGN, ListTooLarge
 from gateway.config import ServerConfig
 
-__all__ = ["LISTEN_BACKOFF_S", "LIST_KINDS", "changed_lists", "hold_listen", "list_each"]
+__all__ = [
+    "LISTEN_BACKOFF_S",
+    "LIST_KINDS",
+    "LIST_TOO_LARGE",
+    "OVER_LIMIT_RETRY_S",
+    "changed_lists",
+    "hold_listen",
+    "list_each",
+    "screen_lists",
+]
 
 log = structlog.get_logger("gateway.backend")
 
 LIST_KINDS = ("tools", "resources", "resource_templates", "prompts")
 LISTEN_BACKOFF_S = (0.5, 30.0)
 """A lost listen stream is reopened after 0.5 s, then twice as long each time it is lost again, at most 30 s."""
+
+LIST_TOO_LARGE = -32051
+"""The code of the gateway's own error that stands in for a list page over the server's ``max_tools``
+(``screen_lists``); never a downstream's."""
+OVER_LIMIT_RETRY_S = 300.0
+"""How long a server over its list limits waits before it is asked again (its lists may shrink; a reload that raises
+the limit applies at once)."""
 
 Relist = Callable[[Sequence[str]], Awaitable[None]]
 """Re-read the lists named and tell the listeners."""
@@ -45,10 +64,19 @@ class _ListenLost(Exception):
 
 
 async def list_each(
-    session: ClientSession, kinds: Sequence[str], caps: types.ServerCapabilities | None
+    session: ClientSession, kinds: Sequence[str], caps: types.ServerCapabilities | None, config: ServerConfig
 ) -> dict[str, tuple[Any, ...]]:
-    """Every page of each list in ``kinds``, by kind (an empty one when ``caps`` does not offer it)."""
-    return {kind: await _list(session, kind, caps) for kind in kinds}
+    """Every page of each list in ``kinds``, by kind (an empty one when ``caps`` does not offer it).
+
+    Raises:
+        ListTooLarge: a list is over the server's ``max_tools`` or ``max_list_bytes``.
+    """
+    try:
+        return {kind: await _list(session, kind, caps, config) for kind in kinds}
+    except MCPError as exc:
+        if exc.error.code == LIST_TOO_LARGE:  # screen_lists' stand-in for a page over the limit
+            raise ListTooLarge(exc.error.message) from None
+        raise
 
 
 def changed_lists(message: object) -> tuple[str, ...]:
@@ -62,7 +90,44 @@ def changed_lists(message: object) -> tuple[str, ...]:
     return ()
 
 
-async def _list(session: ClientSession, kind: str, caps: types.ServerCapabilities | None) -> tuple[Any, ...]:
+def _too_many(config: ServerConfig) -> str:
+    return f"the server lists more than {config.max_tools:,} tools (max_tools): it is not served"
+
+
+def screen_lists(config: ServerConfig) -> Callable[[Any], Any]:
+    """A filter of the session's incoming messages: a tools list page longer than ``max_tools`` is replaced by the
+    gateway's own ``LIST_TOO_LARGE`` error before the SDK validates it (30,000 tools cost about a second of the event
+    loop and their models' memory), so only its JSON was ever held."""
+
+    def screen(item: Any) -> Any:
+        message = getattr(item, "message", None)
+        if isinstance(message, types.JSONRPCResponse) and isinstance(message.result, dict):
+            tools = message.result.get("tools")
+            if isinstance(tools, list) and len(tools) > config.max_tools:
+                error = types.ErrorData(code=LIST_TOO_LARGE, message=_too_many(config))
+                return SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=message.id, error=error), item.metadata)
+        return item
+
+    return screen
+
+
+def _check_size(kind: str, items: Sequence[Any], page: Sequence[Any], size: int, config: ServerConfig) -> int:
+    """The list's size in bytes with ``page`` (the last page of ``items``) counted in; raises ``ListTooLarge``."""
+    if kind == "tools" and len(items) > config.max_tools:
+        raise ListTooLarge(f"the server lists more than {config.max_tools:,} tools (max_tools): it is not served")
+    size += sum(len(item.model_dump_json(by_alias=True, exclude_none=True)) for item in page)
+    if size > config.max_list_bytes:
+        name = kind.replace("_", " ")
+        raise ListTooLarge(
+            f"the server's {name} list is over {config.max_list_bytes:,} bytes (max_list_bytes) after "
+            f"{len(items):,} entries: it is not served"
+        )
+    return size
+
+
+async def _list(
+    session: ClientSession, kind: str, caps: types.ServerCapabilities | None, config: ServerConfig
+) -> tuple[Any, ...]:
     offered = {
         "tools": caps is None or caps.tools is not None,
         "resources": caps is not None and caps.resources is not None,
@@ -74,7 +139,9 @@ async def _list(session: ClientSession, kind: str, caps: types.ServerCapabilitie
     items: list[Any] = []
     cursor: str | None = None
     seen: set[str] = set()
+    size = 0
     while True:
+        before = len(items)
         params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
         if kind == "tools":
             tools = await session.list_tools(params=params)
@@ -101,6 +168,7 @@ async def _list(session: ClientSession, kind: str, caps: types.ServerCapabilitie
             prompts = await session.send_request(types.ListPromptsRequest(params=params), types.ListPromptsResult)
             items.extend(prompts.prompts)
             cursor = prompts.next_cursor
+        size = _check_size(kind, items, items[before:], size, config)
         if not cursor or cursor in seen:  # a server that hands out the same cursor again would loop forever
             return tuple(items)
         seen.add(cursor)

@@ -58,22 +58,32 @@ from gateway.backends.mcp.eras import (
 from gateway.backends.mcp.failures import (
     FOREIGN,
     Life,
+    ListTooLarge,
     ResponseRecorder,
     classify_failure,
     exit_detail,
     map_call_errors,
+    over_limits,
 )
 from gateway.backends.mcp.fastpath import DirectLane
 from gateway.backends.mcp.held import Held
 from gateway.backends.mcp.lanes import Lanes
-from gateway.backends.mcp.lists import LIST_KINDS, changed_lists, hold_listen, list_each
-from gateway.backends.mcp.pool import HttpPool
+from gateway.backends.mcp.lists import (
+    LIST_KINDS,
+    OVER_LIMIT_RETRY_S,
+    changed_lists,
+    hold_listen,
+    list_each,
+    screen_lists,
+)
+from gateway.backends.mcp.pool import BackendPool, HttpPool, calls_for
 from gateway.backends.mcp.relay import InFlight, attribute, back_channel, relay_request, serving
+from gateway.backends.mcp.slots import SlotStatistics
 from gateway.backends.mcp.stdio import StdioProcess
 from gateway.backends.mcp.transports import open_transport
 from gateway.backends.mcp.watch import WatchedReceiveStream
 from gateway.calls import NO_UPSTREAM, ClientLink, Upstream
-from gateway.config import ServerConfig
+from gateway.config import HttpServer, ServerConfig, SseServer
 from gateway.errors import BackendUnavailable
 from gateway.version import VERSION
 
@@ -120,7 +130,9 @@ class McpBackend(BackendBase):
             else BackendStatus(BackendState.STARTING, "connecting"),
         )
         self._config = config
-        self._http = http
+        self._http: BackendPool | None = None
+        if isinstance(config, HttpServer | SseServer):  # connections of its own (pool.py)
+            self._http = http.for_backend(name, config) if http is not None else BackendPool(name, config)
         self._client_info = client_info or types.Implementation(name="mcp-gateway", version=VERSION)
         self._on_notification = on_notification
         self._session: ClientSession | None = None
@@ -177,6 +189,10 @@ class McpBackend(BackendBase):
     def tools(self) -> Sequence[types.Tool]:
         return self._tools
 
+    def pool_statistics(self) -> SlotStatistics | None:
+        """Its calls' connections (HTTP only): how many are busy, waiting, and the limits (pool.py)."""
+        return self._http.slots.statistics() if self._http is not None else None
+
     def resources(self) -> Sequence[types.Resource]:
         return self._resources
 
@@ -230,7 +246,11 @@ class McpBackend(BackendBase):
         async def answer(request: Any) -> Any:
             return await relay_request(request, inflight, name)
 
-        with serving(inflight, upstream), map_call_errors(name, self._config.timeout_s, life):
+        with (
+            serving(inflight, upstream),
+            calls_for(_caller_of(upstream)),
+            map_call_errors(name, self._config.timeout_s, life),
+        ):
             raw = await lane.request(
                 "tools/call",
                 params,
@@ -281,7 +301,11 @@ class McpBackend(BackendBase):
             lane = await self._lanes.for_client(upstream)
             if lane is not None and lane.session is not None:
                 session, inflight, life = lane.session, lane.inflight, lane.life
-        with serving(inflight, upstream), map_call_errors(self._name, self._config.timeout_s, life):
+        with (
+            serving(inflight, upstream),
+            calls_for(_caller_of(upstream)),
+            map_call_errors(self._name, self._config.timeout_s, life),
+        ):
             return await session.send_request(
                 request,
                 result_type,
@@ -361,7 +385,7 @@ class McpBackend(BackendBase):
                         self._init = await open_session(session, protocol=self._config.protocol, backend=self._name)
                         if self._fast is not None:
                             self._fast.version = self._init.protocol_version
-                        lists = await list_each(session, LIST_KINDS, self._init.capabilities)
+                        lists = await list_each(session, LIST_KINDS, self._init.capabilities, self._config)
                     ready_at = anyio.current_time()
                     await self._become_ready(session, lists)
                     on_first_outcome()
@@ -387,6 +411,9 @@ class McpBackend(BackendBase):
                 stray=stray,
             )
             self._fail(reason)
+            if over_limits(failure):  # asking again soon would cost every caller the same again
+                on_first_outcome()
+                await anyio.sleep(OVER_LIMIT_RETRY_S)
             raise _ConnectFailed(reason) from failure
         detail = exit_detail(exit_code, stderr_tail) if proc is not None else ""
         if failure is not None and not detail:
@@ -439,7 +466,8 @@ class McpBackend(BackendBase):
             if shared:
                 self._proc, self._fast = transport.process, transport.lane
             try:
-                watched = WatchedReceiveStream(transport.read, lambda: life.mark_lost("the connection closed"))
+                lost = functools.partial(life.mark_lost, "the connection closed")
+                watched = WatchedReceiveStream(transport.read, lost, screen_lists(self._config))
                 async with ClientSession(
                     watched,
                     transport.write,
@@ -517,7 +545,10 @@ class McpBackend(BackendBase):
             return
         try:
             with anyio.fail_after(self._config.connect_timeout_s):
-                lists = await list_each(session, kinds, self.capabilities)
+                lists = await list_each(session, kinds, self.capabilities, self._config)
+        except ListTooLarge as exc:  # the server has grown past its limits: failed, saying so (and reconnected)
+            self._life.mark_lost(str(exc))
+            return
         except FOREIGN as exc:
             log.warning("backend.relist_failed", backend=self._name, lists=list(kinds), error=str(exc))
             return
@@ -559,3 +590,8 @@ class McpBackend(BackendBase):
 
     def _fail(self, reason: str) -> None:
         self._set_status(BackendStatus(BackendState.FAILED, reason, last_error=reason))
+
+
+def _caller_of(upstream: Upstream) -> str | None:
+    """Whose call a request carries, for the fair share of connections (pool.py); None: the gateway's own."""
+    return None if upstream is NO_UPSTREAM else upstream.caller.name or ""

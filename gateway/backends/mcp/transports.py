@@ -4,7 +4,7 @@
 ``ClientSession`` runs over, and, when asked for (``direct``), the direct lane that sends a call straight on the
 same session (fastpath.py). A stdio transport owns its process (stdio.py: its exit and stderr tail explain a
 failure; ``on_failure`` is told when the server stops reading its stdin). The HTTP transports borrow a client view
-of the shared pool (pool.py) carrying the given headers and the server's answer limit (``max_answer_bytes``,
+of the backend's pools (pool.py) carrying the given headers and the server's answer limit (``max_answer_bytes``,
 applied in the byte stream by answers.py); the ``ResponseRecorder`` keeps the last error response, so a failed
 handshake can be told in plain words.
 """
@@ -24,7 +24,7 @@ from mcp.client.streamable_http import streamable_http_client
 from gateway.backends.mcp.eras import MODERN
 from gateway.backends.mcp.failures import ResponseRecorder
 from gateway.backends.mcp.fastpath import DirectLane, HttpLane
-from gateway.backends.mcp.pool import HttpPool
+from gateway.backends.mcp.pool import BackendPool
 from gateway.backends.mcp.stdio import StdioProcess, open_stdio
 from gateway.config import HttpServer, ServerConfig, SseServer, StdioServer, passed_environment
 
@@ -51,7 +51,7 @@ class Transport:
 async def open_transport(
     config: ServerConfig,
     *,
-    http: HttpPool | None,
+    http: BackendPool | None,
     headers: Mapping[str, str] | None,
     recorder: ResponseRecorder,
     stderr: IO[bytes],
@@ -61,7 +61,7 @@ async def open_transport(
     """Open the transport ``config`` names, for one session.
 
     Args:
-        http: the shared connection pool (a pool of its own when None); unused over stdio.
+        http: the backend's connection pools (pools of this session's own when None); unused over stdio.
         headers: sent with every HTTP request (None: the server's own ``headers``); unused over stdio.
         recorder: keeps the last error response of the HTTP transports.
         stderr: a file the caller owns, for a stdio server's stderr (read after the process is gone).
@@ -77,11 +77,13 @@ async def open_transport(
             yield transport
     elif isinstance(config, HttpServer):
         sent = config.headers if headers is None else headers
-        async with _streamable_http(config, http or HttpPool(), sent, recorder, direct) as transport:
+        async with _streamable_http(
+            config, http or BackendPool(config.url, config), sent, recorder, direct
+        ) as transport:
             yield transport
     else:
         sent = config.headers if headers is None else headers
-        async with _sse(config, http or HttpPool(), sent, recorder) as transport:
+        async with _sse(config, http or BackendPool(config.url, config), sent, recorder) as transport:
             yield transport
 
 
@@ -103,7 +105,7 @@ async def _stdio(config: StdioServer, stderr: IO[bytes], on_failure: Callable[[s
 
 @asynccontextmanager
 async def _streamable_http(
-    config: HttpServer, http: HttpPool, headers: Mapping[str, str], recorder: ResponseRecorder, direct: bool
+    config: HttpServer, http: BackendPool, headers: Mapping[str, str], recorder: ResponseRecorder, direct: bool
 ) -> AsyncIterator[Transport]:
     # A response stream may stay open as long as the longest call: never cut it before the call's timeout.
     limit = config.max_answer_bytes
@@ -133,7 +135,7 @@ async def _streamable_http(
 
 @asynccontextmanager
 async def _sse(
-    config: SseServer, http: HttpPool, headers: Mapping[str, str], recorder: ResponseRecorder
+    config: SseServer, http: BackendPool, headers: Mapping[str, str], recorder: ResponseRecorder
 ) -> AsyncIterator[Transport]:
     sent = dict(headers)
 

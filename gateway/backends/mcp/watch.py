@@ -17,11 +17,13 @@ __all__ = ["WatchedReceiveStream"]
 
 
 class WatchedReceiveStream:
-    """Wraps the transport's receive stream and fires ``on_eof`` when the connection ends (zero-copy)."""
+    """Wraps the transport's receive stream and fires ``on_eof`` when the connection ends (zero-copy); ``screen``, when
+    given, sees every message first and may replace it (lists.py ``screen_lists``)."""
 
-    def __init__(self, inner: Any, on_eof: Callable[[], None]) -> None:
+    def __init__(self, inner: Any, on_eof: Callable[[], None], screen: Callable[[Any], Any] | None = None) -> None:
         self._inner = inner
         self._on_eof = on_eof
+        self._screen = screen
 
     @property
     def last_context(self) -> Any:
@@ -33,7 +35,7 @@ class WatchedReceiveStream:
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             self._on_eof()
             raise
-        return item
+        return item if self._screen is None else self._screen(item)
 
     async def aclose(self) -> None:
         await self._inner.aclose()

@@ -1,31 +1,34 @@
 """Per-caller limits at ``/mcp``: a request rate (token bucket) and concurrent tool calls, per caller.
 
-``CallerLimits`` is pure ASGI middleware between the edge (``body.py``, which leaves each POST's JSON-RPC message in
-the scope state) and the SDK. A caller's limits are the ``limits`` of the first of ``Federation.limit_policies``
-that matches it (``policies``, with the deprecated ``gateway.auth.caller_limits`` rewritten into them by the config
-loader), read at every request so a reload applies; each caller gets its own bucket and its own in-flight count (one
-caller's burst never spends another's share). Counted: every JSON-RPC request (not notifications, responses or GET
-streams) against ``requests_per_s`` / ``burst``; every ``tools/call`` against ``concurrent_calls`` while its answer
-is being sent. Over a limit, the request is answered HTTP 429 with ``Retry-After`` and a JSON-RPC error (``LIMITED``)
-naming the limit, where it is written and when to retry, before the SDK sees it; a refused ``tools/call`` leaves a
-``refused`` ledger row (the arguments only hashed) and every refusal is counted in ``/metrics``
-(``mcp_gateway_caller_limited_total``, by the limits' label and the limit). The state is per process (a replica
-keeps its own buckets); callers idle with a full bucket are forgotten once more than ``MAX_TRACKED`` are held. With
-``gateway.shared.redis_url`` the request rate is counted in Redis instead, for all replicas at once (shared.py);
-when Redis cannot answer, ``gateway.shared.redis_down`` says whether the request is counted here alone (``open``)
-or refused with HTTP 503 (``closed``).
+``CallerLimits`` is pure ASGI middleware between the edge (``body.py``, which leaves each POST's JSON-RPC message in the
+scope state) and the SDK. A caller's limits are the ``limits`` of the first of ``Federation.limit_policies`` that
+matches it (``policies``, with the deprecated ``gateway.auth.caller_limits`` rewritten into them by the config loader),
+read at every request so a reload applies; each caller gets its own bucket and its own in-flight count (one caller's
+burst never spends another's share). Counted: every JSON-RPC request (not notifications, responses or GET streams)
+against ``requests_per_s`` / ``burst``; every ``tools/call`` against ``concurrent_calls`` until both its POST and the
+call have ended (``_Hold``: in the handshake era a call runs on in its session after its client walked away, so a client
+that drops its connections is still held to its limit). Over a limit, the request is answered HTTP 429 with
+``Retry-After`` and a JSON-RPC error (``LIMITED``) naming the limit, where it is written and when to retry, before the
+SDK sees it; a refused ``tools/call`` leaves a ``refused`` ledger row (the arguments only hashed) and every refusal is
+counted in ``/metrics`` (``mcp_gateway_caller_limited_total``, by the limits' label and the limit). The state is per
+process (a replica keeps its own buckets); callers idle with a full bucket are forgotten once more than ``MAX_TRACKED``
+are held. With ``gateway.shared.redis_url`` the request rate is counted in Redis instead, for all replicas at once
+(shared.py); when Redis cannot answer, ``gateway.shared.redis_down`` says whether the request is counted here alone
+(``open``) or refused with HTTP 503 (``closed``).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 import structlog
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.calls import CallContext, Caller, Upstream
 from gateway.config import Policy, PolicyLimits
@@ -33,7 +36,7 @@ from gateway.core.policies import policy_for
 from gateway.core.runtime import Gateway
 from gateway.front.http.replies import reply, rpc_error
 from gateway.front.http.shared import SharedRates
-from gateway.front.scope import caller_of, message_of, session_digest
+from gateway.front.scope import caller_of, message_of, session_digest, set_hold
 
 __all__ = ["LIMITED", "CallerLimits"]
 
@@ -45,6 +48,10 @@ MCP defines none for it). The HTTP status (429) and ``Retry-After`` say the same
 MAX_TRACKED = 10_000
 CONCURRENCY_RETRY_S = 1
 """What ``Retry-After`` says when a caller is at its concurrent calls: when one of them ends is not known."""
+ADOPT_WAIT_S = 1.0
+"""How long a POST that handed its call to a session (HTTP 200) waits, once it has ended, for that call's handler
+to take its place (normally long done); past it the place is let go, and a handler that starts later takes a new
+one."""
 
 
 @dataclass
@@ -71,6 +78,45 @@ class _State:
         rate = self.rule.requests_per_s
         full = rate is None or self.tokens + (now - self.stamp) * rate >= _burst(self.rule)
         return full and self.in_flight == 0
+
+
+class _Hold:
+    """One admitted ``tools/call``'s place in its caller's ``in_flight``, kept until both the POST that carried it
+    (``post_ended``) and the handler that serves it (``held``) are done."""
+
+    def __init__(self, state: _State) -> None:
+        self._state = state
+        self._holders = 1  # the POST
+        self._counted = True
+        self._adopted = anyio.Event()
+        state.in_flight += 1
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        if not self._counted:  # the POST let go before the handler started: counted again while it runs
+            self._state.in_flight += 1
+            self._counted = True
+        self._holders += 1
+        self._adopted.set()
+        try:
+            yield
+        finally:
+            self._drop()
+
+    async def post_ended(self, delivered: bool) -> None:
+        """The POST is done; ``delivered``: the session took the call (HTTP 200), whose handler may not run yet."""
+        try:
+            if delivered and not self._adopted.is_set():
+                with anyio.move_on_after(ADOPT_WAIT_S):
+                    await self._adopted.wait()
+        finally:
+            self._drop()
+
+    def _drop(self) -> None:
+        self._holders -= 1
+        if self._holders == 0 and self._counted:
+            self._state.in_flight -= 1
+            self._counted = False
 
 
 def _burst(rule: PolicyLimits) -> float:
@@ -160,11 +206,20 @@ class CallerLimits:
                 )
                 await self._refuse(scope, send, message, who, rule_name, "concurrency", text, None, call)
                 return
-            state.in_flight += 1
+            hold = _Hold(state)
+            set_hold(scope, hold)
+            status = 0
+
+            async def watched(reply: Message) -> None:
+                nonlocal status
+                if reply["type"] == "http.response.start":
+                    status = reply["status"]
+                await send(reply)
+
             try:
-                await self.app(scope, receive, send)
+                await self.app(scope, receive, watched)
             finally:
-                state.in_flight -= 1
+                await hold.post_ended(status == 200)
             return
         await self.app(scope, receive, send)
 

@@ -20,7 +20,7 @@ from gateway.errors import ConfigError
 from gateway.front.http.limits import CallerLimits
 from gateway.ledger.engines import open_reader
 from tests.fixtures.gateway_proc import PYTHON, echo_argv, run_gateway
-from tests.fixtures.raw_http import headers, open_session
+from tests.fixtures.raw_http import headers, messages, open_session, post_and_drop
 from tests.fixtures.waiting import eventually
 
 pytestmark = pytest.mark.anyio
@@ -185,3 +185,48 @@ def test_the_first_rule_matching_the_callers_name_and_its_tokens_claims_applies(
     assert rule("ops", None) == "ops"
     assert rule("alice", None) is None  # no rule: no limit
     assert rule("ops:x", principal("x", groups="admins")) == "admins"
+
+
+@pytest.mark.spawns
+async def test_a_caller_that_drops_its_connections_never_has_more_than_its_concurrent_calls_running_downstream(
+    tmp_path: Path, downstream: Any
+) -> None:
+    faults = downstream("faults", "streamable_http", own=True)  # counts the sleep calls it runs at once
+    settings = f"""
+gateway:
+  auth:
+    caller_limits: [{{callers: [alice], concurrent_calls: 2}}]
+servers:
+  a: {json.dumps(faults.settings())}
+"""
+    with run_gateway(settings, tmp_path, tokens=TOKENS) as gateway:
+        url = gateway.url()
+        with anyio.fail_after(40):
+            async with httpx2.AsyncClient(timeout=20) as http:
+                alices = await open_session(http, url, "tok-alice")
+                bobs = await open_session(http, url, "tok-bob")
+                sleep = {"name": "sleep", "arguments": {"seconds": 8}}
+                statuses = [
+                    await post_and_drop(
+                        gateway.port,
+                        "tok-alice",
+                        alices,
+                        {"jsonrpc": "2.0", "id": 10 + n, "method": "tools/call", "params": sleep},
+                    )
+                    for n in range(8)
+                ]
+                admitted = statuses.count(200)
+
+                async def running() -> tuple[int, int]:
+                    answer = messages(await call(http, url, "tok-bob", bobs, "running", rid=99))[-1]
+                    now, peak = answer["result"]["content"][0]["text"].split()
+                    return int(now), int(peak)
+
+                async def all_admitted_run() -> bool:
+                    return (await running())[0] >= admitted
+
+                await eventually(all_admitted_run)  # the calls that were let in have reached the downstream
+                now, peak = await running()
+
+    assert peak <= 2, f"{peak} of alice's calls ran at once downstream (her limit is 2); statuses {statuses}"
+    assert statuses[:2] == [200, 200] and statuses[2:] == [429] * 6

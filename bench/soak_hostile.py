@@ -1,0 +1,410 @@
+"""One hostile caller against one bystander: do the bystander's calls on every backend keep their speed?
+
+    .venv/bin/python bench/soak_hostile.py [--quick] [--json OUT] [--keep DIR]
+
+Everything runs on loopback and stops by itself. The gateway measured is the one in this checkout (``python -m
+gateway serve``, ``PYTHONPATH`` at the project root) in front of three backends, every tool prefixed with its
+backend's name: ``h`` (tests/fixtures/faults_server.py over streamable HTTP: echo, sleep), ``f`` and ``s``
+(tests/fixtures/fidelity_server.py over streamable HTTP and over stdio: pid, elicit, progress). Two callers: ``bob``
+(the bystander) and ``alice`` (hostile). Markdown goes to stdout, progress to stderr; the exit status is 0 whatever
+the figures say, 2 only when the harness itself failed.
+
+  * quiet: bob calls ``h__echo``, ``f__pid`` and ``s__pid`` in turn (``Plan.calls`` each, one call at a time on
+    one handshake-era session), each call timed;
+  * attack: the same calls by bob, once alice's flood is sent, while alice at once
+      - floods ``h`` (issue 22, item 1): ``Plan.flood`` ``h__sleep`` calls, each POSTed on a socket of its own that
+        is closed as soon as the response head arrives (the call runs on in its session);
+      - abandons bridged calls (item 5): a 2026-07-28 client calls ``f__elicit`` and ``s__elicit`` (handshake-era
+        downstreams that ask for input mid-call), takes the input-required result and never retries,
+        ``Plan.abandoned`` times on each;
+      - never reads (item 6): a handshake-era ``f__progress`` and ``s__progress`` of ``Plan.progress`` steps, each
+        with a progress token, POSTed on a socket that is never read from.
+Reported: bob's p50 and p99 per backend, quiet and under attack, and his failed calls (an error, an ``isError``
+result, or no answer within ``CALL_TIMEOUT_S``) with their reasons; alice's flood answers by HTTP status; the
+gateway's VmRSS (quiet, peak under attack, end); every backend's state and last error at the end (/status).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.procs import LOOPBACK, Procs, free_port, say, vm_kb  # noqa: E402
+from bench.run_env import environment, load_average  # noqa: E402
+
+FAULTS = ROOT / "tests" / "fixtures" / "faults_server.py"
+FIDELITY = ROOT / "tests" / "fixtures" / "fidelity_server.py"
+PY = sys.executable
+TOKENS = "alice=tok-alice,bob=tok-bob"
+STATE_KEY = "soak-hostile-" + "0123456789abcdef" * 3
+HANDSHAKE = "2025-06-18"
+MODERN = "2026-07-28"
+READY_TIMEOUT_S = 60.0
+CALL_TIMEOUT_S = 30.0
+SAMPLE_S = 0.2
+BYSTANDER_TOOLS = {"h": ("h__echo", {"text": "bob"}), "f": ("f__pid", {}), "s": ("s__pid", {})}
+
+
+@dataclass(frozen=True)
+class Plan:
+    calls: int  # bob's calls per backend and phase
+    pace_s: float  # bob starts a call at most this often
+    flood: int  # alice's dropped h__sleep calls
+    flood_sleep_s: float
+    abandoned: int  # alice's abandoned bridged calls, per backend (f and s)
+    progress: int  # steps of each never-read progress call
+
+
+FULL = Plan(calls=60, pace_s=0.05, flood=150, flood_sleep_s=20.0, abandoned=50, progress=400_000)
+QUICK = Plan(calls=20, pace_s=0.05, flood=60, flood_sleep_s=8.0, abandoned=15, progress=100_000)
+
+
+class HarnessError(RuntimeError):
+    """The soak itself could not run (not a bad figure)."""
+
+
+def _config(h_url: str, f_url: str) -> str:
+    stdio = json.dumps([str(FIDELITY), "--stdio", "--name", "s"])
+    return f"""
+gateway:
+  audit: {{enabled: false}}
+  naming: {{mode: always, separator: "__"}}
+servers:
+  h: {{transport: streamable_http, url: "{h_url}", timeout_s: 60}}
+  f: {{transport: streamable_http, url: "{f_url}", timeout_s: 60}}
+  s: {{transport: stdio, command: "{PY}", args: {stdio}, timeout_s: 60}}
+"""
+
+
+def _headers(token: str, session: str | None = None, version: str = HANDSHAKE) -> dict[str, str]:
+    out = {"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"}
+    if session is not None:
+        out |= {"Mcp-Session-Id": session, "Mcp-Protocol-Version": version}
+    return out
+
+
+def _messages(response: httpx2.Response) -> list[dict[str, Any]]:
+    if response.headers.get("content-type", "").startswith("application/json"):
+        return [response.json()]
+    return [json.loads(line[5:]) for line in response.text.splitlines() if line.startswith("data:") and line[5:]]
+
+
+async def _open_session(http: httpx2.AsyncClient, url: str, token: str) -> str:
+    hello = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": HANDSHAKE, "capabilities": {}, "clientInfo": {"name": "soak", "version": "1"}},
+    }
+    response = await http.post(url, json=hello, headers=_headers(token))
+    if response.status_code != 200:
+        raise HarnessError(f"initialize answered {response.status_code}: {response.text[:200]}")
+    session = response.headers["mcp-session-id"]
+    done = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    await http.post(url, json=done, headers=_headers(token, session))
+    return session
+
+
+def _tool_call(rid: int, name: str, arguments: dict[str, Any], progress: bool = False) -> dict[str, Any]:
+    params: dict[str, Any] = {"name": name, "arguments": arguments}
+    if progress:
+        params["_meta"] = {"progressToken": rid}
+    return {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params}
+
+
+async def _raw_post(port: int, token: str, session: str, body: dict[str, Any]) -> anyio.abc.SocketStream:
+    """POST ``body`` on a socket of its own; the caller reads (or not) and closes it."""
+    content = json.dumps(body).encode()
+    head = [
+        "POST /mcp HTTP/1.1",
+        f"Host: {LOOPBACK}:{port}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(content)}",
+        *(f"{k}: {v}" for k, v in _headers(token, session).items()),
+    ]
+    stream = await anyio.connect_tcp(LOOPBACK, port)
+    await stream.send("\r\n".join(head).encode() + b"\r\n\r\n" + content)
+    return stream
+
+
+# ----------------------------------------------------------------------------------------------- the bystander
+
+
+@dataclass
+class Phase:
+    latencies: dict[str, list[float]]
+    failures: dict[str, list[str]]
+
+
+async def bystander(http: httpx2.AsyncClient, url: str, session: str, plan: Plan) -> Phase:
+    """Bob's calls, one backend after another in turn, each timed."""
+    phase = Phase({b: [] for b in BYSTANDER_TOOLS}, {b: [] for b in BYSTANDER_TOOLS})
+    rid = 1000
+    for _ in range(plan.calls):
+        for backend, (tool, arguments) in BYSTANDER_TOOLS.items():
+            rid += 1
+            started = time.monotonic()
+            failure = None
+            try:
+                with anyio.fail_after(CALL_TIMEOUT_S):
+                    response = await http.post(
+                        url, json=_tool_call(rid, tool, arguments), headers=_headers("tok-bob", session)
+                    )
+                answer = _messages(response)[-1] if response.status_code == 200 else None
+                if answer is None:
+                    failure = f"HTTP {response.status_code}: {response.text[:160]}"
+                elif "error" in answer:
+                    failure = f"JSON-RPC error: {answer['error'].get('message', '')[:160]}"
+                elif answer["result"].get("isError"):
+                    failure = "isError: " + "".join(b.get("text", "") for b in answer["result"]["content"])[:160]
+            except TimeoutError:
+                failure = f"no answer within {CALL_TIMEOUT_S:g} s"
+            except (httpx2.HTTPError, ValueError, KeyError, IndexError) as exc:
+                failure = f"{type(exc).__name__}: {exc}"[:160]
+            elapsed = time.monotonic() - started
+            phase.latencies[backend].append(elapsed)
+            if failure is not None:
+                phase.failures[backend].append(failure)
+            await anyio.sleep(max(0.0, plan.pace_s - elapsed))
+    return phase
+
+
+# ----------------------------------------------------------------------------------------------- the attacker
+
+
+@dataclass
+class Attack:
+    flood_statuses: collections.Counter[int]
+    abandoned: collections.Counter[str]
+    never_read: int = 0
+
+
+async def flood(port: int, session: str, plan: Plan, attack: Attack, sent: anyio.Event) -> None:
+    """Item 1: h__sleep calls, each on a socket closed after the response head (``sent`` once all are)."""
+
+    async def one(n: int) -> None:
+        try:
+            with anyio.fail_after(CALL_TIMEOUT_S):
+                stream = await _raw_post(
+                    port, "tok-alice", session, _tool_call(5000 + n, "h__sleep", {"seconds": plan.flood_sleep_s})
+                )
+                async with stream:
+                    received = b""
+                    while b"\r\n\r\n" not in received:
+                        received += await stream.receive()
+            attack.flood_statuses[int(received.split(b" ", 2)[1])] += 1
+        except (OSError, TimeoutError, anyio.EndOfStream, anyio.BrokenResourceError, ValueError, IndexError):
+            attack.flood_statuses[0] += 1
+
+    async with anyio.create_task_group() as tg:
+        for n in range(plan.flood):
+            tg.start_soon(one, n)
+            await anyio.sleep(0.01)
+        sent.set()
+
+
+async def abandon(url: str, plan: Plan, attack: Attack) -> None:
+    """Item 5: a stateless client takes input-required results and never retries them."""
+    import mcp_types as types
+    from mcp.client import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    async with httpx2.AsyncClient(headers={"Authorization": "Bearer tok-alice"}, timeout=CALL_TIMEOUT_S) as http:
+        async with Client(
+            streamable_http_client(url, http_client=http),
+            mode=MODERN,
+            elicitation_callback=_never_answered,  # declares elicitation: the gateway bridges the downstream's ask
+            cache=None,
+        ) as client:
+            for n in range(plan.abandoned):
+                for tool in ("f__elicit", "s__elicit"):
+                    try:
+                        with anyio.fail_after(CALL_TIMEOUT_S):
+                            first = await client.session.call_tool(
+                                tool, {"message": f"abandoned {n}"}, allow_input_required=True
+                            )
+                        if isinstance(first, types.InputRequiredResult):
+                            kind = "input_required"
+                        else:
+                            kind = "answered: " + "".join(getattr(b, "text", "") for b in first.content)[:80]
+                    except Exception as exc:  # the attacker only counts what it got
+                        kind = f"{type(exc).__name__}: {str(exc)[:80]}"
+                    attack.abandoned[f"{tool}: {kind}"] += 1
+
+
+async def _never_answered(context: object, params: object) -> Any:
+    raise AssertionError("an input-required result is taken raw (allow_input_required), never answered")
+
+
+async def never_read(port: int, session: str, plan: Plan, attack: Attack, stop: anyio.Event) -> None:
+    """Item 6: progress calls whose answers are never read."""
+    streams = []
+    for n, tool in enumerate(("f__progress", "s__progress")):
+        body = _tool_call(9000 + n, tool, {"steps": plan.progress}, progress=True)
+        streams.append(await _raw_post(port, "tok-alice", session, body))
+        attack.never_read += 1
+    await stop.wait()
+    for stream in streams:
+        await stream.aclose()
+
+
+# ----------------------------------------------------------------------------------------------- the run
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000 if ordered else float("nan")
+
+
+async def run(plan: Plan, workdir: Path) -> dict[str, Any]:
+    procs = Procs(workdir)
+    try:
+        h_port, f_port, g_port = free_port(), free_port(), free_port()
+        procs.start("h", [PY, str(FAULTS), "--http", str(h_port)], h_port)
+        procs.start("f", [PY, str(FIDELITY), "--http", str(f_port), "--name", "f"], f_port)
+        (workdir / "federation.yaml").write_text(
+            _config(f"http://{LOOPBACK}:{h_port}/mcp", f"http://{LOOPBACK}:{f_port}/mcp")
+        )
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "GATEWAY_TOKENS": TOKENS, "GATEWAY_STATE_KEY": STATE_KEY}
+        argv = [PY, "-m", "gateway", "serve", "-c", str(workdir / "federation.yaml"), "--port", str(g_port)]
+        gateway = procs.start("gateway", argv, g_port, env=env)
+        url = f"http://{LOOPBACK}:{g_port}/mcp"
+        async with httpx2.AsyncClient(timeout=CALL_TIMEOUT_S) as http:
+            await _wait_ready(http, g_port, gateway)
+            pid = gateway.serving_pid
+            bobs = await _open_session(http, url, "tok-bob")
+            alices = await _open_session(http, url, "tok-alice")
+            for tool, arguments in BYSTANDER_TOOLS.values():  # warm-up, not timed
+                await http.post(url, json=_tool_call(1, tool, arguments), headers=_headers("tok-bob", bobs))
+            say("quiet phase")
+            quiet = await bystander(http, url, bobs, plan)
+            rss_quiet = vm_kb(pid).get("VmRSS", 0)
+            say("attack phase")
+            attack = Attack(collections.Counter(), collections.Counter())
+            stop, sent = anyio.Event(), anyio.Event()
+            peak = [rss_quiet]
+
+            async def sample() -> None:
+                while not stop.is_set():
+                    peak[0] = max(peak[0], vm_kb(pid).get("VmRSS", 0))
+                    with anyio.move_on_after(SAMPLE_S):
+                        await stop.wait()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(sample)
+                tg.start_soon(never_read, g_port, alices, plan, attack, stop)
+                tg.start_soon(flood, g_port, alices, plan, attack, sent)
+                tg.start_soon(abandon, url, plan, attack)
+                await sent.wait()  # bob's calls go while every part of the attack is under way
+                under_attack = await bystander(http, url, bobs, plan)
+                stop.set()
+            rss_end = vm_kb(pid).get("VmRSS", 0)
+            status = (await http.get(f"http://{LOOPBACK}:{g_port}/status", headers=_headers("tok-bob"))).json()
+    finally:
+        procs.stop_all(grace_s=5.0)
+    return {
+        "plan": asdict(plan),
+        "quiet": asdict(quiet),
+        "attack": asdict(under_attack),
+        "attacker": {
+            "flood_statuses": dict(attack.flood_statuses),
+            "abandoned": dict(attack.abandoned),
+            "never_read": attack.never_read,
+        },
+        "rss_kb": {"quiet": rss_quiet, "peak_under_attack": peak[0], "end": rss_end},
+        "backends": {b["name"]: {"state": b["state"], "last_error": b["last_error"]} for b in status["backends"]},
+    }
+
+
+async def _wait_ready(http: httpx2.AsyncClient, port: int, gateway: Any) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if gateway.popen.poll() is not None:
+            raise HarnessError(f"the gateway exited: {gateway.output()}")
+        try:
+            if (await http.get(f"http://{LOOPBACK}:{port}/healthz")).json().get("status") == "ok":
+                return
+        except (httpx2.HTTPError, ValueError):
+            pass
+        await anyio.sleep(0.2)
+    raise HarnessError(f"the gateway was not ready within {READY_TIMEOUT_S:g} s: {gateway.output()}")
+
+
+def report(result: dict[str, Any], env: dict[str, Any]) -> str:
+    lines = [
+        "## Hostile caller: the bystander's calls, quiet and under attack",
+        "",
+        f"Gateway {env['gateway']}, {env['cpus']} CPUs, Python {env['python']}, load {env['load_before']} before and "
+        f"{result['load_after']} after. Plan: {result['plan']}.",
+        "",
+        "| backend | quiet p50 ms | quiet p99 ms | attack p50 ms | attack p99 ms | p99 ratio | failed quiet | failed "
+        "under attack |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for backend in BYSTANDER_TOOLS:
+        q, a = result["quiet"]["latencies"][backend], result["attack"]["latencies"][backend]
+        ratio = _pct(a, 0.99) / _pct(q, 0.99) if q and a else float("nan")
+        lines.append(
+            f"| {backend} | {_pct(q, 0.5):.1f} | {_pct(q, 0.99):.1f} | {_pct(a, 0.5):.1f} | {_pct(a, 0.99):.1f} | "
+            f"{ratio:.2f}x | {len(result['quiet']['failures'][backend])}/{len(q)} | "
+            f"{len(result['attack']['failures'][backend])}/{len(a)} |"
+        )
+    failures = collections.Counter(
+        f for phase in ("quiet", "attack") for fs in result[phase]["failures"].values() for f in fs
+    )
+    lines += ["", "Bob's failures: " + (", ".join(f"{n} x {why}" for why, n in failures.most_common(5)) or "none")]
+    lines += [
+        f"Alice: flood answers by HTTP status {result['attacker']['flood_statuses']}; abandoned "
+        f"{result['attacker']['abandoned']}; {result['attacker']['never_read']} calls never read.",
+        f"Gateway VmRSS: quiet {result['rss_kb']['quiet'] / 1024:.0f} MB, peak under attack "
+        f"{result['rss_kb']['peak_under_attack'] / 1024:.0f} MB, end {result['rss_kb']['end'] / 1024:.0f} MB.",
+        "Backends at the end: "
+        + "; ".join(
+            f"{n}: {b['state']}" + (f" ({b['last_error']})" if b["last_error"] else "")
+            for n, b in result["backends"].items()
+        ),
+    ]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--keep", type=Path, help="run in this directory and keep it (logs, federation.yaml)")
+    args = parser.parse_args()
+    plan = QUICK if args.quick else FULL
+    env = environment()
+    try:
+        if args.keep is not None:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            result = anyio.run(run, plan, args.keep)
+        else:
+            with tempfile.TemporaryDirectory(prefix="soak-hostile-") as folder:
+                result = anyio.run(run, plan, Path(folder))
+    except HarnessError as exc:
+        say(f"harness failed: {exc}")
+        return 2
+    result["load_after"] = load_average()
+    print(report(result, env))
+    if args.json is not None:
+        args.json.write_text(json.dumps({"environment": env, **result}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
