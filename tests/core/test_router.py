@@ -260,7 +260,8 @@ async def test_a_saturated_provider_moves_to_the_next_and_never_counts_against_i
 
     for _ in range(8):
         result = await setup.call("search", {"q": "x"})
-        assert text(result) == "from b"
+        assert text(result).split("\n")[0] == "from b"  # then the degradation line, which names why (saturated)
+        assert "(saturated: every connection to a is busy)" in text(result)
         assert [s["outcome"] for s in meta(result)["steps"]] == ["saturated", "ok"]
     breaker = setup.router.breakers["a"]
     assert (breaker.state, breaker.failures) == ("closed", 0)
