@@ -329,7 +329,7 @@ class Router:
                         record, backend, provider, provider_args, variant, progress, deadline, final
                     )
                 record.steps.append(taken)
-                _judge(breaker, taken, failure)
+                _judge(breaker, taken, failure, record.ctx)
                 if failure is not None:
                     log.warning(
                         "tool.step_failed",
@@ -536,7 +536,7 @@ class Router:
                         record, backend, backend.name, None, partial(send, backend, origin), refusable=False
                     )
                 record.steps.append(taken)
-                _judge(breaker, taken, failure)
+                _judge(breaker, taken, failure, record.ctx)
                 if failure is not None:
                     failures.append(failure)
                     continue
@@ -587,10 +587,11 @@ class Router:
 _WAITING = "while waiting for backends still starting"
 
 
-def _judge(breaker: Any, taken: AuditStep, failure: BackendError | None) -> None:
+def _judge(breaker: Any, taken: AuditStep, failure: BackendError | None, ctx: CallContext = NO_CONTEXT) -> None:
     """A step's verdict on its backend's circuit: an answer (even an error, thin or too large) is a sign of life; a
-    step that never reached the backend (saturated) is none, and hands a trial back."""
-    if failure is not None and not failure.verdict:
+    step that never reached the backend (saturated) is none, and hands a trial back; so is a step whose backend was
+    waiting for the caller's own answer (a bridged call its client abandoned: front/bridges.py ``unanswered``)."""
+    if failure is not None and (not failure.verdict or getattr(ctx.upstream.channel, "unanswered", False)):
         breaker.abstain()
     elif failure is None or failure.answered:
         breaker.success()

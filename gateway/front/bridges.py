@@ -49,7 +49,7 @@ class Bridge:
     waits, at most ``ttl_s``, for ``answer`` (the client's input response on its retry); the request's end comes
     through the events too (``done``). Log messages and stream closes go to the request's own channel."""
 
-    __slots__ = ("_answer", "_inner", "_link", "_receive", "_send", "caller", "scope", "ttl_s", "waiting")
+    __slots__ = ("_answer", "_inner", "_link", "_receive", "_send", "caller", "scope", "ttl_s", "unanswered", "waiting")
 
     def __init__(self, inner: BackChannel, caller: str | None, ttl_s: float) -> None:
         self._inner = inner
@@ -62,6 +62,9 @@ class Bridge:
         """The request's task runs in it: the client's cancellation of the request waiting for it reaches it."""
         self.waiting: Any = None
         """The downstream request now waiting for the client's input (None between rounds)."""
+        self.unanswered = False
+        """A downstream request was handed to the client and its answer never came (yet): while this holds, whatever
+        becomes of the call is the caller's doing, never the backend's health (core/router.py reads it)."""
 
     @property
     def client(self) -> ClientLink | None:
@@ -88,6 +91,7 @@ class Bridge:
         answered = anyio.Event()
         box: list[Any] = []
         self.waiting, self._answer = (request, box), answered
+        self.unanswered = True
         try:
             await self._send.send(("ask", (request, backend)))
             with anyio.fail_after(self.ttl_s):
@@ -102,6 +106,7 @@ class Bridge:
             return types.ErrorData(code=types.INVALID_REQUEST, message="The client behind the gateway has gone.")
         finally:
             self.waiting, self._answer = None, None
+        self.unanswered = False  # the client answered (its answer may still be malformed: that is the client's)
         raw = box[0] if box else None
         if raw is None:
             return types.ErrorData(

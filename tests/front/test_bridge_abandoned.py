@@ -30,7 +30,12 @@ ENV = {"GATEWAY_STATE_KEY": KEY}
 
 
 def _config(
-    *, ttl_s: float = 30.0, per_caller: int | None = None, session: str = "shared", over: Downstream | None = None
+    *,
+    ttl_s: float = 30.0,
+    per_caller: int | None = None,
+    session: str = "shared",
+    over: Downstream | None = None,
+    timeout_s: float = 20,
 ) -> str:
     """One fidelity server ``fid``: over stdio, or ``over`` a served transport."""
     cap = f", bridge_max_per_caller: {per_caller}" if per_caller is not None else ""
@@ -38,7 +43,7 @@ def _config(
         server = {"transport": "stdio", "command": PYTHON, "args": [FIDELITY, "--stdio", "--name", "s"]}
     else:
         server = over.settings()
-    server |= {"timeout_s": 20, "session": session}
+    server |= {"timeout_s": timeout_s, "session": session}
     return f"""
 gateway:
   audit: {{enabled: true, path: audit.db}}
@@ -86,6 +91,26 @@ async def test_abandoned_bridged_calls_never_open_the_backends_circuit(tmp_path:
     assert [status for status, _ in abandoned] == ["input_required", "error"] * 3
     assert all(chain == ["fid/elicit_or_raise:rpc_error"] for status, chain in abandoned if status == "error")
     assert "circuit open" not in said and "timed out after" not in said
+
+
+async def test_abandoned_bridged_calls_cut_by_their_own_time_limit_never_open_the_backends_circuit(
+    tmp_path: Path, over: Downstream | None
+) -> None:
+    # The call's time limit (1 s) runs out while its downstream waits for the client's input (the bridge would wait
+    # 30 s): the call ends as timed out, and that is the caller's abandonment, not the backend's failure.
+    with run_gateway(_config(ttl_s=30, over=over, timeout_s=1), tmp_path, tokens=TOKENS, env=ENV) as gateway:
+        with anyio.fail_after(60):
+            async with client(gateway.url(), token="tok-alice") as alice:
+                for index in range(3):  # past the threshold of 2
+                    await _abandoned(alice, "elicit", f"Q{index}")
+                    await eventually(lambda n=index + 1: _ended(tmp_path) == n, within=20)
+            async with client(gateway.url(), token="tok-bob", answers=Said()) as bob:
+                answered = await bob.call_tool("elicit", {"message": "Bob?"})
+        said = gateway.output()
+    assert _text(answered) == 'elicited: accept {"answer": "forty-two to Bob?"}'
+    ended = [status for _, status, caller, _ in _rows(tmp_path) if caller == "alice" and status != "input_required"]
+    assert ended == ["timeout"] * 3, ended
+    assert "circuit open" not in said
 
 
 async def test_with_per_client_sessions_an_immediate_retry_is_served(tmp_path: Path) -> None:
