@@ -25,7 +25,7 @@ from gateway.config.backends import (
     VariantProbe,
     Wiki,
 )
-from gateway.config.base import TOOL_NAME_RE
+from gateway.config.base import TOOL_NAME_RE, SecretsMode
 from gateway.config.federation import (
     AnswerBudget,
     Clients,
@@ -97,6 +97,7 @@ __all__ = [
     "Route",
     "RouteStep",
     "SearchHitsResult",
+    "SecretsMode",
     "Selection",
     "ServerConfig",
     "SharedSettings",

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from gateway.config.base import Model, check_tool_name, check_url, resolve, resolve_env_paths
+from gateway.config.base import Model, SecretsMode, check_tool_name, check_url, resolve, resolve_env_paths
 
 __all__ = [
     "ADAPTER_PASS_ENV",
@@ -119,6 +119,9 @@ class _Backend(Model):
     """``shared``: one session serves every client. ``per_client``: a client that can answer the server's own
     requests (sampling, elicitation, roots) gets its own session (for stdio, its own process), opened at its first
     call, so those requests reach exactly that client even when several call at once (see backends/mcp/relay.py)."""
+    secrets: SecretsMode | None = None
+    """Credentials in this server's arguments and answers: ``record``, ``redact``, ``block`` or ``off``; unset:
+    ``gateway.secrets`` (docs/security.md, "Credentials in flight")."""
     protocol: Literal["handshake", "2026-07-28"] = "handshake"
     """The era the gateway speaks to this server: ``handshake`` (``initialize``, 2025-11-25 and older) or
     ``2026-07-28`` (stateless, ``server/discover``): a server that answers with input-required results (SEP-2322)
@@ -324,6 +327,8 @@ class Adapter(Model):
     max_output_bytes: int = Field(default=50 * 1024 * 1024, gt=0)
     max_stderr_bytes: int = Field(default=1024 * 1024, gt=0)
     concurrency: int = Field(default=4, ge=1)
+    secrets: SecretsMode | None = None
+    """As a server's ``secrets``: credentials in this adapter's arguments and output; unset: ``gateway.secrets``."""
     probe: tuple[str, ...] | None = None
     """A health probe argv (e.g. ``[--version]``); by default only the command's presence is checked."""
     tools: dict[str, AdapterTool]

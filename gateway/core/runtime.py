@@ -44,6 +44,7 @@ from gateway.core.breakers import Breakers, BreakerState
 from gateway.core.catalog import Catalog
 from gateway.core.costs import Cost, costs_from
 from gateway.core.gate import ClientPolicy
+from gateway.core.leaks import Leaks
 from gateway.core.reload import ReloadPlan, check_reload, plan_reload
 from gateway.core.router import Router
 from gateway.errors import AuditError
@@ -162,6 +163,7 @@ class Gateway:
             startup=self,
             answers=self.answers,
         )
+        self.router.leaks = Leaks(lambda: self.config)
         self.started = False
         """True once the startup wait is over (``wait_started``): every backend had its first outcome, or the wait's
         bound passed."""
