@@ -171,6 +171,9 @@ class TokenExchange(Model):
 class HttpServer(_Backend):
     transport: Literal["streamable_http"]
     url: str = Field(pattern=r"^https?://")
+    allow_private: bool = False
+    """Whether this server may be reached at a private address (10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7);
+    link-local and metadata addresses never, loopback always (gateway/backends/mcp/egress.py)."""
     headers: dict[str, str] = {}
     secret_headers: tuple[str, ...] = ()
     """Names in ``headers`` whose values are secrets, besides ``Authorization``, ``Cookie``, ``X-Api-Key`` and
@@ -182,6 +185,9 @@ class HttpServer(_Backend):
 class SseServer(_Backend):
     transport: Literal["sse"]
     url: str = Field(pattern=r"^https?://")
+    allow_private: bool = False
+    """Whether this server may be reached at a private address (10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7);
+    link-local and metadata addresses never, loopback always (gateway/backends/mcp/egress.py)."""
     headers: dict[str, str] = {}
     secret_headers: tuple[str, ...] = ()
     """As for ``streamable_http``."""

@@ -16,6 +16,7 @@ import anyio.lowlevel
 import httpx2
 
 from gateway.backends.mcp.answers import LimitedTransport
+from gateway.backends.mcp.egress import Admitting, guard
 from gateway.backends.mcp.failures import FOREIGN, ResponseRecorder
 from gateway.backends.mcp.framing import JsonLinesTransport
 from gateway.backends.mcp.polling import HeldRetries, HeldRetry, resume_key
@@ -70,7 +71,7 @@ class _SharedTransport(httpx2.AsyncBaseTransport):
     """One connection pool for every HTTP backend; closing a client that borrows it leaves it open."""
 
     def __init__(self) -> None:
-        self._inner = httpx2.AsyncHTTPTransport()
+        self._inner = guard(httpx2.AsyncHTTPTransport())  # every connection checked (egress.py)
         self._held = HeldRetries()
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
@@ -130,11 +131,13 @@ class HttpPool:
         *,
         max_answer_bytes: int,
         json_lines: bool = False,
+        allow_private: bool = False,
     ) -> httpx2.AsyncClient:
-        """``json_lines``: read an ``application/json`` answer as one message per line (backends/mcp/framing.py)."""
+        """``json_lines``: read an ``application/json`` answer as one message per line (backends/mcp/framing.py);
+        ``allow_private``: this server may be reached at a private address (backends/mcp/egress.py)."""
         inner: httpx2.AsyncBaseTransport = JsonLinesTransport(self._transport) if json_lines else self._transport
         return httpx2.AsyncClient(
-            transport=LimitedTransport(inner, max_answer_bytes),
+            transport=LimitedTransport(Admitting(inner, allow_private), max_answer_bytes),
             headers=dict(headers),
             timeout=httpx2.Timeout(timeout_s, read=read_s),
             trust_env=False,
