@@ -25,7 +25,7 @@ from gateway.config.backends import (
     VariantProbe,
     Wiki,
 )
-from gateway.config.base import TOOL_NAME_RE, SecretsMode
+from gateway.config.base import TOOL_NAME_RE, PinMode, SecretsMode
 from gateway.config.federation import (
     AnswerBudget,
     Clients,
@@ -96,6 +96,7 @@ __all__ = [
     "PolicyLimits",
     "Route",
     "RouteStep",
+    "PinMode",
     "SearchHitsResult",
     "SecretsMode",
     "Selection",

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from gateway.config.base import Model, SecretsMode, check_tool_name, check_url, resolve, resolve_env_paths
+from gateway.config.base import Model, PinMode, SecretsMode, check_tool_name, check_url, resolve, resolve_env_paths
 
 __all__ = [
     "ADAPTER_PASS_ENV",
@@ -119,6 +119,9 @@ class _Backend(Model):
     """``shared``: one session serves every client. ``per_client``: a client that can answer the server's own
     requests (sampling, elicitation, roots) gets its own session (for stdio, its own process), opened at its first
     call, so those requests reach exactly that client even when several call at once (see backends/mcp/relay.py)."""
+    pin: PinMode | None = None
+    """Tool definitions this server changes or adds after approval: ``off``, ``warn`` or ``enforce`` (held back until
+    ``gateway pins approve``); unset: ``gateway.pin`` (gateway/core/pins.py)."""
     secrets: SecretsMode | None = None
     """Credentials in this server's arguments and answers: ``record``, ``redact``, ``block`` or ``off``; unset:
     ``gateway.secrets`` (docs/security.md, "Credentials in flight")."""

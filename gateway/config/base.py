@@ -14,6 +14,7 @@ __all__ = [
     "TOOL_NAME_RE",
     "Model",
     "Problem",
+    "PinMode",
     "SecretsMode",
     "check_tool_name",
     "check_url",
@@ -32,6 +33,10 @@ SecretsMode = Annotated[
 ]
 """What the gateway does with a credential in a call's arguments or answer (gateway/core/leaks.py); YAML reads a bare
 ``off`` as false, which means ``off`` here."""
+PinMode = Annotated[
+    Literal["off", "warn", "enforce"], BeforeValidator(lambda value: "off" if value is False else value)
+]
+"""What an unapproved tool definition of a server does (gateway/core/pins.py); a bare ``off`` as for SecretsMode."""
 
 
 class Model(BaseModel):

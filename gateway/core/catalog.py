@@ -44,6 +44,7 @@ from gateway.core.costs import Cost, fill_placeholders
 from gateway.core.gate import note_without, with_note
 from gateway.core.kept import READ_DESCRIPTION, READ_SCHEMA, READ_TOOL
 from gateway.core.listings import Listings
+from gateway.core.pins import Pin, PinCheck
 from gateway.core.shadowing import house_owner, reserved, server_name
 from gateway.core.unserved import Unserved, unserved
 from gateway.search.tokens import count_tokens
@@ -213,10 +214,16 @@ class Catalog:
 
     @classmethod
     def build(
-        cls, config: Federation, backends: Mapping[str, Backend], costs: Mapping[str, Cost] | None = None
+        cls,
+        config: Federation,
+        backends: Mapping[str, Backend],
+        costs: Mapping[str, Cost] | None = None,
+        pins: Mapping[tuple[str, str], Pin] | None = None,
     ) -> Catalog:
-        """Merge the tools of ``backends``; ``costs`` fill the ``{cost:TOOL}`` placeholders (see costs.py)."""
+        """Merge the tools of ``backends``; ``costs`` fill the ``{cost:TOOL}`` placeholders (see costs.py); ``pins``
+        are the approved definitions (pins.py)."""
         problems: list[str] = []
+        pinned = PinCheck(config, pins or {})
         costs = costs or {}
         note = fill_placeholders((config.gateway.router_note or "").strip(), costs)
         carries = _NoteCarrier(config)
@@ -238,7 +245,8 @@ class Catalog:
                 known[f"{name}/{tool.name}"] = (backend, tool)
                 if f"{name}/{tool.name}" in route_providers or not publish:
                     continue  # consumed by a route (served under the route's name), or not serving on its own
-                candidate = _candidate(config, name, tool)
+                admitted = pinned.admit(name, tool)  # as approved, or withheld (pins.py)
+                candidate = _candidate(config, name, admitted) if admitted is not None else None
                 if candidate is not None:
                     candidates.append(candidate)
 
@@ -271,6 +279,7 @@ class Catalog:
             tool = _publish(cand.tool, public, description, note if carries(public, cand.router) else "")
             entries[public] = CatalogEntry(public, tool, (Provider(cand.backend, cand.local),), cand.audit)
 
+        problems += pinned.problems
         unlisted = _unlisted(config, backends, known, entries, problems)
         dumped = {name: e.tool.model_dump(by_alias=True, mode="json", exclude_none=True) for name, e in entries.items()}
         gated = set(config.clients.large_context_tools) & dumped.keys()

@@ -83,6 +83,18 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
     # v3 -> v4: credentials found in flight (core/leaks.py), a JSON list of [kind, place, action]; NULL: none.
     ("ALTER TABLE calls ADD COLUMN secrets TEXT",),
+    # v4 -> v5: approved tool definitions (gateway/core/pins.py, ledger/pins.py), one per server and tool.
+    (
+        """CREATE TABLE pins (
+            server TEXT NOT NULL,
+            tool TEXT NOT NULL,
+            digest TEXT NOT NULL,
+            definition TEXT NOT NULL,
+            approved_by TEXT,
+            approved_at REAL NOT NULL,
+            PRIMARY KEY (server, tool)
+        )""",
+    ),
 )
 
 COLUMNS: Final = (
