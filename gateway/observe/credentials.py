@@ -90,8 +90,8 @@ def _matches(text: str) -> Iterator[tuple[str, int, int]]:
             before = text[match.start() - 1] if match.start() > 0 else " "
             if pattern.word and (before.isalnum() or before == "_"):
                 continue
-            if pattern.kind == "connection_string" and match.group("secret").startswith("${"):
-                continue  # a placeholder (``${DB_PASSWORD}``), not a password
+            if pattern.kind == "connection_string" and match.group("secret").startswith(("${", "[redacted")):
+                continue  # a placeholder (``${DB_PASSWORD}``) or a password masked already, not a password
             group = "secret" if "secret" in pattern.regex.groupindex else 0
             yield pattern.kind, match.start(group), match.end(group)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.observe.credentials import KINDS, Finding, find, redact, redact_value, scan_value
+from gateway.observe.logs import redactor
 
 # Built from parts, so this file is not itself a list of credentials to a scanner.
 SAMPLES = {
@@ -50,6 +51,7 @@ def test_a_connection_string_keeps_all_but_its_password() -> None:
     [
         "https://example.com/path?q=1",  # a URL without a password
         "postgresql://app:${DB_PASSWORD}@db/prod",  # a placeholder, not a password
+        "postgresql://app:[redacted]@db/prod",  # masked already (observe/logs.py's known secrets)
         "AKIA is a prefix; AKIAshort",
         "ghp_tooShort and eyJ alone",
         "commit 3f786850e387550fdab836ed7e6dc881de23001b, id 0123456789abcdef0123456789abcdef",
@@ -69,3 +71,11 @@ def test_findings_name_the_path_and_never_the_value() -> None:
         SAMPLES["github_token"] not in str(findings) and str(findings[0]) == "github_token at arguments.items[0].note"
     )
     assert redact_value(value) == {"query": "fine", "items": [{"note": "[redacted github_token]"}, 3, None], "ok": True}
+
+
+def test_the_log_redactor_masks_credentials_it_was_never_told_of() -> None:
+    event = {"reason": f"downstream said: bad token {SAMPLES['github_token']}", "n": 3}
+    assert redactor(None, "info", dict(event)) == {
+        "reason": "downstream said: bad token [redacted github_token]",
+        "n": 3,
+    }
