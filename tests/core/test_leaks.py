@@ -11,6 +11,7 @@ import anyio
 import mcp_types as types
 import pytest
 
+from gateway.front.http.status import status_document
 from gateway.ledger.engines import open_reader
 from gateway.ledger.records import AuditRecord
 from gateway.testing import InProcess, in_process_gateway
@@ -124,3 +125,19 @@ async def test_a_servers_own_policy_wins_over_the_default(gateway_of) -> None:
             said = await connected.client.call_tool("say", {"text": f"use {TOKEN} please"})
         assert TOKEN in _text(said)
         assert _rows(connected)[-1].secrets == ()
+
+
+async def test_a_credential_a_failing_server_prints_stays_out_of_status(tmp_path: Path) -> None:
+    """The reason quotes the server's stderr; /status and `gateway check` show it with the credential redacted."""
+    leak = f"import sys; print('auth failed for token {TOKEN}', file=sys.stderr); sys.exit(3)"
+    config = f"""
+gateway: {{audit: {{path: {json.dumps(str(tmp_path / "audit.db"))}}}}}
+servers:
+  broken: {{transport: stdio, command: {json.dumps(PYTHON)}, args: ["-c", {json.dumps(leak)}]}}
+"""
+    with anyio.fail_after(20):
+        async with in_process_gateway(config) as connected:
+            doc = status_document(connected.gateway)
+    [backend] = doc["backends"]
+    assert "[redacted github_token]" in backend["reason"], backend
+    assert TOKEN not in json.dumps(doc)
