@@ -10,7 +10,6 @@ from pathlib import Path
 import anyio
 import pytest
 
-from gateway.cli.main import main
 from gateway.config import parse_config
 from gateway.core.catalog import Catalog
 from gateway.core.pins import Pin, definition, digest
@@ -86,13 +85,18 @@ servers:
     return path
 
 
+async def _gateway(*argv: str) -> tuple[int, str]:
+    """``gateway ARGV`` as its own process (the CLI configures logging process-wide): its exit status and stdout."""
+    with anyio.fail_after(60):
+        done = await anyio.run_process([PYTHON, "-m", "gateway", *argv], check=False)
+    return done.returncode, done.stdout.decode()
+
+
 @pytest.mark.anyio
 @pytest.mark.spawns
-async def test_a_rug_pull_after_approval_is_held_back_and_shown(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+async def test_a_rug_pull_after_approval_is_held_back_and_shown(tmp_path: Path) -> None:
     path = _file(tmp_path)
-    assert await anyio.to_thread.run_sync(main, ["pins", "approve", "s", "-c", str(path), "--by", "ada"]) == 0
+    assert (await _gateway("pins", "approve", "s", "-c", str(path), "--by", "ada"))[0] == 0
     assert {row[1] for row in read_pins(tmp_path / "audit.db")} >= {"echo", "add"}
 
     path = _file(tmp_path, "--echo-description", POISON, "--tools", "1")  # the server rewrites echo, adds t0
@@ -102,7 +106,6 @@ async def test_a_rug_pull_after_approval_is_held_back_and_shown(
             assert listed["echo"] == "Echo the text back." and "t0" not in listed
             problems = "\n".join(gateway.catalog.problems)
             assert "s/echo changed since it was approved" in problems and "s/t0 is new" in problems
-    capsys.readouterr()
-    assert await anyio.to_thread.run_sync(main, ["pins", "diff", "-c", str(path)]) == 1
-    shown = capsys.readouterr().out
+    status, shown = await _gateway("pins", "diff", "-c", str(path))
+    assert status == 1
     assert "changed: s/echo" in shown and f'+  "description": "{POISON}"' in shown and "new: s/t0" in shown
