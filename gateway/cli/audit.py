@@ -69,6 +69,7 @@ def record_to_json(rec: AuditRecord) -> dict[str, Any]:
         "kind": rec.kind,
         "tokens_in": rec.tokens_in,
         "tokens_out": rec.tokens_out,
+        "secrets": [{"kind": kind, "at": place, "action": action} for kind, place, action in rec.secrets],
     }
 
 

@@ -91,6 +91,10 @@ def _run(args: argparse.Namespace) -> int:
         elif args.db == AUDIT_DB_FROM_CONFIG:
             args.db = audit.url or audit.path  # the ledger the gateway writes
         return run_audit(args)
+    if args.command == "pins":
+        from gateway.cli.pins import run_pins
+
+        return run_pins(config, args)
     if args.command == "serve" and not (args.stdio and sys.stdin.isatty()) and threading.active_count() == 1:
         from gateway.backends.processes import supervise
 

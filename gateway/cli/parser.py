@@ -89,8 +89,28 @@ def build_parser() -> argparse.ArgumentParser:
         copy_default="gateway.audit.path",
     )
     config_arg(audit)
+    for pins in add_pins_subcommands(sub):
+        config_arg(pins)
     add_import_subcommand(sub)
     return parser
+
+
+# --------------------------------------------------------------------------------------------------- pins
+
+
+def add_pins_subcommands(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> tuple[argparse.ArgumentParser, ...]:
+    """Add ``pins`` (``approve``, ``diff``) to the CLI's subparsers; returns the two (each takes ``-c``)."""
+    pins = subparsers.add_parser("pins", help="approve servers' tool definitions, and see what changed since")
+    commands = pins.add_subparsers(dest="pins_command", required=True, metavar="{approve,diff}")
+    approve = commands.add_parser("approve", help="record a server's tools (or one) as they are now as approved")
+    approve.add_argument("server", help="the server's name under servers:")
+    approve.add_argument("tool", nargs="?", help="one of its tools, by its own name (default: every tool)")
+    approve.add_argument("--by", default=None, help="who approves (default: the login name)")
+    diff = commands.add_parser("diff", help="tools new or changed since approval; exit 1 when there are any")
+    diff.add_argument("--json", action="store_true", help="machine-readable output")
+    return approve, diff
 
 
 # --------------------------------------------------------------------------------------------------- audit

@@ -25,7 +25,7 @@ from gateway.config.backends import (
     VariantProbe,
     Wiki,
 )
-from gateway.config.base import TOOL_NAME_RE
+from gateway.config.base import TOOL_NAME_RE, PinMode, SecretsMode
 from gateway.config.federation import (
     AnswerBudget,
     Clients,
@@ -96,7 +96,9 @@ __all__ = [
     "PolicyLimits",
     "Route",
     "RouteStep",
+    "PinMode",
     "SearchHitsResult",
+    "SecretsMode",
     "Selection",
     "ServerConfig",
     "SharedSettings",

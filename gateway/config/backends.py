@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from gateway.config.base import Model, check_tool_name, check_url, resolve, resolve_env_paths
+from gateway.config.base import Model, PinMode, SecretsMode, check_tool_name, check_url, resolve, resolve_env_paths
 
 __all__ = [
     "ADAPTER_PASS_ENV",
@@ -124,6 +124,12 @@ class _Backend(Model):
     """``shared``: one session serves every client. ``per_client``: a client that can answer the server's own
     requests (sampling, elicitation, roots) gets its own session (for stdio, its own process), opened at its first
     call, so those requests reach exactly that client even when several call at once (see backends/mcp/relay.py)."""
+    pin: PinMode | None = None
+    """Tool definitions this server changes or adds after approval: ``off``, ``warn`` or ``enforce`` (held back until
+    ``gateway pins approve``); unset: ``gateway.pin`` (gateway/core/pins.py)."""
+    secrets: SecretsMode | None = None
+    """Credentials in this server's arguments and answers: ``record``, ``redact``, ``block`` or ``off``; unset:
+    ``gateway.secrets`` (docs/security.md, "Credentials in flight")."""
     protocol: Literal["handshake", "2026-07-28"] = "handshake"
     """The era the gateway speaks to this server: ``handshake`` (``initialize``, 2025-11-25 and older) or
     ``2026-07-28`` (stateless, ``server/discover``): a server that answers with input-required results (SEP-2322)
@@ -184,6 +190,9 @@ class _Pooled(_Backend):
 class HttpServer(_Pooled):
     transport: Literal["streamable_http"]
     url: str = Field(pattern=r"^https?://")
+    allow_private: bool = False
+    """Whether this server may be reached at a private address (10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7);
+    link-local and metadata addresses never, loopback always (gateway/backends/mcp/egress.py)."""
     headers: dict[str, str] = {}
     secret_headers: tuple[str, ...] = ()
     """Names in ``headers`` whose values are secrets, besides ``Authorization``, ``Cookie``, ``X-Api-Key`` and
@@ -195,6 +204,9 @@ class HttpServer(_Pooled):
 class SseServer(_Backend):
     transport: Literal["sse"]
     url: str = Field(pattern=r"^https?://")
+    allow_private: bool = False
+    """Whether this server may be reached at a private address (10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7);
+    link-local and metadata addresses never, loopback always (gateway/backends/mcp/egress.py)."""
     headers: dict[str, str] = {}
     secret_headers: tuple[str, ...] = ()
     """As for ``streamable_http``."""
@@ -340,6 +352,8 @@ class Adapter(Model):
     max_output_bytes: int = Field(default=50 * 1024 * 1024, gt=0)
     max_stderr_bytes: int = Field(default=1024 * 1024, gt=0)
     concurrency: int = Field(default=4, ge=1)
+    secrets: SecretsMode | None = None
+    """As a server's ``secrets``: credentials in this adapter's arguments and output; unset: ``gateway.secrets``."""
     probe: tuple[str, ...] | None = None
     """A health probe argv (e.g. ``[--version]``); by default only the command's presence is checked."""
     tools: dict[str, AdapterTool]

@@ -5,17 +5,38 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, ValidationInfo
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationInfo
 
-__all__ = ["TOOL_NAME_RE", "Model", "Problem", "check_tool_name", "check_url", "resolve", "resolve_env_paths"]
+__all__ = [
+    "TOOL_NAME_RE",
+    "Model",
+    "Problem",
+    "PinMode",
+    "SecretsMode",
+    "check_tool_name",
+    "check_url",
+    "resolve",
+    "resolve_env_paths",
+]
 
 Problem = tuple[tuple[str, ...], str]
 """What is wrong and where: (the key path, as a tuple of keys; a sentence)."""
 
 TOOL_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 """Published tool names: SEP-986 characters, at most 64 long (the limit several model APIs enforce)."""
+
+SecretsMode = Annotated[
+    Literal["off", "record", "redact", "block"], BeforeValidator(lambda value: "off" if value is False else value)
+]
+"""What the gateway does with a credential in a call's arguments or answer (gateway/core/leaks.py); YAML reads a bare
+``off`` as false, which means ``off`` here."""
+PinMode = Annotated[
+    Literal["off", "warn", "enforce"], BeforeValidator(lambda value: "off" if value is False else value)
+]
+"""What an unapproved tool definition of a server does (gateway/core/pins.py); a bare ``off`` as for SecretsMode."""
 
 
 class Model(BaseModel):

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
-from gateway.config.base import TOOL_NAME_RE, Model, check_url, resolve
+from gateway.config.base import TOOL_NAME_RE, Model, PinMode, SecretsMode, check_url, resolve
 from gateway.config.policies import CallerLimit
 
 __all__ = [
@@ -335,6 +335,11 @@ class GatewaySettings(Model):
     auth: Auth = Auth()
     audit: AuditSettings = AuditSettings()
     naming: Naming = Naming()
+    pin: PinMode = "off"
+    """Pinned tool definitions for every server without its own ``pin``: ``off``, ``warn`` or ``enforce``."""
+    secrets: SecretsMode = "record"
+    """Credentials in calls' arguments and answers, for every backend without its own ``secrets``: ``record`` (the
+    ledger row names kind and place, never the value), ``redact``, ``block`` or ``off`` (gateway/core/leaks.py)."""
     circuit_breaker: CircuitBreaker = CircuitBreaker()
     edge: EdgeSettings = EdgeSettings()
     drain_s: float = Field(default=5.0, gt=0)

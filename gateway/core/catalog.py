@@ -44,6 +44,8 @@ from gateway.core.costs import Cost, fill_placeholders
 from gateway.core.gate import note_without, with_note
 from gateway.core.kept import READ_DESCRIPTION, READ_SCHEMA, READ_TOOL
 from gateway.core.listings import Listings
+from gateway.core.pins import Pin, PinCheck
+from gateway.core.shadowing import house_owner, reserved, server_name
 from gateway.core.unserved import Unserved, unserved
 from gateway.search.tokens import count_tokens
 
@@ -140,6 +142,7 @@ class _Candidate:
     tool: types.Tool
     router: bool
     audit: Mapping[str, int]
+    downstream: bool = False  # a server's tool, named by the server: it may not shadow the house (shadowing.py)
 
 
 @dataclass(frozen=True)
@@ -211,10 +214,16 @@ class Catalog:
 
     @classmethod
     def build(
-        cls, config: Federation, backends: Mapping[str, Backend], costs: Mapping[str, Cost] | None = None
+        cls,
+        config: Federation,
+        backends: Mapping[str, Backend],
+        costs: Mapping[str, Cost] | None = None,
+        pins: Mapping[tuple[str, str], Pin] | None = None,
     ) -> Catalog:
-        """Merge the tools of ``backends``; ``costs`` fill the ``{cost:TOOL}`` placeholders (see costs.py)."""
+        """Merge the tools of ``backends``; ``costs`` fill the ``{cost:TOOL}`` placeholders (see costs.py); ``pins``
+        are the approved definitions (pins.py)."""
         problems: list[str] = []
+        pinned = PinCheck(config, pins or {})
         costs = costs or {}
         note = fill_placeholders((config.gateway.router_note or "").strip(), costs)
         carries = _NoteCarrier(config)
@@ -236,7 +245,8 @@ class Catalog:
                 known[f"{name}/{tool.name}"] = (backend, tool)
                 if f"{name}/{tool.name}" in route_providers or not publish:
                     continue  # consumed by a route (served under the route's name), or not serving on its own
-                candidate = _candidate(config, name, tool)
+                admitted = pinned.admit(name, tool)  # as approved, or withheld (pins.py)
+                candidate = _candidate(config, name, admitted) if admitted is not None else None
                 if candidate is not None:
                     candidates.append(candidate)
 
@@ -263,32 +273,13 @@ class Catalog:
                 route_name, tool, providers, audit, route=True, defaults=_defaults(tool), result=route.result
             )
 
-        mode, sep = config.gateway.naming.mode, config.gateway.naming.separator
-        counts: dict[str, int] = {}
-        for cand in candidates:
-            counts[cand.published] = counts.get(cand.published, 0) + 1
-        for cand in candidates:
-            collides = counts[cand.published] > 1 or cand.published in entries
-            if mode == "always" or (mode == "conditional" and collides):
-                public = f"{cand.backend}{sep}{cand.published}"
-            else:
-                public = cand.published
-            if public in entries:
-                problems.append(
-                    f"tool {cand.backend}/{cand.local} is not published: the name {public!r} is already taken "
-                    f"(naming mode {mode!r})"
-                )
-                continue
-            if not TOOL_NAME_RE.fullmatch(public):
-                problems.append(
-                    f"tool {cand.backend}/{cand.local} is not published: {public!r} is not a valid tool name "
-                    f"(1 to 64 characters from A-Z a-z 0-9 _ . -; it has {len(public)}); rename it in federation.yaml"
-                )
-                continue
+        published = _name(config, candidates, entries, problems)
+        for public, cand in published:
             description = fill_placeholders(cand.tool.description or "", costs)
             tool = _publish(cand.tool, public, description, note if carries(public, cand.router) else "")
             entries[public] = CatalogEntry(public, tool, (Provider(cand.backend, cand.local),), cand.audit)
 
+        problems += pinned.problems
         unlisted = _unlisted(config, backends, known, entries, problems)
         dumped = {name: e.tool.model_dump(by_alias=True, mode="json", exclude_none=True) for name, e in entries.items()}
         gated = set(config.clients.large_context_tools) & dumped.keys()
@@ -323,6 +314,60 @@ class Catalog:
         )
 
 
+def _name(
+    config: Federation, candidates: Sequence[_Candidate], routes: Mapping[str, CatalogEntry], problems: list[str]
+) -> list[tuple[str, _Candidate]]:
+    """Each published candidate with its public name, by the naming policy: the tools the file declares (adapters',
+    the wiki's) first, then the servers' tools, which never take the house's names (shadowing.py)."""
+    mode, sep = config.gateway.naming.mode, config.gateway.naming.separator
+    own = reserved(config)
+    taken: dict[str, _Candidate | None] = dict.fromkeys(routes)
+    house = [c for c in candidates if not c.downstream]
+    servers: dict[str, list[str]] = {}
+    for cand in candidates:
+        if cand.downstream:
+            servers.setdefault(cand.published, []).append(cand.backend)
+    counts: dict[str, int] = {}
+    for cand in house:
+        counts[cand.published] = counts.get(cand.published, 0) + 1
+    for cand in house:
+        collides = counts[cand.published] > 1 or cand.published in own
+        prefixed = mode == "always" or (mode == "conditional" and collides)
+        public = f"{cand.backend}{sep}{cand.published}" if prefixed else cand.published
+        if public in taken or public in own:
+            problems.append(
+                f"tool {cand.backend}/{cand.local} is not published: the name {public!r} is already taken "
+                f"(naming mode {mode!r})"
+            )
+            continue
+        if _valid(cand, public, problems):
+            taken[public] = cand
+            own.setdefault(public, house_owner(config, cand.backend, cand.local))
+    for cand in candidates:
+        if not cand.downstream:
+            continue
+        others = [b for b in servers[cand.published] if b != cand.backend]
+        name, problem = server_name(
+            cand.backend, cand.local, cand.published, own.get(cand.published), others, (mode, sep), taken
+        )
+        if problem is not None:
+            problems.append(problem)
+        if name is not None and _valid(cand, name, problems):
+            taken[name] = cand
+    order = {id(cand): index for index, cand in enumerate(candidates)}  # the listing keeps the backends' order
+    return sorted(((n, c) for n, c in taken.items() if c is not None), key=lambda item: order[id(item[1])])
+
+
+def _valid(cand: _Candidate, public: str, problems: list[str]) -> bool:
+    if TOOL_NAME_RE.fullmatch(public):
+        return True
+    problems.append(
+        f"tool {cand.backend}/{cand.local} is not published: {public!r} is not a valid tool name "
+        f"(1 to 64 characters from A-Z a-z 0-9 _ . -; it has {len(public)}); rename it in federation.yaml"
+    )
+    return False
+
+
 _MOOT: set[str] = set()  # "backend/tool" declarations already logged as moot (once per process)
 
 _NO_SCHEMA: dict[str, Any] = {"type": "object"}
@@ -339,6 +384,7 @@ def _unlisted(
     (``always``: prefixed; ``conditional``: prefixed when the name is taken; ``never``: as is). They never take a name
     from a published tool: a listed tool wins."""
     mode, sep = config.gateway.naming.mode, config.gateway.naming.separator
+    own = reserved(config)  # the gateway's own names are never a server's (shadowing.py)
     declared: list[tuple[str, str]] = []
     for backend, server in config.servers.items():
         if not server.unlisted_tools or backend not in backends:
@@ -357,9 +403,9 @@ def _unlisted(
         counts[local] = counts.get(local, 0) + 1
     out: dict[str, CatalogEntry] = {}
     for backend, local in declared:
-        collides = counts[local] > 1 or local in entries
+        collides = counts[local] > 1 or local in entries or local in own
         public = f"{backend}{sep}{local}" if mode == "always" or (mode == "conditional" and collides) else local
-        if public in entries or public in out:
+        if public in entries or public in out or public in own:
             problems.append(
                 f"unlisted tool {backend}/{local} is not served: the name {public!r} is already taken "
                 f"(naming mode {mode!r})"
@@ -403,7 +449,7 @@ def _candidate(config: Federation, backend: str, tool: types.Tool) -> _Candidate
         elif local in flt.describe:
             tool = tool.model_copy(update={"description": flt.describe[local]})
         router = server.router or published in flt.router
-        return _Candidate(backend, local, published, tool, router, {})
+        return _Candidate(backend, local, published, tool, router, {}, downstream=True)
     if backend in config.adapters:
         spec = config.adapters[backend].tools.get(local)
         router = spec.router if spec is not None else False

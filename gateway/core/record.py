@@ -22,6 +22,7 @@ import structlog
 from gateway.calls import CallContext
 from gateway.errors import ECHO_CHARS
 from gateway.ledger.records import AuditRecord, AuditStep, arg_previews, args_hash
+from gateway.observe.credentials import redact_value
 from gateway.observe.logs import redactor
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.tracing import CallTracer
@@ -88,6 +89,7 @@ class CallRecord:
         "instruments",
         "kind",
         "name",
+        "secrets",
         "started",
         "steps",
         "tokens_in",
@@ -117,6 +119,8 @@ class CallRecord:
         self.tokens_in: int | None = None
         """The arguments' tokens and the answer's as delivered (search/tokens.py); None when not counted."""
         self.tokens_out: int | None = None
+        self.secrets: list[tuple[str, str, str]] = []
+        """Credentials found in flight (core/leaks.py): kind, place, action; never the value."""
 
     @contextmanager
     def open(self, *, span: bool = True, bind: Mapping[str, Any] | None = None) -> Iterator[None]:
@@ -192,6 +196,7 @@ class CallRecord:
             result_bytes=size,
             tokens_in=self.tokens_in,
             tokens_out=self.tokens_out,
+            secrets=[f"{kind} at {place} ({action})" for kind, place, action in self.secrets] or None,
         )
         known = measured and status != "unknown_tool"  # no span was opened; a made-up name is no metrics label
         instruments = self.instruments
@@ -211,11 +216,12 @@ class CallRecord:
                     status=status,
                     duration_ms=duration_ms,
                     result_bytes=size,
-                    arg_preview=arg_previews(self.arguments, self.audit),
+                    arg_preview=arg_previews(_previewed(self.arguments, self.audit), self.audit),
                     args_hash=args_hash(self.arguments),
                     kind=self.kind,
                     tokens_in=self.tokens_in,
                     tokens_out=self.tokens_out,
+                    secrets=tuple(self.secrets),
                 )
             )
         metrics = instruments.metrics
@@ -300,6 +306,13 @@ def _room_for(schema: Mapping[str, Any] | None, key: str) -> bool:
     if isinstance(properties, Mapping) and key in properties:
         return False  # the tool's own field of that name
     return schema.get("additionalProperties", True) is not False and "unevaluatedProperties" not in schema
+
+
+def _previewed(arguments: Mapping[str, Any], audit: Mapping[str, int]) -> Mapping[str, Any]:
+    """The arguments the ledger previews, their credentials redacted whatever the secrets policy (core/leaks.py)."""
+    if not audit:
+        return arguments
+    return {name: redact_value(value) if name in audit else value for name, value in arguments.items()}
 
 
 def _ms(t0: float) -> float:

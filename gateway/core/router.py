@@ -46,6 +46,7 @@ from gateway.core.failures import refusal as _refusal
 from gateway.core.failures import refused as _refused
 from gateway.core.gate import ClientPolicy
 from gateway.core.kept import READ_TOOL
+from gateway.core.leaks import Leaks
 from gateway.core.published import error_as_published, result_as_published
 from gateway.core.record import META_KEY, CallRecord, Instruments, Recorder, ledger_name, step
 from gateway.core.results import shape_result
@@ -126,6 +127,7 @@ class Router:
         self._edge = edge
         self._schemas = PublishedSchemas()
         self.drain = Drain()
+        self.leaks = Leaks()  # credentials in flight (core/leaks.py): the runtime gives it the configuration
 
     def use_instruments(self, recorder: Recorder | None, tracer: CallTracer | None) -> None:
         """Record to ``recorder`` and trace with ``tracer`` from now on (the gateway opens them when it runs)."""
@@ -361,13 +363,11 @@ class Router:
         final: bool,
     ) -> Outcome:
         """One rung of one provider, within the call's deadline (``final``: nothing is left to try after it)."""
-        upstream = record.ctx.upstream
+        upstream, call = record.ctx.upstream, self.leaks.guard(record, backend.name, backend.call_tool)
 
         def send() -> Awaitable[types.CallToolResult]:
             return deadline.run(
-                lambda: backend.call_tool(
-                    provider.tool, arguments, variant=variant, progress=progress, upstream=upstream
-                ),
+                lambda: call(provider.tool, arguments, variant=variant, progress=progress, upstream=upstream),
                 backend=backend.name,
                 last=final,
             )
@@ -413,11 +413,11 @@ class Router:
                 (p for p in listed if (p.backend, p.tool) == (backend_name, tool)), Provider(backend_name, tool)
             )
             provider_args = provider.map_arguments(arguments)
-            deadline = CallDeadline(self._budget())
+            deadline, call = CallDeadline(self._budget()), self.leaks.guard(record, backend.name, backend.call_tool)
 
             def send() -> Awaitable[types.CallToolResult]:
                 return deadline.run(
-                    lambda: backend.call_tool(tool, provider_args, progress=progress, upstream=ctx.upstream),
+                    lambda: call(tool, provider_args, progress=progress, upstream=ctx.upstream),
                     backend=backend.name,
                     last=True,
                 )

@@ -44,6 +44,8 @@ from gateway.core.breakers import Breakers, BreakerState
 from gateway.core.catalog import Catalog
 from gateway.core.costs import Cost, costs_from
 from gateway.core.gate import ClientPolicy
+from gateway.core.leaks import Leaks
+from gateway.core.pins import pins_of
 from gateway.core.reload import ReloadPlan, check_reload, plan_reload
 from gateway.core.router import Router
 from gateway.errors import AuditError
@@ -162,6 +164,7 @@ class Gateway:
             startup=self,
             answers=self.answers,
         )
+        self.router.leaks = Leaks(lambda: self.config)
         self.started = False
         """True once the startup wait is over (``wait_started``): every backend had its first outcome, or the wait's
         bound passed."""
@@ -455,7 +458,7 @@ class Gateway:
         """Build the catalog now; a change is logged (``catalog.changed``, saying what changed and why: at debug
         level when only a measured cost band in the descriptions moved)."""
         self._stale = False
-        catalog = Catalog.build(self.config, self._backends, self._costs)
+        catalog = Catalog.build(self.config, self._backends, self._costs, pins_of(self.config))
         previous = self._catalog
         self._catalog = catalog
         changes = catalog.changes(previous)

@@ -81,11 +81,25 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE calls ADD COLUMN tokens_out INTEGER",
         "CREATE INDEX calls_caller ON calls (caller, ts)",
     ),
+    # v3 -> v4: credentials found in flight (core/leaks.py), a JSON list of [kind, place, action]; NULL: none.
+    ("ALTER TABLE calls ADD COLUMN secrets TEXT",),
+    # v4 -> v5: approved tool definitions (gateway/core/pins.py, ledger/pins.py), one per server and tool.
+    (
+        """CREATE TABLE pins (
+            server TEXT NOT NULL,
+            tool TEXT NOT NULL,
+            digest TEXT NOT NULL,
+            definition TEXT NOT NULL,
+            approved_by TEXT,
+            approved_at REAL NOT NULL,
+            PRIMARY KEY (server, tool)
+        )""",
+    ),
 )
 
 COLUMNS: Final = (
     "ts, correlation_id, session_id, client_name, client_version, caller, tool, chain, status, duration_ms,"
-    " result_bytes, arg_preview, args_hash, kind, tokens_in, tokens_out"
+    " result_bytes, arg_preview, args_hash, kind, tokens_in, tokens_out, secrets"
 )
 """The stored columns, in the order of ``encode_row``'s tuple (the row id aside)."""
 COLUMN_NAMES: Final = tuple(name.strip() for name in COLUMNS.split(","))
@@ -123,6 +137,7 @@ class AuditRecord:
     kind: str = "tools/call"  # one of KINDS
     tokens_in: int | None = None  # the arguments' tokens (search/tokens.py), None when not counted
     tokens_out: int | None = None  # the answer's tokens as the client received it (after any budget's cut)
+    secrets: tuple[tuple[str, str, str], ...] = ()  # credentials found in flight: (kind, place, action), no value
 
 
 # Built once: json.dumps with any option builds a new JSONEncoder on every call (a few microseconds per row).
@@ -197,6 +212,7 @@ def encode_row(rec: AuditRecord) -> tuple[Any, ...]:
         rec.kind,
         rec.tokens_in,
         rec.tokens_out,
+        _compact_json([list(found) for found in rec.secrets]) if rec.secrets else None,
     )
 
 
@@ -225,4 +241,5 @@ def decode_row(row: Sequence[Any]) -> AuditRecord:
         kind=row[13],
         tokens_in=row[14],
         tokens_out=row[15],
+        secrets=tuple(tuple(found) for found in json.loads(row[16])) if len(row) > 16 and row[16] else (),
     )

@@ -39,6 +39,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 import structlog
 
 from gateway.config import Federation, StdioServer, passed_environment
+from gateway.observe.credentials import redact
 
 __all__ = ["MASK", "Redactor", "config_secrets", "configure_logging", "is_secret_name", "redactor", "url_secrets"]
 
@@ -82,11 +83,10 @@ class Redactor:
         self._pattern = re.compile("|".join(re.escape(s) for s in ordered))
 
     def scrub(self, value: Any) -> Any:
-        """``value`` with every registered secret replaced by ``MASK``, recursing into dicts, lists and tuples."""
+        """``value`` with every registered secret replaced by ``MASK`` and every credential the pattern set knows
+        redacted (observe/credentials.py), recursing into dicts, lists and tuples."""
         if isinstance(value, str):
-            if self._pattern is None:
-                return value
-            return self._pattern.sub(MASK, value)
+            return redact(value if self._pattern is None else self._pattern.sub(MASK, value))
         if isinstance(value, dict):
             return {k: self._masked(str(k), v) for k, v in value.items()}
         if isinstance(value, list | tuple):

@@ -249,7 +249,7 @@ async def test_an_empty_v0_file_is_migrated_to_the_current_schema(tmp_path: Path
     assert user_version(db) == 0
     async with Ledger(db) as ledger:
         await ledger.record(make(1))
-    assert user_version(db) == len(MIGRATIONS) == 3
+    assert user_version(db) == len(MIGRATIONS) == 5
     with sqlite3.connect(db) as conn:
         indexes = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -272,7 +272,7 @@ async def test_migrations_are_applied_in_order_to_an_older_database_keeping_its_
     async with Ledger(db) as ledger:
         await ledger.record(make(2))
 
-    assert user_version(db) == len(audit.MIGRATIONS) == 5
+    assert user_version(db) == len(audit.MIGRATIONS) == 7
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT correlation_id, note FROM calls ORDER BY id").fetchall() == [
             ("corr-1", "migrated"),
@@ -496,8 +496,9 @@ def test_records_render_as_an_aligned_table_and_as_json_that_parses_back() -> No
     }
     assert parsed[0]["time"].endswith("Z")
     rebuilt = AuditRecord(
-        **{k: v for k, v in parsed[0].items() if k not in ("time", "chain")},
+        **{k: v for k, v in parsed[0].items() if k not in ("time", "chain", "secrets")},
         chain=tuple(AuditStep(**step) for step in parsed[0]["chain"]),
+        secrets=tuple((s["kind"], s["at"], s["action"]) for s in parsed[0]["secrets"]),
     )
     assert rebuilt == records[0]
 

@@ -27,6 +27,7 @@ from mcp.client.subscriptions import SubscriptionLost
 from mcp.shared.exceptions import MCPError
 
 from gateway.backends.mcp.answers import ANSWER_TOO_LARGE, answer_too_large
+from gateway.backends.mcp.egress import REFUSED
 from gateway.config import PACKAGE_RUNNERS, HttpServer, ServerConfig, SseServer, StdioServer
 from gateway.errors import (
     BackendAnswerTooLarge,
@@ -225,6 +226,8 @@ def classify_failure(
         if isinstance(leaf, PermissionError) and isinstance(config, StdioServer):
             return f"command is not executable: {config.command}"
         if isinstance(leaf, httpx2.ConnectError):
+            if str(leaf).startswith(REFUSED):  # an address the gateway will not connect to (egress.py)
+                return str(leaf)
             url = config.url if isinstance(config, HttpServer | SseServer) else ""
             return f"connection refused at {url}"
         if isinstance(leaf, httpx2.HTTPStatusError):

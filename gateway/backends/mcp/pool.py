@@ -30,6 +30,7 @@ import anyio.lowlevel
 import httpx2
 
 from gateway.backends.mcp.answers import LimitedTransport
+from gateway.backends.mcp.egress import Admitting, guard
 from gateway.backends.mcp.failures import FOREIGN, OWN_ANSWER, SATURATED, ResponseRecorder
 from gateway.backends.mcp.framing import JsonLinesTransport
 from gateway.backends.mcp.polling import HeldRetries, HeldRetry, resume_key
@@ -119,8 +120,9 @@ class _BackendTransport(httpx2.AsyncBaseTransport):
         self.slots = FairSlots(limit, per_caller or max(1, math.ceil(limit / 2)))
         self._wait_s = min(config.connect_timeout_s, config.timeout_s / 2)
         no_pool_wait = httpx2.Limits(max_connections=limit, max_keepalive_connections=min(limit, 20))
-        self._calls = httpx2.AsyncHTTPTransport(verify=verify, limits=no_pool_wait)
-        self._control = httpx2.AsyncHTTPTransport(verify=verify)
+        # every connection checked (egress.py)
+        self._calls = guard(httpx2.AsyncHTTPTransport(verify=verify, limits=no_pool_wait))
+        self._control = guard(httpx2.AsyncHTTPTransport(verify=verify))
         self._held = HeldRetries()
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
@@ -269,13 +271,15 @@ class BackendPool:
         *,
         max_answer_bytes: int,
         json_lines: bool = False,
+        allow_private: bool = False,
     ) -> httpx2.AsyncClient:
         """A client on this backend's pools with its own headers, timeouts and answer limit; ``json_lines``: read
-        an ``application/json`` answer as one message per line (backends/mcp/framing.py)."""
+        an ``application/json`` answer as one message per line (backends/mcp/framing.py); ``allow_private``: this
+        server may be reached at a private address (backends/mcp/egress.py)."""
         transport = self._own()
         inner: httpx2.AsyncBaseTransport = JsonLinesTransport(transport) if json_lines else transport
         return httpx2.AsyncClient(
-            transport=LimitedTransport(inner, max_answer_bytes),
+            transport=LimitedTransport(Admitting(inner, allow_private), max_answer_bytes),
             headers=dict(headers),
             timeout=httpx2.Timeout(timeout_s, read=read_s),
             trust_env=False,

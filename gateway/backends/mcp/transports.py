@@ -117,6 +117,7 @@ async def _streamable_http(
         read_s,
         max_answer_bytes=limit,
         json_lines=config.protocol == MODERN,  # the stateless era's servers stream JSON lines too
+        allow_private=config.allow_private,
     )
     lane = HttpLane(client, config.url, max_event_size=limit + SSE_EVENT_MARGIN) if direct else None
     if lane is not None:
@@ -144,7 +145,9 @@ async def _sse(
     ) -> httpx2.AsyncClient:
         merged = {**sent, **(headers or {})}
         limit = min(config.max_answer_bytes, SSE_EVENT_CAP)
-        client = http.client(merged, config.connect_timeout_s, recorder, max_answer_bytes=limit)
+        client = http.client(
+            merged, config.connect_timeout_s, recorder, max_answer_bytes=limit, allow_private=config.allow_private
+        )
         if timeout is not None:
             client.timeout = timeout
         return client

@@ -1,0 +1,93 @@
+"""Pinned tool definitions: what a downstream server's tool said when the operator approved it, and what is served
+when it says something else.
+
+A tool's ``digest`` covers its own name, title, description, input and output schemas and annotations (its definition as
+the server lists it, before the file's renames). Per server, ``pin`` (else ``gateway.pin``) decides what an
+unapproved definition does: ``off`` nothing; ``warn`` it is served, and the catalog keeps a problem saying it is new
+or changed; ``enforce`` a new tool is withheld and a changed one is served as it was approved (its calls still go to
+the server's tool of that name), with the same problem. ``gateway pins approve`` records digests and definitions
+(ledger/pins.py); ``gateway pins diff`` shows what waits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import mcp_types as types
+
+from gateway.config import Federation
+from gateway.ledger.pins import read_pins
+
+__all__ = ["Pin", "PinCheck", "definition", "digest", "pins_of"]
+
+_DEFINED = ("name", "title", "description", "inputSchema", "outputSchema", "annotations")
+
+
+def definition(tool: types.Tool) -> dict[str, Any]:
+    """The parts of ``tool`` a pin covers, in wire shape."""
+    dumped = tool.model_dump(by_alias=True, mode="json", exclude_none=True)
+    return {key: dumped[key] for key in _DEFINED if key in dumped}
+
+
+def digest(tool: types.Tool) -> str:
+    """The SHA-256 (hex) of ``definition(tool)`` as canonical JSON."""
+    text = json.dumps(definition(tool), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Pin:
+    """An approved definition: the server, the tool's own name, its digest and definition, who and when."""
+
+    server: str
+    tool: str
+    digest: str
+    definition: Mapping[str, Any]
+    approved_by: str | None = None
+    approved_at: float = 0.0
+
+
+@dataclass
+class PinCheck:
+    """One catalog build's view of the pins: ``admit`` each server tool, ``problems`` what waits for approval."""
+
+    config: Federation
+    pins: Mapping[tuple[str, str], Pin]
+    problems: list[str] = field(default_factory=list)
+
+    def mode(self, server: str) -> str:
+        own = self.config.servers.get(server)
+        return own.pin if own is not None and own.pin is not None else self.config.gateway.pin
+
+    def admit(self, server: str, tool: types.Tool) -> types.Tool | None:
+        """``tool`` as it is served under ``server``'s mode: itself, its approved definition, or None (withheld)."""
+        if server not in self.config.servers:
+            return tool  # adapters and the wiki: their definitions are the file's and the gateway's own
+        mode = self.mode(server)
+        if mode == "off":
+            return tool
+        pinned = self.pins.get((server, tool.name))
+        if pinned is not None and pinned.digest == digest(tool):
+            return tool
+        label, enforce = f"{server}/{tool.name}", mode == "enforce"
+        if pinned is None:
+            held = "withheld" if enforce else "served"
+            self.problems.append(f"tool {label} is new and not approved (pin: {mode}): {held}; see gateway pins diff")
+            return None if enforce else tool
+        held = "the approved definition is served" if enforce else "served as changed"
+        self.problems.append(f"tool {label} changed since it was approved (pin: {mode}): {held}; see gateway pins diff")
+        return types.Tool.model_validate(dict(pinned.definition)) if enforce else tool
+
+
+def pins_of(config: Federation) -> dict[tuple[str, str], Pin]:
+    """The approved pins in the SQLite ledger (``gateway.audit.path``); none while every server's pin is off."""
+    if config.gateway.pin == "off" and all(s.pin in (None, "off") for s in config.servers.values()):
+        return {}
+    return {
+        (server, tool): Pin(server, tool, digest_, json.loads(text), by, at)
+        for server, tool, digest_, text, by, at in read_pins(config.gateway.audit.path)
+    }
