@@ -19,6 +19,7 @@ import pytest
 from gateway.backends.mcp.egress import REFUSED, GuardedNetwork, refusal
 from gateway.backends.mcp.failures import ResponseRecorder
 from gateway.backends.mcp.pool import HttpPool
+from gateway.config import HttpServer
 from gateway.testing import in_process_gateway
 from tests.fixtures.gateway_proc import echo_argv
 from tests.fixtures.procs import free_port, start_http_server
@@ -49,10 +50,15 @@ def test_which_addresses_are_refused_and_why(address: str, allow_private: bool, 
     assert refusal(ipaddress.ip_address(address), allow_private) == why
 
 
+def _server(url: str) -> HttpServer:
+    return HttpServer(transport="streamable_http", url=url)
+
+
 def test_the_pool_connects_through_the_guard() -> None:
     """egress.guard reaches into httpx2's transport: this fails first if httpcore2 moves what it reaches."""
-    pool = HttpPool()
-    assert isinstance(pool._transport._inner._pool._network_backend, GuardedNetwork)
+    transport = HttpPool().for_backend("s", _server("http://127.0.0.1:1/mcp"))._own()
+    for inner in (transport._calls, transport._control):  # the calls' connections and the control traffic's
+        assert isinstance(inner._pool._network_backend, GuardedNetwork)
 
 
 @pytest.mark.anyio
@@ -139,7 +145,7 @@ def redirecting() -> Iterator[str]:
 @pytest.mark.anyio
 async def test_a_redirect_to_a_metadata_address_is_refused_at_its_connect(redirecting: str) -> None:
     pool = HttpPool()
-    client = pool.client({}, 5.0, ResponseRecorder(), max_answer_bytes=1 << 20)
+    client = pool.for_backend("s", _server(redirecting)).client({}, 5.0, ResponseRecorder(), max_answer_bytes=1 << 20)
     client.follow_redirects = True  # the gateway's own clients follow none; a hop that is followed is checked
     try:
         with anyio.fail_after(10), pytest.raises(httpx2.ConnectError, match="169.254.169.254: a cloud metadata"):
