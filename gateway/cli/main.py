@@ -16,6 +16,7 @@ when it was raised inside a task group; 1 anything else that stops a command.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 from collections.abc import Sequence
@@ -50,6 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(args)
     except KeyboardInterrupt:
         return EXIT_OK
+    except BrokenPipeError:  # whoever read the output stopped (`gateway audit query | head`): no traceback for that
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would raise again
+        return EXIT_FAILED
     except (GatewayError, BaseExceptionGroup) as exc:  # e.g. tracing on without its SDK, a ledger that cannot open
         errors = _gateway_errors(exc)
         if errors is None:

@@ -123,3 +123,24 @@ def test_check_strict_exits_1_when_a_backend_failed_and_0_when_every_one_is_read
         "gateway check --strict: backend 'gone' is failed: command not found: definitely-not-a-command-xyz"
     ]
     assert "gone" in strict.stdout  # the table is printed as ever
+
+
+@pytest.mark.spawns
+def test_a_reader_that_stops_reading_ends_the_command_without_a_traceback(tmp_path: Path) -> None:
+    ledger = tmp_path / "audit.db"
+
+    async def write() -> None:
+        async with Ledger(ledger) as opened:
+            for n in range(600):  # about 300 KB of JSON: more than a pipe holds
+                await opened.record(make_record(f"c{n}"))
+
+    anyio.run(write)
+    command = [sys.executable, "-m", "gateway", "audit", "query", "--db", str(ledger), "--limit", "0", "--json"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path, env=os.environ) as run:
+        assert run.stdout is not None and run.stderr is not None
+        run.stdout.read(100)  # as `| head -c 100` does, then the reader goes
+        run.stdout.close()
+        err = run.stderr.read().decode()
+        code = run.wait(timeout=60)
+    assert code == 1
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
