@@ -179,7 +179,8 @@ async def test_two_callers_see_their_own_tools_and_a_hidden_tool_answers_as_an_u
 
 @pytest.mark.spawns
 async def test_status_shows_the_policies_and_how_many_tools_each_caller_sees(tmp_path: Path) -> None:
-    with run_gateway(config(), tmp_path, tokens=TOKENS) as gateway:
+    operated = config().replace("gateway:\n", "gateway:\n  auth: {operators: [bob]}\n", 1)
+    with run_gateway(operated, tmp_path, tokens=TOKENS) as gateway:
         async with httpx2.AsyncClient(timeout=WAIT) as http:
             headers = {"Authorization": "Bearer tok-alice-0123"}
 
@@ -200,8 +201,10 @@ async def test_status_shows_the_policies_and_how_many_tools_each_caller_sees(tmp
                 {"caller": "alice", "policy": "readers", "tools": 2},
                 {"caller": "bob", "policy": "writers", "tools": 5},
             ]
-            page = (await http.get(gateway.url("/ui/"), headers=headers)).text
-            assert "readers" in page and "writers" in page
+            operator = (await http.get(gateway.url("/ui/"), headers={"Authorization": "Bearer tok-bob-4567"})).text
+            assert "readers" in operator and "writers" in operator
+            page = (await http.get(gateway.url("/ui/"), headers=headers)).text  # alice's: her own view only
+            assert "writers" not in page and "echo" in page
 
 
 @pytest.mark.spawns
