@@ -14,6 +14,7 @@ as given up, for that client alone. When the request ends, what is waiting is de
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
@@ -108,7 +109,7 @@ class Outbox:
             return
         pending = self._pending
         busy = self._busy_since
-        slow = busy is not None and anyio.current_time() - busy > SLOW_S
+        slow = busy is not None and time.monotonic() - busy > SLOW_S
         if pending is not None and (slow or self._bytes > self._limit // 2):
             pending[:] = (progress, total, message)  # the client is not keeping up: only the latest will do
         else:
@@ -135,7 +136,7 @@ class Outbox:
             )
             return
         busy = self._busy_since
-        if busy is not None and anyio.current_time() - busy > self._stall_s:
+        if busy is not None and time.monotonic() - busy > self._stall_s:
             self._shed(
                 f"it left a notification unread for more than gateway.edge.client_stall_s ({self._stall_s:g} s) "
                 "while more came"
@@ -172,7 +173,7 @@ class Outbox:
                             continue
                         send = partial(self._report, *progress)
                     assert send is not None
-                    self._busy_since = anyio.current_time()
+                    self._busy_since = time.monotonic()
                     try:
                         await send()
                     except (anyio.BrokenResourceError, anyio.ClosedResourceError, MCPError, OSError):
