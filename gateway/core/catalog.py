@@ -245,7 +245,7 @@ class Catalog:
                 known[f"{name}/{tool.name}"] = (backend, tool)
                 if f"{name}/{tool.name}" in route_providers or not publish:
                     continue  # consumed by a route (served under the route's name), or not serving on its own
-                admitted = pinned.admit(name, tool)  # as approved, or withheld (pins.py)
+                admitted = pinned.admit(name, tool, tools)  # as approved, or withheld (pins.py)
                 candidate = _candidate(config, name, admitted) if admitted is not None else None
                 if candidate is not None:
                     candidates.append(candidate)

@@ -5,24 +5,26 @@ A tool's ``digest`` covers its own name, title, description, input and output sc
 the server lists it, before the file's renames). Per server, ``pin`` (else ``gateway.pin``) decides what an
 unapproved definition does: ``off`` nothing; ``warn`` it is served, and the catalog keeps a problem saying it is new
 or changed; ``enforce`` a new tool is withheld and a changed one is served as it was approved (its calls still go to
-the server's tool of that name), with the same problem. ``gateway pins approve`` records digests and definitions
-(ledger/pins.py); ``gateway pins diff`` shows what waits.
+the server's tool of that name), with the same problem. An unapproved definition's problem also says what in it
+speaks to the model (poisoning.py's findings, read once per definition). ``gateway pins approve`` records digests
+and definitions (ledger/pins.py); ``gateway pins diff`` shows what waits.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import mcp_types as types
 
 from gateway.config import Federation
+from gateway.core.poisoning import Finding, inspect, long_description
 from gateway.ledger.pins import read_pins
 
-__all__ = ["Pin", "PinCheck", "definition", "digest", "pins_of"]
+__all__ = ["Pin", "PinCheck", "definition", "digest", "findings", "pins_of"]
 
 _DEFINED = ("name", "title", "description", "inputSchema", "outputSchema", "annotations")
 
@@ -63,24 +65,48 @@ class PinCheck:
         own = self.config.servers.get(server)
         return own.pin if own is not None and own.pin is not None else self.config.gateway.pin
 
-    def admit(self, server: str, tool: types.Tool) -> types.Tool | None:
-        """``tool`` as it is served under ``server``'s mode: itself, its approved definition, or None (withheld)."""
+    def admit(self, server: str, tool: types.Tool, peers: Sequence[types.Tool] = ()) -> types.Tool | None:
+        """``tool`` as it is served under ``server``'s mode: itself, its approved definition, or None (withheld).
+        ``peers``: the server's other tools (what "far longer" means for a description)."""
         if server not in self.config.servers:
             return tool  # adapters and the wiki: their definitions are the file's and the gateway's own
         mode = self.mode(server)
         if mode == "off":
             return tool
+        key = digest(tool)
         pinned = self.pins.get((server, tool.name))
-        if pinned is not None and pinned.digest == digest(tool):
+        if pinned is not None and pinned.digest == key:
             return tool
         label, enforce = f"{server}/{tool.name}", mode == "enforce"
+        found = findings(tool, key, peers)
+        said = f"; {len(found)} finding(s), first {found[0]}" if found else ""
         if pinned is None:
             held = "withheld" if enforce else "served"
-            self.problems.append(f"tool {label} is new and not approved (pin: {mode}): {held}; see gateway pins diff")
+            self.problems.append(
+                f"tool {label} is new and not approved (pin: {mode}): {held}{said}; see gateway pins diff"
+            )
             return None if enforce else tool
         held = "the approved definition is served" if enforce else "served as changed"
-        self.problems.append(f"tool {label} changed since it was approved (pin: {mode}): {held}; see gateway pins diff")
+        self.problems.append(
+            f"tool {label} changed since it was approved (pin: {mode}): {held}{said}; see gateway pins diff"
+        )
         return types.Tool.model_validate(dict(pinned.definition)) if enforce else tool
+
+
+_FOUND: dict[str, tuple[Finding, ...]] = {}
+_FOUND_MAX = 50_000
+
+
+def findings(tool: types.Tool, key: str | None = None, peers: Sequence[types.Tool] = ()) -> tuple[Finding, ...]:
+    """What in ``tool``'s definition speaks to the model (poisoning.py), read once per definition (``key``, its
+    digest), and the length note among ``peers``."""
+    key = key or digest(tool)
+    found = _FOUND.get(key)
+    if found is None:
+        if len(_FOUND) >= _FOUND_MAX:
+            _FOUND.clear()
+        found = _FOUND[key] = tuple(inspect(tool))
+    return found + tuple(long_description(tool, peers))
 
 
 def pins_of(config: Federation) -> dict[tuple[str, str], Pin]:
