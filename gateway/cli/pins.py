@@ -66,13 +66,13 @@ def _approve(
             return EXIT_PENDING
     now = time.time()
     rows: list[PinRow] = [(server, t.name, digest(t), json.dumps(definition(t)), by, now) for t in tools]
-    count = write_pins(config.gateway.audit.path, rows)
+    count = write_pins(config.gateway.audit.url or config.gateway.audit.path, rows)
     print(f"approved {count} tool(s) of {server} as {by}: {', '.join(t.name for t in tools)}")
     return EXIT_OK
 
 
 def _diff(config: Federation, current: Mapping[str, Sequence[types.Tool]], as_json: bool) -> int:
-    approved = {(row[0], row[1]): row for row in read_pins(config.gateway.audit.path)}
+    approved = {(row[0], row[1]): row for row in read_pins(config.gateway.audit.url or config.gateway.audit.path)}
     pending: list[dict[str, Any]] = []
     for server, tools in current.items():
         for tool in tools:

@@ -110,10 +110,15 @@ def findings(tool: types.Tool, key: str | None = None, peers: Sequence[types.Too
 
 
 def pins_of(config: Federation) -> dict[tuple[str, str], Pin]:
-    """The approved pins in the SQLite ledger (``gateway.audit.path``); none while every server's pin is off."""
+    """The approved pins in the ledger (``gateway.audit.url``, else ``gateway.audit.path``); none while every
+    server's pin is off.
+
+    Raises:
+        AuditError: a PostgreSQL ledger cannot be read.
+    """
     if config.gateway.pin == "off" and all(s.pin in (None, "off") for s in config.servers.values()):
         return {}
     return {
         (server, tool): Pin(server, tool, digest_, json.loads(text), by, at)
-        for server, tool, digest_, text, by, at in read_pins(config.gateway.audit.path)
+        for server, tool, digest_, text, by, at in read_pins(config.gateway.audit.url or config.gateway.audit.path)
     }
