@@ -182,6 +182,8 @@ class Catalog:
     """Names declared but not served now, with why (core/unserved.py): for the message of a call of one."""
     tokens: tuple[int, int] = (0, 0)
     """What the full and the small ``tools/list`` cost a client's context, in tokens (search/tokens.py)."""
+    pins_pending: int = 0
+    """Server tools new or changed since approval, under ``pin: warn`` or ``enforce`` (pins.py)."""
 
     def get(self, name: str) -> CatalogEntry | None:
         """The entry a ``tools/call`` of ``name`` is routed by: a published tool, else a declared unlisted one."""
@@ -311,6 +313,7 @@ class Catalog:
             unlisted,
             unserved(config, backends, entries.keys() | unlisted.keys(), routes_off),
             (list_tokens(full), list_tokens(small) if small is not None else list_tokens(full)),
+            len(pinned.problems),
         )
 
 

@@ -40,6 +40,7 @@ def test_enforce_withholds_a_new_tool_and_serves_a_changed_one_as_approved() -> 
     assert catalog.entries["search"].tool.description == "Search the notes."
     assert any("s/search changed since it was approved" in p for p in catalog.problems)
     assert any("s/added is new and not approved (pin: enforce): withheld" in p for p in catalog.problems)
+    assert catalog.pins_pending == 2  # the metric mcp_gateway_pins_pending
 
 
 def test_warn_serves_what_the_server_says_and_keeps_the_problem() -> None:
