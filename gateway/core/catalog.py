@@ -44,7 +44,7 @@ from gateway.core.costs import Cost, fill_placeholders
 from gateway.core.gate import note_without, with_note
 from gateway.core.kept import READ_DESCRIPTION, READ_SCHEMA, READ_TOOL
 from gateway.core.listings import Listings
-from gateway.core.pins import Pin, PinCheck
+from gateway.core.pins import Pending, Pin, PinCheck
 from gateway.core.shadowing import house_owner, reserved, server_name
 from gateway.core.unserved import Unserved, unserved
 from gateway.search.tokens import count_tokens
@@ -182,7 +182,7 @@ class Catalog:
     """Names declared but not served now, with why (core/unserved.py): for the message of a call of one."""
     tokens: tuple[int, int] = (0, 0)
     """What the full and the small ``tools/list`` cost a client's context, in tokens (search/tokens.py)."""
-    pins_pending: int = 0
+    pins_pending: tuple[Pending, ...] = ()
     """Server tools new or changed since approval, under ``pin: warn`` or ``enforce`` (pins.py)."""
 
     def get(self, name: str) -> CatalogEntry | None:
@@ -313,7 +313,7 @@ class Catalog:
             unlisted,
             unserved(config, backends, entries.keys() | unlisted.keys(), routes_off),
             (list_tokens(full), list_tokens(small) if small is not None else list_tokens(full)),
-            len(pinned.problems),
+            tuple(pinned.pending),
         )
 
 

@@ -24,7 +24,7 @@ from gateway.config import Federation
 from gateway.core.poisoning import Finding, inspect, long_description
 from gateway.ledger.pins import read_pins
 
-__all__ = ["Pin", "PinCheck", "definition", "digest", "findings", "pins_of"]
+__all__ = ["Pending", "Pin", "PinCheck", "definition", "digest", "findings", "pins_of"]
 
 _DEFINED = ("name", "title", "description", "inputSchema", "outputSchema", "annotations")
 
@@ -53,13 +53,27 @@ class Pin:
     approved_at: float = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A server tool new or changed since approval, as one catalog build found it."""
+
+    server: str
+    tool: str
+    digest: str
+    change: str  # "new" or "changed"
+    mode: str  # "warn" (served as it is) or "enforce" (withheld, or served as approved)
+    findings: int  # what in it speaks to the model (poisoning.py), notes included
+
+
 @dataclass
 class PinCheck:
-    """One catalog build's view of the pins: ``admit`` each server tool, ``problems`` what waits for approval."""
+    """One catalog build's view of the pins: ``admit`` each server tool; ``problems`` and ``pending`` what waits
+    for approval."""
 
     config: Federation
     pins: Mapping[tuple[str, str], Pin]
     problems: list[str] = field(default_factory=list)
+    pending: list[Pending] = field(default_factory=list)
 
     def mode(self, server: str) -> str:
         own = self.config.servers.get(server)
@@ -80,6 +94,8 @@ class PinCheck:
         label, enforce = f"{server}/{tool.name}", mode == "enforce"
         found = findings(tool, key, peers)
         said = f"; {len(found)} finding(s), first {found[0]}" if found else ""
+        change = "new" if pinned is None else "changed"
+        self.pending.append(Pending(server, tool.name, key, change, mode, len(found)))
         if pinned is None:
             held = "withheld" if enforce else "served"
             self.problems.append(

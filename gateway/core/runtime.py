@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -46,11 +46,12 @@ from gateway.core.catalog import Catalog
 from gateway.core.costs import Cost, costs_from
 from gateway.core.gate import ClientPolicy
 from gateway.core.leaks import Leaks
-from gateway.core.pins import Pin, pins_of
+from gateway.core.pins import Pending, Pin, pins_of
 from gateway.core.reload import ReloadPlan, check_reload, plan_reload
 from gateway.core.router import Router
 from gateway.errors import AuditError
 from gateway.ledger.engines import AuditLedger, open_ledger, open_reader
+from gateway.ledger.pins import pin_record
 from gateway.ledger.readers import Filters, ToolStats
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.tracing import CallTracer, open_tracing
@@ -175,6 +176,7 @@ class Gateway:
         self.started_at = 0.0
         self._costs: dict[str, Cost] = {}
         self._pins: dict[tuple[str, str], Pin] = {}
+        self._pending_seen: set[tuple[str, str, str]] = set()  # (server, tool, digest) already in the ledger
         self._tg: anyio.abc.TaskGroup | None = None
         self._http: HttpPool | None = None
         self._scopes: dict[int, anyio.CancelScope] = {}
@@ -335,6 +337,27 @@ class Gateway:
             self._rebuild(cause="reload")
             return plan
 
+    def _note_pending(self, catalog: Catalog) -> None:
+        """Record in the ledger, once per definition, each server tool this catalog found new or changed since
+        approval (a ``pins/pending`` row: ``refused`` when held back under ``enforce``)."""
+        fresh = [p for p in catalog.pins_pending if (p.server, p.tool, p.digest) not in self._pending_seen]
+        if not fresh or self.ledger is None or self._tg is None:
+            return
+        self._pending_seen.update((p.server, p.tool, p.digest) for p in fresh)
+        self._tg.start_soon(self._record_pending, fresh)
+
+    async def _record_pending(self, pending: Sequence[Pending]) -> None:
+        now = time.time()
+        for p in pending:
+            status = "refused" if p.mode == "enforce" else "ok"
+            preview = {"change": p.change, "pin": p.mode, "findings": str(p.findings)}
+            row = pin_record("pins/pending", p.server, p.tool, p.digest, ts=now, caller=None, status=status, **preview)
+            try:
+                if self.ledger is not None:
+                    await self.ledger.record(row)
+            except AuditError as exc:
+                log.warning("pins.unrecorded", tool=f"{p.server}/{p.tool}", error=str(exc))
+
     async def _watch_pins(self) -> None:
         """Read the approved definitions again every ``PINS_REFRESH_S``: an approval made by ``gateway pins approve``
         (or through another replica's ledger) is served without a restart."""
@@ -489,6 +512,7 @@ class Gateway:
         catalog = Catalog.build(self.config, self._backends, self._costs, self._pins)
         previous = self._catalog
         self._catalog = catalog
+        self._note_pending(catalog)
         changes = catalog.changes(previous)
         if changes:  # tools, resources, templates, prompts or what the backends offer
             (log.debug if cause == "costs" else log.info)(

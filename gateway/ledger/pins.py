@@ -6,16 +6,18 @@ The table is one of the shared migrations (``records.MIGRATIONS``).
 
 from __future__ import annotations
 
+import secrets
 import sqlite3
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from gateway.errors import AuditError
+from gateway.ledger.records import COLUMN_NAMES, COLUMNS, AuditRecord, encode_row
 from gateway.ledger.sqlite import create_private, migrate
 from gateway.ledger.urls import is_url, redact_url
 
-__all__ = ["PinRow", "read_pins", "write_pins"]
+__all__ = ["PinRow", "pin_record", "read_pins", "write_pins"]
 
 PinRow = tuple[str, str, str, str, str | None, float]
 """(server, tool, digest, definition as JSON, approved by, approved at: unix time)."""
@@ -27,6 +29,36 @@ _UPSERT = (
     "digest = excluded.digest, definition = excluded.definition, approved_by = excluded.approved_by, "
     "approved_at = excluded.approved_at"
 )
+
+
+def pin_record(
+    kind: str, server: str, tool: str, digest: str, *, ts: float, caller: str | None, status: str, **preview: str
+) -> AuditRecord:
+    """A ledger row about a pin (``pins/pending`` or ``pins/approve``, records.KINDS): ``tool`` is ``server/tool``,
+    the definition's digest its ``args_hash`` and ``preview``; no definition text."""
+    return AuditRecord(
+        ts=ts,
+        correlation_id=secrets.token_hex(8),
+        session_id=None,
+        client_name=None,
+        client_version=None,
+        caller=caller,
+        tool=f"{server}/{tool}",
+        chain=(),
+        status=status,
+        duration_ms=0.0,
+        result_bytes=0,
+        arg_preview={"digest": digest[:16], **preview},
+        args_hash=digest[:16],
+        kind=kind,
+    )
+
+
+def _approvals(rows: Sequence[PinRow]) -> list[tuple[Any, ...]]:
+    return [
+        encode_row(pin_record("pins/approve", server, tool, digest, ts=at, caller=by, status="ok"))
+        for server, tool, digest, _, by, at in rows
+    ]
 
 
 def read_pins(path: str | Path) -> list[PinRow]:
@@ -55,7 +87,8 @@ def _rows(rows: Iterable[Sequence[Any]]) -> list[PinRow]:
 
 def write_pins(path: str | Path, rows: Iterable[PinRow]) -> int:
     """Record ``rows`` (replacing the pins of the same server and tool) in the ledger at ``path`` (a SQLite file or
-    a PostgreSQL URL), created and migrated if need be; returns how many. Called outside any event loop.
+    a PostgreSQL URL), created and migrated if need be, each with its ``pins/approve`` row among the calls, in one
+    transaction; returns how many. Called outside any event loop.
 
     Raises:
         AuditError: a PostgreSQL ledger cannot be written (the reason, never the password).
@@ -70,6 +103,9 @@ def write_pins(path: str | Path, rows: Iterable[PinRow]) -> int:
         rows = list(rows)
         conn.execute("BEGIN IMMEDIATE")
         conn.executemany(_UPSERT.format(marks=", ".join("?" * 6)), rows)
+        conn.executemany(
+            f"INSERT INTO calls ({COLUMNS}) VALUES ({', '.join('?' * len(COLUMN_NAMES))})", _approvals(rows)
+        )
         conn.execute("COMMIT")
         return len(rows)
     finally:
@@ -95,13 +131,15 @@ def _pg_write(url: str, rows: list[PinRow]) -> int:
     import anyio
     import psycopg
 
-    from gateway.ledger.pgsql import conninfo, describe, migrate
+    from gateway.ledger.pgsql import conninfo, describe, insert, migrate
 
     async def write() -> None:
         async with await psycopg.AsyncConnection.connect(conninfo(url), autocommit=True) as conn:
             await migrate(conn, url)
             async with conn.transaction(), conn.cursor() as cur:
                 await cur.executemany(_UPSERT.format(marks=", ".join(["%s"] * 6)), rows)
+                if rows:
+                    await insert(conn, _approvals(rows))
 
     try:
         anyio.run(write)

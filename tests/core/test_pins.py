@@ -15,6 +15,7 @@ from gateway.config import parse_config
 from gateway.core.catalog import Catalog
 from gateway.core.pins import Pin, definition, digest
 from gateway.core.runtime import PINS_REFRESH_S
+from gateway.ledger.engines import open_reader
 from gateway.ledger.pins import read_pins, write_pins
 from gateway.testing import FakeBackend, in_process_gateway, make_tool
 from tests.fixtures.gateway_proc import PYTHON, echo_argv
@@ -40,7 +41,7 @@ def test_enforce_withholds_a_new_tool_and_serves_a_changed_one_as_approved() -> 
     assert catalog.entries["search"].tool.description == "Search the notes."
     assert any("s/search changed since it was approved" in p for p in catalog.problems)
     assert any("s/added is new and not approved (pin: enforce): withheld" in p for p in catalog.problems)
-    assert catalog.pins_pending == 2  # the metric mcp_gateway_pins_pending
+    assert [(p.tool, p.change) for p in catalog.pins_pending] == [("search", "changed"), ("added", "new")]
 
 
 def test_warn_serves_what_the_server_says_and_keeps_the_problem() -> None:
@@ -117,6 +118,12 @@ async def test_a_rug_pull_after_approval_is_held_back_and_shown(tmp_path: Path) 
             assert listed["echo"] == "Echo the text back." and "t0" not in listed
             problems = "\n".join(gateway.catalog.problems)
             assert "s/echo changed since it was approved" in problems and "s/t0 is new" in problems
+    rows = {(r.kind, r.tool): r for r in open_reader(str(tmp_path / "audit.db")).query(limit=None)}
+    assert rows[("pins/approve", "s/echo")].caller == "ada"
+    held = rows[("pins/pending", "s/echo")]
+    assert (held.status, held.arg_preview["change"], held.arg_preview["pin"]) == ("refused", "changed", "enforce")
+    assert held.arg_preview["findings"] == "1" and POISON not in json.dumps(held.arg_preview)
+    assert rows[("pins/pending", "s/t0")].arg_preview["change"] == "new"
     status, shown = await _gateway("pins", "diff", "-c", str(path))
     assert status == 1
     assert "changed: s/echo" in shown and f'+  "description": "{POISON}"' in shown and "new: s/t0" in shown
@@ -167,4 +174,6 @@ servers:
 
                 await eventually(served, within=3 * PINS_REFRESH_S)
     assert ("s", "echo") in {(row[0], row[1]) for row in read_pins(pg_url)}
+    kinds = {(r.kind, r.tool, r.caller) for r in open_reader(pg_url).query(limit=None)}
+    assert {("pins/approve", "s/echo", "ada"), ("pins/pending", "s/echo", None)} <= kinds
     assert not read_pins(tmp_path / "spool.db")  # the pins live in PostgreSQL, not in the local file
