@@ -35,7 +35,7 @@ def run_pins(config: Federation, args: argparse.Namespace) -> int:
 
     current = anyio.run(_current_tools, config)
     if args.pins_command == "approve":
-        return _approve(config, current, args.server, args.tool, args.by or getpass.getuser())
+        return _approve(config, current, args.server, args.tool, args.by or getpass.getuser(), args.all)
     return _diff(config, current, args.json)
 
 
@@ -46,29 +46,51 @@ async def _current_tools(config: Federation) -> dict[str, list[types.Tool]]:
 
 
 def _approve(
-    config: Federation, current: Mapping[str, Sequence[types.Tool]], server: str, tool: str | None, by: str
+    config: Federation,
+    current: Mapping[str, Sequence[types.Tool]],
+    server: str | None,
+    tool: str | None,
+    by: str,
+    every: bool,
 ) -> int:
-    if server not in config.servers:
+    if every == (server is not None) or (every and tool is not None):
+        print("gateway pins approve: name one server (and maybe one tool), or --all", file=sys.stderr)
+        return EXIT_USAGE
+    if server is not None and server not in config.servers:
         print(f"gateway pins approve: no server {server!r} in {config.source}", file=sys.stderr)
         return EXIT_USAGE
-    listed = current.get(server, ())
+    rows: list[PinRow] = []
+    left_out = False  # a tool that speaks to the model, or (with --all) a server that lists nothing now
+    for name in list(config.servers) if every else [server or ""]:
+        tools = _approvable(name, current.get(name, ()), tool)
+        if tools is None and not every:
+            return EXIT_USAGE
+        wanted = [t for t in current.get(name, ()) if tool in (None, t.name)]
+        left_out = left_out or tools is None or len(tools) < len(wanted)
+        now = time.time()
+        rows += [(name, t.name, digest(t), json.dumps(definition(t)), by, now) for t in tools or ()]
+    if rows:
+        write_pins(config.gateway.audit.url or config.gateway.audit.path, rows)
+    for name in dict.fromkeys(row[0] for row in rows):
+        approved = [row[1] for row in rows if row[0] == name]
+        print(f"approved {len(approved)} tool(s) of {name} as {by}: {', '.join(approved)}")
+    return EXIT_PENDING if left_out or not rows else EXIT_OK
+
+
+def _approvable(server: str, listed: Sequence[types.Tool], tool: str | None) -> list[types.Tool] | None:
+    """The tools of ``server`` to approve: ``tool`` as it is, or every tool but those whose definitions speak to the
+    model (named on stderr); None (said why) when it lists none now."""
     tools = [t for t in listed if tool is None or t.name == tool]
     if not tools:
         print(f"gateway pins approve: {server} lists no tool {tool or ''} now (is it ready?)".strip(), file=sys.stderr)
-        return EXIT_USAGE
-    if tool is None:
-        flagged = {t.name: found for t in tools if poisoned(found := findings(t, peers=listed))}
-        for name, found in flagged.items():
-            print(f"not approved: {server}/{name}: {'; '.join(map(str, found))}", file=sys.stderr)
-            print(f"  (approve it as it is by naming it: gateway pins approve {server} {name})", file=sys.stderr)
-        tools = [t for t in tools if t.name not in flagged]
-        if not tools:
-            return EXIT_PENDING
-    now = time.time()
-    rows: list[PinRow] = [(server, t.name, digest(t), json.dumps(definition(t)), by, now) for t in tools]
-    count = write_pins(config.gateway.audit.url or config.gateway.audit.path, rows)
-    print(f"approved {count} tool(s) of {server} as {by}: {', '.join(t.name for t in tools)}")
-    return EXIT_OK
+        return None
+    if tool is not None:
+        return tools
+    flagged = {t.name: found for t in tools if poisoned(found := findings(t, peers=listed))}
+    for name, found in flagged.items():
+        print(f"not approved: {server}/{name}: {'; '.join(map(str, found))}", file=sys.stderr)
+        print(f"  (approve it as it is by naming it: gateway pins approve {server} {name})", file=sys.stderr)
+    return [t for t in tools if t.name not in flagged]
 
 
 def _diff(config: Federation, current: Mapping[str, Sequence[types.Tool]], as_json: bool) -> int:

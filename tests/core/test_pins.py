@@ -133,8 +133,8 @@ async def test_a_rug_pull_after_approval_is_held_back_and_shown(tmp_path: Path) 
 @pytest.mark.spawns
 async def test_approving_a_server_leaves_out_a_poisoned_tool_until_it_is_named(tmp_path: Path) -> None:
     path = _file(tmp_path, "--echo-description", POISON)
-    status, out, err = await _gateway_err("pins", "approve", "s", "-c", str(path), "--by", "ada")
-    assert status == 0 and "approved" in out
+    status, out, err = await _gateway_err("pins", "approve", "--all", "-c", str(path), "--by", "ada")
+    assert status == 1 and "approved 7 tool(s) of s as ada" in out  # 1: something waits
     assert "not approved: s/echo: description: asks the model to take secret files or keys" in err
     assert "gateway pins approve s echo" in err
     assert "echo" not in {row[1] for row in read_pins(tmp_path / "audit.db")}
