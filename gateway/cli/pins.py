@@ -8,18 +8,16 @@ with such findings (named with them); naming one approves it as it is. Both conn
 from __future__ import annotations
 
 import argparse
-import difflib
 import getpass
 import json
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import mcp_types as types
 
 from gateway.config import Federation
-from gateway.core.pins import definition, digest, findings
+from gateway.core.pins import approval_rows, definition_diff, digest, findings
 from gateway.core.poisoning import poisoned
 from gateway.core.runtime import Gateway, settle_budget
 from gateway.ledger.pins import PinRow, read_pins, write_pins
@@ -67,8 +65,7 @@ def _approve(
             return EXIT_USAGE
         wanted = [t for t in current.get(name, ()) if tool in (None, t.name)]
         left_out = left_out or tools is None or len(tools) < len(wanted)
-        now = time.time()
-        rows += [(name, t.name, digest(t), json.dumps(definition(t)), by, now) for t in tools or ()]
+        rows += approval_rows(name, tools or (), by)
     if rows:
         write_pins(config.gateway.audit.url or config.gateway.audit.path, rows)
     for name in dict.fromkeys(row[0] for row in rows):
@@ -101,10 +98,8 @@ def _diff(config: Federation, current: Mapping[str, Sequence[types.Tool]], as_js
             row = approved.get((server, tool.name))
             if row is not None and row[2] == digest(tool):
                 continue
-            was = json.dumps(json.loads(row[3]), indent=2, sort_keys=True).splitlines() if row is not None else []
-            now = json.dumps(definition(tool), indent=2, sort_keys=True).splitlines()
             change = "changed" if row is not None else "new"
-            text = "\n".join(difflib.unified_diff(was, now, "approved", "now", lineterm=""))
+            text = definition_diff(json.loads(row[3]) if row is not None else None, tool)
             found = [str(finding) for finding in findings(tool, peers=tools)]
             pending.append({"server": server, "tool": tool.name, "change": change, "diff": text, "findings": found})
     if as_json:

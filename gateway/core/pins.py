@@ -12,8 +12,10 @@ and definitions (ledger/pins.py); ``gateway pins diff`` shows what waits.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,9 +24,19 @@ import mcp_types as types
 
 from gateway.config import Federation
 from gateway.core.poisoning import Finding, inspect, long_description
-from gateway.ledger.pins import read_pins
+from gateway.ledger.pins import PinRow, read_pins
 
-__all__ = ["Pending", "Pin", "PinCheck", "definition", "digest", "findings", "pins_of"]
+__all__ = [
+    "Pending",
+    "Pin",
+    "PinCheck",
+    "approval_rows",
+    "definition",
+    "definition_diff",
+    "digest",
+    "findings",
+    "pins_of",
+]
 
 _DEFINED = ("name", "title", "description", "inputSchema", "outputSchema", "annotations")
 
@@ -33,6 +45,20 @@ def definition(tool: types.Tool) -> dict[str, Any]:
     """The parts of ``tool`` a pin covers, in wire shape."""
     dumped = tool.model_dump(by_alias=True, mode="json", exclude_none=True)
     return {key: dumped[key] for key in _DEFINED if key in dumped}
+
+
+def definition_diff(approved: Mapping[str, Any] | None, tool: types.Tool) -> str:
+    """A unified diff from the approved definition (None: nothing approved yet) to ``tool``'s now, keys sorted."""
+    was = json.dumps(dict(approved), indent=2, sort_keys=True).splitlines() if approved is not None else []
+    now = json.dumps(definition(tool), indent=2, sort_keys=True).splitlines()
+    return "\n".join(difflib.unified_diff(was, now, "approved", "now", lineterm=""))
+
+
+def approval_rows(server: str, tools: Sequence[types.Tool], by: str) -> list[PinRow]:
+    """The ledger's pins for ``tools`` of ``server`` as they are now, approved by ``by`` (ledger/pins.py
+    ``write_pins`` records them)."""
+    now = time.time()
+    return [(server, t.name, digest(t), json.dumps(definition(t)), by, now) for t in tools]
 
 
 def digest(tool: types.Tool) -> str:

@@ -259,7 +259,10 @@ def _in_emoji(text: str, index: int) -> bool:
 
 
 def _excerpt(text: str, match: re.Match[str]) -> str:
-    start, end = max(0, match.start() - 20), min(len(text), match.end() + 20)
+    """The match with about 20 characters either side, cut at word boundaries."""
+    start = text.rfind(" ", 0, max(0, match.start() - 20)) + 1
+    end = text.find(" ", min(len(text), match.end() + 20))
+    end = len(text) if end < 0 else end
     return _shown(("..." if start else "") + " ".join(text[start:end].split()) + ("..." if end < len(text) else ""))
 
 

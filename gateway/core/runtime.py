@@ -337,6 +337,11 @@ class Gateway:
             self._rebuild(cause="reload")
             return plan
 
+    @property
+    def pins(self) -> Mapping[tuple[str, str], Pin]:
+        """The approved definitions as last read (``refresh_pins``), by (server, tool)."""
+        return self._pins
+
     def _note_pending(self, catalog: Catalog) -> None:
         """Record in the ledger, once per definition, each server tool this catalog found new or changed since
         approval (a ``pins/pending`` row: ``refused`` when held back under ``enforce``)."""
