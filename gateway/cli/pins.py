@@ -14,10 +14,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import mcp_types as types
-
 from gateway.config import Federation
-from gateway.core.pins import approval_rows, definition_diff, digest, findings
+from gateway.core.pins import Item, approval_rows, definition_diff, digest, findings, pin_key
 from gateway.core.poisoning import poisoned
 from gateway.core.runtime import Gateway, settle_budget
 from gateway.ledger.pins import PinRow, read_pins, write_pins
@@ -37,15 +35,16 @@ def run_pins(config: Federation, args: argparse.Namespace) -> int:
     return _diff(config, current, args.json)
 
 
-async def _current_tools(config: Federation) -> dict[str, list[types.Tool]]:
+async def _current_tools(config: Federation) -> dict[str, list[Item]]:
+    """Each server's tools and prompts as it lists them now."""
     async with Gateway(config, audit=False).running() as gateway:
         await gateway.wait_settled(settle_budget(config))
-        return {name: list(b.tools()) for name, b in gateway.backends.items() if name in config.servers}
+        return {name: [*b.tools(), *b.prompts()] for name, b in gateway.backends.items() if name in config.servers}
 
 
 def _approve(
     config: Federation,
-    current: Mapping[str, Sequence[types.Tool]],
+    current: Mapping[str, Sequence[Item]],
     server: str | None,
     tool: str | None,
     by: str,
@@ -63,45 +62,51 @@ def _approve(
         tools = _approvable(name, current.get(name, ()), tool)
         if tools is None and not every:
             return EXIT_USAGE
-        wanted = [t for t in current.get(name, ()) if tool in (None, t.name)]
+        wanted = [t for t in current.get(name, ()) if tool in (None, pin_key(t))]
         left_out = left_out or tools is None or len(tools) < len(wanted)
         rows += approval_rows(name, tools or (), by)
     if rows:
         write_pins(config.gateway.audit.url or config.gateway.audit.path, rows)
     for name in dict.fromkeys(row[0] for row in rows):
         approved = [row[1] for row in rows if row[0] == name]
-        print(f"approved {len(approved)} tool(s) of {name} as {by}: {', '.join(approved)}")
+        print(f"approved {len(approved)} definition(s) of {name} as {by}: {', '.join(approved)}")
     return EXIT_PENDING if left_out or not rows else EXIT_OK
 
 
-def _approvable(server: str, listed: Sequence[types.Tool], tool: str | None) -> list[types.Tool] | None:
+def _approvable(server: str, listed: Sequence[Item], tool: str | None) -> list[Item] | None:
     """The tools of ``server`` to approve: ``tool`` as it is, or every tool but those whose definitions speak to the
     model (named on stderr); None (said why) when it lists none now."""
-    tools = [t for t in listed if tool is None or t.name == tool]
+    tools = [t for t in listed if tool is None or pin_key(t) == tool]
     if not tools:
         print(f"gateway pins approve: {server} lists no tool {tool or ''} now (is it ready?)".strip(), file=sys.stderr)
         return None
     if tool is not None:
         return tools
-    flagged = {t.name: found for t in tools if poisoned(found := findings(t, peers=listed))}
+    flagged = {pin_key(t): found for t in tools if poisoned(found := findings(t, peers=_kin(t, listed)))}
     for name, found in flagged.items():
         print(f"not approved: {server}/{name}: {'; '.join(map(str, found))}", file=sys.stderr)
         print(f"  (approve it as it is by naming it: gateway pins approve {server} {name})", file=sys.stderr)
-    return [t for t in tools if t.name not in flagged]
+    return [t for t in tools if pin_key(t) not in flagged]
 
 
-def _diff(config: Federation, current: Mapping[str, Sequence[types.Tool]], as_json: bool) -> int:
+def _kin(item: Item, listed: Sequence[Item]) -> list[Item]:
+    """The others of ``item``'s kind among ``listed`` (tools with tools, prompts with prompts)."""
+    return [other for other in listed if type(other) is type(item)]
+
+
+def _diff(config: Federation, current: Mapping[str, Sequence[Item]], as_json: bool) -> int:
     approved = {(row[0], row[1]): row for row in read_pins(config.gateway.audit.url or config.gateway.audit.path)}
     pending: list[dict[str, Any]] = []
     for server, tools in current.items():
         for tool in tools:
-            row = approved.get((server, tool.name))
+            row = approved.get((server, pin_key(tool)))
             if row is not None and row[2] == digest(tool):
                 continue
             change = "changed" if row is not None else "new"
             text = definition_diff(json.loads(row[3]) if row is not None else None, tool)
-            found = [str(finding) for finding in findings(tool, peers=tools)]
-            pending.append({"server": server, "tool": tool.name, "change": change, "diff": text, "findings": found})
+            found = [str(finding) for finding in findings(tool, peers=_kin(tool, tools))]
+            item = {"server": server, "tool": pin_key(tool), "change": change, "diff": text, "findings": found}
+            pending.append(item)
     if as_json:
         print(json.dumps(pending, indent=2))
     for item in [] if as_json else pending:

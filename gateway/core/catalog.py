@@ -281,7 +281,6 @@ class Catalog:
             tool = _publish(cand.tool, public, description, note if carries(public, cand.router) else "")
             entries[public] = CatalogEntry(public, tool, (Provider(cand.backend, cand.local),), cand.audit)
 
-        problems += pinned.problems
         unlisted = _unlisted(config, backends, known, entries, problems)
         dumped = {name: e.tool.model_dump(by_alias=True, mode="json", exclude_none=True) for name, e in entries.items()}
         gated = set(config.clients.large_context_tools) & dumped.keys()
@@ -297,7 +296,8 @@ class Catalog:
             small = {"tools": [*(small or {"tools": list(dumped.values())})["tools"], listed]}
             if not budget.exempt_large:
                 dumped[READ_TOOL] = listed
-        lists = Listings.build(config, backends)
+        lists = Listings.build(config, backends, pinned.admit)
+        problems += pinned.problems
         problems += lists.problems
         full = {"tools": list(dumped.values())}
         return cls(

@@ -1,8 +1,9 @@
 """Poisoning checks: what in a tool's definition speaks to the model rather than describing the tool.
 
 ``inspect(tool)`` reads every text a model is shown of a tool (its name, title, description, and the titles and
-descriptions inside its input and output schemas) and returns ``Finding``s, each with where it sits and why, quoting
-at most a short excerpt (invisible characters shown as escapes):
+descriptions inside its input and output schemas) or of a prompt (its arguments' instead of schemas) and returns
+``Finding``s, each with where it sits and why, quoting at most a short excerpt (invisible characters shown as
+escapes):
 
   * ``instruction``: words aimed at the model: overriding its instructions, claiming precedence, keeping something
     from the user, reaching for secret files or credentials, sending data somewhere, steering other tools' calls;
@@ -135,8 +136,8 @@ def poisoned(findings: Sequence[Finding]) -> bool:
     return any(finding.kind not in NOTE_KINDS for finding in findings)
 
 
-def inspect(tool: types.Tool) -> list[Finding]:
-    """What in ``tool``'s definition speaks to the model."""
+def inspect(tool: types.Tool | types.Prompt) -> list[Finding]:
+    """What in ``tool``'s definition (a tool's or a prompt's) speaks to the model."""
     findings = (
         [Finding("name", "confusable", f"the name {_shown(tool.name)} is not plain ASCII")]
         if not (tool.name.isascii())
@@ -147,13 +148,20 @@ def inspect(tool: types.Tool) -> list[Finding]:
     return findings
 
 
-def _texts(tool: types.Tool) -> Iterator[tuple[str, str]]:
+def _texts(item: types.Tool | types.Prompt) -> Iterator[tuple[str, str]]:
     for key in ("title", "description"):
-        value = getattr(tool, key, None)
+        value = getattr(item, key, None)
         if isinstance(value, str) and value:
             yield key, value
-    yield from _schema_texts("inputSchema", tool.input_schema)
-    yield from _schema_texts("outputSchema", tool.output_schema)
+    if isinstance(item, types.Tool):
+        yield from _schema_texts("inputSchema", item.input_schema)
+        yield from _schema_texts("outputSchema", item.output_schema)
+        return
+    for argument in item.arguments or ():
+        for key in ("title", "description"):
+            value = getattr(argument, key, None)
+            if isinstance(value, str) and value:
+                yield f"arguments.{argument.name}.{key}", value
 
 
 def _schema_texts(where: str, schema: Any) -> Iterator[tuple[str, str]]:
@@ -228,7 +236,7 @@ def _decoded(run: str, decode: Any) -> str:
     return text if len(text) >= 20 and printable >= 0.85 * len(text) and " " in text else ""
 
 
-def long_description(tool: types.Tool, peers: Sequence[types.Tool]) -> Iterator[Finding]:
+def long_description(tool: types.Tool | types.Prompt, peers: Sequence[types.Tool | types.Prompt]) -> Iterator[Finding]:
     """A note when ``tool``'s description is far longer than those of ``peers`` (its server's other tools)."""
     size = len(tool.description or "")
     others = [len(peer.description or "") for peer in peers if peer.name != tool.name]

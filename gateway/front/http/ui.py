@@ -36,7 +36,7 @@ from gateway.auth.cookies import SESSION_TTL_S, SessionCookies
 from gateway.auth.tokens import Tokens
 from gateway.backends.base import BackendStatus
 from gateway.core.catalog import Catalog
-from gateway.core.pins import approval_rows, definition_diff, digest, findings
+from gateway.core.pins import Item, approval_rows, definition_diff, digest, findings, pin_key
 from gateway.core.policies import View
 from gateway.core.runtime import Gateway
 from gateway.errors import AuditError
@@ -207,8 +207,7 @@ class StatusPage:
             return _refused(403, "Approval refused: the form must be posted from this gateway's own page.")
         form = await _read_form(request) or {}
         server, name, wanted = form.get("server", ""), form.get("tool", ""), form.get("digest", "")
-        backend = self.gateway.backends.get(server)
-        tool = next((t for t in backend.tools() if t.name == name), None) if backend is not None else None
+        tool = _listed(self.gateway, server, name)
         if tool is None or digest(tool) != wanted:
             return _refused(
                 409, f"{server}/{name} is not listed as the page showed it any more; reload and look again."
@@ -465,17 +464,22 @@ class _PinRow:
     diff: str
 
 
+def _listed(gateway: Gateway, server: str, key: str) -> Item | None:
+    """The tool or prompt ``server`` lists now under its pin's name ``key`` (pins.py ``pin_key``)."""
+    backend = gateway.backends.get(server)
+    listed: list[Item] = [*backend.tools(), *backend.prompts()] if backend is not None else []
+    return next((item for item in listed if pin_key(item) == key), None)
+
+
 def _pin_rows(gateway: Gateway) -> list[_PinRow]:
     """What waits for an operator's approval, each with its findings and its diff from what was approved."""
     rows = []
     for pending in gateway.catalog.pins_pending:
-        backend = gateway.backends.get(pending.server)
-        listed = backend.tools() if backend is not None else ()
-        tool = next((t for t in listed if t.name == pending.tool), None)
+        tool = _listed(gateway, pending.server, pending.tool)
         if tool is None:
             continue
         pinned = gateway.pins.get((pending.server, pending.tool))
-        found = [str(f) for f in findings(tool, pending.digest, listed)]
+        found = [str(f) for f in findings(tool, pending.digest)]
         diff = definition_diff(pinned.definition if pinned is not None else None, tool)
         rows.append(_PinRow(pending.server, pending.tool, pending.change, pending.mode, pending.digest, found, diff))
     return rows
