@@ -60,10 +60,10 @@ from gateway.version import VERSION
 __all__ = ["Gateway", "build_backends", "settle_budget"]
 
 log = structlog.get_logger("gateway.runtime")
+T = TypeVar("T")
 
 COSTS_WINDOW_S = 7 * 86400.0
 STARTUP_SETTLE_S = 30.0
-T = TypeVar("T")
 PINS_REFRESH_S = 5.0
 """How often the approved definitions are read again (``gateway pins approve`` writes them from another process)."""
 STARTUP_WAIT_S = 10.0
@@ -214,7 +214,7 @@ class Gateway:
             self._changes = send
             stack.callback(self._close_changes, send)
             self.router.use_instruments(self.ledger, self.tracer)
-            await self.refresh_pins()  # before any tool is listed: under enforce, nothing unapproved is ever served
+            await self.refresh_pins(rebuild=False)  # before any tool is listed: nothing unapproved is served
             async with anyio.create_task_group() as tg:
                 self.started_at = anyio.current_time()
                 self._tg, self._http = tg, http
