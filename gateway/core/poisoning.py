@@ -177,10 +177,15 @@ def _schema_texts(where: str, schema: Any) -> Iterator[tuple[str, str]]:
 
 
 def _inspect_text(where: str, text: str) -> Iterator[Finding]:
-    yield from _invisible(where, text)
-    visible = "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
-    sentences = _SENTENCES.split(visible)
+    plain = text.isascii()  # no invisible or look-alike character is ASCII: most texts skip those checks
+    if not plain:
+        yield from _invisible(where, text)
+    visible = text if plain else "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
+    sentences: list[str] | None = None
     for first, second, why in _COMPILED:
+        if first.search(visible) is None:
+            continue
+        sentences = sentences if sentences is not None else _SENTENCES.split(visible)
         match = next(
             (
                 m
@@ -191,7 +196,7 @@ def _inspect_text(where: str, text: str) -> Iterator[Finding]:
         )
         if match is not None:
             yield Finding(where, "instruction", f"{why}: {_excerpt(match.string, match)}")
-    mixed = [word for word in _WORD.findall(visible) if len(_scripts(word)) > 1]
+    mixed = [] if plain else [word for word in _WORD.findall(visible) if len(_scripts(word)) > 1]
     if mixed:
         yield Finding(where, "confusable", f"mixes Latin with Cyrillic or Greek letters: {_shown(mixed[0])}")
     yield from _payloads(where, visible)
