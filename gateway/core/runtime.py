@@ -544,18 +544,26 @@ async def _shielded(step: Callable[[], Awaitable[object]]) -> None:
 async def held_apart(context: AbstractAsyncContextManager[T]) -> AsyncIterator[T]:
     """Enter ``context`` in a task of its own, shielded, and leave it when this block ends: its own task group (a
     ledger's background writers) is entered and left in order whatever cancels the block, and its closing steps
-    (the ledger's last commits) run to their end."""
+    (the ledger's last commits) run to their end. A failure to enter it is raised as it is."""
     stop = anyio.Event()
 
-    async def hold(*, task_status: TaskStatus[T]) -> None:
+    async def hold(*, task_status: TaskStatus[tuple[T | None, Exception | None]]) -> None:
         with anyio.CancelScope(shield=True):
-            async with context as value:
-                task_status.started(value)
+            async with AsyncExitStack() as stack:
+                try:
+                    value = await stack.enter_async_context(context)
+                except Exception as exc:
+                    task_status.started((None, exc))
+                    return
+                task_status.started((value, None))
                 await stop.wait()
 
     async with anyio.create_task_group() as tg:
-        value: T = await tg.start(hold)
-        try:
-            yield value
-        finally:
-            stop.set()
+        value, failure = await tg.start(hold)
+        if failure is None:
+            try:
+                yield value
+            finally:
+                stop.set()
+    if failure is not None:
+        raise failure

@@ -31,6 +31,8 @@ from gateway.cli.audit import (
     render_stats,
     run_audit,
 )
+from gateway.config import parse_config
+from gateway.core.runtime import Gateway
 from gateway.errors import AuditError
 from gateway.ledger import sqlite as audit  # the SQLite engine's MIGRATIONS, which a test extends
 from gateway.ledger.engines import open_reader
@@ -321,6 +323,10 @@ async def test_a_ledger_from_a_newer_gateway_is_refused(tmp_path: Path) -> None:
             pass
     with pytest.raises(AuditError, match="upgrade the gateway"):
         open_reader(db).query()
+    federation = parse_config(f"gateway: {{audit: {{path: {json.dumps(str(db))}}}}}\n", file="f.yaml", env={})
+    with pytest.raises(AuditError, match="schema version 99, newer than"):  # as it is, not in an exception group
+        async with Gateway(federation).running():
+            pass
 
 
 def test_the_reader_refuses_a_missing_file_and_a_file_that_is_no_ledger(tmp_path: Path) -> None:
