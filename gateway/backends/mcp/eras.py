@@ -18,6 +18,7 @@ input responses and the downstream's own state back into the request.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -42,6 +43,7 @@ __all__ = [
     "READ_OR_INPUT",
     "call_result",
     "completed",
+    "learn_tools",
     "open_session",
     "probe",
     "stateless",
@@ -113,6 +115,12 @@ def stateless(session: ClientSession, found: types.DiscoverResult) -> None:
     session.adopt(found)
     _complete_by_default(session)
     _forward_capabilities(session)
+
+
+def learn_tools(session: ClientSession, tools: Sequence[types.Tool]) -> None:
+    """Teach a stateless lane the tools its handshake session listed, as if it had listed them itself: a call on it
+    then mirrors the arguments its tool annotates with ``x-mcp-header`` into ``Mcp-Param-*`` headers (SEP-2243)."""
+    session._absorb_tool_listing(types.ListToolsResult(tools=list(tools)), complete=True)
 
 
 async def _discover_or_none(session: ClientSession) -> types.DiscoverResult | None:

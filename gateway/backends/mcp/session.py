@@ -56,6 +56,7 @@ from gateway.backends.mcp.eras import (
     HandshakeRefused,
     Opened,
     completed,
+    learn_tools,
     open_session,
     probe,
     stateless,
@@ -100,11 +101,7 @@ log = structlog.get_logger("gateway.backend")
 
 class _ConnectFailed(Exception):
     """A connection attempt failed, or its session ended before ``min_uptime_s`` (the backoff goes on growing);
-    ``reason`` is already in plain words."""
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-        super().__init__(reason)
+    its message is the reason, already in plain words."""
 
 
 NotificationHook = Callable[
@@ -147,9 +144,8 @@ class McpBackend(BackendBase):
         self._templates: tuple[types.ResourceTemplate, ...] = ()
         self._prompts: tuple[types.Prompt, ...] = ()
         self._init: types.InitializeResult | None = None
-        # The shared session's era, the eras the downstream answered in at its last connect, the era a one-era
-        # connection tries next (``auto`` over stdio or SSE, learnt from a refused handshake), and the stateless lane
-        # the 2026-07-28 clients' requests go on when the shared session is a handshake one (eras.py).
+        # The shared session's era, the eras answered in at the last connect, the era a one-era connection tries
+        # next, and the stateless lane of the 2026-07-28 clients beside a handshake session (eras.py).
         self._era = MODERN if config.protocol == MODERN else HANDSHAKE
         self._eras: tuple[str, ...] = ()
         self._learnt: str | None = None
@@ -387,9 +383,10 @@ class McpBackend(BackendBase):
                 ):
                     with anyio.fail_after(self._config.connect_timeout_s):
                         opened = await self._open(session)
-                    if opened.era == HANDSHAKE and opened.discovered is not None and self._config.protocol == "auto":
-                        # The stateless lane for the 2026-07-28 clients (no traffic until one calls).
-                        lane = self._connect(life, recorder, stderr, inflight=self._inflight)
+                    if opened.era == HANDSHAKE and opened.discovered is not None:  # both eras: a lane for 2026's
+                        lane = self._connect(
+                            life, recorder, stderr, inflight=self._inflight, message_handler=self._on_message
+                        )
                         self._stateless = await lanes.enter_async_context(lane)
                         stateless(self._stateless, opened.discovered)
                     with anyio.fail_after(self._config.connect_timeout_s):
@@ -509,20 +506,18 @@ class McpBackend(BackendBase):
     async def _become_ready(self, session: ClientSession, lists: dict[str, tuple[Any, ...]]) -> None:
         """The shared session is open and listed: serve from it."""
         self._session = session
-        self._tools = lists["tools"]
-        self._resources = lists["resources"]
-        self._templates = lists["resource_templates"]
-        self._prompts = lists["prompts"]
+        self._tools, self._resources, self._templates, self._prompts = (lists[kind] for kind in LIST_KINDS)
         if self._era != MODERN:  # that era has no log level or subscriptions to restore
             await self._held.restore(session, self.capabilities)
         self._ready()
 
     async def _serve(self, session: ClientSession, life: Life) -> None:
-        """Check the session's health (and in the stateless era, listen for list changes) until it is lost."""
+        """Check the session's health (and on a stateless session or lane, listen for list changes: that era
+        announces them nowhere else) until it is lost."""
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._ping_loop, session)
-            if self._era == MODERN:
-                tg.start_soon(self._listen, session)
+            if self._era == MODERN or self._stateless is not None:
+                tg.start_soon(self._listen, self._stateless or session)
             await life.lost.wait()
             tg.cancel_scope.cancel()
 
@@ -541,7 +536,8 @@ class McpBackend(BackendBase):
                 return
 
     async def _listen(self, session: ClientSession) -> None:
-        await hold_listen(session, self.capabilities, backend=self._name, config=self._config, relist=self._refresh)
+        caps = found.capabilities if (found := session.discover_result) is not None else self.capabilities
+        await hold_listen(session, caps, backend=self._name, config=self._config, relist=self._refresh)
 
     async def _on_message(self, message: Any) -> None:
         if isinstance(message, Exception):
@@ -592,6 +588,8 @@ class McpBackend(BackendBase):
             self._fail(reason)
 
     def _ready(self, since: float | None = None) -> None:
+        if self._stateless is not None:  # the lane sends the Mcp-Param-* headers of the tools listed (SEP-2243)
+            learn_tools(self._stateless, self._tools)
         last = self._status.last_error
         ready = BackendStatus(BackendState.READY, None, tool_count=len(self._tools), last_error=last, eras=self._eras)
         self._set_status(ready if since is None else replace(ready, since=since))
