@@ -22,7 +22,7 @@ from mcp.client import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.fixtures.downstreams import Downstreams
-from tests.fixtures.gateway_proc import run_gateway
+from tests.fixtures.gateway_proc import FIXTURES, PYTHON, run_gateway
 from tests.fixtures.waiting import eventually
 
 pytestmark = [pytest.mark.anyio, pytest.mark.spawns]
@@ -99,3 +99,31 @@ async def test_each_client_is_served_in_its_own_era_where_the_downstream_speaks_
     [backend] = status["backends"]
     assert (backend["state"], backend["eras"]) == ("ready", speaks)
     assert through == expected, json.dumps({"through": through, "expected": expected}, indent=1)
+
+
+async def test_a_stdio_server_that_refuses_the_handshake_is_reconnected_in_its_era(tmp_path: Path) -> None:
+    # One era per stdio connection: the handshake is tried first (a server of both eras keeps it), and a server that
+    # refuses it is started again at once and spoken to in the 2026-07-28 era; a 2025 client is then served through
+    # it, its input requests asked on its call's stream.
+    config = f"""
+gateway:
+  audit: {{enabled: false}}
+servers:
+  conf:
+    transport: stdio
+    command: {PYTHON}
+    args: {json.dumps([str(FIXTURES / "conformance_server.py"), "--stdio", "--era", MODERN])}
+    timeout_s: 20
+"""
+    with run_gateway(config, tmp_path, tokens=TOKENS, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
+        async with httpx2.AsyncClient(headers={"Authorization": "Bearer tok-alice"}) as http:
+            await eventually(lambda: _ready(http, gateway.url("/healthz")), within=30)
+            status = (await http.get(gateway.url("/status"))).json()
+        with anyio.fail_after(60):
+            through = {mode: await _answers(gateway.url(), mode, "tok-alice") for mode in (HANDSHAKE, MODERN)}
+        output = gateway.output()
+    [backend] = status["backends"]
+    assert (backend["state"], backend["eras"]) == ("ready", [MODERN])
+    assert "it refused the handshake" in output and "connecting in the 2026-07-28 era" in output
+    assert through[HANDSHAKE] == through[MODERN]
+    assert through[MODERN][2] == (False, "Hello, Ada, Ada, ada!"), through  # its input-required rounds answered

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TypeVar
 
 import anyio
 import httpx2
@@ -49,6 +50,7 @@ __all__ = [
     "ResponseRecorder",
     "classify_failure",
     "exit_detail",
+    "leaf_of",
     "over_limits",
     "gateway_error",
     "map_call_errors",
@@ -190,6 +192,14 @@ def _flatten(exc: BaseException) -> Iterator[BaseException]:
             yield from _flatten(inner)
     else:
         yield exc
+
+
+_E = TypeVar("_E", bound=BaseException)
+
+
+def leaf_of(exc: BaseException | None, kind: type[_E]) -> _E | None:
+    """The first exception of type ``kind`` that ``exc`` is or groups (task groups wrap what ends them)."""
+    return next((leaf for leaf in _flatten(exc) if isinstance(leaf, kind)), None) if exc is not None else None
 
 
 def over_limits(exc: BaseException | None) -> bool:

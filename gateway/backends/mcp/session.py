@@ -68,6 +68,7 @@ from gateway.backends.mcp.failures import (
     ResponseRecorder,
     classify_failure,
     exit_detail,
+    leaf_of,
     map_call_errors,
     over_limits,
 )
@@ -100,8 +101,7 @@ log = structlog.get_logger("gateway.backend")
 
 
 class _ConnectFailed(Exception):
-    """A connection attempt failed, or its session ended before ``min_uptime_s`` (the backoff goes on growing);
-    its message is the reason, already in plain words."""
+    """A connection attempt failed, or its session ended before ``min_uptime_s`` (the backoff goes on growing)."""
 
 
 NotificationHook = Callable[
@@ -265,8 +265,7 @@ class McpBackend(BackendBase):
         """Forward any client request (resources, prompts, completion, ...) to this backend.
 
         Raises:
-            BackendError: the backend is not ready, or failed to answer (a JSON-RPC error is ``BackendRpcError``).
-        """
+            BackendError: the backend is not ready, or failed to answer (a JSON-RPC error is ``BackendRpcError``)."""
         if self._era_for(upstream) != MODERN or request.method not in ("prompts/get", "resources/read"):
             return await self._send(request, result_type, progress, upstream, per_client=False)
         request = request.model_copy(update={"params": with_round(request.params, upstream.round)})
@@ -325,10 +324,8 @@ class McpBackend(BackendBase):
     # -- logging and subscriptions (held.py) -------------------------------------------------------------------
 
     async def set_log_level(self, level: types.LoggingLevel | None) -> None:
-        """Ask the downstream to send log messages from ``level`` up (kept and re-applied after a reconnect).
-
-        ``None`` forgets the level (the downstream keeps the last one it was given until it reconnects).
-        """
+        """Ask the downstream to send log messages from ``level`` up (kept and re-applied after a reconnect);
+        ``None`` forgets the level (the downstream keeps the last one it was given until it reconnects)."""
         session = self._session if self._status.state is BackendState.READY else None
         await self._held.set_log_level(level, session, self.capabilities)
 
@@ -336,8 +333,7 @@ class McpBackend(BackendBase):
         """Subscribe to updates of the downstream's ``uri`` (counted: the downstream is asked once).
 
         Raises:
-            BackendError: the backend is not ready or refused the subscription.
-        """
+            BackendError: the backend is not ready or refused the subscription."""
         await self._held.subscribe(uri)
 
     async def unsubscribe_resource(self, uri: str) -> None:
@@ -365,6 +361,15 @@ class McpBackend(BackendBase):
             )
 
     async def _session_lifetime(self, on_first_outcome: Callable[[], None]) -> None:
+        """One connection, and at once another in the 2026-07-28 era when a one-era server refused the handshake."""
+        try:
+            await self._connect_once(on_first_outcome)
+        except HandshakeRefused as refused:
+            self._learnt = MODERN
+            log.info("backend.era_learnt", backend=self._name, reason=f"{refused}: connecting in the {MODERN} era")
+            await self._connect_once(on_first_outcome)
+
+    async def _connect_once(self, on_first_outcome: Callable[[], None]) -> None:
         """One connection: open, initialize, serve until lost. Raises _ConnectFailed when it could not connect, or
         when the session it made ended before ``min_uptime_s``."""
         self.connects += 1
@@ -406,10 +411,8 @@ class McpBackend(BackendBase):
             exit_code = proc.returncode if proc is not None else None
             stderr_tail = proc.stderr_tail() if proc is not None else ""
             stray = proc.stray_tail() if proc is not None else ""
-        if isinstance(failure, HandshakeRefused):  # its next connection speaks the stateless era at once
-            self._learnt = MODERN
-            self._fail(f"{failure}: reconnecting in the {MODERN} era")
-            raise _ConnectFailed(str(self._status.reason)) from failure
+        if (refused := leaf_of(failure, HandshakeRefused)) is not None:
+            raise refused  # the era is learnt: connect again at once (_session_lifetime)
         if ready_at is None:
             reason = classify_failure(
                 failure or RuntimeError("the session ended during the handshake"),
@@ -558,8 +561,7 @@ class McpBackend(BackendBase):
         """Re-read the lists a ``list_changed`` names, then tell the listeners (the catalog is rebuilt).
 
         A change the downstream ``announced`` that leaves the lists as they were is passed on as it came: the
-        rebuilt catalog would announce nothing, and a client of the downstream itself hears every announcement.
-        """
+        rebuilt catalog would announce nothing, and a client of the downstream itself hears every announcement."""
         session = self._session
         if session is None:
             return
