@@ -127,3 +127,18 @@ servers:
     assert "it refused the handshake" in output and "connecting in the 2026-07-28 era" in output
     assert through[HANDSHAKE] == through[MODERN]
     assert through[MODERN][2] == (False, "Hello, Ada, Ada, ada!"), through  # its input-required rounds answered
+
+
+async def test_a_server_that_never_answers_server_discover_still_connects_in_time(
+    downstream: Downstreams, tmp_path: Path
+) -> None:
+    # The discover probe has a third of connect_timeout_s: the handshake keeps the rest (the SDK's own probe waits
+    # 10 s, longer than this server's whole connect budget).
+    server = downstream("conformance", "streamable_http", "--era", "mute")
+    config = _config(server.url()) + "    connect_timeout_s: 4\n"
+    with run_gateway(config, tmp_path, tokens=TOKENS) as gateway:
+        async with httpx2.AsyncClient(headers={"Authorization": "Bearer tok-alice"}) as http:
+            await eventually(lambda: _ready(http, gateway.url("/healthz")), within=20)
+            status = (await http.get(gateway.url("/status"))).json()
+    [backend] = status["backends"]
+    assert (backend["state"], backend["eras"], backend["last_error"]) == ("ready", ["handshake"], None)

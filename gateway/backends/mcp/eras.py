@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import anyio
 import mcp_types as types
 from mcp.client.session import ClientSession, _later_revision_fields
 from mcp.shared.exceptions import MCPError
@@ -85,9 +86,12 @@ class Opened:
     discovered: types.DiscoverResult | None = None
 
 
-async def open_session(session: ClientSession, *, protocol: str, backend: str, both: bool = False) -> Opened:
+async def open_session(
+    session: ClientSession, *, protocol: str, backend: str, both: bool = False, probe_s: float = 5.0
+) -> Opened:
     """Open ``session`` in the era ``protocol`` names (``auto``: learn it; see the module docstring). ``both``: the
-    transport carries each request on its own (streamable HTTP), so both eras may be asked on this one session.
+    transport carries each request on its own (streamable HTTP), so both eras may be asked on this one session, the
+    ``server/discover`` probe for at most ``probe_s`` (a server that leaves it unanswered keeps time for the handshake).
 
     Raises:
         HandshakeRefused: ``auto`` over a one-era connection whose server refused the handshake.
@@ -96,7 +100,10 @@ async def open_session(session: ClientSession, *, protocol: str, backend: str, b
         return Opened(await _discovered(session, backend), MODERN, (MODERN,), session.discover_result)
     if protocol == HANDSHAKE:
         return Opened(await session.initialize(), HANDSHAKE, (HANDSHAKE,))
-    found = await _discover_or_none(session) if both else None
+    found = None
+    if both:
+        with anyio.move_on_after(probe_s):
+            found = await _discover_or_none(session)
     try:
         init = await session.initialize()
     except MCPError as exc:

@@ -434,9 +434,9 @@ class McpBackend(BackendBase):
 
     async def _open(self, session: ClientSession) -> Opened:
         """Open the shared session in its era (learnt, unless ``protocol:`` names one; eras.py)."""
-        config = self._config
+        config, both, probe_s = self._config, isinstance(self._config, HttpServer), self._config.connect_timeout_s / 3
         protocol = config.protocol if config.protocol != "auto" else (self._learnt or "auto")
-        opened = await open_session(session, protocol=protocol, backend=self._name, both=isinstance(config, HttpServer))
+        opened = await open_session(session, protocol=protocol, backend=self._name, both=both, probe_s=probe_s)
         self._init, self._era, self._eras = opened.init, opened.era, opened.eras
         if self._fast is not None:
             self._fast.version = opened.init.protocol_version
