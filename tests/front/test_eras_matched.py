@@ -142,3 +142,19 @@ async def test_a_server_that_never_answers_server_discover_still_connects_in_tim
             status = (await http.get(gateway.url("/status"))).json()
     [backend] = status["backends"]
     assert (backend["state"], backend["eras"], backend["last_error"]) == ("ready", ["handshake"], None)
+
+
+async def test_a_tool_listed_in_the_2026_era_alone_is_served_to_clients_of_both(
+    downstream: Downstreams, tmp_path: Path
+) -> None:
+    # The reference server lists its input-required tools to 2026-07-28 requests only: the gateway lists them too
+    # (from its stateless lane) and calls them there, a 2025 client's input requests asked on its call's stream.
+    server = downstream("conformance", "streamable_http", "--era-tools")
+    with anyio.fail_after(60):
+        direct = await _answers(server.url(), MODERN)
+        with run_gateway(_config(server.url()), tmp_path, tokens=TOKENS, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
+            async with httpx2.AsyncClient(headers={"Authorization": "Bearer tok-alice"}) as http:
+                await eventually(lambda: _ready(http, gateway.url("/healthz")), within=20)
+            through = {mode: await _answers(gateway.url(), mode, "tok-alice") for mode in (HANDSHAKE, MODERN)}
+    assert through[MODERN] == direct
+    assert through[HANDSHAKE][2] == direct[2] == (False, "Hello, Ada, Ada, ada!")

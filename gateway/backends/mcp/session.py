@@ -56,7 +56,9 @@ from gateway.backends.mcp.eras import (
     HandshakeRefused,
     Opened,
     completed,
+    lane_tools,
     learn_tools,
+    merge_tools,
     open_session,
     probe,
     stateless,
@@ -69,6 +71,7 @@ from gateway.backends.mcp.failures import (
     classify_failure,
     exit_detail,
     leaf_of,
+    lost_reason,
     map_call_errors,
     over_limits,
 )
@@ -150,6 +153,7 @@ class McpBackend(BackendBase):
         self._eras: tuple[str, ...] = ()
         self._learnt: str | None = None
         self._stateless: ClientSession | None = None
+        self._lane_only: frozenset[str] = frozenset()  # tools the downstream lists in the 2026-07-28 era alone
         self._life = Life()
         self._probe_now: anyio.Event = anyio.Event()
         self._proc: StdioProcess | None = None
@@ -229,7 +233,7 @@ class McpBackend(BackendBase):
     ) -> types.CallToolResult:
         meta = dict(upstream.meta) if upstream.meta else None
         params = types.CallToolRequestParams(name=tool, arguments=arguments, _meta=meta)  # type: ignore[arg-type]
-        if self._era_for(upstream) != MODERN:
+        if self._era_for(upstream) != MODERN and tool not in self._lane_only:
             lane = self._fast
             # Only on the shared session (stdio or streamable HTTP): a per-client server's and a per-caller-credentials
             # server's calls go on the caller's own session (_send), through the SDK.
@@ -396,6 +400,7 @@ class McpBackend(BackendBase):
                         stateless(self._stateless, opened.discovered)
                     with anyio.fail_after(self._config.connect_timeout_s):
                         lists = await list_each(session, LIST_KINDS, opened.init.capabilities, self._config)
+                        lists["tools"] = await self._with_lane_tools(lists["tools"])
                     ready_at = anyio.current_time()
                     await self._become_ready(session, lists)
                     on_first_outcome()
@@ -430,7 +435,10 @@ class McpBackend(BackendBase):
         detail = exit_detail(exit_code, stderr_tail) if proc is not None else ""
         if failure is not None and not detail:
             detail = classify_failure(failure, config=self._config, http=recorder)
-        self._lost(life, detail, uptime=anyio.current_time() - ready_at, failure=failure)
+        reason, soon = lost_reason(life, detail, anyio.current_time() - ready_at, self._config.min_uptime_s)
+        self._fail(reason)
+        if soon:  # reconnect with backoff
+            raise _ConnectFailed(reason) from failure
 
     async def _open(self, session: ClientSession) -> Opened:
         """Open the shared session in its era (learnt, unless ``protocol:`` names one; eras.py)."""
@@ -446,20 +454,6 @@ class McpBackend(BackendBase):
         """A caller's or client's own session, opened in the shared session's era."""
         return (await open_session(session, protocol=self._era, backend=self._name)).init
 
-    def _lost(self, life: Life, detail: str, *, uptime: float, failure: Exception | None) -> None:
-        """A session that was ready has ended: the backend fails with why; raises ``_ConnectFailed`` (reconnect
-        with backoff) when it was up less than ``min_uptime_s``."""
-        reason = life.reason or "the connection closed"
-        reason = f"{reason}; {detail}" if detail else reason
-        if uptime < self._config.min_uptime_s:
-            reason += (
-                f" (it was up for {uptime:.1f} s, less than min_uptime_s of {self._config.min_uptime_s:g} s: "
-                "reconnecting with backoff)"
-            )
-            self._fail(reason)
-            raise _ConnectFailed(reason) from failure
-        self._fail(reason)
-
     @asynccontextmanager
     async def _connect(
         self,
@@ -473,11 +467,9 @@ class McpBackend(BackendBase):
         message_handler: MessageHandlerFnT | None = None,
         shared: bool = False,
     ) -> AsyncIterator[ClientSession]:
-        """A ``ClientSession`` to the server over a transport of its own, not yet opened, its receive stream watched
-        (``life`` is marked lost when it ends) and its back-channel relayed for ``inflight`` (offering ``offered``,
-        or all three). ``headers`` default to the gateway's own (the ``"*"`` entry's secrets of per-caller
-        credentials, or the server's ``headers``). ``shared``: the backend's shared session, whose process and
-        direct lane are the backend's while it is open."""
+        """A ``ClientSession`` over a transport of its own, not yet opened, its receive stream watched (``life`` is
+        marked lost when it ends), its back-channel relayed for ``inflight`` (offering ``offered``, or all three).
+        ``headers``: the gateway's own by default. ``shared``: the shared session (its process and direct lane)."""
         if headers is None and self._credentials is not None:
             headers = self._credentials.gateway_headers()
         async with open_transport(
@@ -558,14 +550,15 @@ class McpBackend(BackendBase):
                 await self._on_notification(self, message, upstream, None)
 
     async def _refresh(self, kinds: Sequence[str], announced: types.ServerNotification | None = None) -> None:
-        """Re-read the lists a ``list_changed`` names, then tell the listeners (the catalog is rebuilt).
-
-        A change the downstream ``announced`` that leaves the lists as they were is passed on as it came: the
+        """Re-read the lists a ``list_changed`` names, then tell the listeners (the catalog is rebuilt). A change
+        the downstream ``announced`` that leaves the lists as they were is passed on as it came: the
         rebuilt catalog would announce nothing, and a client of the downstream itself hears every announcement."""
         session = self._session
         if session is None:
             return
         lists = await relist(session, kinds, self.capabilities, self._config, backend=self._name, life=self._life)
+        if lists is not None and "tools" in lists:
+            lists["tools"] = await self._with_lane_tools(lists["tools"])
         if lists is None or session is not self._session:
             return  # not listed, or the session went away meanwhile (the next one lists afresh)
         unchanged = all(lists[kind] == self._listed(kind) for kind in kinds)
@@ -576,6 +569,13 @@ class McpBackend(BackendBase):
         self._ready(since=self._status.since)
         if unchanged and announced is not None and self._on_notification is not None:
             await self._on_notification(self, announced, None, None)
+
+    async def _with_lane_tools(self, tools: tuple[Any, ...]) -> tuple[Any, ...]:
+        """``tools`` and those the stateless lane lists besides (the 2026-07-28 era's alone, called on the lane)."""
+        tools, self._lane_only = merge_tools(
+            tools, await lane_tools(self._stateless, self._config, self._name, self._life)
+        )
+        return tools
 
     def _listed(self, kind: str) -> Sequence[Any]:
         held = (self._tools, self._resources, self._templates, self._prompts)
