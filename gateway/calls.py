@@ -122,6 +122,8 @@ class Upstream:
     meta: Mapping[str, Any] | None = None
     """The client request's ``_meta`` that travels on (no progress token, no per-hop keys)."""
     round: Round | None = None
+    modern: bool = False
+    """The client speaks the stateless 2026-07-28 era (a downstream that speaks it too serves it in that era)."""
 
 
 NO_UPSTREAM = Upstream()

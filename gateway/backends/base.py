@@ -64,7 +64,7 @@ class BackendStatus:
     ``reason`` says why the backend is not ready (declared by the operator or detected); ``since`` is the unix time
     the state was entered; ``last_error`` is the most recent failure, kept after the backend heals; ``unready`` names
     the variants of a ready backend found unable to run (``("files_search[deep]", "the detected reason")``), which
-    the ladder skips at once.
+    the ladder skips at once; ``eras`` the protocol eras an MCP downstream answered in.
 
     A status is what every way out reads (``/status``, ``/ui``, ``find_tools``, ``gateway check``, the log): its
     reasons are scrubbed of registered secrets when it is made (observe/logs.py ``redactor``), so none of them can
@@ -79,6 +79,8 @@ class BackendStatus:
     tool_count: int = 0
     declared: bool = False  # True when the reason is the operator's (enabled: false), not detected
     unready: tuple[tuple[str, str], ...] = ()
+    eras: tuple[str, ...] = ()
+    """The protocol eras the downstream was found to speak at its last connect (``handshake``, ``2026-07-28``)."""
 
     def __post_init__(self) -> None:
         if self.reason:

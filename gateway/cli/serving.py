@@ -295,14 +295,15 @@ async def _check(config: Federation, as_json: bool, strict: bool = False) -> int
 
 
 def _print_check(config: Federation, doc: dict[str, Any]) -> None:
-    rows = [("NAME", "KIND", "STATE", "TOOLS", "REASON")]
+    rows = [("NAME", "KIND", "STATE", "TOOLS", "ERAS", "REASON")]
     for b in doc["backends"]:
         reason = b["reason"] or ""
         if b["declared"]:
             reason = f"(declared) {reason}"
-        rows.append((b["name"], b["kind"], b["state"], str(b["tools"]), reason))
+        eras = ",".join(b["eras"]) or "-"  # the protocol eras an MCP downstream answered in
+        rows.append((b["name"], b["kind"], b["state"], str(b["tools"]), eras, reason))
         for variant in b["variants_not_ready"]:  # a ready backend whose variant cannot run here (its probe said)
-            rows.append(("", "", "", "", f"(detected) variant {variant['variant']} not ready: {variant['reason']}"))
+            rows.append(("", "", "", "", "", f"(detected) variant {variant['variant']} not ready: {variant['reason']}"))
     print(f"config: {config.source}  (valid)")
     print(_table(rows))
     print(f"catalog: {doc['catalog']['tools']} tools; status: {doc['status']}")

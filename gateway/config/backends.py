@@ -130,10 +130,12 @@ class _Backend(Model):
     secrets: SecretsMode | None = None
     """Credentials in this server's arguments and answers: ``record``, ``redact``, ``block`` or ``off``; unset:
     ``gateway.secrets`` (docs/security.md, "Credentials in flight")."""
-    protocol: Literal["handshake", "2026-07-28"] = "handshake"
-    """The era the gateway speaks to this server: ``handshake`` (``initialize``, 2025-11-25 and older) or
-    ``2026-07-28`` (stateless, ``server/discover``): a server that answers with input-required results (SEP-2322)
-    needs the latter; its input requests are relayed to the calling client as such."""
+    protocol: Literal["auto", "handshake", "2026-07-28"] = "auto"
+    """The eras the gateway speaks to this server. ``auto``: learnt at connect (``server/discover`` and the
+    handshake), and each client is served in its own era where the server speaks it (a 2026-07-28 client over
+    stateless requests, a 2025 one over the handshake session), bridged where it does not. ``handshake``
+    (``initialize``, 2025-11-25 and older) or ``2026-07-28`` (stateless, ``server/discover``): that era only, every
+    client bridged to it."""
 
 
 class StdioServer(_Backend):

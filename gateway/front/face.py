@@ -130,6 +130,7 @@ class Face:
             channel=channel if channel is not None else self.channel(ctx),
             meta=forwarded_meta(ctx.meta),
             round=round,
+            modern=ctx.protocol_version in MODERN_PROTOCOL_VERSIONS,
         )
         return CallContext(
             upstream=upstream,

@@ -43,7 +43,9 @@ def _config(
         server = {"transport": "stdio", "command": PYTHON, "args": [FIDELITY, "--stdio", "--name", "s"]}
     else:
         server = over.settings()
-    server |= {"timeout_s": timeout_s, "session": session}
+    # Its tools ask mid-call, which only the handshake era can (the SDK serves it in both eras over HTTP): declared
+    # so, a stateless client's call is bridged.
+    server |= {"timeout_s": timeout_s, "session": session, "protocol": "handshake"}
     return f"""
 gateway:
   audit: {{enabled: true, path: audit.db}}

@@ -109,9 +109,8 @@ def direct(target: Downstream, tmp_path_factory: pytest.TempPathFactory) -> Call
 
 
 def _config(target: Downstream, setup: str, suite: str) -> str:
-    # The 2026-07-28 row reaches the target in its own era (server/discover, per-request capabilities), as a modern
-    # downstream would be configured; the 2025 rows keep the handshake, as such a downstream would be.
-    protocol = '\n    protocol: "2026-07-28"' if suite == "next-2026-07-28" else ""
+    # No `protocol:`: the gateway learns that the target speaks both eras and serves each row's client in its own
+    # (the 2026-07-28 one over stateless requests, server/discover and per-request capabilities).
     config = f"""
 gateway:
   name: conformance-gateway
@@ -120,7 +119,7 @@ gateway:
 servers:
   conformance:
     transport: streamable_http
-    url: {target.url()}{protocol}
+    url: {target.url()}
 """
     if setup == "b":
         time_server, everything = shutil.which("mcp-server-time"), shutil.which("mcp-server-everything")

@@ -1,8 +1,14 @@
-"""How a downstream session speaks its protocol era (``protocol:`` of a server).
+"""How a downstream session speaks its protocol era, and which eras a downstream speaks (``protocol:`` of a server).
 
-By default a session is a handshake-era one: ``open_session`` runs ``initialize`` and ``probe`` pings. With
-``protocol: 2026-07-28`` (``MODERN``) it is a stateless one: ``open_session`` runs ``server/discover``, whose answer
-stands in for the handshake's, and ``probe`` discovers again (that era has no ping). Such a session reads a result
+By default (``auto``) ``open_session`` learns the eras at connect, without configuration: over streamable HTTP it
+asks ``server/discover`` (a stateless POST) and then the handshake, and records each that was answered; the shared
+session is a handshake-era one when the handshake was answered, else a stateless one. Over stdio and SSE a
+connection speaks one era, chosen by its first request: the handshake is tried, and a server that refuses it is
+reconnected in the stateless era (``HandshakeRefused``). ``protocol: handshake`` or ``2026-07-28`` (``MODERN``)
+declares the one era to speak. A handshake-era session runs ``initialize`` and ``probe`` pings; a stateless one runs
+``server/discover``, whose answer stands in for the handshake's, and ``probe`` discovers again (that era has no
+ping); ``stateless`` makes any session a stateless one from a discover answer already had (the second lane of a
+downstream that speaks both eras, for the clients of the 2026-07-28 era). Such a session reads a result
 without ``resultType`` as complete, and each of its requests declares, in its ``_meta`` envelope, the capabilities
 of the client whose request it serves (not the gateway's own), so the server asks only for what that client can
 answer (SEP-2322). A ``tools/call``, ``prompts/get`` or ``resources/read`` of that era may be answered with an
@@ -12,31 +18,48 @@ input responses and the downstream's own state back into the request.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import anyio
 import mcp_types as types
 from mcp.client.session import ClientSession, _later_revision_fields
+from mcp.shared.exceptions import MCPError
 from mcp_types import methods as _methods
-from pydantic import TypeAdapter
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import TypeAdapter, ValidationError
 
+from gateway.backends.mcp.failures import Life
+from gateway.backends.mcp.lists import relist
 from gateway.backends.mcp.relay import SERVING
 from gateway.calls import Round
+from gateway.config import ServerConfig
 from gateway.errors import InputRequired
 
 __all__ = [
     "CALL_OR_INPUT",
+    "HANDSHAKE",
     "MODERN",
+    "HandshakeRefused",
+    "Opened",
     "PROMPT_OR_INPUT",
     "READ_OR_INPUT",
     "call_result",
     "completed",
+    "lane_tools",
+    "learn_tools",
+    "merge_tools",
     "open_session",
     "probe",
+    "stateless",
     "with_round",
 ]
 
 MODERN = "2026-07-28"
 """The stateless era's protocol version (``protocol:`` of a server)."""
+HANDSHAKE = "handshake"
+"""The ``initialize`` era (2025-11-25 and older)."""
 
 CALL_OR_INPUT: TypeAdapter[types.CallToolResult | types.InputRequiredResult] = TypeAdapter(
     types.CallToolResult | types.InputRequiredResult
@@ -52,12 +75,102 @@ _INPUT_RESPONSES: TypeAdapter[types.InputResponses] = TypeAdapter(types.InputRes
 _Result = TypeVar("_Result")
 
 
-async def open_session(session: ClientSession, *, protocol: str, backend: str) -> types.InitializeResult:
-    """The handshake, or in the stateless era ``server/discover``, whose answer is told as a handshake's."""
-    if protocol != MODERN:
-        return await session.initialize()
+class HandshakeRefused(Exception):
+    """A stdio or SSE server refused the handshake: its next connection speaks the stateless era."""
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """What a session's opening learnt: ``init``, the server's offer told as a handshake's answer; ``era``, the one
+    this session speaks (``HANDSHAKE`` or ``MODERN``); ``eras``, every era the downstream answered in; ``discovered``,
+    its ``server/discover`` answer when it gave one (what a stateless lane beside a handshake session adopts)."""
+
+    init: types.InitializeResult
+    era: str
+    eras: tuple[str, ...]
+    discovered: types.DiscoverResult | None = None
+
+
+async def open_session(
+    session: ClientSession, *, protocol: str, backend: str, both: bool = False, probe_s: float = 5.0
+) -> Opened:
+    """Open ``session`` in the era ``protocol`` names (``auto``: learn it; see the module docstring). ``both``: the
+    transport carries each request on its own (streamable HTTP), so both eras may be asked on this one session, the
+    ``server/discover`` probe for at most ``probe_s`` (a server that leaves it unanswered keeps time for the handshake).
+
+    Raises:
+        HandshakeRefused: ``auto`` over a one-era connection whose server refused the handshake.
+    """
+    if protocol == MODERN:
+        return Opened(await _discovered(session, backend), MODERN, (MODERN,), session.discover_result)
+    if protocol == HANDSHAKE:
+        return Opened(await session.initialize(), HANDSHAKE, (HANDSHAKE,))
+    found = None
+    if both:
+        with anyio.move_on_after(probe_s):
+            found = await _discover_or_none(session)
+    try:
+        init = await session.initialize()
+    except MCPError as exc:
+        if found is None:
+            if not both:
+                raise HandshakeRefused(f"it refused the handshake ({exc.error.message})") from exc
+            raise
+        session.adopt(found)
+        return Opened(await _discovered(session, backend), MODERN, (MODERN,), found)
+    return Opened(init, HANDSHAKE, (HANDSHAKE, MODERN) if found is not None else (HANDSHAKE,), found)
+
+
+def stateless(session: ClientSession, found: types.DiscoverResult) -> None:
+    """Make ``session`` a stateless-era one from the downstream's ``server/discover`` answer ``found`` (no wire
+    traffic)."""
+    session.adopt(found)
     _complete_by_default(session)
-    found = await session.discover()
+    _forward_capabilities(session)
+
+
+def learn_tools(session: ClientSession, tools: Sequence[types.Tool]) -> None:
+    """Teach a stateless lane the tools its handshake session listed, as if it had listed them itself: a call on it
+    then mirrors the arguments its tool annotates with ``x-mcp-header`` into ``Mcp-Param-*`` headers (SEP-2243)."""
+    session._absorb_tool_listing(types.ListToolsResult(tools=list(tools)), complete=True)
+
+
+async def lane_tools(
+    lane: ClientSession | None, config: ServerConfig, backend: str, life: Life
+) -> tuple[types.Tool, ...]:
+    """The tools a stateless lane lists (a downstream may offer some in the 2026-07-28 era alone); none without a
+    lane, or when its listing failed (``relist`` logs why)."""
+    found = lane.discover_result if lane is not None else None
+    if lane is None or found is None:
+        return ()
+    listed = await relist(lane, ("tools",), found.capabilities, config, backend=backend, life=life)
+    return listed["tools"] if listed is not None else ()
+
+
+def merge_tools(
+    shared: Sequence[types.Tool], lane: Sequence[types.Tool]
+) -> tuple[tuple[types.Tool, ...], frozenset[str]]:
+    """The handshake session's tools and, after them, those only the stateless lane lists; and the latter's names."""
+    names = {tool.name for tool in shared}
+    more = tuple(tool for tool in lane if tool.name not in names)
+    return (*shared, *more), frozenset(tool.name for tool in more)
+
+
+async def _discover_or_none(session: ClientSession) -> types.DiscoverResult | None:
+    """The downstream's ``server/discover`` answer when it speaks the stateless era, else None (any JSON-RPC error,
+    or an answer naming no 2026 version, says it does not; a transport failure is raised)."""
+    try:
+        raw = await session.send_discover(MODERN)
+        found = types.DiscoverResult.model_validate(raw)
+    except (MCPError, ValidationError):
+        return None
+    return found if any(v in found.supported_versions for v in MODERN_PROTOCOL_VERSIONS) else None
+
+
+async def _discovered(session: ClientSession, backend: str) -> types.InitializeResult:
+    """``server/discover`` (once: an answer the session adopted already stands), told as a handshake's answer."""
+    _complete_by_default(session)
+    found = session.discover_result or await session.discover()
     _forward_capabilities(session)
     info = session.server_info or types.Implementation(name=backend, version="")
     return types.InitializeResult(
@@ -70,7 +183,7 @@ async def open_session(session: ClientSession, *, protocol: str, backend: str) -
 
 async def probe(session: ClientSession, *, protocol: str) -> None:
     """Is the session alive? A ping, or in the stateless era a ``server/discover``."""
-    if protocol == MODERN:
+    if protocol == MODERN:  # the era the session speaks (``Opened.era``)
         await session.send_discover(session.protocol_version or MODERN)
     else:
         await session.send_ping()

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TypeVar
 
 import anyio
 import httpx2
@@ -49,6 +50,8 @@ __all__ = [
     "ResponseRecorder",
     "classify_failure",
     "exit_detail",
+    "leaf_of",
+    "lost_reason",
     "over_limits",
     "gateway_error",
     "map_call_errors",
@@ -190,6 +193,28 @@ def _flatten(exc: BaseException) -> Iterator[BaseException]:
             yield from _flatten(inner)
     else:
         yield exc
+
+
+_E = TypeVar("_E", bound=BaseException)
+
+
+def leaf_of(exc: BaseException | None, kind: type[_E]) -> _E | None:
+    """The first exception of type ``kind`` that ``exc`` is or groups (task groups wrap what ends them)."""
+    return next((leaf for leaf in _flatten(exc) if isinstance(leaf, kind)), None) if exc is not None else None
+
+
+def lost_reason(life: Life, detail: str, uptime: float, min_uptime_s: float) -> tuple[str, bool]:
+    """Why a session that was ready ended, in plain words, and whether it was up less than ``min_uptime_s`` (then
+    the reconnection backs off)."""
+    reason = life.reason or "the connection closed"
+    reason = f"{reason}; {detail}" if detail else reason
+    if uptime >= min_uptime_s:
+        return reason, False
+    return (
+        f"{reason} (it was up for {uptime:.1f} s, less than min_uptime_s of {min_uptime_s:g} s: reconnecting with "
+        "backoff)",
+        True,
+    )
 
 
 def over_limits(exc: BaseException | None) -> bool:

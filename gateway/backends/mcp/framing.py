@@ -7,7 +7,8 @@
   to a POST in ``application/json`` is therefore handed to the SDK as ``text/event-stream``, one event per message.
   A message ends at a line break after a line that completes a JSON value (a line ending in ``}`` or ``]`` is
   tried); the last message is whatever remains at the end, so a one-message body without a trailing line break is
-  never parsed here.
+  never parsed here. Only answers to stateless-era requests are reframed (a server of both eras answers the
+  handshake's as that era does).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 from collections.abc import AsyncIterator
 
 import httpx2
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 __all__ = ["JsonLinesTransport"]
 
@@ -42,7 +44,12 @@ def reframe(request: httpx2.Request, response: httpx2.Response) -> None:
     if response.headers.get("content-encoding", "identity").lower() not in ("", "identity"):
         return  # a compressed body cannot be cut by lines
     content_type = response.headers.get("content-type", "").partition(";")[0].strip().lower()
-    if content_type == "application/json" and request.method == "POST" and response.status_code == 200:
+    if (
+        content_type == "application/json"
+        and request.method == "POST"
+        and response.status_code == 200
+        and request.headers.get("mcp-protocol-version") in MODERN_PROTOCOL_VERSIONS  # that era's servers only
+    ):
         response.headers["content-type"] = "text/event-stream"
         response.headers.pop("content-length", None)
         response.stream = _JsonLinesAsEvents(response.stream, request)

@@ -28,7 +28,7 @@ from mcp.shared.message import SessionMessage
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from gateway.backends.backoff import backoff
-from gateway.backends.mcp.failures import FOREIGN, ListTooLarge
+from gateway.backends.mcp.failures import FOREIGN, Life, ListTooLarge
 from gateway.config import ServerConfig
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "changed_lists",
     "hold_listen",
     "list_each",
+    "relist",
     "screen_lists",
 ]
 
@@ -262,3 +263,24 @@ async def _listen_once(
     if anyio.current_time() - opened_at < config.min_uptime_s:
         raise _ListenLost(error)
     log.info("backend.listen_lost", backend=backend, error=error, retry_in_s=0)
+
+
+async def relist(
+    session: ClientSession,
+    kinds: Sequence[str],
+    capabilities: types.ServerCapabilities | None,
+    config: ServerConfig,
+    *,
+    backend: str,
+    life: Life,
+) -> dict[str, tuple[Any, ...]] | None:
+    """The lists ``kinds`` read again after a ``list_changed``; None when they could not be (logged), or when one
+    has grown past the server's limits (``life`` is then marked lost, saying so: the backend reconnects)."""
+    try:
+        with anyio.fail_after(config.connect_timeout_s):
+            return await list_each(session, kinds, capabilities, config)
+    except ListTooLarge as exc:
+        life.mark_lost(str(exc))
+    except FOREIGN as exc:
+        log.warning("backend.relist_failed", backend=backend, lists=list(kinds), error=str(exc))
+    return None

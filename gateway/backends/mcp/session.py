@@ -1,8 +1,9 @@
 """One supervised session to one downstream MCP server (stdio, streamable HTTP or SSE): ``McpBackend``.
 
 ``McpBackend.run`` is the only owner of the shared session: it opens the transport (transports.py) and the
-``ClientSession`` in nested ``async with`` blocks inside its own task, opens the session in its era (eras.py:
-``initialize`` or ``server/discover``), lists the tools, resources, resource templates and prompts (lists.py),
+``ClientSession`` in nested ``async with`` blocks inside its own task, opens the session in its era, learning which
+eras the downstream speaks (eras.py; beside a handshake session to a downstream that speaks both, a stateless lane
+serves the 2026-07-28 clients in their era), lists the tools, resources, resource templates and prompts (lists.py),
 restores the log level and resource subscriptions the gateway's clients hold (held.py), marks itself ready, and
 then waits until the connection ends (the process exits, the HTTP stream breaks, a ping fails, a stdio server stops
 reading its stdin). It then marks itself failed with the reason in plain words and reconnects with exponential
@@ -19,10 +20,10 @@ through failures.py's ``map_call_errors``, connection failures through its ``cla
 While it runs, a downstream's list changes re-read that list (and the listeners rebuild the catalog), its log
 messages and resource updates go to the ``on_notification`` hook, and its own requests to its client (sampling,
 elicitation, roots) are relayed to the gateway's client whose call caused them (relay.py). A handshake-era
-``tools/call`` on the shared session goes straight on it (fastpath.py) when the transport offers a direct lane. With
+``tools/call`` on the shared session goes straight on it (direct.py) when the transport offers a direct lane; with
 ``session: per_client`` or per-caller credentials, requests go on sessions of their own (lanes.py). A stateless-era
-request may be answered with an input-required result, raised as ``InputRequired`` (eras.py); a client's retry
-reaches ``call_tool`` / ``request`` again with the round in its ``Upstream``.
+request may be answered with an input-required result, raised as ``InputRequired`` (eras.py); the client's retry
+comes back with the round in its ``Upstream``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from __future__ import annotations
 import functools
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import replace
 from typing import IO, Any
 
 import anyio
@@ -44,24 +46,32 @@ from gateway.auth.credentials import CallerCredentials
 from gateway.auth.secrets import CallerSecrets
 from gateway.backends.backoff import spread, supervise
 from gateway.backends.base import BackendBase, BackendState, BackendStatus, ProgressFn
+from gateway.backends.mcp.direct import call_direct, caller_of
 from gateway.backends.mcp.eras import (
     CALL_OR_INPUT,
+    HANDSHAKE,
     MODERN,
     PROMPT_OR_INPUT,
     READ_OR_INPUT,
-    call_result,
+    HandshakeRefused,
+    Opened,
     completed,
+    lane_tools,
+    learn_tools,
+    merge_tools,
     open_session,
     probe,
+    stateless,
     with_round,
 )
 from gateway.backends.mcp.failures import (
     FOREIGN,
     Life,
-    ListTooLarge,
     ResponseRecorder,
     classify_failure,
     exit_detail,
+    leaf_of,
+    lost_reason,
     map_call_errors,
     over_limits,
 )
@@ -74,10 +84,11 @@ from gateway.backends.mcp.lists import (
     changed_lists,
     hold_listen,
     list_each,
+    relist,
     screen_lists,
 )
 from gateway.backends.mcp.pool import BackendPool, HttpPool, calls_for
-from gateway.backends.mcp.relay import InFlight, attribute, back_channel, relay_request, serving
+from gateway.backends.mcp.relay import InFlight, attribute, back_channel, serving
 from gateway.backends.mcp.slots import SlotStatistics
 from gateway.backends.mcp.stdio import StdioProcess
 from gateway.backends.mcp.transports import open_transport
@@ -93,12 +104,7 @@ log = structlog.get_logger("gateway.backend")
 
 
 class _ConnectFailed(Exception):
-    """A connection attempt failed, or its session ended before ``min_uptime_s`` (the backoff goes on growing);
-    ``reason`` is already in plain words."""
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-        super().__init__(reason)
+    """A connection attempt failed, or its session ended before ``min_uptime_s`` (the backoff goes on growing)."""
 
 
 NotificationHook = Callable[
@@ -141,6 +147,13 @@ class McpBackend(BackendBase):
         self._templates: tuple[types.ResourceTemplate, ...] = ()
         self._prompts: tuple[types.Prompt, ...] = ()
         self._init: types.InitializeResult | None = None
+        # The shared session's era, the eras answered in at the last connect, the era a one-era connection tries
+        # next, and the stateless lane of the 2026-07-28 clients beside a handshake session (eras.py).
+        self._era = MODERN if config.protocol == MODERN else HANDSHAKE
+        self._eras: tuple[str, ...] = ()
+        self._learnt: str | None = None
+        self._stateless: ClientSession | None = None
+        self._lane_only: frozenset[str] = frozenset()  # tools the downstream lists in the 2026-07-28 era alone
         self._life = Life()
         self._probe_now: anyio.Event = anyio.Event()
         self._proc: StdioProcess | None = None
@@ -159,7 +172,7 @@ class McpBackend(BackendBase):
             config,
             self._credentials,
             connect=self._connect,
-            handshake=functools.partial(open_session, protocol=config.protocol, backend=name),
+            handshake=self._open_lane,
             notify=functools.partial(on_notification, self) if on_notification is not None else None,
         )
 
@@ -184,7 +197,14 @@ class McpBackend(BackendBase):
 
     @property
     def asks_mid_call(self) -> bool:
-        return self._config.protocol != MODERN  # the stateless era asks with an input-required result instead
+        """May a stateless client's request be asked mid-request (so bridged)? Not where it is served in its era."""
+        return self._era != MODERN and (self._stateless is None or self._credentials is not None)
+
+    def _era_for(self, upstream: Upstream) -> str:
+        """The era ``upstream``'s request is sent in: the client's own where the downstream speaks it."""
+        if self._era == MODERN or (upstream.modern and not self.asks_mid_call):
+            return MODERN
+        return HANDSHAKE
 
     def tools(self) -> Sequence[types.Tool]:
         return self._tools
@@ -213,53 +233,30 @@ class McpBackend(BackendBase):
     ) -> types.CallToolResult:
         meta = dict(upstream.meta) if upstream.meta else None
         params = types.CallToolRequestParams(name=tool, arguments=arguments, _meta=meta)  # type: ignore[arg-type]
-        if self._config.protocol != MODERN:
+        if self._era_for(upstream) != MODERN and tool not in self._lane_only:
             lane = self._fast
             # Only on the shared session (stdio or streamable HTTP): a per-client server's and a per-caller-credentials
             # server's calls go on the caller's own session (_send), through the SDK.
             if lane is not None and lane.ready and not self._per_client and self._credentials is None:
-                return await self._call_fast(lane, tool, arguments, meta, progress, upstream)
+                self._require_session()
+                return await call_direct(
+                    lane,
+                    tool,
+                    arguments,
+                    meta,
+                    progress=progress,
+                    upstream=upstream,
+                    backend=self._name,
+                    life=self._life,
+                    inflight=self._inflight,
+                    timeout_s=self._config.timeout_s,
+                    notify=self._on_message,
+                )
             request = types.CallToolRequest(params=params)
             return await self._send(request, types.CallToolResult, progress, upstream, per_client=self._per_client)  # type: ignore[no-any-return]
         request = types.CallToolRequest(params=with_round(params, upstream.round))
-        result = await self._send(request, CALL_OR_INPUT, progress, upstream, per_client=False)
+        result = await self._send(request, CALL_OR_INPUT, progress, upstream, per_client=False, on=self._stateless)
         return completed(result, backend=self._name, local=tool)  # type: ignore[no-any-return]
-
-    async def _call_fast(
-        self,
-        lane: DirectLane,
-        tool: str,
-        arguments: dict[str, Any],
-        meta: dict[str, Any] | None,
-        progress: ProgressFn | None,
-        upstream: Upstream,
-    ) -> types.CallToolResult:
-        """A handshake-era ``tools/call`` on the shared session, sent straight on it (fastpath.py; over stdio,
-        stdio.py's ``StdioLane``): the same request, errors and back-channel as ``_send``, without the SDK session's
-        round trip."""
-        self._require_session()
-        life, inflight, name = self._life, self._inflight, self._name
-        params: dict[str, Any] = {"name": tool, "arguments": arguments}
-        if meta:
-            params["_meta"] = meta
-
-        async def answer(request: Any) -> Any:
-            return await relay_request(request, inflight, name)
-
-        with (
-            serving(inflight, upstream),
-            calls_for(_caller_of(upstream)),
-            map_call_errors(name, self._config.timeout_s, life),
-        ):
-            raw = await lane.request(
-                "tools/call",
-                params,
-                timeout_s=self._config.timeout_s,
-                progress=progress,
-                answer=answer,
-                notify=self._on_message,
-            )
-        return call_result(raw, lane.version or "")
 
     async def request(
         self,
@@ -272,13 +269,12 @@ class McpBackend(BackendBase):
         """Forward any client request (resources, prompts, completion, ...) to this backend.
 
         Raises:
-            BackendError: the backend is not ready, or failed to answer (a JSON-RPC error is ``BackendRpcError``).
-        """
-        if self._config.protocol != MODERN or request.method not in ("prompts/get", "resources/read"):
+            BackendError: the backend is not ready, or failed to answer (a JSON-RPC error is ``BackendRpcError``)."""
+        if self._era_for(upstream) != MODERN or request.method not in ("prompts/get", "resources/read"):
             return await self._send(request, result_type, progress, upstream, per_client=False)
         request = request.model_copy(update={"params": with_round(request.params, upstream.round)})
         either = PROMPT_OR_INPUT if request.method == "prompts/get" else READ_OR_INPUT
-        result = await self._send(request, either, progress, upstream, per_client=False)
+        result = await self._send(request, either, progress, upstream, per_client=False, on=self._stateless)
         local = request.params.name if request.method == "prompts/get" else request.params.uri
         return completed(result, backend=self._name, local=local)
 
@@ -290,11 +286,15 @@ class McpBackend(BackendBase):
         upstream: Upstream,
         *,
         per_client: bool,
+        on: ClientSession | None = None,
     ) -> Any:
+        """Send ``request`` on the shared session, the caller's or client's own, or ``on`` (the stateless lane)."""
         life = self._life
         session = self._require_session()
         inflight = self._inflight
-        if self._credentials is not None:
+        if on is not None:
+            session = on
+        elif self._credentials is not None:
             own = await self._lanes.for_caller(upstream.caller.name, upstream.caller.token)
             session, inflight, life = own.session, own.inflight, own.life  # type: ignore[assignment]
         elif per_client:
@@ -303,7 +303,7 @@ class McpBackend(BackendBase):
                 session, inflight, life = lane.session, lane.inflight, lane.life
         with (
             serving(inflight, upstream),
-            calls_for(_caller_of(upstream)),
+            calls_for(caller_of(upstream)),
             map_call_errors(self._name, self._config.timeout_s, life),
         ):
             return await session.send_request(
@@ -328,10 +328,8 @@ class McpBackend(BackendBase):
     # -- logging and subscriptions (held.py) -------------------------------------------------------------------
 
     async def set_log_level(self, level: types.LoggingLevel | None) -> None:
-        """Ask the downstream to send log messages from ``level`` up (kept and re-applied after a reconnect).
-
-        ``None`` forgets the level (the downstream keeps the last one it was given until it reconnects).
-        """
+        """Ask the downstream to send log messages from ``level`` up (kept and re-applied after a reconnect);
+        ``None`` forgets the level (the downstream keeps the last one it was given until it reconnects)."""
         session = self._session if self._status.state is BackendState.READY else None
         await self._held.set_log_level(level, session, self.capabilities)
 
@@ -339,8 +337,7 @@ class McpBackend(BackendBase):
         """Subscribe to updates of the downstream's ``uri`` (counted: the downstream is asked once).
 
         Raises:
-            BackendError: the backend is not ready or refused the subscription.
-        """
+            BackendError: the backend is not ready or refused the subscription."""
         await self._held.subscribe(uri)
 
     async def unsubscribe_resource(self, uri: str) -> None:
@@ -368,6 +365,15 @@ class McpBackend(BackendBase):
             )
 
     async def _session_lifetime(self, on_first_outcome: Callable[[], None]) -> None:
+        """One connection, and at once another in the 2026-07-28 era when a one-era server refused the handshake."""
+        try:
+            await self._connect_once(on_first_outcome)
+        except HandshakeRefused as refused:
+            self._learnt = MODERN
+            log.info("backend.era_learnt", backend=self._name, reason=f"{refused}: connecting in the {MODERN} era")
+            await self._connect_once(on_first_outcome)
+
+    async def _connect_once(self, on_first_outcome: Callable[[], None]) -> None:
         """One connection: open, initialize, serve until lost. Raises _ConnectFailed when it could not connect, or
         when the session it made ended before ``min_uptime_s``."""
         self.connects += 1
@@ -378,29 +384,40 @@ class McpBackend(BackendBase):
         failure: Exception | None = None
         with tempfile.TemporaryFile() as stderr:
             try:
-                async with self._connect(
-                    life, recorder, stderr, inflight=self._inflight, message_handler=self._on_message, shared=True
-                ) as session:
+                async with (
+                    self._connect(
+                        life, recorder, stderr, inflight=self._inflight, message_handler=self._on_message, shared=True
+                    ) as session,
+                    AsyncExitStack() as lanes,
+                ):
                     with anyio.fail_after(self._config.connect_timeout_s):
-                        self._init = await open_session(session, protocol=self._config.protocol, backend=self._name)
-                        if self._fast is not None:
-                            self._fast.version = self._init.protocol_version
-                        lists = await list_each(session, LIST_KINDS, self._init.capabilities, self._config)
+                        opened = await self._open(session)
+                    if opened.era == HANDSHAKE and opened.discovered is not None:  # both eras: a lane for 2026's
+                        lane = self._connect(
+                            life, recorder, stderr, inflight=self._inflight, message_handler=self._on_message
+                        )
+                        self._stateless = await lanes.enter_async_context(lane)
+                        stateless(self._stateless, opened.discovered)
+                    with anyio.fail_after(self._config.connect_timeout_s):
+                        lists = await list_each(session, LIST_KINDS, opened.init.capabilities, self._config)
+                        lists["tools"] = await self._with_lane_tools(lists["tools"])
                     ready_at = anyio.current_time()
                     await self._become_ready(session, lists)
                     on_first_outcome()
                     await self._serve(session, life)
             except anyio.get_cancelled_exc_class():
-                self._session = None
+                self._session = self._stateless = None
                 raise
             except Exception as exc:  # translated into a reason below; nothing foreign escapes
                 failure = exc
-            self._session = None
+            self._session = self._stateless = None
             self._tools = self._resources = self._templates = self._prompts = ()
             proc = self._proc
             exit_code = proc.returncode if proc is not None else None
             stderr_tail = proc.stderr_tail() if proc is not None else ""
             stray = proc.stray_tail() if proc is not None else ""
+        if (refused := leaf_of(failure, HandshakeRefused)) is not None:
+            raise refused  # the era is learnt: connect again at once (_session_lifetime)
         if ready_at is None:
             reason = classify_failure(
                 failure or RuntimeError("the session ended during the handshake"),
@@ -418,21 +435,24 @@ class McpBackend(BackendBase):
         detail = exit_detail(exit_code, stderr_tail) if proc is not None else ""
         if failure is not None and not detail:
             detail = classify_failure(failure, config=self._config, http=recorder)
-        self._lost(life, detail, uptime=anyio.current_time() - ready_at, failure=failure)
-
-    def _lost(self, life: Life, detail: str, *, uptime: float, failure: Exception | None) -> None:
-        """A session that was ready has ended: the backend fails with why; raises ``_ConnectFailed`` (reconnect
-        with backoff) when it was up less than ``min_uptime_s``."""
-        reason = life.reason or "the connection closed"
-        reason = f"{reason}; {detail}" if detail else reason
-        if uptime < self._config.min_uptime_s:
-            reason += (
-                f" (it was up for {uptime:.1f} s, less than min_uptime_s of {self._config.min_uptime_s:g} s: "
-                "reconnecting with backoff)"
-            )
-            self._fail(reason)
-            raise _ConnectFailed(reason) from failure
+        reason, soon = lost_reason(life, detail, anyio.current_time() - ready_at, self._config.min_uptime_s)
         self._fail(reason)
+        if soon:  # reconnect with backoff
+            raise _ConnectFailed(reason) from failure
+
+    async def _open(self, session: ClientSession) -> Opened:
+        """Open the shared session in its era (learnt, unless ``protocol:`` names one; eras.py)."""
+        config, both, probe_s = self._config, isinstance(self._config, HttpServer), self._config.connect_timeout_s / 3
+        protocol = config.protocol if config.protocol != "auto" else (self._learnt or "auto")
+        opened = await open_session(session, protocol=protocol, backend=self._name, both=both, probe_s=probe_s)
+        self._init, self._era, self._eras = opened.init, opened.era, opened.eras
+        if self._fast is not None:
+            self._fast.version = opened.init.protocol_version
+        return opened
+
+    async def _open_lane(self, session: ClientSession) -> types.InitializeResult:
+        """A caller's or client's own session, opened in the shared session's era."""
+        return (await open_session(session, protocol=self._era, backend=self._name)).init
 
     @asynccontextmanager
     async def _connect(
@@ -447,11 +467,9 @@ class McpBackend(BackendBase):
         message_handler: MessageHandlerFnT | None = None,
         shared: bool = False,
     ) -> AsyncIterator[ClientSession]:
-        """A ``ClientSession`` to the server over a transport of its own, not yet opened, its receive stream watched
-        (``life`` is marked lost when it ends) and its back-channel relayed for ``inflight`` (offering ``offered``,
-        or all three). ``headers`` default to the gateway's own (the ``"*"`` entry's secrets of per-caller
-        credentials, or the server's ``headers``). ``shared``: the backend's shared session, whose process and
-        direct lane are the backend's while it is open."""
+        """A ``ClientSession`` over a transport of its own, not yet opened, its receive stream watched (``life`` is
+        marked lost when it ends), its back-channel relayed for ``inflight`` (offering ``offered``, or all three).
+        ``headers``: the gateway's own by default. ``shared``: the shared session (its process and direct lane)."""
         if headers is None and self._credentials is not None:
             headers = self._credentials.gateway_headers()
         async with open_transport(
@@ -483,22 +501,18 @@ class McpBackend(BackendBase):
     async def _become_ready(self, session: ClientSession, lists: dict[str, tuple[Any, ...]]) -> None:
         """The shared session is open and listed: serve from it."""
         self._session = session
-        self._tools = lists["tools"]
-        self._resources = lists["resources"]
-        self._templates = lists["resource_templates"]
-        self._prompts = lists["prompts"]
-        if self._config.protocol != MODERN:  # that era has no log level or subscriptions to restore
+        self._tools, self._resources, self._templates, self._prompts = (lists[kind] for kind in LIST_KINDS)
+        if self._era != MODERN:  # that era has no log level or subscriptions to restore
             await self._held.restore(session, self.capabilities)
-        self._set_status(
-            BackendStatus(BackendState.READY, None, tool_count=len(self._tools), last_error=self._status.last_error)
-        )
+        self._ready()
 
     async def _serve(self, session: ClientSession, life: Life) -> None:
-        """Check the session's health (and in the stateless era, listen for list changes) until it is lost."""
+        """Check the session's health (and on a stateless session or lane, listen for list changes: that era
+        announces them nowhere else) until it is lost."""
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._ping_loop, session)
-            if self._config.protocol == MODERN:
-                tg.start_soon(self._listen, session)
+            if self._era == MODERN or self._stateless is not None:
+                tg.start_soon(self._listen, self._stateless or session)
             await life.lost.wait()
             tg.cancel_scope.cancel()
 
@@ -511,13 +525,14 @@ class McpBackend(BackendBase):
             self._probe_now = anyio.Event()
             try:
                 with anyio.fail_after(self._config.connect_timeout_s):
-                    await probe(session, protocol=self._config.protocol)
+                    await probe(session, protocol=self._era)
             except FOREIGN as exc:
                 self._life.mark_lost(f"ping failed: {exc or type(exc).__name__}")
                 return
 
     async def _listen(self, session: ClientSession) -> None:
-        await hold_listen(session, self.capabilities, backend=self._name, config=self._config, relist=self._refresh)
+        caps = found.capabilities if (found := session.discover_result) is not None else self.capabilities
+        await hold_listen(session, caps, backend=self._name, config=self._config, relist=self._refresh)
 
     async def _on_message(self, message: Any) -> None:
         if isinstance(message, Exception):
@@ -535,50 +550,36 @@ class McpBackend(BackendBase):
                 await self._on_notification(self, message, upstream, None)
 
     async def _refresh(self, kinds: Sequence[str], announced: types.ServerNotification | None = None) -> None:
-        """Re-read the lists a ``list_changed`` names, then tell the listeners (the catalog is rebuilt).
-
-        A change the downstream ``announced`` that leaves the lists as they were is passed on as it came: the
-        rebuilt catalog would announce nothing, and a client of the downstream itself hears every announcement.
-        """
+        """Re-read the lists a ``list_changed`` names, then tell the listeners (the catalog is rebuilt). A change
+        the downstream ``announced`` that leaves the lists as they were is passed on as it came: the
+        rebuilt catalog would announce nothing, and a client of the downstream itself hears every announcement."""
         session = self._session
         if session is None:
             return
-        try:
-            with anyio.fail_after(self._config.connect_timeout_s):
-                lists = await list_each(session, kinds, self.capabilities, self._config)
-        except ListTooLarge as exc:  # the server has grown past its limits: failed, saying so (and reconnected)
-            self._life.mark_lost(str(exc))
-            return
-        except FOREIGN as exc:
-            log.warning("backend.relist_failed", backend=self._name, lists=list(kinds), error=str(exc))
-            return
-        if session is not self._session:
-            return  # the session went away meanwhile; the next one lists afresh
+        lists = await relist(session, kinds, self.capabilities, self._config, backend=self._name, life=self._life)
+        if lists is not None and "tools" in lists:
+            lists["tools"] = await self._with_lane_tools(lists["tools"])
+        if lists is None or session is not self._session:
+            return  # not listed, or the session went away meanwhile (the next one lists afresh)
         unchanged = all(lists[kind] == self._listed(kind) for kind in kinds)
         self._tools = lists.get("tools", self._tools)
         self._resources = lists.get("resources", self._resources)
         self._templates = lists.get("resource_templates", self._templates)
         self._prompts = lists.get("prompts", self._prompts)
-        self._set_status(
-            BackendStatus(
-                BackendState.READY,
-                None,
-                since=self._status.since,
-                tool_count=len(self._tools),
-                last_error=self._status.last_error,
-            )
-        )
+        self._ready(since=self._status.since)
         if unchanged and announced is not None and self._on_notification is not None:
             await self._on_notification(self, announced, None, None)
 
+    async def _with_lane_tools(self, tools: tuple[Any, ...]) -> tuple[Any, ...]:
+        """``tools`` and those the stateless lane lists besides (the 2026-07-28 era's alone, called on the lane)."""
+        tools, self._lane_only = merge_tools(
+            tools, await lane_tools(self._stateless, self._config, self._name, self._life)
+        )
+        return tools
+
     def _listed(self, kind: str) -> Sequence[Any]:
-        lists: dict[str, Sequence[Any]] = {
-            "tools": self._tools,
-            "resources": self._resources,
-            "resource_templates": self._templates,
-            "prompts": self._prompts,
-        }
-        return lists[kind]
+        held = (self._tools, self._resources, self._templates, self._prompts)
+        return dict(zip(("tools", "resources", "resource_templates", "prompts"), held, strict=True))[kind]
 
     def _transport_failed(self, life: Life, reason: str) -> None:
         """The transport gave up on a live session (a stdio server stopped reading its stdin): the backend is
@@ -588,10 +589,12 @@ class McpBackend(BackendBase):
             self._session = None
             self._fail(reason)
 
+    def _ready(self, since: float | None = None) -> None:
+        if self._stateless is not None:  # the lane sends the Mcp-Param-* headers of the tools listed (SEP-2243)
+            learn_tools(self._stateless, self._tools)
+        last = self._status.last_error
+        ready = BackendStatus(BackendState.READY, None, tool_count=len(self._tools), last_error=last, eras=self._eras)
+        self._set_status(ready if since is None else replace(ready, since=since))
+
     def _fail(self, reason: str) -> None:
-        self._set_status(BackendStatus(BackendState.FAILED, reason, last_error=reason))
-
-
-def _caller_of(upstream: Upstream) -> str | None:
-    """Whose call a request carries, for the fair share of connections (pool.py); None: the gateway's own."""
-    return None if upstream is NO_UPSTREAM else upstream.caller.name or ""
+        self._set_status(BackendStatus(BackendState.FAILED, reason, last_error=reason, eras=self._eras))

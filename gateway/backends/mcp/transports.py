@@ -21,7 +21,7 @@ import httpx2
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 
-from gateway.backends.mcp.eras import MODERN
+from gateway.backends.mcp.eras import HANDSHAKE
 from gateway.backends.mcp.failures import ResponseRecorder
 from gateway.backends.mcp.fastpath import DirectLane, HttpLane
 from gateway.backends.mcp.pool import BackendPool
@@ -116,7 +116,7 @@ async def _streamable_http(
         recorder,
         read_s,
         max_answer_bytes=limit,
-        json_lines=config.protocol == MODERN,  # the stateless era's servers stream JSON lines too
+        json_lines=config.protocol != HANDSHAKE,  # the stateless era's servers stream JSON lines too
         allow_private=config.allow_private,
     )
     lane = HttpLane(client, config.url, max_event_size=limit + SSE_EVENT_MARGIN) if direct else None

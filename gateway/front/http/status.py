@@ -140,6 +140,7 @@ def status_document(
                 "last_error": status.last_error,
                 "tools": per_backend.get(name, 0),
                 "downstream_tools": status.tool_count,
+                "eras": list(status.eras),  # the protocol eras an MCP downstream answered in
                 "variants_not_ready": [
                     {"variant": label, "reason": reason, "detected": True} for label, reason in status.unready
                 ],

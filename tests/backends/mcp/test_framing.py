@@ -38,7 +38,8 @@ class _Answers(httpx2.AsyncBaseTransport):
 async def _events(body: bytes, size: int, content_type: str = "application/json") -> tuple[str, list[object]]:
     async with httpx2.AsyncClient(transport=JsonLinesTransport(_Answers(body, size, content_type))) as client:
         request = json.dumps({"jsonrpc": "2.0", "id": 7, "method": "tools/call"}).encode()
-        response = await client.post("http://downstream/mcp", content=request)
+        stateless = {"mcp-protocol-version": "2026-07-28"}  # only that era's answers are reframed
+        response = await client.post("http://downstream/mcp", content=request, headers=stateless)
         text = (await response.aread()).decode()
     if response.headers["content-type"] != "text/event-stream":
         return response.headers["content-type"], [text]
@@ -82,3 +83,14 @@ async def test_an_sse_answer_passes_untouched() -> None:
     async with httpx2.AsyncClient(transport=JsonLinesTransport(_Answers(body, 4, "text/event-stream"))) as client:
         response = await client.post("http://downstream/mcp", content=b"{}")
         assert await response.aread() == body
+
+
+async def test_a_handshake_era_answer_is_left_as_it_came() -> None:
+    # A server of both eras answers its handshake session's requests as that era does: one JSON message.
+    body = b'{"jsonrpc": "2.0", "id": 7, "result": {}}\n{"stray": 1}\n'
+    transport = JsonLinesTransport(_Answers(body, 4096))
+    async with httpx2.AsyncClient(transport=transport) as client:
+        response = await client.post(
+            "http://downstream/mcp", content=b"{}", headers={"mcp-protocol-version": "2025-11-25"}
+        )
+    assert (response.headers["content-type"], response.content) == ("application/json", body)

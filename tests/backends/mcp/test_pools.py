@@ -49,6 +49,10 @@ async def _running(http: httpx2.AsyncClient, url: str, session: str) -> int:
     return int(_text(await call(http, url, "none", session, "running", rid=5)).split()[0])
 
 
+async def _both_ready(http: httpx2.AsyncClient, url: str) -> bool:
+    return (await http.get(url)).json()["backends"] == {"a": "ready", "b": "ready"}
+
+
 async def test_a_flood_on_one_backend_leaves_other_callers_fast_and_every_backend_healthy(
     tmp_path: Path, downstream: Any
 ) -> None:
@@ -64,11 +68,11 @@ servers:
         url = gateway.url()
         with anyio.fail_after(60):
             async with httpx2.AsyncClient(timeout=30) as http:
+                await eventually(lambda: _both_ready(http, gateway.url("/healthz")), within=20)  # it serves at once
                 before = {
                     s["name"]: s
                     for s in (await http.get(gateway.url("/status"), headers=headers("tok-bob"))).json()["backends"]
                 }
-                assert before["a"]["state"] == before["b"]["state"] == "ready"
                 alices = await open_session(http, url, "tok-alice")
                 bobs = await open_session(http, url, "tok-bob")
                 direct = await open_session(http, a.url(), "none")

@@ -1,0 +1,160 @@
+"""Every protocol era by itself (issue 25 item 1): with no ``protocol:`` declared, the gateway learns which eras a
+downstream speaks and serves each client in its own era where the downstream speaks it, bridging only where not.
+
+Real processes: tests/fixtures/conformance_server.py over streamable HTTP speaking both eras, the handshake era only
+or the 2026-07-28 era only (``--era``, tests/fixtures/one_era.py), behind a real ``gateway serve`` with a default
+configuration; the clients are the SDK's ``Client`` in each era (``legacy`` and ``2026-07-28``). Each answer through
+the gateway equals the one the client gets directly from the server in its own era, or, where the server does not
+speak the client's era, the one a client of the server's era gets directly.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import mcp_types as types
+import pytest
+from mcp.client import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from tests.fixtures.downstreams import Downstreams
+from tests.fixtures.gateway_proc import FIXTURES, PYTHON, run_gateway
+from tests.fixtures.waiting import eventually
+
+pytestmark = [pytest.mark.anyio, pytest.mark.spawns]
+
+MODERN = "2026-07-28"
+HANDSHAKE = "legacy"
+TOKENS = "alice=tok-alice"
+KEY = "k" * 16 + "0123456789abcdef0123456789abcdef"
+
+CALLS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("test_simple_text", {}),
+    ("test_elicitation", {"message": "Your name?"}),  # a request on the call's stream, or an input-required result
+    ("test_input_required_result_elicitation", {}),  # an input-required result in its era, refused before it
+)
+
+
+async def _elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+    return types.ElicitResult(action="accept", content={"response": "Ada", "name": "Ada", "username": "ada"})
+
+
+async def _answers(url: str, mode: str, token: str | None = None) -> list[tuple[bool, str]]:
+    """Each of ``CALLS`` made by a client in ``mode``: (isError, its text)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    seen = []
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(20)) as http,
+        Client(streamable_http_client(url, http_client=http), mode=mode, elicitation_callback=_elicit, cache=None) as c,
+    ):
+        for name, arguments in CALLS:
+            result = await c.call_tool(name, arguments)
+            seen.append((bool(result.is_error), "".join(getattr(b, "text", "") for b in result.content)))
+    return seen
+
+
+async def _ready(http: httpx2.AsyncClient, url: str) -> bool:
+    return (await http.get(url)).json()["backends"] == {"conf": "ready"}
+
+
+def _config(url: str) -> str:
+    return f"""
+gateway:
+  audit: {{enabled: false}}
+servers:
+  conf:
+    transport: streamable_http
+    url: {url}
+    timeout_s: 20
+"""
+
+
+@pytest.mark.parametrize(
+    ("era", "speaks"),
+    [("both", ["handshake", MODERN]), ("handshake", ["handshake"]), (MODERN, [MODERN])],
+)
+async def test_each_client_is_served_in_its_own_era_where_the_downstream_speaks_it(
+    downstream: Downstreams, tmp_path: Path, era: str, speaks: list[str]
+) -> None:
+    server = downstream("conformance", "streamable_http", "--era", era)
+    with anyio.fail_after(60):
+        direct = {}
+        for mode, name in ((HANDSHAKE, "handshake"), (MODERN, MODERN)):
+            if name in speaks:
+                direct[mode] = await _answers(server.url(), mode)
+        # A client of an era the server does not speak gets what a client of the server's own era gets directly.
+        expected = {
+            HANDSHAKE: direct.get(HANDSHAKE, direct.get(MODERN)),
+            MODERN: direct.get(MODERN, direct.get(HANDSHAKE)),
+        }
+        with run_gateway(_config(server.url()), tmp_path, tokens=TOKENS, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
+            async with httpx2.AsyncClient(headers={"Authorization": "Bearer tok-alice"}) as http:
+                await eventually(lambda: _ready(http, gateway.url("/healthz")), within=20)
+                status = (await http.get(gateway.url("/status"))).json()
+            through = {mode: await _answers(gateway.url(), mode, "tok-alice") for mode in (HANDSHAKE, MODERN)}
+    [backend] = status["backends"]
+    assert (backend["state"], backend["eras"]) == ("ready", speaks)
+    assert through == expected, json.dumps({"through": through, "expected": expected}, indent=1)
+
+
+async def test_a_stdio_server_that_refuses_the_handshake_is_reconnected_in_its_era(tmp_path: Path) -> None:
+    # One era per stdio connection: the handshake is tried first (a server of both eras keeps it), and a server that
+    # refuses it is started again at once and spoken to in the 2026-07-28 era; a 2025 client is then served through
+    # it, its input requests asked on its call's stream.
+    config = f"""
+gateway:
+  audit: {{enabled: false}}
+servers:
+  conf:
+    transport: stdio
+    command: {PYTHON}
+    args: {json.dumps([str(FIXTURES / "conformance_server.py"), "--stdio", "--era", MODERN])}
+    timeout_s: 20
+"""
+    with run_gateway(config, tmp_path, tokens=TOKENS, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
+        async with httpx2.AsyncClient(headers={"Authorization": "Bearer tok-alice"}) as http:
+            await eventually(lambda: _ready(http, gateway.url("/healthz")), within=30)
+            status = (await http.get(gateway.url("/status"))).json()
+        with anyio.fail_after(60):
+            through = {mode: await _answers(gateway.url(), mode, "tok-alice") for mode in (HANDSHAKE, MODERN)}
+        output = gateway.output()
+    [backend] = status["backends"]
+    assert (backend["state"], backend["eras"]) == ("ready", [MODERN])
+    assert "it refused the handshake" in output and "connecting in the 2026-07-28 era" in output
+    assert through[HANDSHAKE] == through[MODERN]
+    assert through[MODERN][2] == (False, "Hello, Ada, Ada, ada!"), through  # its input-required rounds answered
+
+
+async def test_a_server_that_never_answers_server_discover_still_connects_in_time(
+    downstream: Downstreams, tmp_path: Path
+) -> None:
+    # The discover probe has a third of connect_timeout_s: the handshake keeps the rest (the SDK's own probe waits
+    # 10 s, longer than this server's whole connect budget).
+    server = downstream("conformance", "streamable_http", "--era", "mute")
+    config = _config(server.url()) + "    connect_timeout_s: 4\n"
+    with run_gateway(config, tmp_path, tokens=TOKENS) as gateway:
+        async with httpx2.AsyncClient(headers={"Authorization": "Bearer tok-alice"}) as http:
+            await eventually(lambda: _ready(http, gateway.url("/healthz")), within=20)
+            status = (await http.get(gateway.url("/status"))).json()
+    [backend] = status["backends"]
+    assert (backend["state"], backend["eras"], backend["last_error"]) == ("ready", ["handshake"], None)
+
+
+async def test_a_tool_listed_in_the_2026_era_alone_is_served_to_clients_of_both(
+    downstream: Downstreams, tmp_path: Path
+) -> None:
+    # The reference server lists its input-required tools to 2026-07-28 requests only: the gateway lists them too
+    # (from its stateless lane) and calls them there, a 2025 client's input requests asked on its call's stream.
+    server = downstream("conformance", "streamable_http", "--era-tools")
+    with anyio.fail_after(60):
+        direct = await _answers(server.url(), MODERN)
+        with run_gateway(_config(server.url()), tmp_path, tokens=TOKENS, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
+            async with httpx2.AsyncClient(headers={"Authorization": "Bearer tok-alice"}) as http:
+                await eventually(lambda: _ready(http, gateway.url("/healthz")), within=20)
+            through = {mode: await _answers(gateway.url(), mode, "tok-alice") for mode in (HANDSHAKE, MODERN)}
+    assert through[MODERN] == direct
+    assert through[HANDSHAKE][2] == direct[2] == (False, "Hello, Ada, Ada, ada!")
