@@ -60,7 +60,7 @@ async def _discover(http: httpx2.AsyncClient, url: str, request_id: int) -> dict
 async def test_the_first_discovery_is_answered_while_a_slow_backend_starts_and_offers_what_it_may(
     tmp_path: Path,
 ) -> None:
-    with run_gateway(_config(START_DELAY_S), tmp_path) as gateway:
+    with run_gateway(_config(START_DELAY_S), tmp_path, started=False) as gateway:
         async with httpx2.AsyncClient(timeout=httpx2.Timeout(30)) as http:
             with anyio.fail_after(30):
                 first = await _discover(http, gateway.url(), 1)
