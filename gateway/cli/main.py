@@ -81,7 +81,7 @@ def _run(args: argparse.Namespace) -> int:
             hint = f"audit reads the file only for the ledger it names: pass {wanted} instead"
             print(f"gateway: ({hint})", file=sys.stderr)
         return EXIT_USAGE
-    from gateway.cli.serving import register_secrets
+    from gateway.cli.secrets import register_secrets
 
     register_secrets(config)
     if args.command == "audit":

@@ -33,6 +33,7 @@ import structlog
 from gateway.auth.tokens import Tokens
 from gateway.backends.processes import become_subreaper
 from gateway.calls import Caller
+from gateway.cli.secrets import register_secrets
 from gateway.config import Federation, add_project_tools, environ, load_config
 from gateway.core.catalog import list_tokens
 from gateway.core.policies import Views
@@ -40,20 +41,9 @@ from gateway.core.reload import watch_config
 from gateway.core.runtime import Gateway, settle_budget
 from gateway.errors import ConfigError, GatewayError
 from gateway.front.face import Face
-from gateway.front.http.app import build_app
-from gateway.front.http.connections import (
-    PARSERS,
-    edge_protocol,
-    effective_max_connections,
-    quiet_edge_logs,
-    raise_open_files_limit,
-)
-from gateway.front.http.guard import is_loopback
-from gateway.front.http.status import status_document
-from gateway.observe.logs import config_secrets, redactor
 from gateway.search.tokens import counter
 
-__all__ = ["register_secrets", "run"]
+__all__ = ["run"]
 
 log = structlog.get_logger("gateway.cli")
 
@@ -86,22 +76,23 @@ def run(config: Federation, args: argparse.Namespace) -> int:
     return anyio.run(_tools, config, args.json, args.full, args.caller)
 
 
-def register_secrets(config: Federation) -> None:
-    """Teach the log redactor every secret the configuration carries (the rules: ``_logging.config_secrets``) and
-    every bearer token, before anything is logged."""
-    secrets = config_secrets(config)
-    tokens = environ(config.gateway.auth.tokens_env)
-    if tokens:
-        secrets += Tokens(tokens).secrets
-    redactor.add(secrets)
-
-
 # ----------------------------------------------------------------------------------------------- serve
 
 
 async def _serve(config: Federation, args: argparse.Namespace) -> int:
     if args.stdio:
         return await _serve_stdio(config)
+    # The HTTP edge's own modules (its app, sessions, limits) are imported here, where they are used: not by stdio.
+    from gateway.front.http.app import build_app
+    from gateway.front.http.connections import (
+        PARSERS,
+        edge_protocol,
+        effective_max_connections,
+        quiet_edge_logs,
+        raise_open_files_limit,
+    )
+    from gateway.front.http.guard import is_loopback
+
     host = args.host or config.gateway.listen.host
     port = args.port if args.port is not None else config.gateway.listen.port
     tokens = Tokens(environ(config.gateway.auth.tokens_env))
@@ -281,6 +272,8 @@ def _reloader(gateway: Gateway) -> Callable[[str], Awaitable[None]]:
 
 
 async def _check(config: Federation, as_json: bool, strict: bool = False) -> int:
+    from gateway.front.http.status import status_document  # /status's document; `check` prints the same
+
     async with Gateway(config, audit=False).running() as gateway:
         await gateway.wait_settled(settle_budget(config, probes=True), checked=True)  # the adapters' probes too
         doc = status_document(gateway)  # its config section names the file checked, as /status names the one served

@@ -474,6 +474,15 @@ class Gateway:
             raise RuntimeError("the gateway is not running")
         self._tg.start_soon(fn, name=name)
 
+    def sessions_starting(self) -> bool:
+        """Whether a downstream MCP session has not had its first outcome yet: what it will offer (resources,
+        prompts, completions, logging) is not known, so a handshake answered now offers all of them."""
+        return any(
+            backend.serves_requests and not self._settled[name].is_set()
+            for name, backend in self._backends.items()
+            if name in self._settled
+        )
+
     async def wait_started(self) -> None:
         """The startup wait, once per gateway: until every backend had its first outcome, at most ``STARTUP_WAIT_S``.
         Every later caller returns at once."""

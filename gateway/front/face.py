@@ -193,10 +193,11 @@ class Face:
 
     async def _serve(self, ctx: ServerRequestContext[Any], call_next: CallNext) -> HandlerResult:
         gateway = self.gateway
-        # A client that connects while the backends are still connecting would be offered too little: the first
-        # handshake (a stateless `server/discover`, or a listen stream) waits, bounded, for every backend's first
-        # outcome. A request the router dispatches waits in the router instead, which records it if it ends there.
-        if ctx.method in ("initialize", "server/discover", "subscriptions/listen") and not gateway.started:
+        # The handshake (`initialize`, a stateless `server/discover`) is answered at once, never held by a backend
+        # still starting or an adapter's probe: it offers every capability a starting session may bring (server.py)
+        # and the lists follow with list_changed. A listen stream waits, bounded, for every backend's first outcome;
+        # a request the router dispatches waits in the router instead, which records it if it ends there.
+        if ctx.method == "subscriptions/listen" and not gateway.started:
             await gateway.wait_started()
         if ctx.method == "tools/list" and gateway.started and ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
             connection = connection_of(ctx)

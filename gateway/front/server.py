@@ -21,6 +21,7 @@ from mcp_types import methods as _methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway.backends.base import ProgressFn
+from gateway.core.listings import Offers
 from gateway.core.router import Unanswered
 from gateway.core.runtime import Gateway
 from gateway.errors import BackendRpcError
@@ -94,7 +95,9 @@ class GatewayServer(Server[Any]):
         caps = super().get_capabilities(
             notification_options, experimental_capabilities, extensions, protocol_version=protocol_version
         )
-        offers = self._gateway.catalog.lists.offers
+        # A session still starting may bring any capability: the handshake is not held for it (nor for a probe),
+        # so it is offered all of them; their lists fill in with list_changed once the backend is ready.
+        offers = STILL_STARTING if self._gateway.sessions_starting() else self._gateway.catalog.lists.offers
         resources = caps.resources
         if resources is not None:
             resources = resources.model_copy(update={"subscribe": bool(resources.subscribe) and offers.subscribe})
@@ -106,6 +109,10 @@ class GatewayServer(Server[Any]):
                 "logging": (caps.logging or types.LoggingCapability()) if offers.logging else None,
             }
         )
+
+
+STILL_STARTING = Offers(resources=True, subscribe=True, prompts=True, completions=True, logging=True)
+"""What the gateway offers while a downstream session has not had its first outcome: everything it may bring."""
 
 
 class ValidatedLists:

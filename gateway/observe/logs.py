@@ -33,13 +33,15 @@ import logging
 import re
 import sys
 from collections.abc import Collection, Iterable, Mapping, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import structlog
 
-from gateway.config import Federation, StdioServer, passed_environment
 from gateway.observe.credentials import redact
+
+if TYPE_CHECKING:  # configuring the logs (every command) needs no configuration module: it is imported when read
+    from gateway.config import Federation
 
 __all__ = ["MASK", "Redactor", "config_secrets", "configure_logging", "is_secret_name", "redactor", "url_secrets"]
 
@@ -127,6 +129,8 @@ def _env_values(env: Mapping[str, str], marked: Iterable[str]) -> list[str]:
 
 def _passed_values(pass_env: Iterable[str], marked: Iterable[str]) -> list[str]:
     """The secrets among the variables ``pass_env`` passes on: whole values by name, passwords of URLs."""
+    from gateway.config import passed_environment
+
     passed = passed_environment(pass_env, {})
     values = _env_values(passed, marked)
     for value in passed.values():
@@ -152,6 +156,8 @@ def url_secrets(url: str | None) -> list[str]:
 
 def config_secrets(config: Federation) -> list[str]:
     """Every secret value ``config`` carries (see the module docstring for the rules), for ``Redactor.add``."""
+    from gateway.config import StdioServer
+
     values: list[str] = []
     for server in config.servers.values():
         if isinstance(server, StdioServer):

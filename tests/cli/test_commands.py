@@ -68,6 +68,22 @@ def test_gateway_import_loads_nothing_of_the_server_stack(tmp_path: Path) -> Non
     assert _stack(modules) == []
 
 
+@pytest.mark.spawns
+def test_gateway_audit_loads_nothing_of_the_server_stack_and_with_db_no_configuration(tmp_path: Path) -> None:
+    ledger = tmp_path / "audit.db"
+    _ledger_with_one_call(ledger)
+    modules, out = _loaded("audit", "stats", "--db", str(ledger), "--json", cwd=tmp_path)
+    assert [row["tool"] for row in json.loads(out)] == ["search"]
+    assert _stack(modules) == []
+    assert "gateway.config" not in modules and "pydantic" not in modules  # --db: no federation.yaml is read
+    # Reading federation.yaml (for the ledger it names) teaches the redactor its secrets, and loads no more.
+    (tmp_path / "federation.yaml").write_text(f"gateway:\n  audit: {{path: {json.dumps(str(ledger))}}}\n")
+    modules, out = _loaded("audit", "stats", "--json", cwd=tmp_path)
+    assert [row["tool"] for row in json.loads(out)] == ["search"]
+    assert "gateway.config" in modules
+    assert _stack(modules) == []
+
+
 def _ledger_with_one_call(path: Path) -> None:
     async def write() -> None:
         async with Ledger(path) as ledger:

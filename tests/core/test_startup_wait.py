@@ -124,7 +124,7 @@ async def test_a_stateless_call_whose_client_goes_away_during_the_startup_wait_l
         "params": {"name": "later_tool", "arguments": {}, "_meta": MODERN_META},
     }
     headers = {**ACCEPT, "mcp-protocol-version": MODERN, "mcp-method": "tools/call", "mcp-name": "later_tool"}
-    with run_gateway(config, tmp_path) as server:
+    with run_gateway(config, tmp_path, started=False) as server:
         async with httpx2.AsyncClient(timeout=30) as http:
             with anyio.fail_after(20):
                 async with anyio.create_task_group() as tg:

@@ -3,9 +3,9 @@
 `server/discover` offers what the ready backends offer, as `initialize` does.
 
 The backend here starts slowly (a shell sleeps before it execs the conformance fixture over stdio), so the first
-`server/discover` arrives while it is still connecting: answered at once, it would offer tools only, and a client
-that caches the answer (its `ttlMs`) would never look for resources or prompts. The gateway waits, bounded, for
-every backend's first outcome before its first discovery answer, as it does for the first handshake.
+`server/discover` arrives while it is still connecting. It is answered at once (never held by a backend's start) and,
+what that backend will bring being unknown yet, offers everything it may: offered tools only, a client that caches
+the answer (its `ttlMs`) would never look for resources or prompts.
 
 A listen stream is acknowledged with what the gateway will deliver on it: the list changes asked for, never the
 `resourceSubscriptions` (it does not feed them; resource updates go to handshake-era subscribers).
@@ -57,8 +57,10 @@ async def _discover(http: httpx2.AsyncClient, url: str, request_id: int) -> dict
     return result
 
 
-async def test_the_first_discovery_waits_for_a_slow_backend_and_offers_what_it_offers(tmp_path: Path) -> None:
-    with run_gateway(_config(START_DELAY_S), tmp_path) as gateway:
+async def test_the_first_discovery_is_answered_while_a_slow_backend_starts_and_offers_what_it_may(
+    tmp_path: Path,
+) -> None:
+    with run_gateway(_config(START_DELAY_S), tmp_path, started=False) as gateway:
         async with httpx2.AsyncClient(timeout=httpx2.Timeout(30)) as http:
             with anyio.fail_after(30):
                 first = await _discover(http, gateway.url(), 1)
