@@ -34,12 +34,12 @@ import mcp_types as types
 import structlog
 from mcp.client.session import ClientSession, MessageHandlerFnT
 
-from gateway.auth.credentials import CallerCredentials, NoCredential
+from gateway.auth.credentials import NoCredential, SessionCredentials
 from gateway.backends.mcp.failures import FOREIGN, Life, ResponseRecorder, classify_failure
 from gateway.backends.mcp.relay import InFlight, attribute
 from gateway.calls import ClientLink, Upstream
 from gateway.config import ServerConfig
-from gateway.errors import BackendUnavailable
+from gateway.errors import BackendUnavailable, CredentialMissing
 
 __all__ = ["MAX_CALLER_SESSIONS", "Connect", "Lane", "LaneNotify", "Lanes"]
 
@@ -81,6 +81,7 @@ class Lane:
     life: Life = field(default_factory=Life)
     session: ClientSession | None = None
     failure: str | None = None
+    no_credential: bool = False
 
     @property
     def closed(self) -> anyio.Event:
@@ -94,7 +95,7 @@ class Lanes:
         self,
         backend: str,
         config: ServerConfig,
-        credentials: CallerCredentials | None,
+        credentials: SessionCredentials | None,
         *,
         connect: Connect,
         handshake: Handshake,
@@ -213,10 +214,15 @@ class Lanes:
         with anyio.move_on_after(self._config.connect_timeout_s):
             await lane.ready.wait()
         if lane.session is None:
-            raise BackendUnavailable(
-                self._name, f"no session for caller {caller or 'anonymous'}: {lane.failure or 'timed out opening it'}"
-            )
+            reason = f"no session for caller {caller or 'anonymous'}: {lane.failure or 'timed out opening it'}"
+            raise (CredentialMissing if lane.no_credential else BackendUnavailable)(self._name, reason)
         return lane
+
+    def close_caller(self, caller: str, reason: str) -> None:
+        """End ``caller``'s own session now (its next request opens a new one, with what its credentials are then)."""
+        lane = self._callers.get(caller)
+        if lane is not None:
+            lane.life.mark_lost(reason)
 
     async def _caller_lifetime(self, lane: Lane, subject_token: str | None) -> None:
         """Own one caller's session to this server until it ends, its exchanged token expires, or the backend
@@ -236,9 +242,9 @@ class Lanes:
                     log.info("backend.caller_session", backend=self._name, caller=lane.owner, state="open")
                     with anyio.move_on_after(lifetime if lifetime is not None else math.inf):
                         await lane.closed.wait()
-                    lane.life.mark_lost("the exchanged token expired")  # the next request exchanges anew
+                    lane.life.mark_lost("the caller's token expired")  # the next request gets a fresh one
         except NoCredential as exc:
-            lane.failure = str(exc)
+            lane.failure, lane.no_credential = str(exc), True
         except Exception as exc:  # reported in plain words (never with a header value) to the caller's request
             lane.failure = classify_failure(exc, config=self._config, http=recorder)
         finally:
