@@ -351,7 +351,8 @@ class SignIn:
                 left = _left(document)
         token = str(document["token"]["access_token"])
         redactor.add([token])
-        return token, None if left is None else max(0.0, left - EXPIRY_MARGIN_S)
+        # a session lives until the margin before expiry (at least half of what is left, for short-lived tokens)
+        return token, None if left is None else max(left - EXPIRY_MARGIN_S, left / 2, 0.0)
 
     async def _renew(self, row: str, document: dict[str, Any]) -> dict[str, Any]:
         """A fresh token for ``row``: refreshed, or for the gateway a new ``client_credentials`` one.

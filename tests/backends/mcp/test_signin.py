@@ -29,17 +29,17 @@ STATE_KEY = "k" * 48
 
 
 @contextmanager
-def oauth_world(folder: Path, *, port: int | None = None) -> Iterator[tuple[IdentityProvider, RunningServer, int]]:
-    """The provider and the protected server; yields them and the gateway's port to use."""
+def oauth_world(folder: Path, *, ttl_s: int | None = None) -> Iterator[tuple[IdentityProvider, RunningServer, int]]:
+    """The provider (access tokens living ``ttl_s``) and the protected server; yields them and the gateway's port."""
     mcp_port = free_port()
     with ExitStack() as stack:
-        idp = stack.enter_context(start_identity_provider(f"http://127.0.0.1:{mcp_port}/mcp"))
+        idp = stack.enter_context(start_identity_provider(f"http://127.0.0.1:{mcp_port}/mcp", access_ttl_s=ttl_s))
         argv = [PYTHON, str(FIXTURES / "oauth_mcp_server.py"), str(mcp_port), idp.issuer]
         server = stack.enter_context(start_http_server(argv, mcp_port))
-        yield idp, server, port or free_port()
+        yield idp, server, free_port()
 
 
-def config(server: RunningServer, port: int) -> str:
+def config(server: RunningServer, port: int, oauth: str = 'allow_http: true, scope: "openid mcp:tools"') -> str:
     return f"""
 gateway:
   name: gw
@@ -49,14 +49,14 @@ servers:
   remote:
     transport: streamable_http
     url: {server.url()}
-    auth: {{oauth: {{allow_http: true, scope: "openid mcp:tools"}}}}
+    auth: {{oauth: {{{oauth}}}}}
 """
 
 
 @contextmanager
-def gateway(folder: Path, server: RunningServer, port: int) -> Iterator[RunningServer]:
+def gateway(folder: Path, server: RunningServer, port: int, **oauth: str) -> Iterator[RunningServer]:
     env = {"GATEWAY_STATE_KEY": STATE_KEY}
-    with run_gateway(config(server, port), folder, tokens=TOKENS, env=env, port=port) as running:
+    with run_gateway(config(server, port, **oauth), folder, tokens=TOKENS, env=env, port=port) as running:
         yield running
 
 
@@ -174,3 +174,27 @@ async def test_a_callback_from_another_browser_completes_nothing(tmp_path: Path)
         async with httpx2.AsyncClient(timeout=20) as victim:  # no flow cookie
             answer = await victim.get(gw.url(f"/ui/connect/callback?state={state.group(1)}&code=stolen"))
         assert answer.status_code == 400 and "did not start this sign-in" in answer.text
+
+
+async def test_a_token_about_to_expire_is_refreshed_before_the_call(tmp_path: Path) -> None:
+    # tokens live 20 s, under the 30 s margin: every session the gateway opens refreshes the token first
+    with oauth_world(tmp_path, ttl_s=20) as (_idp, server, port), gateway(tmp_path, server, port) as gw:
+        assert (await sign_in(gw, "tok-alice-0123456789", "alice-account")).status_code == 200
+        await ready(gw)
+        assert (await whoami(gw, "tok-alice-0123456789")) == (False, "account: alice-account")
+        log = gw.output()
+    assert "signin.refreshed" in log
+    assert "eyJ" not in log
+
+
+async def test_per_gateway_serves_every_caller_with_the_gateways_own_identity(tmp_path: Path) -> None:
+    oauth = 'per: gateway, client_id: alpha, client_secret: "${ALPHA_SECRET}", allow_http: true, scope: mcp:tools'
+    with oauth_world(tmp_path) as (_idp, server, port):
+        env = {"GATEWAY_STATE_KEY": STATE_KEY, "ALPHA_SECRET": "alpha-secret"}
+        text = config(server, port, oauth)
+        with run_gateway(text, tmp_path, tokens=TOKENS, env=env, port=port) as gw:
+            await ready(gw)
+            for caller in ("tok-alice-0123456789", "tok-bob-0123456789"):
+                assert (await whoami(gw, caller)) == (False, "account: alpha")  # the client's own subject
+            log = gw.output()
+    assert "alpha-secret" not in log and "eyJ" not in log
