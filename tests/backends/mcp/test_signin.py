@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
-import subprocess
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -142,16 +141,14 @@ async def test_a_restart_keeps_the_sign_in_and_revocation_ends_it(tmp_path: Path
             assert (await sign_in(gw, "tok-alice-0123456789", "alice-account")).status_code == 200
             await ready(gw)
         # the operator's command: who is connected to what, from the same file, never a token
-        listed = subprocess.run(
-            [PYTHON, "-m", "gateway", "connections", "-c", str(tmp_path / "federation.yaml")],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "GATEWAY_STATE_KEY": STATE_KEY},
-            timeout=WAIT,
-            check=True,
-        )
-        assert listed.stdout.startswith("alice\tremote\ttoken expires in "), listed.stdout
-        assert "refreshable" in listed.stdout and "eyJ" not in listed.stdout + listed.stderr
+        with anyio.fail_after(WAIT):
+            listed = await anyio.run_process(
+                [PYTHON, "-m", "gateway", "connections", "-c", str(tmp_path / "federation.yaml")],
+                env={**os.environ, "GATEWAY_STATE_KEY": STATE_KEY},
+            )
+        said = listed.stdout.decode() + listed.stderr.decode()
+        assert said.startswith("alice\tremote\ttoken expires in "), said
+        assert "refreshable" in said and "eyJ" not in said
         with gateway(tmp_path, server, port) as gw:  # a new process: the tokens come from the ledger's file
             await ready(gw)
             assert (await whoami(gw, "tok-alice-0123456789")) == (False, "account: alice-account")
