@@ -62,13 +62,15 @@ _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 class _Discovery(httpx2.AsyncBaseTransport):
     """The flow's requests: https only (see the module docstring), through the egress guard, answers bounded."""
 
-    def __init__(self, oauth: DownstreamOAuth, allow_private: bool) -> None:
+    def __init__(self, oauth: DownstreamOAuth, server: HttpServer) -> None:
         self._allow_http = oauth.allow_http
-        self._inner = Admitting(guard(httpx2.AsyncHTTPTransport(trust_env=False)), allow_private)
+        self._server = httpx2.URL(server.url)  # the operator's own URL: as the file says (config checked it)
+        self._inner = Admitting(guard(httpx2.AsyncHTTPTransport(trust_env=False)), server.allow_private)
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         url = request.url
-        if url.scheme != "https" and not (self._allow_http and url.scheme == "http" and url.host in _LOOPBACK):
+        allowed = url.scheme == "https" or url.copy_with(query=None) == self._server
+        if not allowed and not (self._allow_http and url.scheme == "http" and url.host in _LOOPBACK):
             raise SignInFailed(f"the server led the sign-in to {url.scheme}://{url.host}, which is not https")
         response = await self._inner.handle_async_request(request)
         body, size = [], 0
@@ -255,7 +257,7 @@ class SignIn:
         """Send the ``initialize`` through ``provider`` and store the tokens it got for ``caller``."""
         try:
             async with httpx2.AsyncClient(
-                transport=_Discovery(self.oauth, self._config.allow_private),
+                transport=_Discovery(self.oauth, self._config),
                 timeout=self.oauth.timeout_s,
                 trust_env=False,
                 headers={"accept-encoding": "identity"},
@@ -392,7 +394,7 @@ class SignIn:
         form, headers = context.prepare_token_auth(form, {"accept": "application/json"})
         try:
             async with httpx2.AsyncClient(
-                transport=_Discovery(self.oauth, self._config.allow_private), timeout=self.oauth.timeout_s
+                transport=_Discovery(self.oauth, self._config), timeout=self.oauth.timeout_s
             ) as http:
                 response = await http.post(endpoint, data=form, headers=headers)
             fresh = OAuthToken.model_validate_json(response.content) if response.status_code == 200 else None

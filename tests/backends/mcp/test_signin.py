@@ -87,6 +87,11 @@ async def sign_in(gw: RunningServer, caller_token: str, account: str) -> httpx2.
         return await browser.get(location)
 
 
+def holding(folder: Path, needle: bytes) -> list[str]:
+    """The ledger's files (the database, its journal) that hold ``needle``."""
+    return [file.name for file in folder.glob("audit.db*") if needle in file.read_bytes()]
+
+
 async def whoami(gw: RunningServer, token: str) -> tuple[bool, str]:
     async with mcp_session(gw.url(), token=token) as session:
         with anyio.fail_after(WAIT):
@@ -132,6 +137,7 @@ async def test_two_callers_sign_in_with_two_accounts_and_each_gets_their_own(tmp
     assert sorted(caller for caller, _ in rows if caller) == ["alice", "bob"]
     for _caller, sealed in rows:
         assert b"eyJ" not in bytes(sealed)
+    assert holding(tmp_path, b"eyJ") == []  # the ledger's rows of the calls, its journal: no JWT anywhere
     assert "eyJ" not in log, "a JWT reached the gateway's log"
 
 
@@ -208,3 +214,23 @@ async def test_per_gateway_serves_every_caller_with_the_gateways_own_identity(tm
                 assert (await whoami(gw, caller)) == (False, "account: alpha")  # the client's own subject
             log = gw.output()
     assert "alpha-secret" not in log and "eyJ" not in log
+
+
+@pytest.mark.parametrize(
+    ("mode", "said"),
+    [
+        ("plain-http", "led the sign-in to http://example.invalid, which is not https"),
+        ("link-local", "169.254.169.254"),
+        ("huge", "answered more than 262144 bytes"),
+    ],
+)
+async def test_a_server_cannot_lead_the_sign_in_anywhere(tmp_path: Path, mode: str, said: str) -> None:
+    mcp_port, port = free_port(), free_port()
+    argv = [PYTHON, str(FIXTURES / "hostile_oauth_server.py"), str(mcp_port), mode]
+    with start_http_server(argv, mcp_port) as server, gateway(tmp_path, server, port) as gw:
+        async with httpx2.AsyncClient(timeout=WAIT) as browser:
+            page = await browser.get(
+                gw.url("/ui/connect/remote"), headers={"Authorization": "Bearer tok-alice-0123456789"}
+            )
+    assert page.status_code == 502, page.text
+    assert said in page.text, page.text
