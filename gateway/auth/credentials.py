@@ -23,7 +23,12 @@ __all__ = ["CallerCredentials", "NoCredential", "SessionCredentials"]
 
 
 class NoCredential(Exception):
-    """The caller cannot have a session to this server (no secret, no access token, a refused exchange)."""
+    """The caller cannot have a session to this server (no secret, no access token, a refused exchange, no sign-in:
+    ``link`` is then where they sign in)."""
+
+    def __init__(self, message: str, *, link: str | None = None) -> None:
+        super().__init__(message)
+        self.link = link
 
 
 class SessionCredentials(Protocol):

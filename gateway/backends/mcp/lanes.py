@@ -82,6 +82,7 @@ class Lane:
     session: ClientSession | None = None
     failure: str | None = None
     no_credential: bool = False
+    link: str | None = None  # where the caller signs in, when that is what it lacks
 
     @property
     def closed(self) -> anyio.Event:
@@ -215,7 +216,9 @@ class Lanes:
             await lane.ready.wait()
         if lane.session is None:
             reason = f"no session for caller {caller or 'anonymous'}: {lane.failure or 'timed out opening it'}"
-            raise (CredentialMissing if lane.no_credential else BackendUnavailable)(self._name, reason)
+            if lane.no_credential:
+                raise CredentialMissing(self._name, reason, link=lane.link)
+            raise BackendUnavailable(self._name, reason)
         return lane
 
     def close_caller(self, caller: str, reason: str) -> None:
@@ -244,7 +247,7 @@ class Lanes:
                         await lane.closed.wait()
                     lane.life.mark_lost("the caller's token expired")  # the next request gets a fresh one
         except NoCredential as exc:
-            lane.failure, lane.no_credential = str(exc), True
+            lane.failure, lane.no_credential, lane.link = str(exc), True, exc.link
         except Exception as exc:  # reported in plain words (never with a header value) to the caller's request
             lane.failure = classify_failure(exc, config=self._config, http=recorder)
         finally:

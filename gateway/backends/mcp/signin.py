@@ -345,7 +345,8 @@ class SignIn:
             if document is None:
                 raise NoCredential(
                     f"caller {caller or 'anonymous'} has not signed in to server {self.name}: open {self.link} "
-                    "in a browser to sign in, then call again"
+                    "in a browser to sign in, then call again",
+                    link=self.link,
                 )
             left = _left(document)
             if left is not None and left < EXPIRY_MARGIN_S:
@@ -371,7 +372,8 @@ class SignIn:
         await self._store.delete(self.name, row)
         raise NoCredential(
             f"the sign-in of caller {row} to server {self.name} has expired and could not be renewed: open "
-            f"{self.link} in a browser to sign in again, then call again"
+            f"{self.link} in a browser to sign in again, then call again",
+            link=self.link,
         )
 
     async def _refresh(self, row: str, document: dict[str, Any]) -> dict[str, Any] | None:

@@ -16,8 +16,10 @@ from urllib.parse import urljoin
 import anyio
 import httpx2
 import pytest
+from mcp.shared.exceptions import MCPError, UrlElicitationRequiredError
+from mcp_types import URL_ELICITATION_REQUIRED
 
-from tests.fixtures.gateway_proc import FIXTURES, PYTHON, first_text, mcp_session, run_gateway
+from tests.fixtures.gateway_proc import FIXTURES, PYTHON, answer_elicitation, first_text, mcp_session, run_gateway
 from tests.fixtures.identity import IdentityProvider, start_identity_provider
 from tests.fixtures.procs import RunningServer, free_port, start_http_server
 from tests.fixtures.waiting import eventually
@@ -125,6 +127,13 @@ async def test_two_callers_sign_in_with_two_accounts_and_each_gets_their_own(tmp
         # bob has not signed in: his call answers with the link, and goes nowhere
         error, text = await whoami(gw, "tok-bob-0123456789")
         assert error and f"http://127.0.0.1:{port}/ui/connect/remote" in text, text
+        # a client that declares URL-mode elicitation (SEP-1036) is asked to open the link instead
+        async with mcp_session(gw.url(), token="tok-bob-0123456789", elicitation_callback=answer_elicitation) as bob:
+            with anyio.fail_after(WAIT), pytest.raises(MCPError) as asked:
+                await bob.call_tool("whoami", {})
+        assert asked.value.error.code == URL_ELICITATION_REQUIRED
+        [elicitation] = UrlElicitationRequiredError.from_error(asked.value.error).elicitations
+        assert elicitation.url == f"http://127.0.0.1:{port}/ui/connect/remote" and elicitation.elicitation_id
         assert (await whoami(gw, "tok-alice-0123456789")) == (False, "account: alice-account")
         page = await sign_in(gw, "tok-bob-0123456789", "bob-account")
         assert page.status_code == 200, page.text
