@@ -31,6 +31,9 @@ from gateway.config import HttpServer
 
 __all__ = ["SIGN_IN_RECHECK_S", "OAuthBackend"]
 
+MAX_LISTING_TRIES = 4
+"""Callers' tokens tried, the latest first, for the shared session before it waits for a sign-in."""
+
 SIGN_IN_RECHECK_S = 60.0
 """How often a shared session waiting for a first sign-in looks again (one made through another replica of the
 gateway is not told to this one)."""
@@ -69,14 +72,21 @@ class OAuthBackend(McpBackend):
 
     async def _take_token(self, on_first_outcome: Callable[[], None]) -> bool:
         """Find the shared session's token; False, after waiting for a sign-in, when there is none."""
-        signin, caller = self._signin, ""
+        signin, caller, tried = self._signin, "", list[str]()
         try:
-            if signin.per_caller:
-                latest = await signin.latest()
-                if latest is None:
-                    raise NoCredential(f"no caller has signed in to it yet: open {signin.link} to sign in")
-                caller = latest
-            token, self._lifetime = await signin.token(caller)
+            while True:
+                if signin.per_caller:  # the caller who signed in last; one whose sign-in ran out, the one before
+                    latest = await signin.latest(exclude=tried)
+                    if latest is None:
+                        raise NoCredential(f"no caller has signed in to it yet: open {signin.link} to sign in")
+                    caller = latest
+                try:
+                    token, self._lifetime = await signin.token(caller)
+                    break
+                except NoCredential:
+                    tried.append(caller)
+                    if not signin.per_caller or len(tried) >= MAX_LISTING_TRIES:
+                        raise
         except NoCredential as exc:
             self._fail(str(exc))
             on_first_outcome()

@@ -22,6 +22,7 @@ through the egress guard (egress.py: never link-local or metadata addresses, pri
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -428,9 +429,10 @@ class SignIn:
             return None
         return await self._store.get(self.name, GATEWAY_ROW)
 
-    async def latest(self) -> str | None:
-        """The caller who signed in (or refreshed) last, whose token the shared session lists with."""
-        return await self._store.latest(self.name)
+    async def latest(self, exclude: Sequence[str] = ()) -> str | None:
+        """The caller who signed in (or refreshed) last, besides ``exclude``: whose token the shared session lists
+        with."""
+        return await self._store.latest(self.name, exclude)
 
     def owns(self, state: str) -> bool:
         return state in self._pending
