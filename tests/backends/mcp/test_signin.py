@@ -42,11 +42,16 @@ def oauth_world(folder: Path, *, ttl_s: int | None = None) -> Iterator[tuple[Ide
         yield idp, server, free_port()
 
 
-def config(server: RunningServer, port: int, oauth: str = 'allow_http: true, scope: "openid mcp:tools"') -> str:
+def config(
+    server: RunningServer,
+    port: int,
+    oauth: str = 'allow_http: true, scope: "openid mcp:tools"',
+    ledger: str = "audit.db",
+) -> str:
     return f"""
 gateway:
   name: gw
-  audit: {{path: audit.db}}
+  audit: {{path: {ledger}}}
   auth: {{connect_url: "http://127.0.0.1:{port}", operators: [ops]}}
 servers:
   remote:
@@ -243,3 +248,21 @@ async def test_a_server_cannot_lead_the_sign_in_anywhere(tmp_path: Path, mode: s
             )
     assert page.status_code == 502, page.text
     assert said in page.text, page.text
+
+
+async def test_a_replica_that_did_not_run_the_sign_in_serves_the_call(tmp_path: Path) -> None:
+    ledger = str(tmp_path / "shared.db")  # both replicas' ledger, and so their tokens' store
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    env = {"GATEWAY_STATE_KEY": STATE_KEY}
+    with oauth_world(tmp_path) as (_idp, server, port_a):
+        with run_gateway(
+            config(server, port_a, ledger=ledger), tmp_path / "a", tokens=TOKENS, env=env, port=port_a
+        ) as a:
+            assert (await sign_in(a, "tok-alice-0123456789", "alice-account")).status_code == 200
+            port_b = free_port()
+            text = config(server, port_b, ledger=ledger)
+            with run_gateway(text, tmp_path / "b", tokens=TOKENS, env=env, port=port_b) as b:
+                await ready(b)
+                assert (await whoami(b, "tok-alice-0123456789")) == (False, "account: alice-account")
+                error, said = await whoami(b, "tok-bob-0123456789")
+    assert error and f"http://127.0.0.1:{port_b}/ui/connect/remote" in said, said
