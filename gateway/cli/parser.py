@@ -113,9 +113,12 @@ def add_pins_subcommands(
     """Add ``pins`` (``approve``, ``diff``) to the CLI's subparsers; returns the two (each takes ``-c``)."""
     pins = subparsers.add_parser("pins", help="approve servers' tool definitions, and see what changed since")
     commands = pins.add_subparsers(dest="pins_command", required=True, metavar="{approve,diff}")
-    approve = commands.add_parser("approve", help="record a server's tools (or one) as they are now as approved")
-    approve.add_argument("server", help="the server's name under servers:")
+    approve = commands.add_parser(
+        "approve", help="record a server's tools (or one, or every server's) as they are now as approved"
+    )
+    approve.add_argument("server", nargs="?", help="the server's name under servers:")
     approve.add_argument("tool", nargs="?", help="one of its tools, by its own name (default: every tool)")
+    approve.add_argument("--all", action="store_true", help="every server's tools (first start, or after an import)")
     approve.add_argument("--by", default=None, help="who approves (default: the login name)")
     diff = commands.add_parser("diff", help="tools new or changed since approval; exit 1 when there are any")
     diff.add_argument("--json", action="store_true", help="machine-readable output")

@@ -44,7 +44,7 @@ from gateway.core.costs import Cost, fill_placeholders
 from gateway.core.gate import note_without, with_note
 from gateway.core.kept import READ_DESCRIPTION, READ_SCHEMA, READ_TOOL
 from gateway.core.listings import Listings
-from gateway.core.pins import Pin, PinCheck
+from gateway.core.pins import Pending, Pin, PinCheck
 from gateway.core.shadowing import house_owner, reserved, server_name
 from gateway.core.unserved import Unserved, unserved
 from gateway.search.tokens import count_tokens
@@ -182,6 +182,8 @@ class Catalog:
     """Names declared but not served now, with why (core/unserved.py): for the message of a call of one."""
     tokens: tuple[int, int] = (0, 0)
     """What the full and the small ``tools/list`` cost a client's context, in tokens (search/tokens.py)."""
+    pins_pending: tuple[Pending, ...] = ()
+    """Server tools new or changed since approval, under ``pin: warn`` or ``enforce`` (pins.py)."""
 
     def get(self, name: str) -> CatalogEntry | None:
         """The entry a ``tools/call`` of ``name`` is routed by: a published tool, else a declared unlisted one."""
@@ -245,7 +247,7 @@ class Catalog:
                 known[f"{name}/{tool.name}"] = (backend, tool)
                 if f"{name}/{tool.name}" in route_providers or not publish:
                     continue  # consumed by a route (served under the route's name), or not serving on its own
-                admitted = pinned.admit(name, tool)  # as approved, or withheld (pins.py)
+                admitted = pinned.admit(name, tool, tools)  # as approved, or withheld (pins.py)
                 candidate = _candidate(config, name, admitted) if admitted is not None else None
                 if candidate is not None:
                     candidates.append(candidate)
@@ -279,7 +281,6 @@ class Catalog:
             tool = _publish(cand.tool, public, description, note if carries(public, cand.router) else "")
             entries[public] = CatalogEntry(public, tool, (Provider(cand.backend, cand.local),), cand.audit)
 
-        problems += pinned.problems
         unlisted = _unlisted(config, backends, known, entries, problems)
         dumped = {name: e.tool.model_dump(by_alias=True, mode="json", exclude_none=True) for name, e in entries.items()}
         gated = set(config.clients.large_context_tools) & dumped.keys()
@@ -295,7 +296,8 @@ class Catalog:
             small = {"tools": [*(small or {"tools": list(dumped.values())})["tools"], listed]}
             if not budget.exempt_large:
                 dumped[READ_TOOL] = listed
-        lists = Listings.build(config, backends)
+        lists = Listings.build(config, backends, pinned.admit)
+        problems += pinned.problems
         problems += lists.problems
         full = {"tools": list(dumped.values())}
         return cls(
@@ -311,6 +313,7 @@ class Catalog:
             unlisted,
             unserved(config, backends, entries.keys() | unlisted.keys(), routes_off),
             (list_tokens(full), list_tokens(small) if small is not None else list_tokens(full)),
+            tuple(pinned.pending),
         )
 
 

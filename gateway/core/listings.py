@@ -19,7 +19,7 @@ capabilities.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -137,13 +137,16 @@ class Listings:
     # -- building ---------------------------------------------------------------------------------------------------
 
     @classmethod
-    def build(cls, config: Federation, backends: Mapping[str, Backend]) -> Listings:
+    def build(cls, config: Federation, backends: Mapping[str, Backend], admit: Admit | None = None) -> Listings:
+        """Merge the lists of ``backends``; ``admit`` (pins.py ``PinCheck.admit``) says how each server's prompt is
+        served: as it is, as approved, or not at all."""
         mode, sep = config.gateway.naming.mode, config.gateway.naming.separator
         problems: list[str] = []
         serving = [b for b in backends.values() if b.serves_requests and b.status.state in _SERVING]
         offers = _offers(b.capabilities for b in serving)
 
-        prompts = _merge(mode, sep, "prompt", [(b.name, b.prompts()) for b in serving], _prompt_name, problems)
+        per_backend = [(b.name, _admitted(b.name, b.prompts(), admit)) for b in serving]
+        prompts = _merge(mode, sep, "prompt", per_backend, _prompt_name, problems)
         resources = _merge(mode, sep, "resource", [(b.name, b.resources()) for b in serving], _uri, problems)
         templates = _merge(
             mode, sep, "resource template", [(b.name, b.resource_templates()) for b in serving], _uri_template, problems
@@ -171,6 +174,15 @@ class Listings:
             problems=tuple(problems),
             published_as=published_as,
         )
+
+
+Admit = Callable[[str, types.Prompt, Sequence[types.Prompt]], types.Prompt | None]
+
+
+def _admitted(backend: str, prompts: Sequence[types.Prompt], admit: Admit | None) -> list[types.Prompt]:
+    if admit is None:
+        return list(prompts)
+    return [served for prompt in prompts if (served := admit(backend, prompt, prompts)) is not None]
 
 
 def _prompt_name(prompt: types.Prompt) -> str:

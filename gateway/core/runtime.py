@@ -19,16 +19,17 @@ from __future__ import annotations
 import functools
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import anyio.abc
 import mcp_types as types
 import structlog
+from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
 from gateway.auth.connections import Connections
@@ -50,11 +51,12 @@ from gateway.core.connect import SignIns, connect_url, open_connections
 from gateway.core.costs import Cost, costs_from
 from gateway.core.gate import ClientPolicy
 from gateway.core.leaks import Leaks
-from gateway.core.pins import pins_of
+from gateway.core.pins import Pending, Pin, pins_of
 from gateway.core.reload import ReloadPlan, check_reload, plan_reload
 from gateway.core.router import Router
 from gateway.errors import AuditError
 from gateway.ledger.engines import AuditLedger, open_ledger, open_reader
+from gateway.ledger.pins import pin_record
 from gateway.ledger.readers import Filters, ToolStats
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.tracing import CallTracer, open_tracing
@@ -63,9 +65,12 @@ from gateway.version import VERSION
 __all__ = ["Gateway", "build_backends", "settle_budget"]
 
 log = structlog.get_logger("gateway.runtime")
+T = TypeVar("T")
 
 COSTS_WINDOW_S = 7 * 86400.0
 STARTUP_SETTLE_S = 30.0
+PINS_REFRESH_S = 5.0
+"""How often the approved definitions are read again (``gateway pins approve`` writes them from another process)."""
 STARTUP_WAIT_S = 10.0
 """During startup, a request that races it (the first handshake or discovery, a list, a call naming a tool not known
 yet) waits at most this long for backends still connecting (``wait_started``), so a client that connects at once
@@ -185,6 +190,8 @@ class Gateway:
         bound passed."""
         self.started_at = 0.0
         self._costs: dict[str, Cost] = {}
+        self._pins: dict[tuple[str, str], Pin] = {}
+        self._pending_seen: set[tuple[str, str, str]] = set()  # (server, tool, digest) already in the ledger
         self._tg: anyio.abc.TaskGroup | None = None
         self._http: HttpPool | None = None
         self._scopes: dict[int, anyio.CancelScope] = {}
@@ -199,8 +206,9 @@ class Gateway:
     @asynccontextmanager
     async def running(self) -> AsyncIterator[Gateway]:
         """Run the gateway. One exit stack owns what outlives the task group (tracing, the HTTP pool, the ledger,
-        the change stream); leaving it cancels every supervisor first, then, shielded, kills whatever orphan was
-        adopted and closes the rest in reverse order: the ledger commits its pending rows before the pool closes."""
+        the change stream); leaving it cancels every supervisor first, then kills whatever orphan was adopted and
+        closes the rest in reverse order, each step shielded from the cancellation that may be ending the gateway:
+        the ledger commits its pending rows before the pool closes."""
         stack = AsyncExitStack()
         try:
             self.tracer = await stack.enter_async_context(
@@ -212,11 +220,11 @@ class Gateway:
                 )
             )
             http = HttpPool()
-            stack.push_async_callback(http.aclose)
+            stack.push_async_callback(_shielded, http.aclose)
             if self._audit_enabled:
-                self.ledger = await stack.enter_async_context(open_ledger(self.config.gateway.audit))
+                self.ledger = await stack.enter_async_context(held_apart(open_ledger(self.config.gateway.audit)))
             # every backend has stopped when this runs: no adopted process may stay
-            stack.push_async_callback(functools.partial(processes.sweep, everything=True))
+            stack.push_async_callback(_shielded, functools.partial(processes.sweep, everything=True))
             send, receive = anyio.create_memory_object_stream[Catalog](16)
             self._changes = send
             stack.callback(self._close_changes, send)
@@ -224,6 +232,7 @@ class Gateway:
             connections = open_connections(self.config)
             stack.callback(connections.close)
             self.sign_ins = SignIns(lambda: self._backends, connections)
+            await self.refresh_pins(rebuild=False)  # before any tool is listed: nothing unapproved is served
             async with anyio.create_task_group() as tg:
                 self.started_at = anyio.current_time()
                 self._tg, self._http = tg, http
@@ -233,6 +242,7 @@ class Gateway:
                 tg.start_soon(self._broadcast, receive)
                 tg.start_soon(self._rebuild_when_stale)
                 tg.start_soon(self._sweep_orphans)
+                tg.start_soon(self._watch_pins)
                 if self._uses_costs:
                     tg.start_soon(self._measure_costs)
                 self._rebuild()
@@ -241,8 +251,7 @@ class Gateway:
                 finally:
                     tg.cancel_scope.cancel()
         finally:
-            with anyio.CancelScope(shield=True):
-                await stack.aclose()
+            await stack.aclose()
 
     def _close_changes(self, send: MemoryObjectSendStream[Catalog]) -> None:
         send.close()
@@ -323,6 +332,7 @@ class Gateway:
             old = self._backends
             backends = {name: (fresh[name] if name in plan.added + plan.changed else old[name]) for name in fresh}
             self.config = config
+            await self.refresh_pins(rebuild=False)  # a server's pin mode may have changed
             self.loaded_at = time.time()
             self.clients = ClientPolicy(config.clients)
             self.router.use_clients(self.clients)
@@ -345,6 +355,52 @@ class Gateway:
                 self._settled.pop(name, None)
             self._rebuild(cause="reload")
             return plan
+
+    @property
+    def pins(self) -> Mapping[tuple[str, str], Pin]:
+        """The approved definitions as last read (``refresh_pins``), by (server, tool)."""
+        return self._pins
+
+    def _note_pending(self, catalog: Catalog) -> None:
+        """Record in the ledger, once per definition, each server tool this catalog found new or changed since
+        approval (a ``pins/pending`` row: ``refused`` when held back under ``enforce``)."""
+        fresh = [p for p in catalog.pins_pending if (p.server, p.tool, p.digest) not in self._pending_seen]
+        if not fresh or self.ledger is None or self._tg is None:
+            return
+        self._pending_seen.update((p.server, p.tool, p.digest) for p in fresh)
+        self._tg.start_soon(self._record_pending, fresh)
+
+    async def _record_pending(self, pending: Sequence[Pending]) -> None:
+        now = time.time()
+        for p in pending:
+            status = "refused" if p.mode == "enforce" else "ok"
+            preview = {"change": p.change, "pin": p.mode, "findings": str(p.findings)}
+            row = pin_record("pins/pending", p.server, p.tool, p.digest, ts=now, caller=None, status=status, **preview)
+            try:
+                if self.ledger is not None:
+                    await self.ledger.record(row)
+            except AuditError as exc:
+                log.warning("pins.unrecorded", tool=f"{p.server}/{p.tool}", error=str(exc))
+
+    async def _watch_pins(self) -> None:
+        """Read the approved definitions again every ``PINS_REFRESH_S``: an approval made by ``gateway pins approve``
+        (or through another replica's ledger) is served without a restart."""
+        while True:
+            await anyio.sleep(PINS_REFRESH_S)
+            await self.refresh_pins()
+
+    async def refresh_pins(self, *, rebuild: bool = True) -> None:
+        """Read the pins from the ledger (in a thread: it may be PostgreSQL); a change rebuilds the catalog. An
+        unreadable ledger keeps the pins last read, and says why."""
+        try:
+            pins = await anyio.to_thread.run_sync(pins_of, self.config)
+        except AuditError as exc:
+            log.warning("pins.unreadable", error=str(exc))
+            return
+        if pins != self._pins:
+            self._pins = pins
+            if rebuild:
+                self._rebuild(cause="pins")
 
     async def _measure_costs(self) -> None:
         """Refresh the figures behind ``{cost:TOOL}`` placeholders: at startup, then every ``costs_refresh_s``."""
@@ -477,9 +533,10 @@ class Gateway:
         """Build the catalog now; a change is logged (``catalog.changed``, saying what changed and why: at debug
         level when only a measured cost band in the descriptions moved)."""
         self._stale = False
-        catalog = Catalog.build(self.config, self._backends, self._costs, pins_of(self.config))
+        catalog = Catalog.build(self.config, self._backends, self._costs, self._pins)
         previous = self._catalog
         self._catalog = catalog
+        self._note_pending(catalog)
         changes = catalog.changes(previous)
         if changes:  # tools, resources, templates, prompts or what the backends offer
             (log.debug if cause == "costs" else log.info)(
@@ -494,3 +551,30 @@ class Gateway:
                     self._changes.send_nowait(catalog)
                 except anyio.WouldBlock:
                     pass  # a burst of changes: the broadcast already queued will announce the newest catalog
+
+
+async def _shielded(step: Callable[[], Awaitable[object]]) -> None:
+    """Run one step of the gateway's stopping to its end, even while the gateway is being cancelled."""
+    with anyio.CancelScope(shield=True):
+        await step()
+
+
+@asynccontextmanager
+async def held_apart(context: AbstractAsyncContextManager[T]) -> AsyncIterator[T]:
+    """Enter ``context`` in a task of its own, shielded, and leave it when this block ends: its own task group (a
+    ledger's background writers) is entered and left in order whatever cancels the block, and its closing steps
+    (the ledger's last commits) run to their end."""
+    stop = anyio.Event()
+
+    async def hold(*, task_status: TaskStatus[T]) -> None:
+        with anyio.CancelScope(shield=True):
+            async with context as value:
+                task_status.started(value)
+                await stop.wait()
+
+    async with anyio.create_task_group() as tg:
+        value: T = await tg.start(hold)
+        try:
+            yield value
+        finally:
+            stop.set()

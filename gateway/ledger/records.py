@@ -41,8 +41,12 @@ KINDS: Final = (
     "completion/complete",
     "resources/subscribe",
     "resources/unsubscribe",
+    "pins/pending",
+    "pins/approve",
 )
-"""What a row can be: the MCP method of the request that reached a backend."""
+"""What a row can be: the MCP method of the request that reached a backend; or ``pins/pending`` (a server's tool
+seen new or changed since approval: ``tool`` is ``server/tool``) and ``pins/approve`` (its approval: ``caller`` is
+who approved)."""
 
 # Both engines apply this one list (PostgreSQL translates SQLite's column types: INTEGER PRIMARY KEY AUTOINCREMENT,
 # INTEGER and REAL): write each statement in SQL that SQLite and PostgreSQL both accept. MIGRATIONS[i] takes a

@@ -115,6 +115,7 @@ class StateSnapshot:
     adapters: Sequence[AdapterSnapshot] = ()
     ledger: LedgerStatistics | None = None  # None: the ledger is off
     catalog_tools: int = 0
+    pins_pending: int = 0
     shared_store: SharedStoreSnapshot | None = None  # None: no gateway.shared.redis_url
     oauth: OAuthSnapshot | None = None  # None: no gateway.auth.oauth
 
@@ -141,6 +142,11 @@ class _StateCollector(Collector):
         info.add_metric([self._name, self._version], 1)
         yield info
         yield GaugeMetricFamily(f"{PREFIX}_catalog_tools", "Tools published in the catalog.", snapshot.catalog_tools)
+        yield GaugeMetricFamily(
+            f"{PREFIX}_pins_pending",
+            "Server tools new or changed since approval (pin: warn or enforce), waiting for gateway pins approve.",
+            snapshot.pins_pending,
+        )
         state = GaugeMetricFamily(
             f"{PREFIX}_backend_state",
             "1 for each backend's current state, 0 for the others.",

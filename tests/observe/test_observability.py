@@ -302,6 +302,7 @@ def test_gateway_state_is_read_at_scrape_time() -> None:
             adapters=[AdapterSnapshot("qmd", live_processes=2, running_calls=2, waiting_calls=1)],
             ledger=ledger,
             catalog_tools=5,
+            pins_pending=2,
         )
     )
     got = samples(metrics)
@@ -313,6 +314,7 @@ def test_gateway_state_is_read_at_scrape_time() -> None:
     assert got[("mcp_gateway_ledger_pending_rows", frozenset())] == 3
     assert got[("mcp_gateway_ledger_rows_written_total", frozenset())] == 40
     assert got[("mcp_gateway_catalog_tools", frozenset())] == 5
+    assert got[("mcp_gateway_pins_pending", frozenset())] == 2
     assert not any(name.startswith("mcp_gateway_oauth_") for name, _ in got)  # no gateway.auth.oauth
 
 

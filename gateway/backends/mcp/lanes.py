@@ -3,8 +3,10 @@
 With ``session: per_client``, a client that can answer a downstream's requests (sampling, elicitation, roots) gets a
 session of its own (``Lanes.for_client``), offering the downstream what that client offers; it opens at the
 client's first call, in a task of its own, and closes with the client's connection. Its log messages go to the
-notification hook with that client, and the client's ``roots_changed`` is told to it. A client that cannot answer,
-or whose session could not be opened, shares the backend's session.
+notification hook with that client, and the client's ``roots_changed`` is told to it. A client that cannot answer
+shares the backend's session; a client whose own session could not be opened gets ``BackendUnavailable`` saying why
+(on the shared session its downstream's requests could reach another client, or nobody), and its next call tries
+again.
 
 With ``${caller.secret:NAME}`` in a server's headers, or ``token_exchange``, each caller gets a session carrying its
 own credentials (``Lanes.for_caller``; auth/credentials.py), opened on its first request and kept while it stays up
@@ -23,8 +25,8 @@ import functools
 import math
 import tempfile
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
@@ -37,6 +39,7 @@ from mcp.client.session import ClientSession, MessageHandlerFnT
 from gateway.auth.credentials import NoCredential, SessionCredentials
 from gateway.backends.mcp.failures import FOREIGN, Life, ResponseRecorder, classify_failure
 from gateway.backends.mcp.relay import InFlight, attribute
+from gateway.backends.mcp.stdio import stderr_tail
 from gateway.calls import ClientLink, Upstream
 from gateway.config import ServerConfig
 from gateway.errors import BackendUnavailable, CredentialMissing
@@ -126,49 +129,78 @@ class Lanes:
 
     async def for_client(self, upstream: Upstream) -> Lane | None:
         """The client's own downstream session, opened on its first call; None for a client that cannot answer a
-        downstream's requests (it shares the one session) or when its session could not be opened."""
+        downstream's requests (it shares the one session).
+
+        Raises:
+            BackendUnavailable: the client's session could not be opened (the reason says why).
+        """
         client = upstream.channel.client if upstream.channel is not None else None
         if client is None or not _takes_back_channel(client.capabilities):
             return None
         lane = self._clients.get(client)
         if lane is None:
-            if self._tg is None:
-                return None
             lane = Lane(client, InFlight(owner=client))
+            self._start(self._client_lifetime, lane)
             self._clients[client] = lane
             client.on_close(lane.closed.set)
-            # A fresh context: the lane's task must not see this request as the one it serves (see relay.SERVING).
-            contextvars.Context().run(self._tg.start_soon, self._client_lifetime, lane)
-        with anyio.move_on_after(self._config.connect_timeout_s):
-            await lane.ready.wait()
+        return await self._opened(lane, "this client")
+
+    def _start(self, lifetime: Callable[..., Coroutine[Any, Any, None]], lane: Lane, *args: Any) -> None:
+        if self._tg is None:
+            raise BackendUnavailable(self._name, "not running")
+        # A fresh context: the lane's task must not see this request as the one it serves (see relay.SERVING).
+        contextvars.Context().run(self._tg.start_soon, lifetime, lane, *args)
+
+    async def _opened(self, lane: Lane, whose: str) -> Lane:
+        """``lane`` once its session is open: its task sets ``ready`` whatever happens, within the opening's own
+        deadline (``_opening``), so this wait has no clock of its own."""
+        await lane.ready.wait()
         if lane.session is None:
-            log.warning("backend.client_session_failed", backend=self._name, reason=lane.failure or "timed out")
-            return None
+            reason = lane.failure or "closed"
+            log.warning("backend.own_session_failed", backend=self._name, whose=whose, reason=reason)
+            if lane.no_credential:  # the caller's to fix, not the server's failure (the breaker ignores it)
+                raise CredentialMissing(self._name, f"no session of its own for {whose}: {reason}", link=lane.link)
+            raise BackendUnavailable(self._name, f"no session of its own for {whose}: {reason}")
         return lane
+
+    @contextmanager
+    def _opening(self, lane: Lane) -> Iterator[_Opening]:
+        """Where a lane's session lives: its stderr file, its HTTP responses' record, and a deadline of
+        ``connect_timeout_s`` on opening it (transport, process, credentials, handshake) that ``_Opening.opened``
+        lifts. Whatever ends it early becomes ``lane.failure`` in plain words (never with a header value): what the
+        process said last, a timeout, a missing credential."""
+        limit = self._config.connect_timeout_s
+        with tempfile.TemporaryFile() as stderr:
+            opening = _Opening(stderr, ResponseRecorder(), anyio.CancelScope(deadline=anyio.current_time() + limit))
+            try:
+                with opening.scope:
+                    yield opening
+            except NoCredential as exc:
+                lane.failure, lane.no_credential, lane.link = str(exc), True, exc.link
+            except Exception as exc:
+                tail = stderr_tail(stderr)
+                lane.failure = classify_failure(exc, config=self._config, http=opening.recorder, stderr_tail=tail)
+            if opening.scope.cancelled_caught and lane.failure is None:
+                lane.failure = f"it did not open within connect_timeout_s ({limit:g} s)"
 
     async def _client_lifetime(self, lane: Lane) -> None:
         """Own one client's downstream session until the client's connection closes or the session ends."""
-        recorder = ResponseRecorder()
         caps = lane.owner.capabilities or types.ClientCapabilities()
         offered = types.ClientCapabilities(sampling=caps.sampling, elicitation=caps.elicitation, roots=caps.roots)
         try:
-            with tempfile.TemporaryFile() as stderr:
+            with self._opening(lane) as opening:
                 async with self._connect(
                     lane.life,
-                    recorder,
-                    stderr,
+                    opening.recorder,
+                    opening.stderr,
                     inflight=lane.inflight,
                     offered=offered,
                     message_handler=functools.partial(self._on_client_message, lane),
                 ) as session:
-                    with anyio.fail_after(self._config.connect_timeout_s):
-                        await session.initialize()  # a per-client session is a handshake-era one
-                    lane.session = session
-                    lane.ready.set()
+                    await session.initialize()  # a per-client session is a handshake-era one
+                    opening.opened(lane, session)
                     log.info("backend.client_session", backend=self._name, state="open")
                     await lane.closed.wait()
-        except Exception as exc:  # reported in plain words; the client's calls fall back to the shared session
-            lane.failure = classify_failure(exc, config=self._config, http=recorder)
         finally:
             lane.session = None
             lane.ready.set()
@@ -205,21 +237,13 @@ class Lanes:
         if lane is not None and not lane.closed.is_set():
             self._callers[key] = lane  # the most recently used last
         else:
-            if self._tg is None:
-                raise BackendUnavailable(self._name, "not running")
             idle = [k for k, other in self._callers.items() if not len(other.inflight)]
             if len(self._callers) >= MAX_CALLER_SESSIONS and idle:
                 self._callers[idle[0]].life.mark_lost("closed: the least recently used of too many caller sessions")
-            lane = self._callers[key] = Lane(key, InFlight())
-            contextvars.Context().run(self._tg.start_soon, self._caller_lifetime, lane, subject_token)
-        with anyio.move_on_after(self._config.connect_timeout_s):
-            await lane.ready.wait()
-        if lane.session is None:
-            reason = f"no session for caller {caller or 'anonymous'}: {lane.failure or 'timed out opening it'}"
-            if lane.no_credential:
-                raise CredentialMissing(self._name, reason, link=lane.link)
-            raise BackendUnavailable(self._name, reason)
-        return lane
+            lane = Lane(key, InFlight())
+            self._start(self._caller_lifetime, lane, subject_token)
+            self._callers[key] = lane
+        return await self._opened(lane, f"caller {caller or 'anonymous'}")
 
     def close_caller(self, caller: str, reason: str) -> None:
         """End ``caller``'s own session now (its next request opens a new one, with what its credentials are then)."""
@@ -230,26 +254,19 @@ class Lanes:
     async def _caller_lifetime(self, lane: Lane, subject_token: str | None) -> None:
         """Own one caller's session to this server until it ends, its exchanged token expires, or the backend
         stops."""
-        recorder = ResponseRecorder()
+        assert self._credentials is not None
         try:
-            assert self._credentials is not None
-            headers, lifetime = await self._credentials.for_caller(lane.owner or None, subject_token)
-            with tempfile.TemporaryFile() as stderr:
+            with self._opening(lane) as opening:
+                headers, lifetime = await self._credentials.for_caller(lane.owner or None, subject_token)
                 async with self._connect(
-                    lane.life, recorder, stderr, inflight=lane.inflight, headers=headers
+                    lane.life, opening.recorder, opening.stderr, inflight=lane.inflight, headers=headers
                 ) as session:
-                    with anyio.fail_after(self._config.connect_timeout_s):
-                        await self._handshake(session)
-                    lane.session = session
-                    lane.ready.set()
+                    await self._handshake(session)
+                    opening.opened(lane, session)
                     log.info("backend.caller_session", backend=self._name, caller=lane.owner, state="open")
                     with anyio.move_on_after(lifetime if lifetime is not None else math.inf):
                         await lane.closed.wait()
                     lane.life.mark_lost("the caller's token expired")  # the next request gets a fresh one
-        except NoCredential as exc:
-            lane.failure, lane.no_credential, lane.link = str(exc), True, exc.link
-        except Exception as exc:  # reported in plain words (never with a header value) to the caller's request
-            lane.failure = classify_failure(exc, config=self._config, http=recorder)
         finally:
             lane.session = None
             lane.life.mark_lost(lane.failure or "closed")
@@ -257,6 +274,21 @@ class Lanes:
             if self._callers.get(lane.owner) is lane:
                 del self._callers[lane.owner]
             log.info("backend.caller_session", backend=self._name, caller=lane.owner, state="closed")
+
+
+@dataclass
+class _Opening:
+    """A lane's session being opened (``Lanes._opening``)."""
+
+    stderr: IO[bytes]
+    recorder: ResponseRecorder
+    scope: anyio.CancelScope
+
+    def opened(self, lane: Lane, session: ClientSession) -> None:
+        """The session is open: no deadline from now on, and the lane's waiters are let through."""
+        self.scope.deadline = math.inf
+        lane.session = session
+        lane.ready.set()
 
 
 def _takes_back_channel(caps: types.ClientCapabilities | None) -> bool:

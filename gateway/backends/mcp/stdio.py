@@ -55,7 +55,7 @@ from gateway.backends.mcp.fastpath import (
     progress_of,
 )
 
-__all__ = ["StdioLane", "StdioProcess", "open_stdio"]
+__all__ = ["StdioLane", "StdioProcess", "open_stdio", "stderr_tail"]
 
 EXIT_GRACE_S = 2.0
 """Time for the server to exit on its own after its stdin closes (the spec's first shutdown step)."""
@@ -223,16 +223,7 @@ class StdioProcess:
         return self.process.returncode
 
     def stderr_tail(self) -> str:
-        try:
-            self.stderr.flush()
-            self.stderr.seek(0, 2)
-            size = self.stderr.tell()
-            self.stderr.seek(max(0, size - 4096))
-            text = self.stderr.read().decode("utf-8", errors="replace")
-        except (OSError, ValueError):
-            return ""
-        lines = [line.strip() for line in text.splitlines() if line.strip()]
-        return " | ".join(lines[-STDERR_TAIL_LINES:])
+        return stderr_tail(self.stderr)
 
     def stray_tail(self) -> str:
         """The last lines on stdout that were not JSON-RPC, as ``stderr_tail`` gives stderr's."""
@@ -419,3 +410,17 @@ async def _shutdown(process: Process, *, graceful: bool) -> None:
             if stream is not None:
                 with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
                     await stream.aclose()
+
+
+def stderr_tail(stderr: IO[bytes]) -> str:
+    """The last lines a process wrote to ``stderr`` (a file it shares with us), joined by `` | ``."""
+    try:
+        stderr.flush()
+        stderr.seek(0, 2)
+        size = stderr.tell()
+        stderr.seek(max(0, size - 4096))
+        text = stderr.read().decode("utf-8", errors="replace")
+    except (OSError, ValueError):
+        return ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return " | ".join(lines[-STDERR_TAIL_LINES:])

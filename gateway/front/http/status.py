@@ -219,6 +219,7 @@ def state_snapshot(
         adapters=adapters,
         ledger=ledger,
         catalog_tools=len(catalog),
+        pins_pending=len(catalog.pins_pending),
         shared_store=store,
         oauth=tokens,
     )

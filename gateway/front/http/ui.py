@@ -35,11 +35,13 @@ from gateway.auth.cookies import SESSION_TTL_S, SessionCookies
 from gateway.auth.tokens import Tokens
 from gateway.backends.base import BackendStatus
 from gateway.core.catalog import Catalog
+from gateway.core.pins import Item, approval_rows, definition_diff, digest, findings, pin_key
 from gateway.core.policies import View
 from gateway.core.runtime import Gateway
 from gateway.errors import AuditError
 from gateway.front.http.forms import read_form, same_origin
 from gateway.ledger.engines import open_reader
+from gateway.ledger.pins import write_pins
 from gateway.ledger.readers import CallerTokens, Filters, ToolStats
 from gateway.ledger.records import AuditRecord
 from gateway.observe.logs import redactor
@@ -111,6 +113,7 @@ class StatusPage:
                 Route("/login", self.login_form, methods=["GET"]),
                 Route("/login", self.login, methods=["POST"]),
                 Route("/logout", self.logout, methods=["POST"]),
+                Route("/pins/approve", self.approve_pin, methods=["POST"]),
                 *extra,
             ]
         )
@@ -193,6 +196,32 @@ class StatusPage:
         response = _redirect(f"{base}/login" if self.tokens else f"{base}/")
         response.delete_cookie(COOKIE, path=base or "/", httponly=True, samesite="strict")
         return response
+
+    async def approve_pin(self, request: Request) -> Response:
+        """An operator approves one pending definition, as the page showed it (its digest): a definition that changed
+        again since is not approved. Recorded as ``gateway pins approve`` does, with the operator's name."""
+        base = _base(request)
+        caller = self.caller(request)
+        if caller is None or not self.shown(caller).operator:
+            return _refused(403, "Only an operator approves tool definitions.")
+        if not same_origin(request, self.allowed_origins):
+            return _refused(403, "Approval refused: the form must be posted from this gateway's own page.")
+        form = await read_form(request) or {}
+        server, name, wanted = form.get("server", ""), form.get("tool", ""), form.get("digest", "")
+        tool = _listed(self.gateway, server, name)
+        if tool is None or digest(tool) != wanted:
+            return _refused(
+                409, f"{server}/{name} is not listed as the page showed it any more; reload and look again."
+            )
+        audit = self.gateway.config.gateway.audit
+        by = caller if self.tokens else "local"
+        try:
+            await anyio.to_thread.run_sync(write_pins, audit.url or audit.path, approval_rows(server, [tool], by))
+        except AuditError as exc:
+            return _refused(503, f"Approval not recorded: {exc}")
+        log.info("ui.pin_approved", tool=f"{server}/{name}", by=by)
+        await self.gateway.refresh_pins()
+        return _redirect(f"{base}/")
 
 
 def _base(request: Request) -> str:
@@ -403,6 +432,38 @@ def _tool_rows(catalog: Catalog, view: View | None) -> list[_ToolRow]:
     return rows
 
 
+@dataclass(frozen=True, slots=True)
+class _PinRow:
+    server: str
+    tool: str
+    change: str
+    mode: str
+    digest: str
+    findings: list[str]
+    diff: str
+
+
+def _listed(gateway: Gateway, server: str, key: str) -> Item | None:
+    """The tool or prompt ``server`` lists now under its pin's name ``key`` (pins.py ``pin_key``)."""
+    backend = gateway.backends.get(server)
+    listed: list[Item] = [*backend.tools(), *backend.prompts()] if backend is not None else []
+    return next((item for item in listed if pin_key(item) == key), None)
+
+
+def _pin_rows(gateway: Gateway) -> list[_PinRow]:
+    """What waits for an operator's approval, each with its findings and its diff from what was approved."""
+    rows = []
+    for pending in gateway.catalog.pins_pending:
+        tool = _listed(gateway, pending.server, pending.tool)
+        if tool is None:
+            continue
+        pinned = gateway.pins.get((pending.server, pending.tool))
+        found = [str(f) for f in findings(tool, pending.digest)]
+        diff = definition_diff(pinned.definition if pinned is not None else None, tool)
+        rows.append(_PinRow(pending.server, pending.tool, pending.change, pending.mode, pending.digest, found, diff))
+    return rows
+
+
 def _render_page(
     gateway: Gateway,
     ledger: _LedgerData,
@@ -433,6 +494,7 @@ def _render_page(
         backends=backends,
         tools=_tool_rows(gateway.catalog, view),
         problems=gateway.catalog.problems if shown.operator else (),
+        pins=_pin_rows(gateway) if shown.operator else [],
         reload_error=gateway.reload_error if shown.operator else None,
         config_file=gateway.config.source,
         loaded_at=gateway.loaded_at,
