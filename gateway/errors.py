@@ -138,6 +138,18 @@ class BackendUnavailable(BackendError):
     outcome = "unavailable"
 
 
+class CredentialMissing(BackendUnavailable):
+    """The caller has no credential for this server (a sign-in not done, a secret not given, an exchange refused):
+    the call was never sent. Says nothing of the backend's health: the circuit breaker neither counts it nor resets.
+    The reason says what the caller must do; ``link``: for an OAuth server, the page where they sign in."""
+
+    verdict = False
+
+    def __init__(self, backend: str, reason: str, *, link: str | None = None) -> None:
+        super().__init__(backend, reason)
+        self.link = link
+
+
 class BackendSaturated(BackendUnavailable):
     """No connection to the backend came free for this call in time (its ``max_connections`` are busy): the call was
     never sent. Says nothing of the backend's health: the circuit breaker neither counts it nor resets."""

@@ -10,6 +10,7 @@ cannot have them gets ``NoCredential``, whose message names the caller and what 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Protocol
 
 import anyio.to_thread
 
@@ -18,11 +19,27 @@ from gateway.auth.secrets import CallerSecrets, MissingSecret, uses_caller_secre
 from gateway.config import ServerConfig, TokenExchange
 from gateway.errors import ConfigError
 
-__all__ = ["CallerCredentials", "NoCredential"]
+__all__ = ["CallerCredentials", "NoCredential", "SessionCredentials"]
 
 
 class NoCredential(Exception):
-    """The caller cannot have a session to this server (no secret, no access token, a refused exchange)."""
+    """The caller cannot have a session to this server (no secret, no access token, a refused exchange, no sign-in:
+    ``link`` is then where they sign in)."""
+
+    def __init__(self, message: str, *, link: str | None = None) -> None:
+        super().__init__(message)
+        self.link = link
+
+
+class SessionCredentials(Protocol):
+    """What a server's per-caller sessions are opened with (this module's ``CallerCredentials``, or an OAuth
+    server's, backends/mcp/signin.py)."""
+
+    def gateway_headers(self) -> dict[str, str]: ...
+
+    async def for_caller(
+        self, caller: str | None, subject_token: str | None
+    ) -> tuple[dict[str, str], float | None]: ...
 
 
 class CallerCredentials:

@@ -110,6 +110,26 @@ class ProcessStatistics:
     """Calls waiting for a slot."""
 
 
+class SignsIn(Protocol):
+    """A server the gateway signs in to as an OAuth client (``auth: {oauth: ...}``; backends/mcp/signin.py)."""
+
+    @property
+    def per_caller(self) -> bool:
+        """Whether each caller signs in (``per: caller``), rather than the gateway with its own identity."""
+        ...
+
+    @property
+    def link(self) -> str: ...
+
+    def owns(self, state: str) -> bool:
+        """Whether a sign-in waiting for its callback has this ``state``."""
+        ...
+
+    async def begin(self, caller: str) -> str | None: ...
+
+    async def finish(self, state: str, code: str | None, iss: str | None, error: str | None) -> str: ...
+
+
 class Backend(Protocol):
     """A source of tools. See the module docstring for the contract."""
 
@@ -229,6 +249,14 @@ class Backend(Protocol):
         call it only while ready; empty when it has none."""
         ...
 
+    @property
+    def signin(self) -> SignsIn | None:
+        """Its OAuth sign-ins, when the gateway signs in to it (None otherwise)."""
+        return None
+
+    def connection_changed(self, caller: str, removed: bool) -> None:
+        """``caller`` signed in to this server, or was signed out (``removed``)."""
+
     def subscribe(self, listener: ChangeListener) -> None:
         """Register a listener for state and tool-list changes."""
         ...
@@ -327,6 +355,14 @@ class BackendBase:
         if self._status.state in (BackendState.READY, BackendState.DEGRADED):
             return self.tools()
         return self._last_known
+
+    @property
+    def signin(self) -> SignsIn | None:
+        """Its OAuth sign-ins, when the gateway signs in to it (None otherwise)."""
+        return None
+
+    def connection_changed(self, caller: str, removed: bool) -> None:
+        """``caller`` signed in to this server, or was signed out (``removed``)."""
 
     def subscribe(self, listener: ChangeListener) -> None:
         self._listeners.append(listener)

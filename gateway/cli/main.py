@@ -99,6 +99,10 @@ def _run(args: argparse.Namespace) -> int:
         from gateway.cli.pins import run_pins
 
         return run_pins(config, args)
+    if args.command == "connections":
+        from gateway.cli.connections import run_connections
+
+        return run_connections(config, args)
     if args.command == "serve" and not (args.stdio and sys.stdin.isatty()) and threading.active_count() == 1:
         from gateway.backends.processes import supervise
 

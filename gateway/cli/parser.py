@@ -91,6 +91,15 @@ def build_parser() -> argparse.ArgumentParser:
     config_arg(audit)
     for pins in add_pins_subcommands(sub):
         config_arg(pins)
+    connections = sub.add_parser(
+        "connections", help="who is signed in to which OAuth-protected server (never a token); revoke a sign-in"
+    )
+    connections.add_argument("--caller", metavar="NAME", help="only this caller's connections")
+    connections.add_argument(
+        "--revoke", metavar="SERVER", help="forget --caller's tokens at SERVER ('*': at every server)"
+    )
+    connections.add_argument("--json", action="store_true", help="machine-readable output")
+    config_arg(connections)
     add_import_subcommand(sub)
     return parser
 

@@ -20,6 +20,8 @@ __all__ = [
     "WIKI_TOOLS",
     "Adapter",
     "AdapterTool",
+    "DownstreamAuth",
+    "DownstreamOAuth",
     "ExitCodes",
     "HttpServer",
     "Rewrite",
@@ -178,6 +180,53 @@ class TokenExchange(Model):
         return check_url(value, "token_endpoint")  # a caller's token must not travel in the clear
 
 
+class DownstreamOAuth(Model):
+    """The gateway as an OAuth client of a streamable HTTP server (MCP authorization; backends/mcp/signin.py).
+
+    ``per: caller``: each caller signs in with their own account at ``/connect/<server>`` (authorization code with
+    PKCE and ``resource``; the client is registered by Client ID Metadata Document, else Dynamic Client Registration,
+    else ``client_id``/``client_secret``), and their calls go on their own session with their own token.
+    ``per: gateway``: the gateway's own service identity (``client_credentials`` with ``client_id``/``client_secret``)
+    serves every caller."""
+
+    per: Literal["caller", "gateway"] = "caller"
+    client_id: str | None = Field(default=None, min_length=1)
+    """A client registered with the server's authorization server beforehand (needed for ``per: gateway``)."""
+    client_secret: str | None = Field(default=None, min_length=1)
+    """Its secret (write ``${VAR}``; never logged)."""
+    client_metadata_url: str | None = None
+    """An https URL where the gateway's client metadata document is published (CIMD), used as the client id by an
+    authorization server that supports it."""
+    scope: str | None = None
+    """The scopes asked for; default: those the server's challenge or metadata names."""
+    allow_http: bool = False
+    """Whether metadata, registration and token endpoints may be plain ``http`` on a loopback host (tests only);
+    otherwise every URL learned from the server must be ``https``."""
+    timeout_s: float = Field(default=10.0, gt=0, le=60)
+    """The longest each discovery, registration or token request may take."""
+
+    @field_validator("client_metadata_url")
+    @classmethod
+    def _cimd_url(cls, value: str | None) -> str | None:
+        if value is not None and (not value.startswith("https://") or value.rstrip("/").count("/") < 3):
+            raise ValueError(f"client_metadata_url must be an https URL with a path (got {value!r})")
+        return value
+
+    @model_validator(mode="after")
+    def _client(self) -> DownstreamOAuth:
+        if self.client_secret is not None and self.client_id is None:
+            raise ValueError("client_secret needs client_id")
+        if self.per == "gateway" and (self.client_id is None or self.client_secret is None):
+            raise ValueError("per: gateway signs in with client_credentials: give client_id and client_secret")
+        return self
+
+
+class DownstreamAuth(Model):
+    """How the gateway authenticates to a downstream server beyond static headers."""
+
+    oauth: DownstreamOAuth
+
+
 class _Pooled(_Backend):
     """A streamable HTTP server's own connections (backends/mcp/pool.py)."""
 
@@ -201,6 +250,20 @@ class HttpServer(_Pooled):
     other names that already say so."""
     token_exchange: TokenExchange | None = None
     """Each caller's session carries ``Authorization: Bearer`` a token exchanged for the caller's own (RFC 8693)."""
+    auth: DownstreamAuth | None = None
+    """``{oauth: {...}}``: the gateway signs in to this server as an OAuth client, per caller or as itself."""
+
+    @model_validator(mode="after")
+    def _one_credential(self) -> HttpServer:
+        if self.auth is None:
+            return self
+        if self.token_exchange is not None:
+            raise ValueError("auth.oauth and token_exchange both set the Authorization header: keep one")
+        if any(name.lower() == "authorization" for name in self.headers):
+            raise ValueError("auth.oauth sets the Authorization header: remove it from headers")
+        if self.session == "per_client":
+            raise ValueError("auth.oauth with session: per_client is not supported: use the shared session")
+        return self
 
 
 class SseServer(_Backend):

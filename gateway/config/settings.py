@@ -138,11 +138,26 @@ class Auth(Model):
     headers takes its value from (caller ``"*"``: the gateway's own session, which lists the tools). Read at start and
     again when it changes; it must not be readable by group or others (docs/security.md)."""
 
+    connect_url: str | None = None
+    """The gateway's address as a browser reaches it (e.g. ``https://gateway.example.com``): sign-in links to
+    OAuth-protected servers (``/connect/<server>``) and their callback (``/connect/callback``) are made under it.
+    Default: ``http://`` the listen address."""
+
     operators: tuple[str, ...] = ()
     """Callers (static token names or ``ISSUER-NAME:SUBJECT``, globs) the status page shows everything: every backend,
     tool, policy and caller's calls. Any other caller sees there what its policy shows it, and its own calls only."""
 
     _resolve_secrets = field_validator("caller_secrets")(resolve)
+
+    @field_validator("connect_url")
+    @classmethod
+    def _connect_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        check_url(value, "connect_url")
+        if urlsplit(value).query:
+            raise ValueError(f"connect_url must not have a query (got {value!r})")
+        return value.rstrip("/")
 
 
 class AuditSettings(Model):

@@ -47,7 +47,7 @@ from gateway.core.failures import refused as _refused
 from gateway.core.gate import ClientPolicy
 from gateway.core.kept import READ_TOOL
 from gateway.core.leaks import Leaks
-from gateway.core.published import error_as_published, result_as_published
+from gateway.core.published import as_url_elicitation, error_as_published, result_as_published
 from gateway.core.record import META_KEY, CallRecord, Instruments, Recorder, ledger_name, step
 from gateway.core.results import shape_result
 from gateway.core.unserved import why_off
@@ -285,7 +285,7 @@ class Router:
                 shape_result(entry.result, result, record.steps), entry.name, record.steps
             ), status
         except _Exhausted as exc:
-            last = exc.last
+            last = as_url_elicitation(exc.last, record.ctx.upstream, len(record.steps))
             status = "timeout" if last is not None and last.outcome == "timeout" else "error"
             if last is not None and len(record.steps) == 1 and isinstance(last, BackendRpcError):
                 await record.finish(status)

@@ -17,6 +17,7 @@ also swept every few seconds while it runs), and commits the ledger last.
 from __future__ import annotations
 
 import functools
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
@@ -31,18 +32,22 @@ import structlog
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
+from gateway.auth.connections import Connections
 from gateway.auth.secrets import CallerSecrets
 from gateway.backends import processes
 from gateway.backends.base import Backend, BackendState, BackendStatus, DisabledBackend
 from gateway.backends.cli.backend import CliBackend
 from gateway.backends.cli.checks import PROBE_TIMEOUT_S
+from gateway.backends.mcp.oauth_backend import OAuthBackend
 from gateway.backends.mcp.session import HttpPool, McpBackend, NotificationHook
+from gateway.backends.mcp.signin import SignIn
 from gateway.backends.wiki.backend import WikiBackend
 from gateway.calls import ClientLink, Upstream
-from gateway.config import Federation
+from gateway.config import Federation, HttpServer
 from gateway.core.answers import Answers
 from gateway.core.breakers import Breakers, BreakerState
 from gateway.core.catalog import Catalog
+from gateway.core.connect import SignIns, connect_url, open_connections
 from gateway.core.costs import Cost, costs_from
 from gateway.core.gate import ClientPolicy
 from gateway.core.leaks import Leaks
@@ -109,17 +114,25 @@ class _Started(anyio.abc.TaskStatus[None]):
 
 
 def build_backends(
-    config: Federation, http: HttpPool | None = None, on_notification: NotificationHook | None = None
+    config: Federation,
+    http: HttpPool | None = None,
+    on_notification: NotificationHook | None = None,
+    connections: Connections | None = None,
 ) -> dict[str, Backend]:
-    """One backend object per declared server, adapter and wiki, in declaration order."""
+    """One backend object per declared server, adapter and wiki, in declaration order; an OAuth-protected server's
+    tokens in ``connections`` (in memory when None)."""
     client_info = types.Implementation(name=config.gateway.name, version=VERSION)
     backends: dict[str, Backend] = {}
     path = config.gateway.auth.caller_secrets
     secrets = CallerSecrets(path) if path is not None else None  # ConfigError when it cannot be read or is open
     for name, server in config.servers.items():
-        backends[name] = McpBackend(
-            name, server, http=http, client_info=client_info, on_notification=on_notification, secrets=secrets
-        )
+        options: dict[str, Any] = {"http": http, "client_info": client_info, "on_notification": on_notification}
+        if isinstance(server, HttpServer) and server.auth is not None:
+            store = connections if connections is not None else Connections(None, [os.urandom(32)])
+            signin = SignIn(name, server, store, connect_url(config))
+            backends[name] = OAuthBackend(name, server, signin=signin, **options)
+        else:
+            backends[name] = McpBackend(name, server, secrets=secrets, **options)
     for name, adapter in config.adapters.items():
         backends[name] = CliBackend(name, adapter)
     if config.wiki is not None and not config.wiki.enabled:
@@ -151,6 +164,8 @@ class Gateway:
         self._notification_listeners: list[NotificationListener] = []
         self._changes: MemoryObjectSendStream[Catalog] | None = None
         self.ledger: AuditLedger | None = None
+        self.sign_ins: SignIns | None = None
+        """Callers' sign-ins to OAuth-protected servers and their connections (core/connect.py), while it runs."""
         self.clients = ClientPolicy(config.clients)
         self.answers = Answers(lambda: self.config)
         """Token budgets for answers, and the rest of cut answers kept for their callers (core/answers.py)."""
@@ -214,11 +229,14 @@ class Gateway:
             self._changes = send
             stack.callback(self._close_changes, send)
             self.router.use_instruments(self.ledger, self.tracer)
+            connections = open_connections(self.config)
+            stack.callback(connections.close)
+            self.sign_ins = SignIns(lambda: self._backends, connections)
             await self.refresh_pins(rebuild=False)  # before any tool is listed: nothing unapproved is served
             async with anyio.create_task_group() as tg:
                 self.started_at = anyio.current_time()
                 self._tg, self._http = tg, http
-                self._backends = build_backends(self.config, http, self._on_notification)
+                self._backends = build_backends(self.config, http, self._on_notification, connections)
                 for backend in self._backends.values():
                     self._start(backend)
                 tg.start_soon(self._broadcast, receive)
@@ -309,7 +327,8 @@ class Gateway:
             plan = plan_reload(self.config, config)
             for setting in plan.restart_needed:
                 log.warning("reload.restart_needed", setting=setting, message="takes effect at the next start")
-            fresh = build_backends(config, self._http, self._on_notification)
+            store = self.sign_ins.store if self.sign_ins is not None else None
+            fresh = build_backends(config, self._http, self._on_notification, store)
             old = self._backends
             backends = {name: (fresh[name] if name in plan.added + plan.changed else old[name]) for name in fresh}
             self.config = config

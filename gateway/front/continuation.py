@@ -26,12 +26,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
-import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NoReturn
 
 import structlog
@@ -39,16 +36,15 @@ from mcp.server.request_state import AESGCMRequestStateCodec, InvalidRequestStat
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
+from gateway.auth.keys import load_key
 from gateway.backends.base import Backend
 from gateway.core.catalog import Catalog
-from gateway.errors import ConfigError
 
 __all__ = ["Continuation", "Continuations", "invalid_state", "load_key", "may_ask_mid_call"]
 
 log = structlog.get_logger("gateway.continuation")
 
 _VERSION = 1
-_MIN_KEY_CHARS = 32
 _PRINCIPAL_LABEL = b"mcp-gateway/request-state/caller:"
 
 
@@ -145,51 +141,6 @@ class Continuations:
         if not isinstance(backend, str) or not isinstance(local, str) or not isinstance(state, str | None):
             invalid_state(method, "malformed claims")
         return Continuation(backend, local, state)
-
-
-def load_key(env_name: str, env_value: str | None, ledger: str | None, *, file: str = "") -> tuple[list[bytes], str]:
-    """The sealing keys (the first seals, every one opens) and where they came from (for the startup log line;
-    never a key itself). The environment variable may hold several keys separated by commas, for a rotation: put
-    the new key first and keep the old one after it for one ``ttl_s``.
-
-    Raises:
-        ConfigError: a key in the environment variable is too short, or the key file cannot be read or made.
-    """
-    if env_value and env_value.strip(", "):
-        keys = [key.strip() for key in env_value.split(",") if key.strip()]
-        for index, key in enumerate(keys):
-            if len(key) < _MIN_KEY_CHARS:
-                which = f"key {index + 1} of {len(keys)} in" if len(keys) > 1 else "the key in"
-                raise ConfigError(
-                    file,
-                    "gateway.continuation.key_env",
-                    None,
-                    f"{which} the environment variable {env_name} has {len(key)} characters; a requestState key "
-                    f"needs at least {_MIN_KEY_CHARS} of secret randomness "
-                    '(python -c "import secrets; print(secrets.token_hex(32))")',
-                )
-        return [key.encode() for key in keys], f"environment variable {env_name}" + (
-            f" ({len(keys)} keys, the first seals)" if len(keys) > 1 else ""
-        )
-    if ledger is None:
-        return [os.urandom(32)], "this process only"
-    path = Path(ledger).with_name(Path(ledger).name + ".state-key")
-    try:
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            key = path.read_text().strip()
-        else:
-            key = secrets.token_hex(32)
-            with os.fdopen(fd, "w") as out:
-                out.write(key + "\n")
-    except OSError as exc:
-        problem = f"the requestState key file {path} cannot be used: {exc.strerror or exc}"
-        raise ConfigError(file, "gateway.audit.path", None, problem) from exc
-    if len(key) < _MIN_KEY_CHARS:
-        problem = f"the requestState key file {path} holds {len(key)} characters, fewer than {_MIN_KEY_CHARS}"
-        raise ConfigError(file, "gateway.audit.path", None, problem)
-    return [key.encode()], f"file {path.name} beside the audit ledger"
 
 
 def may_ask_mid_call(catalog: Catalog, backends: Mapping[str, Backend], name: str) -> bool:

@@ -186,13 +186,32 @@ def test_every_check_that_passes_directly_passes_through_the_gateway(
     assert _first_text(run.by_scenario, "tools-call-elicitation").startswith("User response: action=accept")
 
 
-# The client scenarios that concern the gateway's downstream side, with the checks each must pass. (The suite's other
-# client scenarios are OAuth flows; the gateway authenticates to its backends with configured headers only.)
+# The client scenarios that concern the gateway's downstream side, with the checks each must pass. The auth/* ones
+# run the gateway with auth.oauth and sign in through its page (gateway_as_client.py); not yet passing, and so not
+# here: basic-cimd (needs a published client metadata document), scope-step-up and scope-retry-limit (no step-up on
+# 403 insufficient_scope), 2025-03-26-oauth-metadata-backcompat, client-credentials-jwt (no private_key_jwt) and
+# cross-app-access-complete-flow.
 CLIENT_SCENARIOS = {
     "initialize": 1,
     "tools_call": 1,
     "sse-retry": 3,
     "elicitation-sep1034-client-defaults": 5,
+    "auth/metadata-default": 13,
+    "auth/metadata-var1": 13,
+    "auth/metadata-var2": 13,
+    "auth/metadata-var3": 13,
+    "auth/scope-from-www-authenticate": 14,
+    "auth/scope-from-scopes-supported": 14,
+    "auth/scope-omitted-when-undefined": 14,
+    "auth/token-endpoint-auth-basic": 18,
+    "auth/token-endpoint-auth-post": 18,
+    "auth/token-endpoint-auth-none": 18,
+    "auth/pre-registration": 13,
+    "auth/2025-03-26-oauth-endpoint-fallback": 7,
+    "auth/resource-mismatch": 2,
+    "auth/offline-access-scope": 15,
+    "auth/offline-access-not-supported": 14,
+    "auth/client-credentials-basic": 8,
 }
 
 

@@ -36,13 +36,13 @@ import mcp_types as types
 import structlog
 from mcp.client.session import ClientSession, MessageHandlerFnT
 
-from gateway.auth.credentials import CallerCredentials, NoCredential
+from gateway.auth.credentials import NoCredential, SessionCredentials
 from gateway.backends.mcp.failures import FOREIGN, Life, ResponseRecorder, classify_failure
 from gateway.backends.mcp.relay import InFlight, attribute
 from gateway.backends.mcp.stdio import stderr_tail
 from gateway.calls import ClientLink, Upstream
 from gateway.config import ServerConfig
-from gateway.errors import BackendUnavailable
+from gateway.errors import BackendUnavailable, CredentialMissing
 
 __all__ = ["MAX_CALLER_SESSIONS", "Connect", "Lane", "LaneNotify", "Lanes"]
 
@@ -84,6 +84,8 @@ class Lane:
     life: Life = field(default_factory=Life)
     session: ClientSession | None = None
     failure: str | None = None
+    no_credential: bool = False
+    link: str | None = None  # where the caller signs in, when that is what it lacks
 
     @property
     def closed(self) -> anyio.Event:
@@ -97,7 +99,7 @@ class Lanes:
         self,
         backend: str,
         config: ServerConfig,
-        credentials: CallerCredentials | None,
+        credentials: SessionCredentials | None,
         *,
         connect: Connect,
         handshake: Handshake,
@@ -156,6 +158,8 @@ class Lanes:
         if lane.session is None:
             reason = lane.failure or "closed"
             log.warning("backend.own_session_failed", backend=self._name, whose=whose, reason=reason)
+            if lane.no_credential:  # the caller's to fix, not the server's failure (the breaker ignores it)
+                raise CredentialMissing(self._name, f"no session of its own for {whose}: {reason}", link=lane.link)
             raise BackendUnavailable(self._name, f"no session of its own for {whose}: {reason}")
         return lane
 
@@ -172,7 +176,7 @@ class Lanes:
                 with opening.scope:
                     yield opening
             except NoCredential as exc:
-                lane.failure = str(exc)
+                lane.failure, lane.no_credential, lane.link = str(exc), True, exc.link
             except Exception as exc:
                 tail = stderr_tail(stderr)
                 lane.failure = classify_failure(exc, config=self._config, http=opening.recorder, stderr_tail=tail)
@@ -241,6 +245,12 @@ class Lanes:
             self._callers[key] = lane
         return await self._opened(lane, f"caller {caller or 'anonymous'}")
 
+    def close_caller(self, caller: str, reason: str) -> None:
+        """End ``caller``'s own session now (its next request opens a new one, with what its credentials are then)."""
+        lane = self._callers.get(caller)
+        if lane is not None:
+            lane.life.mark_lost(reason)
+
     async def _caller_lifetime(self, lane: Lane, subject_token: str | None) -> None:
         """Own one caller's session to this server until it ends, its exchanged token expires, or the backend
         stops."""
@@ -256,7 +266,7 @@ class Lanes:
                     log.info("backend.caller_session", backend=self._name, caller=lane.owner, state="open")
                     with anyio.move_on_after(lifetime if lifetime is not None else math.inf):
                         await lane.closed.wait()
-                    lane.life.mark_lost("the exchanged token expired")  # the next request exchanges anew
+                    lane.life.mark_lost("the caller's token expired")  # the next request gets a fresh one
         finally:
             lane.session = None
             lane.life.mark_lost(lane.failure or "closed")

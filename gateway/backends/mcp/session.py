@@ -42,7 +42,7 @@ from anyio.abc import TaskStatus
 from mcp.client.session import ClientSession, MessageHandlerFnT
 from tenacity import wait_exponential_jitter
 
-from gateway.auth.credentials import CallerCredentials
+from gateway.auth.credentials import CallerCredentials, SessionCredentials
 from gateway.auth.secrets import CallerSecrets
 from gateway.backends.backoff import spread, supervise
 from gateway.backends.base import BackendBase, BackendState, BackendStatus, ProgressFn
@@ -127,6 +127,7 @@ class McpBackend(BackendBase):
         client_info: types.Implementation | None = None,
         on_notification: NotificationHook | None = None,
         secrets: CallerSecrets | None = None,
+        credentials: SessionCredentials | None = None,
     ) -> None:
         super().__init__(
             name,
@@ -166,7 +167,7 @@ class McpBackend(BackendBase):
         self.connects = 0
         # ${caller.secret:NAME} in the headers, or token_exchange: each caller gets a session of its own, with its
         # own credentials (auth/credentials.py).
-        self._credentials = CallerCredentials.for_server(config, secrets)
+        self._credentials = credentials or CallerCredentials.for_server(config, secrets)  # or OAuth's (signin.py)
         self._lanes = Lanes(
             name,
             config,

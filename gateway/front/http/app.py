@@ -30,6 +30,7 @@ from gateway.core.runtime import Gateway
 from gateway.front.channels import Resumes
 from gateway.front.face import Face
 from gateway.front.http.body import Edge
+from gateway.front.http.connect import CONNECT_PREFIX, ConnectPages
 from gateway.front.http.guard import Guard, is_loopback
 from gateway.front.http.limits import CallerLimits
 from gateway.front.http.request_ids import InFlight
@@ -80,7 +81,8 @@ def build_app(gateway: Gateway, *, host: str, tokens: Tokens, json_response: boo
         loopback=is_loopback(host),
         allowed_hosts=settings.allowed_hosts,
         allowed_origins=settings.allowed_origins,
-        public_paths=status.public_paths() + UI_PATHS,
+        public_paths=status.public_paths() + UI_PATHS + ("/ui/connections",),
+        public_prefixes=(CONNECT_PREFIX + "/",),
         oauth=oauth,
     )
 
@@ -99,7 +101,16 @@ def _status_page(gateway: Gateway, face: Face, tokens: Tokens, open_page: bool, 
     def view(name: str) -> View | None:
         return face.views.view(gateway.catalog, Caller(name))
 
-    return StatusPage(gateway, tokens, open_page, status.access, views=view).app()
+    page = StatusPage(gateway, tokens, open_page, status.access, views=view)
+    if gateway.sign_ins is None:
+        return page.app()
+    connect = ConnectPages(
+        gateway.sign_ins,
+        caller=page.caller,
+        operator=lambda caller: page.shown(caller).operator,
+        allowed_origins=page.allowed_origins,
+    )
+    return page.app(connect.routes())
 
 
 def _sessions(

@@ -76,6 +76,7 @@ class Guard:
         allowed_hosts: Sequence[str] = (),
         allowed_origins: Sequence[str] = (),
         public_paths: Sequence[str] = ("/healthz",),
+        public_prefixes: tuple[str, ...] = (),
         oauth: ResourceServer | None = None,
         serves: Callable[[Scope], bool] | None = None,
     ) -> None:
@@ -91,6 +92,8 @@ class Guard:
         self.allowed_origins = {o.lower() for o in allowed_origins}
         self.allowed_origin_parts = {p for p in map(_split_origin, self.allowed_origins) if p is not None}
         self.public_paths = set(public_paths)
+        self.public_prefixes = public_prefixes
+        """Paths under these are let past the bearer check too (the app under them authenticates itself)."""
         # CORS (browser-based clients on another origin): /mcp for the configured origins only, never for the
         # loopback ones the Origin check lets through by default; the public metadata for every origin it admits.
         self.mcp_cors = _Cors(self._authenticated, origins=self.allowed_origin_parts)
@@ -161,7 +164,7 @@ class Guard:
         authorization = scope.get(_AUTHORIZATION)
         name = self.tokens.identify(authorization) if self.tokens else None
         caller = Caller(name) if name is not None else None
-        public = scope["path"] in self.public_paths
+        public = scope["path"] in self.public_paths or scope["path"].startswith(self.public_prefixes)
         if caller is None and self.oauth is not None and not public and (offered := _bearer(authorization)):
             try:
                 caller = dataclasses.replace(await self.oauth.verify(offered), token=offered)

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from fnmatch import fnmatchcase
 from typing import Any
-from urllib.parse import parse_qs
 
 import anyio
 import anyio.to_thread
@@ -40,6 +39,7 @@ from gateway.core.pins import Item, approval_rows, definition_diff, digest, find
 from gateway.core.policies import View
 from gateway.core.runtime import Gateway
 from gateway.errors import AuditError
+from gateway.front.http.forms import read_form, same_origin
 from gateway.ledger.engines import open_reader
 from gateway.ledger.pins import write_pins
 from gateway.ledger.readers import CallerTokens, Filters, ToolStats
@@ -59,7 +59,6 @@ REFRESH_S = 5  # the page reloads itself this often
 RECENT_CALLS = 25
 STATS_WINDOW_S = 24 * 3600.0
 STATS_CACHE_S = 10.0  # stats read every row of the window: open tabs refreshing every 5 s share one reading
-MAX_FORM_BYTES = 4096  # a sign-in form holds one token; a bigger body is not the form
 MAX_STATS_CALLERS = 64  # per-caller figures kept (the least recently read out first)
 TEXT_LIMIT = 600  # characters of a reason or error shown (a stderr tail can be long)
 DESCRIPTION_LIMIT = 160
@@ -106,7 +105,8 @@ class StatusPage:
         self.allowed_origins = {o.lower() for o in gateway.config.gateway.allowed_origins}
         self.ledger = _LedgerView(gateway)
 
-    def app(self) -> ASGIApp:
+    def app(self, extra: Sequence[Route] = ()) -> ASGIApp:
+        """The sub-app; ``extra`` routes join it (the connect pages, front/http/connect.py)."""
         return Starlette(
             routes=[
                 Route("/", self.page, methods=["GET"]),
@@ -114,6 +114,7 @@ class StatusPage:
                 Route("/login", self.login, methods=["POST"]),
                 Route("/logout", self.logout, methods=["POST"]),
                 Route("/pins/approve", self.approve_pin, methods=["POST"]),
+                *extra,
             ]
         )
 
@@ -164,9 +165,9 @@ class StatusPage:
         base = _base(request)
         if not self.tokens:
             return _redirect(f"{base}/")
-        if not _same_origin(request, self.allowed_origins):
+        if not same_origin(request, self.allowed_origins):
             return _refused(403, "Sign-in refused: the form must be posted from this gateway's own page.")
-        form = await _read_form(request)
+        form = await read_form(request)
         if form is None:
             return _refused(413, "Sign-in refused: the form is too large.")
         caller = self.tokens.identify(f"Bearer {form.get('token', '')}")
@@ -190,7 +191,7 @@ class StatusPage:
 
     async def logout(self, request: Request) -> Response:
         base = _base(request)
-        if not _same_origin(request, self.allowed_origins):
+        if not same_origin(request, self.allowed_origins):
             return _refused(403, "Sign-out refused: the form must be posted from this gateway's own page.")
         response = _redirect(f"{base}/login" if self.tokens else f"{base}/")
         response.delete_cookie(COOKIE, path=base or "/", httponly=True, samesite="strict")
@@ -203,9 +204,9 @@ class StatusPage:
         caller = self.caller(request)
         if caller is None or not self.shown(caller).operator:
             return _refused(403, "Only an operator approves tool definitions.")
-        if not _same_origin(request, self.allowed_origins):
+        if not same_origin(request, self.allowed_origins):
             return _refused(403, "Approval refused: the form must be posted from this gateway's own page.")
-        form = await _read_form(request) or {}
+        form = await read_form(request) or {}
         server, name, wanted = form.get("server", ""), form.get("tool", ""), form.get("digest", "")
         tool = _listed(self.gateway, server, name)
         if tool is None or digest(tool) != wanted:
@@ -226,28 +227,6 @@ class StatusPage:
 def _base(request: Request) -> str:
     """Where the app is mounted (``/ui``, after any root path): links, redirects and the cookie's path hang off it."""
     return str(request.scope.get("root_path", "")).rstrip("/")
-
-
-def _same_origin(request: Request, allowed_origins: set[str]) -> bool:
-    """Whether a POST comes from the gateway's own page: its ``Origin`` names the ``Host`` it was sent to (or an
-    origin the operator allowed). A browser always sends ``Origin`` with a form POST, so none at all is refused."""
-    origin = request.headers.get("origin", "").lower()
-    if not origin or origin == "null":
-        return False
-    if origin in allowed_origins:
-        return True
-    return origin.split("://", 1)[-1] == request.headers.get("host", "").lower()
-
-
-async def _read_form(request: Request) -> dict[str, str] | None:
-    """The urlencoded form body, read up to ``MAX_FORM_BYTES``; None when it is larger."""
-    body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_FORM_BYTES:
-            return None
-    fields = parse_qs(body.decode("utf-8", errors="replace"), keep_blank_values=True)
-    return {name: values[0] for name, values in fields.items()}
 
 
 _SECURITY_HEADERS = {

@@ -1,0 +1,146 @@
+"""A streamable HTTP server the gateway signs in to as an OAuth client (``auth: {oauth: ...}``): ``OAuthBackend``.
+
+An ``McpBackend`` whose sessions carry OAuth tokens (signin.py). Each caller's calls go on the caller's own session
+with the caller's own token (``per: caller``; lanes.py), or on the shared session with the gateway's own
+(``per: gateway``). The shared session, which lists the server's tools, opens with the gateway's token, or with the
+token of the caller who signed in last: the tools listed are taken to be the server's, not that account's, and
+every call still goes on its own caller's session. Before anyone has signed in it does not open: the backend is
+failed with the sign-in link as its reason, and waits for a sign-in (told at once when it happens in this process,
+looked for every ``SIGN_IN_RECHECK_S`` otherwise). It ends when its token does, or when that caller is signed out,
+and opens again at once with a fresh token: not counted as a flap.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from contextlib import _AsyncGeneratorContextManager
+from typing import IO, Any
+
+import anyio
+import mcp_types as types
+from anyio.abc import TaskStatus
+from mcp.client.session import ClientSession, MessageHandlerFnT
+
+from gateway.auth.credentials import NoCredential
+from gateway.backends.mcp.failures import Life, ResponseRecorder
+from gateway.backends.mcp.relay import InFlight
+from gateway.backends.mcp.session import McpBackend
+from gateway.backends.mcp.signin import OAuthCredentials, SignIn
+from gateway.config import HttpServer
+
+__all__ = ["SIGN_IN_RECHECK_S", "OAuthBackend"]
+
+MAX_LISTING_TRIES = 4
+"""Callers' tokens tried, the latest first, for the shared session before it waits for a sign-in."""
+
+SIGN_IN_RECHECK_S = 60.0
+"""How often a shared session waiting for a first sign-in looks again (one made through another replica of the
+gateway is not told to this one)."""
+
+
+class OAuthBackend(McpBackend):
+    """See the module docstring."""
+
+    def __init__(self, name: str, config: HttpServer, *, signin: SignIn, **options: Any) -> None:
+        headers = dict(config.headers)
+        credentials = OAuthCredentials(signin, headers) if signin.per_caller else None
+        super().__init__(name, config, credentials=credentials, **options)
+        self._signin = signin
+        self._headers = headers
+        self._shared_headers: dict[str, str] | None = None
+        self._lifetime: float | None = None
+        self._listing_as: str | None = None
+        self._signed_in = anyio.Event()
+        self._token_ended = False
+
+    @property
+    def signin(self) -> SignIn:
+        return self._signin
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        async with anyio.create_task_group() as flows:  # the sign-ins' flows run here, and end with the backend
+            self._signin.attach(flows)
+            try:
+                await super().run(task_status=task_status)
+            finally:
+                self._signin.attach(None)
+
+    async def _session_lifetime(self, on_first_outcome: Callable[[], None]) -> None:
+        if await self._take_token(on_first_outcome):
+            await super()._session_lifetime(on_first_outcome)
+
+    async def _take_token(self, on_first_outcome: Callable[[], None]) -> bool:
+        """Find the shared session's token; False, after waiting for a sign-in, when there is none."""
+        signin, caller, tried = self._signin, "", list[str]()
+        try:
+            while True:
+                if signin.per_caller:  # the caller who signed in last; one whose sign-in ran out, the one before
+                    latest = await signin.latest(exclude=tried)
+                    if latest is None:
+                        raise NoCredential(f"no caller has signed in to it yet: open {signin.link} to sign in")
+                    caller = latest
+                try:
+                    token, self._lifetime = await signin.token(caller)
+                    break
+                except NoCredential:
+                    tried.append(caller)
+                    if not signin.per_caller or len(tried) >= MAX_LISTING_TRIES:
+                        raise
+        except NoCredential as exc:
+            self._fail(str(exc))
+            on_first_outcome()
+            self._signed_in = anyio.Event()
+            with anyio.move_on_after(SIGN_IN_RECHECK_S):
+                await self._signed_in.wait()
+            return False
+        self._listing_as = caller
+        self._shared_headers = {**self._headers, "Authorization": f"Bearer {token}"}
+        return True
+
+    def _connect(
+        self,
+        life: Life,
+        recorder: ResponseRecorder,
+        stderr: IO[bytes],
+        *,
+        inflight: InFlight,
+        offered: types.ClientCapabilities | None = None,
+        headers: Mapping[str, str] | None = None,
+        message_handler: MessageHandlerFnT | None = None,
+        shared: bool = False,
+    ) -> _AsyncGeneratorContextManager[ClientSession]:
+        """The base's, with the shared session's headers carrying its token."""
+        return super()._connect(
+            life,
+            recorder,
+            stderr,
+            inflight=inflight,
+            offered=offered,
+            headers=self._shared_headers if shared else headers,
+            message_handler=message_handler,
+            shared=shared,
+        )
+
+    async def _serve(self, session: ClientSession, life: Life) -> None:
+        with anyio.move_on_after(self._lifetime if self._lifetime is not None else math.inf):
+            await super()._serve(session, life)
+        if not life.lost.is_set():
+            self._token_ended = True
+            life.mark_lost("its token expired (opened again with a fresh one)")
+
+    def _lost(self, life: Life, detail: str, *, uptime: float, failure: Exception | None) -> None:
+        if self._token_ended:  # its token ran out or its caller was signed out: opened again at once, not a flap
+            self._token_ended, uptime = False, math.inf
+        super()._lost(life, detail, uptime=uptime, failure=failure)
+
+    def connection_changed(self, caller: str, removed: bool) -> None:
+        """``caller`` signed in, or was signed out (``removed``): a shared session waiting for a token tries again;
+        a signed-out caller's own session ends now, and the shared session if it used their token."""
+        self._signed_in.set()
+        if not removed:
+            return
+        self._lanes.close_caller(caller, "its caller was signed out")
+        if self._listing_as == caller and not self._life.lost.is_set():
+            self._token_ended = True
+            self._life.mark_lost(f"signed out: open {self._signin.link} to sign in")

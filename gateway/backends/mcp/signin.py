@@ -1,0 +1,483 @@
+"""The gateway as an OAuth client of one downstream server (``auth: {oauth: ...}``): ``SignIn``.
+
+The SDK's ``OAuthClientProvider`` does the protocol: Protected Resource Metadata from the server's 401 (RFC 9728),
+authorization server metadata (RFC 8414 / OpenID discovery), the client by Client ID Metadata Document, Dynamic
+Client Registration (RFC 7591) or the configured id, PKCE and ``resource`` (RFC 8707), scopes from the challenge.
+The browser's part cannot run inside a call, so the flow is split: ``begin(caller)`` (the page ``/ui/connect/NAME``)
+starts the flow in a task of the backend's own, which sends an ``initialize`` to the server, meets its 401, discovers
+and registers, and stops at the authorization redirect, whose URL ``begin`` returns (the browser is sent there); its
+``state`` is one-time and waits at most ``SIGN_IN_TTL_S``. ``finish(state, code, iss)`` (the callback) hands the
+code to that task, which exchanges it (the code verifier never leaves it) and stores the tokens for the caller who
+began (auth/connections.py). ``per: gateway`` runs the same request with ``client_credentials`` instead.
+
+``token(caller)`` is what a caller's session sends: the stored access token, refreshed (``refresh_token`` grant)
+when it has less than ``EXPIRY_MARGIN_S`` left; with none, ``NoCredential`` carrying the sign-in link.
+
+Every request of the flow (discovery, registration, token; never a redirect, which is not followed) goes through
+``_Discovery``: ``https`` only (plain ``http`` to a loopback host only with ``allow_http``), each connection made
+through the egress guard (egress.py: never link-local or metadata addresses, private ones only with
+``allow_private``), each answer at most ``MAX_ANSWER_BYTES`` and each request at most ``timeout_s``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import anyio
+import anyio.abc
+import httpx2
+import structlog
+from mcp.client.auth import OAuthClientProvider
+from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuthProvider
+from mcp.client.auth.oauth2 import OAuthContext
+from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
+
+from gateway.auth.connections import CLIENT_ROW, Connections, SignInFailed
+from gateway.auth.credentials import NoCredential
+from gateway.backends.mcp.egress import Admitting, guard
+from gateway.config import DownstreamOAuth, HttpServer
+from gateway.observe.logs import redactor
+from gateway.version import VERSION
+
+__all__ = ["EXPIRY_MARGIN_S", "GATEWAY_ROW", "SIGN_IN_TTL_S", "OAuthCredentials", "SignIn", "SignInFailed"]
+
+log = structlog.get_logger("gateway.signin")
+
+SIGN_IN_TTL_S = 600.0
+"""How long a started sign-in waits for its callback; then its ``state`` is refused."""
+EXPIRY_MARGIN_S = 30.0
+"""A token with less than this left is refreshed before a session is opened with it."""
+MAX_ANSWER_BYTES = 256 * 1024
+"""The largest answer taken from a metadata, registration or token endpoint."""
+MAX_PENDING = 256
+"""Sign-ins waiting for their callback at once, per server; past it, the oldest is dropped."""
+GATEWAY_ROW = "*"
+"""The caller name under which a ``per: gateway`` server's token is stored."""
+_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+
+
+class _Discovery(httpx2.AsyncBaseTransport):
+    """The flow's requests: https only (see the module docstring), through the egress guard, answers bounded."""
+
+    def __init__(self, oauth: DownstreamOAuth, server: HttpServer) -> None:
+        self._allow_http = oauth.allow_http
+        self._server = httpx2.URL(server.url)  # the operator's own URL: as the file says (config checked it)
+        self._inner = Admitting(guard(httpx2.AsyncHTTPTransport(trust_env=False)), server.allow_private)
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        url = request.url
+        allowed = url.scheme == "https" or url.copy_with(query=None) == self._server
+        if not allowed and not (self._allow_http and url.scheme == "http" and url.host in _LOOPBACK):
+            raise SignInFailed(f"the server led the sign-in to {url.scheme}://{url.host}, which is not https")
+        response = await self._inner.handle_async_request(request)
+        body, size = [], 0
+        try:
+            async for chunk in response.stream:  # type: ignore[union-attr]
+                size += len(chunk)
+                if size > MAX_ANSWER_BYTES:
+                    raise SignInFailed(f"{url.host} answered more than {MAX_ANSWER_BYTES} bytes during the sign-in")
+                body.append(chunk)
+        finally:
+            await response.aclose()
+        return httpx2.Response(response.status_code, headers=response.headers, content=b"".join(body), request=request)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _Memory:
+    """The SDK's ``TokenStorage`` for one flow: the server's registered client from the store, tokens in memory
+    (the flow stores them sealed when it completes)."""
+
+    def __init__(self, store: Connections, backend: str, fixed: OAuthClientInformationFull | None) -> None:
+        self._store, self._backend, self._fixed = store, backend, fixed
+        self.tokens: OAuthToken | None = None
+
+    async def get_tokens(self) -> OAuthToken | None:
+        return self.tokens
+
+    async def set_tokens(self, tokens: OAuthToken) -> None:
+        redactor.add([tokens.access_token, *([tokens.refresh_token] if tokens.refresh_token else [])])
+        self.tokens = tokens
+
+    async def get_client_info(self) -> OAuthClientInformationFull | None:
+        if self._fixed is not None:
+            return self._fixed
+        document = await self._store.get(self._backend, CLIENT_ROW)
+        return OAuthClientInformationFull.model_validate(document["client"]) if document else None
+
+    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
+        if client_info.client_secret:
+            redactor.add([client_info.client_secret])
+        if self._fixed is None:
+            await self._store.put(self._backend, CLIENT_ROW, {"client": client_info.model_dump(mode="json")}, None)
+
+
+@dataclass(eq=False)
+class _Pending:
+    """One started sign-in, between ``begin`` and its callback."""
+
+    caller: str
+    started: float = field(default_factory=time.monotonic)
+    url: str | None = None
+    redirected: anyio.Event = field(default_factory=anyio.Event)
+    answered: anyio.Event = field(default_factory=anyio.Event)
+    done: anyio.Event = field(default_factory=anyio.Event)
+    result: AuthorizationCodeResult | None = None
+    error: str | None = None
+
+
+class SignIn:
+    """One OAuth-protected server's sign-ins and tokens (see the module docstring)."""
+
+    def __init__(self, name: str, config: HttpServer, store: Connections, connect_url: str) -> None:
+        assert config.auth is not None
+        self.name = name
+        self.oauth = config.auth.oauth
+        self._config = config
+        self._store = store
+        self._connect_url = connect_url
+        self._pending: dict[str, _Pending] = {}
+        self._refreshing: dict[str, anyio.Lock] = {}
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    @property
+    def per_caller(self) -> bool:
+        return self.oauth.per == "caller"
+
+    @property
+    def link(self) -> str:
+        """Where a caller signs in to this server."""
+        return f"{self._connect_url}/ui/connect/{self.name}"
+
+    @property
+    def redirect_uri(self) -> str:
+        return f"{self._connect_url}/ui/connect/callback"
+
+    def attach(self, tg: anyio.abc.TaskGroup | None) -> None:
+        """The task group the flows run in (the backend's own, while it runs)."""
+        self._tg = tg
+
+    # -- the authorization code flow -------------------------------------------------------------------------------
+
+    async def begin(self, caller: str) -> str | None:
+        """Start ``caller``'s sign-in: the authorization URL to send their browser to (None: the server took the
+        token already stored for them, nothing to do).
+
+        Raises:
+            SignInFailed: the server, its metadata or its authorization server refused or could not be reached.
+        """
+        if self._tg is None:
+            raise SignInFailed(f"server {self.name} is not running")
+        if self.oauth.per == "gateway":
+            raise SignInFailed(
+                f"server {self.name} is used with the gateway's own identity: there is nothing to sign in"
+            )
+        self._forget_stale()
+        pending = _Pending(caller)
+        self._tg.start_soon(self._flow, pending)
+        with anyio.move_on_after(self.oauth.timeout_s * 4):
+            async with anyio.create_task_group() as either:
+                for event in (pending.redirected, pending.done):
+                    either.start_soon(_first, event, either.cancel_scope)
+        if pending.error is not None:
+            raise SignInFailed(pending.error)
+        if pending.url is None:
+            if pending.done.is_set():
+                return None
+            raise SignInFailed(f"server {self.name} did not lead to an authorization server in time")
+        state = parse_qs(urlsplit(pending.url).query).get("state", [""])[0]
+        if len(self._pending) >= MAX_PENDING:
+            self._drop(next(iter(self._pending)), "too many sign-ins waiting")
+        self._pending[state] = pending
+        return pending.url
+
+    async def finish(self, state: str, code: str | None, iss: str | None, error: str | None) -> str:
+        """Complete the sign-in that ``state`` names with the authorization server's answer; the caller it was for.
+
+        Raises:
+            SignInFailed: no such sign-in (unknown, used or expired ``state``), or the exchange failed.
+        """
+        self._forget_stale()
+        pending = self._pending.pop(state, None) if state else None
+        if pending is None:
+            raise SignInFailed("this sign-in link is unknown, already used or expired: start again")
+        if error is not None or not code:
+            self._drop_pending(pending, f"the authorization server answered {error or 'no code'}")
+            raise SignInFailed(f"the authorization server did not grant access ({(error or 'no code')[:64]})")
+        pending.result = AuthorizationCodeResult(code=code, state=state, iss=iss)
+        pending.answered.set()
+        with anyio.move_on_after(self.oauth.timeout_s * 3):
+            await pending.done.wait()
+        if pending.error is not None or not pending.done.is_set():
+            raise SignInFailed(pending.error or "the token exchange did not finish in time")
+        return pending.caller
+
+    async def _flow(self, pending: _Pending) -> None:
+        """Run one sign-in: the SDK's flow on an ``initialize`` to the server, stopped at the redirect until the
+        callback answers; the tokens stored for ``pending.caller``."""
+
+        async def redirect(url: str) -> None:
+            pending.url = url
+            pending.redirected.set()
+
+        async def callback() -> AuthorizationCodeResult:
+            await pending.answered.wait()
+            assert pending.result is not None
+            return pending.result
+
+        storage = _Memory(self._store, self.name, self._fixed_client())
+        provider = OAuthClientProvider(
+            self._config.url,
+            OAuthClientMetadata(
+                redirect_uris=[self.redirect_uri],  # type: ignore[list-item]
+                client_name="mcp-gateway",
+                grant_types=["authorization_code", "refresh_token"],
+                token_endpoint_auth_method="client_secret_basic",
+                scope=self.oauth.scope,
+            ),
+            storage,
+            redirect_handler=redirect,
+            callback_handler=callback,
+            client_metadata_url=self.oauth.client_metadata_url,
+        )
+        with anyio.move_on_after(SIGN_IN_TTL_S):
+            await self._run(provider, storage, pending.caller, pending)
+        if not pending.done.is_set():
+            pending.error = pending.error or "the sign-in was not completed in time"
+        pending.redirected.set()
+        pending.done.set()
+
+    async def _run(
+        self, provider: OAuthClientProvider, storage: _Memory, caller: str, pending: _Pending | None
+    ) -> None:
+        """Send the ``initialize`` through ``provider`` and store the tokens it got for ``caller``."""
+        try:
+            async with httpx2.AsyncClient(
+                transport=_Discovery(self.oauth, self._config),
+                timeout=self.oauth.timeout_s,
+                trust_env=False,
+                headers={"accept-encoding": "identity"},
+            ) as http:
+                response = await http.post(
+                    self._config.url,
+                    json=_INITIALIZE,
+                    headers={"accept": "application/json, text/event-stream"},
+                    auth=provider,
+                )
+                session = response.headers.get("mcp-session-id")
+                if session:  # the flow's own session is not kept
+                    with anyio.move_on_after(self.oauth.timeout_s):
+                        await http.delete(self._config.url, headers={"mcp-session-id": session}, auth=provider)
+            if storage.tokens is None:
+                raise SignInFailed(f"server {self.name} answered HTTP {response.status_code} without asking to sign in")
+            await self._save(caller, storage.tokens, provider.context)
+            log.info("signin.connected", backend=self.name, caller=caller)
+        except Exception as exc:  # reported in plain words to the page (and the log), never a token
+            reason = str(exc) if isinstance(exc, SignInFailed) else _plain(exc)
+            log.warning("signin.failed", backend=self.name, caller=caller, reason=reason)
+            if pending is not None:
+                pending.error = reason
+                return
+            raise SignInFailed(reason) from None
+        if pending is not None:
+            pending.done.set()
+
+    def _fixed_client(self) -> OAuthClientInformationFull | None:
+        if self.oauth.client_id is None:
+            return None
+        return OAuthClientInformationFull(
+            client_id=self.oauth.client_id,
+            client_secret=self.oauth.client_secret,
+            redirect_uris=[self.redirect_uri],  # type: ignore[list-item]
+            token_endpoint_auth_method="client_secret_basic" if self.oauth.client_secret else "none",
+        )
+
+    async def _save(self, caller: str, token: OAuthToken, context: OAuthContext) -> None:
+        metadata = context.oauth_metadata
+        document: dict[str, Any] = {
+            "token": token.model_dump(mode="json", exclude_none=True),
+            "token_endpoint": str(metadata.token_endpoint) if metadata is not None else None,
+            "resource": context.get_resource_url() if context.protected_resource_metadata is not None else None,
+            "client": context.client_info.model_dump(mode="json") if context.client_info is not None else None,
+        }
+        expires_at = time.time() + token.expires_in if token.expires_in else None
+        document["expires_at"] = expires_at
+        await self._store.put(self.name, caller, document, expires_at)
+
+    def _forget_stale(self) -> None:
+        now = time.monotonic()
+        for state, pending in list(self._pending.items()):
+            if now - pending.started > SIGN_IN_TTL_S or pending.done.is_set():
+                self._drop(state, "expired")
+
+    def _drop(self, state: str, reason: str) -> None:
+        pending = self._pending.pop(state, None)
+        if pending is not None:
+            self._drop_pending(pending, reason)
+
+    @staticmethod
+    def _drop_pending(pending: _Pending, reason: str) -> None:
+        pending.error = pending.error or reason
+        pending.result = None
+        pending.done.set()
+        pending.answered.set()  # the flow's callback wakes and fails on the missing result
+
+    # -- tokens for sessions ---------------------------------------------------------------------------------------
+
+    async def token(self, caller: str) -> tuple[str, float | None]:
+        """``caller``'s access token at this server and how long a session may use it; refreshed first when it is
+        about to expire.
+
+        Raises:
+            NoCredential: the caller has not signed in (or their sign-in ran out and cannot be refreshed), with the
+                link where they sign in.
+        """
+        row = GATEWAY_ROW if self.oauth.per == "gateway" else caller
+        lock = self._refreshing.setdefault(row, anyio.Lock())
+        async with lock:
+            document = await self._store.get(self.name, row)
+            if document is None and self.oauth.per == "gateway":
+                document = await self._client_credentials()
+            if document is None:
+                raise NoCredential(
+                    f"caller {caller or 'anonymous'} has not signed in to server {self.name}: open {self.link} "
+                    "in a browser to sign in, then call again",
+                    link=self.link,
+                )
+            left = _left(document)
+            if left is not None and left < EXPIRY_MARGIN_S:
+                document = await self._renew(row, document)
+                left = _left(document)
+        token = str(document["token"]["access_token"])
+        redactor.add([token])
+        # a session lives until the margin before expiry (at least half of what is left, for short-lived tokens)
+        return token, None if left is None else max(left - EXPIRY_MARGIN_S, left / 2, 0.0)
+
+    async def _renew(self, row: str, document: dict[str, Any]) -> dict[str, Any]:
+        """A fresh token for ``row``: refreshed, or for the gateway a new ``client_credentials`` one.
+
+        Raises:
+            NoCredential: it cannot be renewed (the stored one is forgotten: the caller signs in again).
+        """
+        if self.oauth.per == "gateway":
+            renewed = await self._client_credentials()
+            if renewed is not None:
+                return renewed
+        elif (refreshed := await self._refresh(row, document)) is not None:
+            return refreshed
+        await self._store.delete(self.name, row)
+        raise NoCredential(
+            f"the sign-in of caller {row} to server {self.name} has expired and could not be renewed: open "
+            f"{self.link} in a browser to sign in again, then call again",
+            link=self.link,
+        )
+
+    async def _refresh(self, row: str, document: dict[str, Any]) -> dict[str, Any] | None:
+        token = document.get("token") or {}
+        endpoint, client = document.get("token_endpoint"), document.get("client")
+        if not token.get("refresh_token") or not endpoint or not client:
+            return None
+        context = OAuthContext(
+            server_url=self._config.url,
+            client_metadata=OAuthClientMetadata(redirect_uris=[self.redirect_uri]),  # type: ignore[list-item]
+            storage=_Memory(self._store, self.name, None),
+            redirect_handler=None,
+            callback_handler=None,
+        )
+        context.client_info = OAuthClientInformationFull.model_validate(client)
+        form = {"grant_type": "refresh_token", "refresh_token": token["refresh_token"]}
+        form["client_id"] = context.client_info.client_id
+        if document.get("resource"):
+            form["resource"] = document["resource"]
+        form, headers = context.prepare_token_auth(form, {"accept": "application/json"})
+        try:
+            async with httpx2.AsyncClient(
+                transport=_Discovery(self.oauth, self._config), timeout=self.oauth.timeout_s
+            ) as http:
+                response = await http.post(endpoint, data=form, headers=headers)
+            fresh = OAuthToken.model_validate_json(response.content) if response.status_code == 200 else None
+        except Exception as exc:  # a refresh that fails is a sign-in to do again, said in plain words
+            log.warning("signin.refresh_failed", backend=self.name, caller=row, reason=_plain(exc))
+            return None
+        if fresh is None:
+            log.warning("signin.refresh_refused", backend=self.name, caller=row, status=response.status_code)
+            return None
+        redactor.add([fresh.access_token, *([fresh.refresh_token] if fresh.refresh_token else [])])
+        if fresh.refresh_token is None:  # RFC 6749 section 6: the old one stays good when none is issued
+            fresh.refresh_token = token["refresh_token"]
+        expires_at = time.time() + fresh.expires_in if fresh.expires_in else None
+        renewed = {**document, "token": fresh.model_dump(mode="json", exclude_none=True), "expires_at": expires_at}
+        await self._store.put(self.name, row, renewed, expires_at)
+        log.info("signin.refreshed", backend=self.name, caller=row)
+        return renewed
+
+    async def _client_credentials(self) -> dict[str, Any] | None:
+        """The gateway's own token (``per: gateway``), by ``client_credentials``; None when refused."""
+        assert self.oauth.client_id is not None and self.oauth.client_secret is not None
+        storage = _Memory(self._store, self.name, None)
+        provider = ClientCredentialsOAuthProvider(
+            self._config.url, storage, self.oauth.client_id, self.oauth.client_secret, scope=self.oauth.scope
+        )
+        try:
+            await self._run(provider, storage, GATEWAY_ROW, None)
+        except SignInFailed:
+            return None
+        return await self._store.get(self.name, GATEWAY_ROW)
+
+    async def latest(self, exclude: Sequence[str] = ()) -> str | None:
+        """The caller who signed in (or refreshed) last, besides ``exclude``: whose token the shared session lists
+        with."""
+        return await self._store.latest(self.name, exclude)
+
+    def owns(self, state: str) -> bool:
+        return state in self._pending
+
+
+class OAuthCredentials:
+    """A ``per: caller`` server's per-caller session headers (lanes.py): its ``headers`` and the caller's
+    ``Authorization: Bearer`` token from ``SignIn``."""
+
+    def __init__(self, signin: SignIn, headers: dict[str, str]) -> None:
+        self._signin = signin
+        self._headers = headers
+
+    def gateway_headers(self) -> dict[str, str]:
+        return dict(self._headers)
+
+    async def for_caller(self, caller: str | None, subject_token: str | None) -> tuple[dict[str, str], float | None]:
+        """Raises: NoCredential: the caller has not signed in (the message carries the link)."""
+        token, lifetime = await self._signin.token(caller or "")
+        return {**self._headers, "Authorization": f"Bearer {token}"}, lifetime
+
+
+async def _first(event: anyio.Event, scope: anyio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
+
+
+def _left(document: dict[str, Any]) -> float | None:
+    """Seconds the document's access token has left (None: the server did not say)."""
+    expires_at = document.get("expires_at")
+    return float(expires_at) - time.time() if isinstance(expires_at, int | float) else None
+
+
+def _plain(exc: BaseException) -> str:
+    text = str(exc).split(":", 1)[0][:200] if str(exc) else ""
+    return f"{type(exc).__name__}{f': {text}' if text else ''}"
+
+
+_INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 0,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "mcp-gateway", "version": VERSION},
+    },
+}

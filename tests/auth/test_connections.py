@@ -1,0 +1,61 @@
+"""The sealed store of callers' downstream tokens (gateway/auth/connections.py): what it keeps, what it refuses to
+open, and key rotation."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from gateway.auth.connections import CLIENT_ROW, Connections
+
+pytestmark = pytest.mark.anyio
+
+OLD, NEW = b"o" * 32, b"n" * 32
+DOCUMENT = {"token": {"access_token": "at-secret-1", "refresh_token": "rt-secret-1"}, "expires_at": 1e12}
+
+
+async def test_a_row_is_sealed_on_disk_and_opens_for_its_own_server_and_caller_only(tmp_path: Path) -> None:
+    path = str(tmp_path / "audit.db")
+    store = Connections(path, [OLD])
+    await store.put("remote", "alice", DOCUMENT, 1e12)
+    assert await store.get("remote", "alice") == DOCUMENT
+    store.close()
+    raw = sqlite3.connect(path).execute("SELECT sealed FROM downstream_tokens").fetchone()[0]
+    assert b"at-secret-1" not in bytes(raw) and b"rt-secret-1" not in bytes(raw)
+    # a row copied onto another caller's name does not open for them
+    db = sqlite3.connect(path)
+    db.execute(
+        "INSERT INTO downstream_tokens SELECT backend, 'mallory', sealed, expires_at, connected_at, "
+        "updated_at FROM downstream_tokens WHERE caller = 'alice'"
+    )
+    db.commit()
+    store = Connections(path, [OLD])
+    assert await store.get("remote", "mallory") is None
+    assert [(c.caller, c.refreshable) for c in await store.connected("alice")] == [("alice", True)]
+
+
+async def test_rotation_the_first_key_seals_every_key_opens_and_a_dropped_key_opens_nothing(tmp_path: Path) -> None:
+    path = str(tmp_path / "audit.db")
+    old = Connections(path, [OLD])
+    await old.put("remote", "alice", DOCUMENT, None)
+    rotated = Connections(path, [NEW, OLD])
+    assert await rotated.get("remote", "alice") == DOCUMENT
+    await rotated.put("remote", "alice", DOCUMENT, None)  # sealed again, under the new key
+    assert await Connections(path, [NEW]).get("remote", "alice") == DOCUMENT
+    assert await Connections(path, [OLD]).get("remote", "alice") is None
+
+
+async def test_revocation_forgets_and_tells_and_the_client_row_is_no_connection(tmp_path: Path) -> None:
+    store = Connections(None, [OLD])
+    told: list[tuple[str, str, bool]] = []
+    store.on_change(lambda backend, caller, removed: told.append((backend, caller, removed)))
+    await store.put("remote", CLIENT_ROW, {"client": {"client_id": "gw"}}, None)
+    await store.put("remote", "alice", DOCUMENT, None)
+    await store.put("other", "alice", DOCUMENT, None)
+    assert [c.backend for c in await store.connected()] == ["other", "remote"]
+    assert await store.latest("remote") == "alice"
+    assert await store.delete(None, "alice") == ["other", "remote"]
+    assert await store.connected() == [] and await store.get("remote", CLIENT_ROW) is not None
+    assert told[-2:] == [("other", "alice", True), ("remote", "alice", True)]
