@@ -2,12 +2,11 @@
 transport-free (front/http/ mounts it on streamable HTTP, front/stdio.py on stdin/stdout).
 
 Lists come pre-serialised from the catalog, as the caller's policy and exposure show it; every request that reaches a
-backend goes through the router, which carries the error policy, the breakers, the ledger and the metrics: this
-class only translates. Each request becomes one ``CallContext`` (``context``): its caller (what the HTTP guard
-attributed it to), its back-channel (front/channels.py), the ``_meta`` that travels on, its client and session digest.
-What a client is offered at ``initialize`` (a stateless client at ``server/discover``) is what the ready backends offer.
-Multi-round-trip requests and the era bridge are front/eras.py's; list changes, log levels and subscriptions per client
-front/clients.py's; search exposure front/exposure.py's.
+backend goes through the router, which carries the error policy, the breakers, the ledger and the metrics: this class
+only translates. Each request becomes one ``CallContext`` (``context``): its caller (what the HTTP guard attributed it
+to), its back-channel (front/channels.py), the ``_meta`` that travels on, its client and session digest. The era
+bridge is front/eras.py's; list changes, log levels and subscriptions per client front/clients.py's; search exposure
+front/exposure.py's.
 """
 
 from __future__ import annotations

@@ -1,21 +1,16 @@
 """One supervised session to one downstream MCP server (stdio, streamable HTTP or SSE): ``McpBackend``.
 
-``McpBackend.run`` is the only owner of the shared session: it opens the transport (transports.py) and the
-``ClientSession`` in nested ``async with`` blocks inside its own task, opens the session in its era, learning which
-eras the downstream speaks (eras.py; beside a handshake session to a downstream that speaks both, a stateless lane
-serves the 2026-07-28 clients in their era), lists the tools, resources, resource templates and prompts (lists.py),
-restores the log level and resource subscriptions the gateway's clients hold (held.py), marks itself ready, and
-then waits until the connection ends (the process exits, the HTTP stream breaks, a ping fails, a stdio server stops
-reading its stdin). It then marks itself failed with the reason in plain words and reconnects with exponential
-backoff and jitter; only after a session that stayed up ``min_uptime_s`` does the backoff start again from the
-first step, so a server that dies right after its handshake costs a few spawns per minute, not a tight loop. A
-backend that never connects still calls ``task_status.started()`` after its first failure, so it never blocks
-startup.
-
-Faults stay with their cause. An answer over ``max_answer_bytes`` fails its call alone (``BackendAnswerTooLarge``).
-Every call's failure that comes from losing the session carries that session's ``Life`` as its ``cause``, so the
-circuit breaker counts a crash with eight calls in flight once. No foreign error leaves this package: calls go
-through failures.py's ``map_call_errors``, connection failures through its ``classify_failure``.
+``McpBackend.run`` is the only owner of the shared session: in its own task it opens the transport (transports.py) and
+the ``ClientSession``, opens the session in its era, learning which eras the downstream speaks (eras.py; beside a
+handshake session to a dual-era downstream, a stateless lane serves the 2026-07-28 clients), lists what it offers
+(lists.py), restores the log level and subscriptions clients hold (held.py), marks itself ready and waits until the
+connection ends (process exit, broken stream, failed ping, stdin no longer read). It then fails with the reason in plain
+words and reconnects with exponential backoff and jitter, restarted only after a session that stayed up
+``min_uptime_s``. A backend that never connects still reports ``task_status.started()`` after its first failure, so it
+never blocks startup. Faults stay with their cause. An answer over ``max_answer_bytes`` fails its call alone
+(``BackendAnswerTooLarge``). Every call's failure that comes from losing the session carries that session's ``Life`` as
+its ``cause``, so the circuit breaker counts a crash with eight calls in flight once. No foreign error leaves this
+package: calls go through failures.py's ``map_call_errors``, connection failures through its ``classify_failure``.
 
 While it runs, a downstream's list changes re-read that list (and the listeners rebuild the catalog), its log
 messages and resource updates go to the ``on_notification`` hook, and its own requests to its client (sampling,
@@ -436,9 +431,13 @@ class McpBackend(BackendBase):
         detail = exit_detail(exit_code, stderr_tail) if proc is not None else ""
         if failure is not None and not detail:
             detail = classify_failure(failure, config=self._config, http=recorder)
-        reason, soon = lost_reason(life, detail, anyio.current_time() - ready_at, self._config.min_uptime_s)
+        self._lost(life, detail, uptime=anyio.current_time() - ready_at, failure=failure)
+
+    def _lost(self, life: Life, detail: str, *, uptime: float, failure: Exception | None) -> None:
+        """A ready session ended: fail with why; ``_ConnectFailed`` (backoff) when up less than ``min_uptime_s``."""
+        reason, soon = lost_reason(life, detail, uptime, self._config.min_uptime_s)
         self._fail(reason)
-        if soon:  # reconnect with backoff
+        if soon:
             raise _ConnectFailed(reason) from failure
 
     async def _open(self, session: ClientSession) -> Opened:
