@@ -51,7 +51,7 @@ __all__ = ["UI_PATHS", "StatusPage"]
 
 log = structlog.get_logger("gateway.ui")
 
-UI_PATHS = ("/ui", "/ui/", "/ui/login", "/ui/logout")
+UI_PATHS = ("/ui", "/ui/", "/ui/login", "/ui/logout", "/ui/pins/approve")
 """The paths the Guard lets past its bearer check (this app authenticates itself); ``/ui`` redirects to ``/ui/``."""
 
 COOKIE = "gateway_ui_session"

@@ -565,7 +565,8 @@ servers:
         assert (await client.post("/ui/pins/approve", data=stale, headers={**ops, **ORIGIN})).status_code == 409
         assert read_pins(tmp_path / "audit.db") == []
 
-        done = await client.post("/ui/pins/approve", data=form, headers={**ops, **ORIGIN})
+        assert (await sign_in(client)).status_code == 303  # a browser: the session cookie, no bearer header
+        done = await client.post("/ui/pins/approve", data=form, headers=ORIGIN)
         assert done.status_code == 303
         assert [(row[1], row[4]) for row in read_pins(tmp_path / "audit.db")] == [("echo", "ops")]
         page = (await client.get("/ui/", headers=ops)).text
