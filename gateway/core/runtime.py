@@ -20,16 +20,15 @@ import functools
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 import anyio.abc
 import mcp_types as types
 import structlog
-from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
 from gateway.auth.connections import Connections
@@ -54,6 +53,7 @@ from gateway.core.leaks import Leaks
 from gateway.core.pins import Pending, Pin, pins_of
 from gateway.core.reload import ReloadPlan, check_reload, plan_reload
 from gateway.core.router import Router
+from gateway.core.stopping import held_apart, shielded
 from gateway.errors import AuditError
 from gateway.ledger.engines import AuditLedger, open_ledger, open_reader
 from gateway.ledger.pins import pin_record
@@ -65,10 +65,11 @@ from gateway.version import VERSION
 __all__ = ["Gateway", "build_backends", "settle_budget"]
 
 log = structlog.get_logger("gateway.runtime")
-T = TypeVar("T")
 
 COSTS_WINDOW_S = 7 * 86400.0
 STARTUP_SETTLE_S = 30.0
+LIST_TTL_MS = 30_000
+"""How long a 2026-07-28 client may reuse a list (its ``ttlMs``) while every backend is settled and serving."""
 PINS_REFRESH_S = 5.0
 """How often the approved definitions are read again (``gateway pins approve`` writes them from another process)."""
 STARTUP_WAIT_S = 10.0
@@ -220,11 +221,11 @@ class Gateway:
                 )
             )
             http = HttpPool()
-            stack.push_async_callback(_shielded, http.aclose)
+            stack.push_async_callback(shielded, http.aclose)
             if self._audit_enabled:
                 self.ledger = await stack.enter_async_context(held_apart(open_ledger(self.config.gateway.audit)))
             # every backend has stopped when this runs: no adopted process may stay
-            stack.push_async_callback(_shielded, functools.partial(processes.sweep, everything=True))
+            stack.push_async_callback(shielded, functools.partial(processes.sweep, everything=True))
             send, receive = anyio.create_memory_object_stream[Catalog](16)
             self._changes = send
             stack.callback(self._close_changes, send)
@@ -493,6 +494,15 @@ class Gateway:
             raise RuntimeError("the gateway is not running")
         self._tg.start_soon(fn, name=name)
 
+    def list_ttl_ms(self) -> int:
+        """The ``ttlMs`` a list answer carries: ``LIST_TTL_MS`` while every backend is settled and ready (or
+        disabled), 0 ("ask again") while one is starting, reconnecting or failed, whose tools may come or go at any
+        moment. Clients holding a listen stream hear of a change at once either way."""
+        settled = (BackendState.READY, BackendState.DISABLED)
+        if self.sessions_starting() or any(b.status.state not in settled for b in self._backends.values()):
+            return 0
+        return LIST_TTL_MS
+
     def sessions_starting(self) -> bool:
         """Whether a downstream MCP session has not had its first outcome yet: what it will offer (resources,
         prompts, completions, logging) is not known, so a handshake answered now offers all of them."""
@@ -560,38 +570,3 @@ class Gateway:
                     self._changes.send_nowait(catalog)
                 except anyio.WouldBlock:
                     pass  # a burst of changes: the broadcast already queued will announce the newest catalog
-
-
-async def _shielded(step: Callable[[], Awaitable[object]]) -> None:
-    """Run one step of the gateway's stopping to its end, even while the gateway is being cancelled."""
-    with anyio.CancelScope(shield=True):
-        await step()
-
-
-@asynccontextmanager
-async def held_apart(context: AbstractAsyncContextManager[T]) -> AsyncIterator[T]:
-    """Enter ``context`` in a task of its own, shielded, and leave it when this block ends: its own task group (a
-    ledger's background writers) is entered and left in order whatever cancels the block, and its closing steps
-    (the ledger's last commits) run to their end. A failure to enter it is raised as it is."""
-    stop = anyio.Event()
-
-    async def hold(*, task_status: TaskStatus[tuple[T | None, Exception | None]]) -> None:
-        with anyio.CancelScope(shield=True):
-            async with AsyncExitStack() as stack:
-                try:
-                    value = await stack.enter_async_context(context)
-                except Exception as exc:
-                    task_status.started((None, exc))
-                    return
-                task_status.started((value, None))
-                await stop.wait()
-
-    async with anyio.create_task_group() as tg:
-        value, failure = await tg.start(hold)
-        if failure is None:
-            try:
-                yield value
-            finally:
-                stop.set()
-    if failure is not None:
-        raise failure

@@ -213,14 +213,16 @@ class Face:
 
     # -- tools -----------------------------------------------------------------------------------------------------
 
+    def _env(self, ctx: ServerRequestContext[Any], listed: Mapping[str, Any]) -> Mapping[str, Any]:
+        return enveloped(ctx, listed, self.gateway.list_ttl_ms())  # the era's envelope and cache hints
+
     async def list_tools(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
         await self.gateway.wait_started()
-        return enveloped(ctx, self.listing(ctx))
+        return self._env(ctx, self.listing(ctx))
 
     def input_schema(self, name: str) -> Mapping[str, Any] | None:
-        """The input schema the SDK's ``Mcp-Param-*`` header check compares a stateless ``tools/call`` with, as the
-        caller sees the tool: None for a tool its policy hides, exactly as for one that does not exist (the call then
-        gets the unknown tool's answer, never a header error that names the tool's arguments)."""
+        """The input schema the ``Mcp-Param-*`` header check compares a stateless ``tools/call`` with, as the caller
+        sees the tool: None for a tool its policy hides, as for one that does not exist (the unknown tool's answer)."""
         catalog = self.gateway.catalog
         entry = catalog.get(name)
         if entry is None:
@@ -334,9 +336,8 @@ class Face:
         none_answered: MCPError | None = None,
         arguments: Mapping[str, Any] | None = None,
     ) -> tuple[Origin, Any]:
-        """Send the request through the router to the first of ``origins`` that answers. A lone backend's JSON-RPC
-        error passes through as it is; when several were asked and all refused, ``none_answered`` is the answer
-        (else the first error)."""
+        """Send the request through the router to the first of ``origins`` that answers. A lone backend's error
+        passes through as it is; when several refused, ``none_answered`` is the answer (else the first error)."""
 
         async def send(backend: Backend, origin: Origin) -> Any:
             return await backend.request(build(origin), result_type, progress=progress, upstream=call.upstream)
@@ -363,7 +364,7 @@ class Face:
         seen = self.view(ctx)
         listed = seen.resources_result if seen is not None else self.gateway.catalog.lists.resources_result
         kept = self.gateway.answers.resources(self.context(ctx))  # the caller's own cut answers (core/answers.py)
-        return enveloped(ctx, {**listed, "resources": [*listed["resources"], *kept]} if kept else listed)
+        return self._env(ctx, {**listed, "resources": [*listed["resources"], *kept]} if kept else listed)
 
     async def list_resource_templates(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
@@ -371,7 +372,7 @@ class Face:
         await self.gateway.wait_started()
         seen = self.view(ctx)
         lists = self.gateway.catalog.lists
-        return enveloped(ctx, seen.templates_result if seen is not None else lists.templates_result)
+        return self._env(ctx, seen.templates_result if seen is not None else lists.templates_result)
 
     async def read_resource(self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams) -> Any:
         call = self.context(ctx)
@@ -478,7 +479,7 @@ class Face:
     async def list_prompts(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
         await self.gateway.wait_started()
         seen = self.view(ctx)
-        return enveloped(ctx, seen.prompts_result if seen is not None else self.gateway.catalog.lists.prompts_result)
+        return self._env(ctx, seen.prompts_result if seen is not None else self.gateway.catalog.lists.prompts_result)
 
     async def get_prompt(self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams) -> Any:
         call = self.context(ctx)
@@ -529,9 +530,8 @@ class Face:
         call: CallContext,
         serve: Callable[[ServerRequestContext[Any], Any, CallContext], Any],
     ) -> Any:
-        """A stateless client's ``prompts/get`` or ``resources/read``, bridged when a handshake-era backend serves it
-        (its first round) or when its state names a waiting request (a later one); None when it is not bridged. The
-        bridged work is the request itself, served by ``serve`` with the bridge as its back-channel."""
+        """A stateless client's ``prompts/get`` or ``resources/read``, bridged (served by ``serve`` with the bridge as
+        its back-channel) when a handshake-era backend serves it or its state names a waiting request; else None."""
         if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
             return None
         bridges, caller = self.eras.bridges, call.caller.name

@@ -135,14 +135,12 @@ class ValidatedLists:
         return answer
 
 
-_MODERN_LIST_ENVELOPE = {"ttlMs": 0, "cacheScope": "private", "resultType": "complete"}
-"""What a 2026-07-28 list result must carry besides its items (SEP-2549 cache hints: "do not cache", the SDK's
-defaults). Handshake-era answers are sent as pre-serialised, untouched."""
-
-
-def enveloped(ctx: ServerRequestContext[Any], listed: Mapping[str, Any]) -> Mapping[str, Any]:
+def enveloped(ctx: ServerRequestContext[Any], listed: Mapping[str, Any], ttl_ms: int) -> Mapping[str, Any]:
+    """A list answer as the request's era wants it: a 2026-07-28 one carries SEP-2549's cache hints, ``ttl_ms``
+    (``Gateway.list_ttl_ms``) and ``cacheScope: private`` (a list is answered to a signed-in caller, often filtered
+    for it: no shared cache may hand it to another); handshake-era answers go as pre-serialised, untouched."""
     if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
-        return {**listed, **_MODERN_LIST_ENVELOPE}
+        return {**listed, "ttlMs": ttl_ms, "cacheScope": "private", "resultType": "complete"}
     return listed
 
 
