@@ -5,6 +5,7 @@ the gateway's sign-in page, the provider's login form and the gateway's callback
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sqlite3
@@ -19,6 +20,7 @@ import pytest
 from mcp.shared.exceptions import MCPError, UrlElicitationRequiredError
 from mcp_types import URL_ELICITATION_REQUIRED
 
+from gateway.auth.connections import WATCH_S
 from tests.fixtures.gateway_proc import FIXTURES, PYTHON, answer_elicitation, first_text, mcp_session, run_gateway
 from tests.fixtures.identity import IdentityProvider, start_identity_provider
 from tests.fixtures.procs import RunningServer, free_port, start_http_server
@@ -47,11 +49,13 @@ def config(
     port: int,
     oauth: str = 'allow_http: true, scope: "openid mcp:tools"',
     ledger: str = "audit.db",
+    url: str | None = None,
 ) -> str:
+    shared = f", url: {json.dumps(url)}" if url else ""
     return f"""
 gateway:
   name: gw
-  audit: {{path: {ledger}}}
+  audit: {{path: {ledger}{shared}}}
   auth: {{connect_url: "http://127.0.0.1:{port}", operators: [ops]}}
 servers:
   remote:
@@ -266,3 +270,52 @@ async def test_a_replica_that_did_not_run_the_sign_in_serves_the_call(tmp_path: 
                 assert (await whoami(b, "tok-alice-0123456789")) == (False, "account: alice-account")
                 error, said = await whoami(b, "tok-bob-0123456789")
     assert error and f"http://127.0.0.1:{port_b}/ui/connect/remote" in said, said
+
+
+async def test_replicas_on_postgresql_share_sign_ins_and_revocations(tmp_path: Path, pg_url: str) -> None:
+    """Two gateways on one PostgreSQL ledger: each serves a caller who signed in through the other (told within
+    ``WATCH_S``, not at its next 60 s look), each caller their own account; a revocation through one ends the
+    caller's session on the other; the rows hold no token in clear."""
+    import psycopg
+
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    env = {"GATEWAY_STATE_KEY": STATE_KEY}
+    with oauth_world(tmp_path) as (_idp, server, port_a), ExitStack() as stack:
+        port_b = free_port()
+        a, b = (
+            stack.enter_context(
+                run_gateway(config(server, port, url=pg_url), tmp_path / name, tokens=TOKENS, env=env, port=port)
+            )
+            for name, port in (("a", port_a), ("b", port_b))
+        )
+        assert (await sign_in(a, "tok-alice-0123456789", "alice-account")).status_code == 200
+        with anyio.fail_after(3 * WATCH_S + 10):  # b is told by its watch of the rows, not by its 60 s recheck
+            await ready(b)
+        assert (await whoami(b, "tok-alice-0123456789")) == (False, "account: alice-account")
+        error, said = await whoami(b, "tok-bob-0123456789")
+        assert error and f"http://127.0.0.1:{port_b}/ui/connect/remote" in said, said
+        assert (await sign_in(b, "tok-bob-0123456789", "bob-account")).status_code == 200
+        assert (await whoami(a, "tok-bob-0123456789")) == (False, "account: bob-account")
+        assert (await whoami(a, "tok-alice-0123456789")) == (False, "account: alice-account")
+
+        async with httpx2.AsyncClient(headers={"Authorization": "Bearer tok-alice-0123456789"}) as http:
+            revoked = await http.post(
+                a.url("/ui/connections"),
+                data={"backend": "remote", "caller": "alice"},
+                headers={"Origin": f"http://127.0.0.1:{port_a}"},
+            )
+        assert revoked.status_code == 303, revoked.text
+
+        async def signed_out_on_b() -> bool:
+            error, said = await whoami(b, "tok-alice-0123456789")
+            return error and "/ui/connect/remote" in said
+
+        await eventually(signed_out_on_b, within=3 * WATCH_S)
+        assert (await whoami(b, "tok-bob-0123456789")) == (False, "account: bob-account")
+        logs = a.output() + b.output()
+    with psycopg.connect(pg_url) as db:
+        callers = [row[0] for row in db.execute("SELECT caller FROM downstream_tokens WHERE caller != ''")]
+        [tokens] = db.execute("SELECT string_agg(encode(sealed, 'escape'), '') FROM downstream_tokens").fetchone()
+        [calls] = db.execute("SELECT string_agg(c::text, '') FROM calls c").fetchone()
+    assert callers == ["bob"]
+    assert "eyJ" not in tokens and "eyJ" not in calls and "eyJ" not in logs
