@@ -17,6 +17,8 @@ from urllib.parse import urljoin
 import anyio
 import httpx2
 import pytest
+from mcp.client import Client
+from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError, UrlElicitationRequiredError
 from mcp_types import URL_ELICITATION_REQUIRED
 
@@ -319,3 +321,30 @@ async def test_replicas_on_postgresql_share_sign_ins_and_revocations(tmp_path: P
         [calls] = db.execute("SELECT string_agg(c::text, '') FROM calls c").fetchone()
     assert callers == ["bob"]
     assert "eyJ" not in tokens and "eyJ" not in calls and "eyJ" not in logs
+
+
+async def modern_whoami(gw: RunningServer, token: str) -> tuple[bool, str]:
+    """``whoami`` as a stateless client (the 2026-07-28 era, no session) calls it: an error's text, or the answer."""
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30)) as http:
+        async with Client(streamable_http_client(gw.url(), http_client=http), mode="2026-07-28") as client:
+            with anyio.fail_after(WAIT):
+                try:
+                    result = await client.call_tool("whoami", {})
+                except MCPError as exc:
+                    return True, f"{exc.error.message} {json.dumps(exc.error.data)}"
+    return bool(result.is_error), first_text(result)
+
+
+async def test_two_callers_in_the_stateless_era_each_get_their_own_account(tmp_path: Path) -> None:
+    """The same as the handshake era's two callers, from 2026-07-28 clients: no session, each request on its own,
+    each caller served on their own downstream session with their own token."""
+    with oauth_world(tmp_path) as (_idp, server, port), gateway(tmp_path, server, port) as gw:
+        assert (await sign_in(gw, "tok-alice-0123456789", "alice-account")).status_code == 200
+        await ready(gw)
+        error, said = await modern_whoami(gw, "tok-bob-0123456789")
+        assert error and f"http://127.0.0.1:{port}/ui/connect/remote" in said, said
+        assert (await sign_in(gw, "tok-bob-0123456789", "bob-account")).status_code == 200
+        for _ in range(2):  # each request on its own: the second finds each caller's session again
+            assert (await modern_whoami(gw, "tok-alice-0123456789")) == (False, "account: alice-account")
+            assert (await modern_whoami(gw, "tok-bob-0123456789")) == (False, "account: bob-account")
