@@ -314,6 +314,13 @@ async def test_replicas_on_postgresql_share_sign_ins_and_revocations(tmp_path: P
 
         await eventually(signed_out_on_b, within=3 * WATCH_S)
         assert (await whoami(b, "tok-bob-0123456789")) == (False, "account: bob-account")
+        with anyio.fail_after(WAIT):  # the operator's command reads the same database
+            listed = await anyio.run_process(
+                [PYTHON, "-m", "gateway", "connections", "-c", str(tmp_path / "a" / "federation.yaml")],
+                env={**os.environ, "GATEWAY_STATE_KEY": STATE_KEY},
+            )
+        said = listed.stdout.decode() + listed.stderr.decode()
+        assert said.startswith("bob\tremote\ttoken expires in ") and "alice" not in said, said
         logs = a.output() + b.output()
     with psycopg.connect(pg_url) as db:
         callers = [row[0] for row in db.execute("SELECT caller FROM downstream_tokens WHERE caller != ''")]
