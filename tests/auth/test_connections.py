@@ -10,6 +10,7 @@ import anyio
 import pytest
 
 from gateway.auth.connections import CLIENT_ROW, Connections
+from gateway.errors import AuditError
 
 pytestmark = pytest.mark.anyio
 
@@ -93,3 +94,12 @@ async def test_two_stores_on_one_ledger_share_rows_and_the_watch_tells_the_other
     assert told == [("remote", "alice", False), ("remote", "alice", True)]
     assert await other.get("remote", "alice") is None and await other.connected() == []
     one.close(), other.close()
+
+
+async def test_an_unreachable_postgresql_is_said_in_plain_words_without_its_password() -> None:
+    store = Connections("postgresql://gw:pw-not-shown@127.0.0.1:1/ledger", [OLD])
+    with pytest.raises(AuditError) as failed:
+        await store.get("remote", "alice")
+    assert "Cannot reach the tokens in the ledger at postgresql://" in str(failed.value)
+    assert "pw-not-shown" not in str(failed.value)
+    store.close()
