@@ -263,13 +263,13 @@ class SignIn:
                 trust_env=False,
                 headers={"accept-encoding": "identity"},
             ) as http:
-                response = await http.post(
-                    self._config.url,
-                    json=_INITIALIZE,
-                    headers={"accept": "application/json, text/event-stream"},
-                    auth=provider,
-                )
+                headers = {"accept": "application/json, text/event-stream"}
+                response = await http.post(self._config.url, json=_INITIALIZE, headers=headers, auth=provider)
                 session = response.headers.get("mcp-session-id")
+                if storage.tokens is None and response.status_code == 200:  # it asks only past the handshake
+                    headers |= {"mcp-protocol-version": _VERSION, **({"mcp-session-id": session} if session else {})}
+                    for message in _PAST_HANDSHAKE:
+                        response = await http.post(self._config.url, json=message, headers=headers, auth=provider)
                 if session:  # the flow's own session is not kept
                     with anyio.move_on_after(self.oauth.timeout_s):
                         await http.delete(self._config.url, headers={"mcp-session-id": session}, auth=provider)
@@ -471,13 +471,20 @@ def _plain(exc: BaseException) -> str:
     return f"{type(exc).__name__}{f': {text}' if text else ''}"
 
 
+_VERSION = "2025-11-25"
 _INITIALIZE = {
     "jsonrpc": "2.0",
     "id": 0,
     "method": "initialize",
     "params": {
-        "protocolVersion": "2025-11-25",
+        "protocolVersion": _VERSION,
         "capabilities": {},
         "clientInfo": {"name": "mcp-gateway", "version": VERSION},
     },
 }
+_PAST_HANDSHAKE = (
+    {"jsonrpc": "2.0", "method": "notifications/initialized"},
+    {"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+)
+"""What the flow sends after a handshake the server answered without asking to sign in: a server that asks only for
+its operations (the specification allows it) answers these 401, which starts the sign-in."""
