@@ -4,11 +4,12 @@ The SDK's ``OAuthClientProvider`` does the protocol: Protected Resource Metadata
 authorization server metadata (RFC 8414 / OpenID discovery), the client by Client ID Metadata Document, Dynamic
 Client Registration (RFC 7591) or the configured id, PKCE and ``resource`` (RFC 8707), scopes from the challenge.
 The browser's part cannot run inside a call, so the flow is split: ``begin(caller)`` (the page ``/ui/connect/NAME``)
-starts the flow in a task of the backend's own, which sends an ``initialize`` to the server, meets its 401, discovers
-and registers, and stops at the authorization redirect, whose URL ``begin`` returns (the browser is sent there); its
-``state`` is one-time and waits at most ``SIGN_IN_TTL_S``. ``finish(state, code, iss)`` (the callback) hands the
-code to that task, which exchanges it (the code verifier never leaves it) and stores the tokens for the caller who
-began (auth/connections.py). ``per: gateway`` runs the same request with ``client_credentials`` instead.
+starts the flow in a task of the backend's own, which sends an ``initialize`` to the server (and a ``tools/list``
+when the handshake is open), meets its 401, discovers and registers, and stops at the authorization redirect, whose
+URL ``begin`` returns (the browser is sent there); its ``state`` is one-time and waits at most ``SIGN_IN_TTL_S``.
+``finish(state, code, iss)`` (the callback) hands the code to that task, which exchanges it (the code verifier never
+leaves it) and stores the tokens for the caller who began (auth/connections.py). ``per: gateway`` runs the same
+request with ``client_credentials`` instead.
 
 ``token(caller)`` is what a caller's session sends: the stored access token, refreshed (``refresh_token`` grant)
 when it has less than ``EXPIRY_MARGIN_S`` left; with none, ``NoCredential`` carrying the sign-in link.
