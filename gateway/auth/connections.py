@@ -158,11 +158,11 @@ class Connections:
             return
         while True:
             try:
-                rows = await self._read()
+                stamps = await anyio.to_thread.run_sync(self._rows.stamps)
             except AuditError as exc:
                 log.warning("signin.tokens_unreadable", reason=str(exc))
             else:
-                now = {(row[0], row[1]): row[5] for row in rows if row[1] != CLIENT_ROW}
+                now = {(name, who): updated for name, who, updated in stamps if who != CLIENT_ROW}
                 before, self._seen = self._seen, now
                 for key, updated in now.items() if before is not None else ():
                     if before is not None and before.get(key) != updated:

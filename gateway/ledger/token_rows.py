@@ -35,6 +35,7 @@ CREATE TABLE IF NOT EXISTS downstream_tokens (
     PRIMARY KEY (backend, caller)
 )
 """
+_STAMPS = "SELECT backend, caller, updated_at FROM downstream_tokens"
 _UPSERT = (
     f"INSERT INTO downstream_tokens ({_COLUMNS}) VALUES ({{marks}}) ON CONFLICT (backend, caller) DO UPDATE SET "
     "sealed = excluded.sealed, expires_at = excluded.expires_at, updated_at = excluded.updated_at"
@@ -49,6 +50,10 @@ class TokenRows(Protocol):
 
     def read(self, backend: str | None = None, caller: str | None = None) -> list[TokenRow]:
         """The rows of ``backend`` and ``caller`` (each None: any), by server then caller."""
+        ...
+
+    def stamps(self) -> list[tuple[str, str, float]]:
+        """(server, caller, updated at) of every row: what a watch compares, without the sealed documents."""
         ...
 
     def write(self, row: TokenRow) -> None:
@@ -91,6 +96,11 @@ class SqliteTokenRows:
         with self._lock:
             found = self._db.execute(f"SELECT {_COLUMNS} FROM downstream_tokens{where} ORDER BY 1, 2", args)
             return _rows(found.fetchall())
+
+    def stamps(self) -> list[tuple[str, str, float]]:
+        with self._lock:
+            found = self._db.execute(_STAMPS).fetchall()
+        return [(str(b), str(c), float(u)) for b, c, u in found]
 
     def write(self, row: TokenRow) -> None:
         with self._lock:
@@ -146,6 +156,9 @@ class PgTokenRows:
         where, args = _where(backend, caller, "%s")
         query = f"SELECT {_COLUMNS} FROM downstream_tokens{where} ORDER BY 1, 2"
         return self._run(lambda conn: _rows(conn.execute(query, args).fetchall()))
+
+    def stamps(self) -> list[tuple[str, str, float]]:
+        return self._run(lambda conn: [(str(b), str(c), float(u)) for b, c, u in conn.execute(_STAMPS).fetchall()])
 
     def write(self, row: TokenRow) -> None:
         self._run(lambda conn: conn.execute(_UPSERT.format(marks=", ".join(["%s"] * 6)), row))
