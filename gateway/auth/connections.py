@@ -7,26 +7,32 @@ rotation): the first seals, every one opens, and a row is sealed again under the
 server's name and the caller's are sealed inside the document too, so a row copied onto another caller's does not
 open. One row per server with caller ``""`` holds the client the gateway registered there (DCR), shared by callers.
 
-The rows live in the audit ledger's SQLite file (table ``downstream_tokens``), so a restart keeps them and every
-process reading that file serves them; with the ledger off, in memory. Nothing here logs: a caller's name, a
-server's and times are what ``connected()`` tells, never a token.
+The rows live where the audit ledger does (ledger/token_rows.py): its PostgreSQL database when ``gateway.audit.url``
+is set, else its SQLite file, so a restart keeps them and every replica serves them; with the ledger off, in memory.
+``watch()`` tells this process of the rows other processes wrote or deleted (a sign-in or a revocation through
+another replica) within ``WATCH_S``. Nothing here logs: a caller's name, a server's and times are what
+``connected()`` tells, never a token.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import sqlite3
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 import anyio.to_thread
+import structlog
+from anyio.abc import TaskStatus
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from gateway.errors import AuditError
+from gateway.ledger.token_rows import TokenRow, open_token_rows
 
 __all__ = ["CLIENT_ROW", "Connection", "Connections", "SignInFailed"]
 
@@ -34,17 +40,10 @@ CLIENT_ROW = ""
 """The caller name of a server's registered-client row."""
 _INFO = b"mcp-gateway/downstream-tokens/v1"
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS downstream_tokens (
-    backend TEXT NOT NULL,
-    caller TEXT NOT NULL,
-    sealed BLOB NOT NULL,
-    expires_at REAL,
-    connected_at REAL NOT NULL,
-    updated_at REAL NOT NULL,
-    PRIMARY KEY (backend, caller)
-)
-"""
+WATCH_S = 5.0
+"""How often ``watch()`` reads the rows for what other processes changed."""
+
+log = structlog.get_logger("gateway.signin")
 
 
 class SignInFailed(Exception):
@@ -68,25 +67,23 @@ def _fernet(key: bytes) -> Fernet:
 
 
 class Connections:
-    """The sealed token rows (see the module docstring). Blocking SQLite work runs in a worker thread."""
+    """The sealed token rows (see the module docstring) at ``target``: a PostgreSQL URL, a SQLite file, or memory
+    (None). Blocking work runs in a worker thread; PostgreSQL failing raises ``AuditError`` (no password)."""
 
-    def __init__(self, path: str | None, keys: Sequence[bytes]) -> None:
+    def __init__(self, target: str | None, keys: Sequence[bytes]) -> None:
         if not keys:
             raise ValueError("at least one state key is needed to seal downstream tokens")
         self._box = MultiFernet([_fernet(key) for key in keys])
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(path or ":memory:", check_same_thread=False, timeout=10.0, isolation_level=None)
-        with self._lock:
-            self._db.execute("PRAGMA busy_timeout = 10000")
-            self._db.execute(_SCHEMA)
+        self._rows = open_token_rows(target)
         self._listeners: list[Callable[[str, str, bool], None]] = []
+        self._seen: dict[tuple[str, str], float] | None = None
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        self._rows.close()
 
     def on_change(self, listener: Callable[[str, str, bool], None]) -> None:
-        """``listener(backend, caller, removed)`` is told of every write and delete made through this object."""
+        """``listener(backend, caller, removed)`` is told of every write and delete made through this object, and
+        (while ``watch()`` runs) of those other processes made."""
         self._listeners.append(listener)
 
     def _told(self, backend: str, caller: str, removed: bool = False) -> None:
@@ -110,80 +107,68 @@ class Connections:
 
     # -- reads and writes ------------------------------------------------------------------------------------------
 
+    async def _read(self, backend: str | None = None, caller: str | None = None) -> list[TokenRow]:
+        return await anyio.to_thread.run_sync(self._rows.read, backend, caller)
+
     async def get(self, backend: str, caller: str) -> dict[str, Any] | None:
         """The document stored for ``caller`` at ``backend``, None when there is none (or it does not open)."""
-
-        def read() -> bytes | None:
-            with self._lock:
-                row = self._db.execute(
-                    "SELECT sealed FROM downstream_tokens WHERE backend = ? AND caller = ?", (backend, caller)
-                ).fetchone()
-            return bytes(row[0]) if row else None
-
-        sealed = await anyio.to_thread.run_sync(read)
-        return None if sealed is None else self._open(backend, caller, sealed)
+        rows = await self._read(backend, caller)
+        return self._open(backend, caller, rows[0][2]) if rows else None
 
     async def put(self, backend: str, caller: str, document: dict[str, Any], expires_at: float | None) -> None:
         """Store ``document`` for ``caller`` at ``backend`` (sealed), replacing what was there."""
-        sealed = self._seal(backend, caller, document)
         now = time.time()
-
-        def write() -> None:
-            with self._lock:
-                self._db.execute(
-                    "INSERT INTO downstream_tokens (backend, caller, sealed, expires_at, connected_at, updated_at) "
-                    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (backend, caller) DO UPDATE SET sealed = excluded.sealed, "
-                    "expires_at = excluded.expires_at, updated_at = excluded.updated_at",
-                    (backend, caller, sealed, expires_at, now, now),
-                )
-
-        await anyio.to_thread.run_sync(write)
+        row = (backend, caller, self._seal(backend, caller, document), expires_at, now, now)
+        await anyio.to_thread.run_sync(self._rows.write, row)
+        if self._seen is not None:
+            self._seen[backend, caller] = now
         self._told(backend, caller)
 
     async def delete(self, backend: str | None, caller: str) -> list[str]:
         """Forget ``caller``'s tokens at ``backend`` (every server when None); the servers it was connected to."""
-
-        def remove() -> list[str]:
-            where, args = ("backend = ? AND caller = ?", (backend, caller)) if backend else ("caller = ?", (caller,))
-            with self._lock:
-                rows = self._db.execute(f"SELECT backend FROM downstream_tokens WHERE {where}", args).fetchall()
-                self._db.execute(f"DELETE FROM downstream_tokens WHERE {where}", args)
-            return sorted(str(row[0]) for row in rows)
-
-        gone = await anyio.to_thread.run_sync(remove) if caller != CLIENT_ROW else []
+        gone = await anyio.to_thread.run_sync(self._rows.delete, backend, caller) if caller != CLIENT_ROW else []
         for name in gone:
+            if self._seen is not None:
+                self._seen.pop((name, caller), None)
             self._told(name, caller, removed=True)
         return gone
 
     async def connected(self, caller: str | None = None, backend: str | None = None) -> list[Connection]:
         """Who is connected to what (one caller's, one server's, or every row), never a token."""
-
-        def rows() -> list[tuple[Any, ...]]:
-            query = "SELECT backend, caller, sealed, expires_at, connected_at FROM downstream_tokens WHERE caller != ?"
-            args: list[Any] = [CLIENT_ROW]
-            if caller is not None:
-                query, args = query + " AND caller = ?", [*args, caller]
-            if backend is not None:
-                query, args = query + " AND backend = ?", [*args, backend]
-            with self._lock:
-                return list(self._db.execute(query + " ORDER BY backend, caller", args).fetchall())
-
         found = []
-        for name, who, sealed, expires, connected in await anyio.to_thread.run_sync(rows):
-            document = self._open(name, who, bytes(sealed)) or {}
+        for name, who, sealed, expires, connected, _ in await self._read(backend, caller):
+            if who == CLIENT_ROW:
+                continue
+            document = self._open(name, who, sealed) or {}
             refreshable = bool((document.get("token") or {}).get("refresh_token"))
-            found.append(Connection(name, who, float(connected), expires, refreshable))
+            found.append(Connection(name, who, connected, expires, refreshable))
         return found
 
     async def latest(self, backend: str, exclude: Sequence[str] = ()) -> str | None:
         """The caller whose tokens at ``backend`` were written last (besides ``exclude``), or None."""
+        rows = sorted(await self._read(backend), key=lambda row: row[5], reverse=True)
+        return next((row[1] for row in rows if row[1] != CLIENT_ROW and row[1] not in exclude), None)
 
-        def read() -> str | None:
-            with self._lock:
-                rows = self._db.execute(
-                    "SELECT caller FROM downstream_tokens WHERE backend = ? AND caller != ? ORDER BY updated_at DESC",
-                    (backend, CLIENT_ROW),
-                ).fetchall()
-            return next((str(row[0]) for row in rows if row[0] not in exclude), None)
-
-        return await anyio.to_thread.run_sync(read)
+    async def watch(self, every: float = WATCH_S, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Until cancelled, every ``every`` seconds: tell the listeners of the rows other processes wrote or
+        deleted since the last look (nothing to do for rows in memory); started once the first look is done. A look
+        that fails is tried again later."""
+        if not self._rows.shared:
+            task_status.started()
+            return
+        while True:
+            try:
+                stamps = await anyio.to_thread.run_sync(self._rows.stamps)
+            except AuditError as exc:
+                log.warning("signin.tokens_unreadable", reason=str(exc))
+            else:
+                now = {(name, who): updated for name, who, updated in stamps if who != CLIENT_ROW}
+                before, self._seen = self._seen, now
+                for key, updated in now.items() if before is not None else ():
+                    if before is not None and before.get(key) != updated:
+                        self._told(*key)  # signed in, or refreshed, through another process
+                for key in set(before or ()) - set(now):
+                    self._told(*key, removed=True)  # signed out through another process
+            if before is None:
+                task_status.started()
+            await anyio.sleep(every)

@@ -1,9 +1,10 @@
 """Callers' connections to OAuth-protected servers (``auth: {oauth: ...}``), for the pages and the command:
 ``SignIns`` starts and finishes sign-ins (backends/mcp/signin.py), lists who is connected to what and revokes.
 
-``open_connections(config)`` is the store (auth/connections.py): the audit ledger's SQLite file, sealed under a key
-derived from the state key (``gateway.continuation.key_env``, else the key file beside the ledger); in memory when
-the ledger is off or is PostgreSQL (then a restart forgets the sign-ins: said once in the log).
+``open_connections(config)`` is the store (auth/connections.py): where the audit ledger is (its PostgreSQL database
+when ``gateway.audit.url`` is set, shared by replicas, else its SQLite file), sealed under a key derived from the
+state key (``gateway.continuation.key_env``, else the key file beside the ledger's file: replicas must then share it
+through the variable, said in the log); in memory when the ledger is off (a restart forgets the sign-ins).
 """
 
 from __future__ import annotations
@@ -33,12 +34,17 @@ def open_connections(config: Federation) -> Connections:
     if not uses_oauth(config):  # nothing to keep: no file touched (a server added by a reload keeps its in memory)
         return Connections(None, [os.urandom(32)])
     audit = config.gateway.audit
-    ledger = audit.path if audit.enabled and audit.url is None else None
+    ledger = audit.path if audit.enabled else None
     key_env = config.gateway.continuation.key_env
-    keys, _ = load_key(key_env, environ(key_env), ledger, file=str(config.source or ""))
-    if ledger is None and uses_oauth(config):
-        log.warning("signin.tokens_in_memory", note="the audit ledger is not a SQLite file: sign-ins end at a restart")
-    return Connections(ledger, keys)
+    keys, source = load_key(key_env, environ(key_env), ledger, file=str(config.source or ""))
+    if ledger is None:
+        log.warning("signin.tokens_in_memory", note="the audit ledger is off: sign-ins end at a restart")
+    elif audit.url is not None and not source.startswith("environment"):
+        log.warning(
+            "signin.key_not_shared",
+            note=f"tokens are sealed under this replica's own key file: set {key_env} on every replica to share them",
+        )
+    return Connections(audit.url if audit.enabled and audit.url is not None else ledger, keys)
 
 
 def connect_url(config: Federation) -> str:

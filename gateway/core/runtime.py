@@ -238,6 +238,7 @@ class Gateway:
                 self.started_at = anyio.current_time()
                 self._tg, self._http = tg, http
                 self._backends = build_backends(self.config, http, self._on_notification, connections)
+                tg.start_soon(connections.watch)  # sign-ins and revocations made through other replicas
                 for backend in self._backends.values():
                     self._start(backend)
                 tg.start_soon(self._broadcast, receive)

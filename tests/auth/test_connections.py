@@ -6,9 +6,11 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import anyio
 import pytest
 
 from gateway.auth.connections import CLIENT_ROW, Connections
+from gateway.errors import AuditError
 
 pytestmark = pytest.mark.anyio
 
@@ -59,3 +61,45 @@ async def test_revocation_forgets_and_tells_and_the_client_row_is_no_connection(
     assert await store.delete(None, "alice") == ["other", "remote"]
     assert await store.connected() == [] and await store.get("remote", CLIENT_ROW) is not None
     assert told[-2:] == [("other", "alice", True), ("remote", "alice", True)]
+
+
+@pytest.mark.parametrize("engine", ["sqlite", pytest.param("postgresql", marks=pytest.mark.spawns)])
+async def test_two_stores_on_one_ledger_share_rows_and_the_watch_tells_the_other(
+    engine: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Two processes' stores on one ledger (its file, or its PostgreSQL database): what one writes the other reads
+    and, through ``watch()``, is told of; a delete through one is told to the other as a removal."""
+    target = str(tmp_path / "audit.db") if engine == "sqlite" else request.getfixturevalue("pg_url")
+    one, other = Connections(target, [NEW, OLD]), Connections(target, [NEW])
+    told: list[tuple[str, str, bool]] = []
+    news = anyio.Event()
+
+    def listener(backend: str, caller: str, removed: bool) -> None:
+        told.append((backend, caller, removed))
+        news.set()
+
+    other.on_change(listener)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await tg.start(other.watch, 0.05)  # after its first look: what is there already is not news
+            await one.put("remote", CLIENT_ROW, {"client": {"client_id": "gw"}}, None)  # no caller: not told
+            await one.put("remote", "alice", DOCUMENT, 1e12)
+            await news.wait()
+            assert await other.get("remote", "alice") == DOCUMENT
+            assert await other.latest("remote") == "alice"
+            news = anyio.Event()
+            assert await one.delete("remote", "alice") == ["remote"]
+            await news.wait()
+            tg.cancel_scope.cancel()
+    assert told == [("remote", "alice", False), ("remote", "alice", True)]
+    assert await other.get("remote", "alice") is None and await other.connected() == []
+    one.close(), other.close()
+
+
+async def test_an_unreachable_postgresql_is_said_in_plain_words_without_its_password() -> None:
+    store = Connections("postgresql://gw:pw-not-shown@127.0.0.1:1/ledger", [OLD])
+    with pytest.raises(AuditError) as failed:
+        await store.get("remote", "alice")
+    assert "Cannot reach the tokens in the ledger at postgresql://" in str(failed.value)
+    assert "pw-not-shown" not in str(failed.value)
+    store.close()

@@ -6,8 +6,9 @@ with the caller's own token (``per: caller``; lanes.py), or on the shared sessio
 token of the caller who signed in last: the tools listed are taken to be the server's, not that account's, and
 every call still goes on its own caller's session. Before anyone has signed in it does not open: the backend is
 failed with the sign-in link as its reason, and waits for a sign-in (told at once when it happens in this process,
-looked for every ``SIGN_IN_RECHECK_S`` otherwise). It ends when its token does, or when that caller is signed out,
-and opens again at once with a fresh token: not counted as a flap.
+within ``connections.WATCH_S`` through another replica, looked for every ``SIGN_IN_RECHECK_S`` in any case). It
+ends when its token does, or when that caller is signed out, and opens again at once with a fresh token: not
+counted as a flap.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ MAX_LISTING_TRIES = 4
 """Callers' tokens tried, the latest first, for the shared session before it waits for a sign-in."""
 
 SIGN_IN_RECHECK_S = 60.0
-"""How often a shared session waiting for a first sign-in looks again (one made through another replica of the
-gateway is not told to this one)."""
+"""How often a shared session waiting for a first sign-in looks again, should it not be told (the store's watch
+tells it of sign-ins through other replicas)."""
 
 
 class OAuthBackend(McpBackend):

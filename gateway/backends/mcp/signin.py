@@ -4,11 +4,12 @@ The SDK's ``OAuthClientProvider`` does the protocol: Protected Resource Metadata
 authorization server metadata (RFC 8414 / OpenID discovery), the client by Client ID Metadata Document, Dynamic
 Client Registration (RFC 7591) or the configured id, PKCE and ``resource`` (RFC 8707), scopes from the challenge.
 The browser's part cannot run inside a call, so the flow is split: ``begin(caller)`` (the page ``/ui/connect/NAME``)
-starts the flow in a task of the backend's own, which sends an ``initialize`` to the server, meets its 401, discovers
-and registers, and stops at the authorization redirect, whose URL ``begin`` returns (the browser is sent there); its
-``state`` is one-time and waits at most ``SIGN_IN_TTL_S``. ``finish(state, code, iss)`` (the callback) hands the
-code to that task, which exchanges it (the code verifier never leaves it) and stores the tokens for the caller who
-began (auth/connections.py). ``per: gateway`` runs the same request with ``client_credentials`` instead.
+starts the flow in a task of the backend's own, which sends an ``initialize`` to the server (and a ``tools/list``
+when the handshake is open), meets its 401, discovers and registers, and stops at the authorization redirect, whose
+URL ``begin`` returns (the browser is sent there); its ``state`` is one-time and waits at most ``SIGN_IN_TTL_S``.
+``finish(state, code, iss)`` (the callback) hands the code to that task, which exchanges it (the code verifier never
+leaves it) and stores the tokens for the caller who began (auth/connections.py). ``per: gateway`` runs the same
+request with ``client_credentials`` instead.
 
 ``token(caller)`` is what a caller's session sends: the stored access token, refreshed (``refresh_token`` grant)
 when it has less than ``EXPIRY_MARGIN_S`` left; with none, ``NoCredential`` carrying the sign-in link.
@@ -263,13 +264,13 @@ class SignIn:
                 trust_env=False,
                 headers={"accept-encoding": "identity"},
             ) as http:
-                response = await http.post(
-                    self._config.url,
-                    json=_INITIALIZE,
-                    headers={"accept": "application/json, text/event-stream"},
-                    auth=provider,
-                )
+                headers = {"accept": "application/json, text/event-stream"}
+                response = await http.post(self._config.url, json=_INITIALIZE, headers=headers, auth=provider)
                 session = response.headers.get("mcp-session-id")
+                if storage.tokens is None and response.status_code == 200:  # it asks only past the handshake
+                    headers |= {"mcp-protocol-version": _VERSION, **({"mcp-session-id": session} if session else {})}
+                    for message in _PAST_HANDSHAKE:
+                        response = await http.post(self._config.url, json=message, headers=headers, auth=provider)
                 if session:  # the flow's own session is not kept
                     with anyio.move_on_after(self.oauth.timeout_s):
                         await http.delete(self._config.url, headers={"mcp-session-id": session}, auth=provider)
@@ -471,13 +472,20 @@ def _plain(exc: BaseException) -> str:
     return f"{type(exc).__name__}{f': {text}' if text else ''}"
 
 
+_VERSION = "2025-11-25"
 _INITIALIZE = {
     "jsonrpc": "2.0",
     "id": 0,
     "method": "initialize",
     "params": {
-        "protocolVersion": "2025-11-25",
+        "protocolVersion": _VERSION,
         "capabilities": {},
         "clientInfo": {"name": "mcp-gateway", "version": VERSION},
     },
 }
+_PAST_HANDSHAKE = (
+    {"jsonrpc": "2.0", "method": "notifications/initialized"},
+    {"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+)
+"""What the flow sends after a handshake the server answered without asking to sign in: a server that asks only for
+its operations (the specification allows it) answers these 401, which starts the sign-in."""

@@ -5,6 +5,7 @@ the gateway's sign-in page, the provider's login form and the gateway's callback
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sqlite3
@@ -16,9 +17,12 @@ from urllib.parse import urljoin
 import anyio
 import httpx2
 import pytest
+from mcp.client import Client
+from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError, UrlElicitationRequiredError
 from mcp_types import URL_ELICITATION_REQUIRED
 
+from gateway.auth.connections import WATCH_S
 from tests.fixtures.gateway_proc import FIXTURES, PYTHON, answer_elicitation, first_text, mcp_session, run_gateway
 from tests.fixtures.identity import IdentityProvider, start_identity_provider
 from tests.fixtures.procs import RunningServer, free_port, start_http_server
@@ -47,11 +51,13 @@ def config(
     port: int,
     oauth: str = 'allow_http: true, scope: "openid mcp:tools"',
     ledger: str = "audit.db",
+    url: str | None = None,
 ) -> str:
+    shared = f", url: {json.dumps(url)}" if url else ""
     return f"""
 gateway:
   name: gw
-  audit: {{path: {ledger}}}
+  audit: {{path: {ledger}{shared}}}
   auth: {{connect_url: "http://127.0.0.1:{port}", operators: [ops]}}
 servers:
   remote:
@@ -266,3 +272,86 @@ async def test_a_replica_that_did_not_run_the_sign_in_serves_the_call(tmp_path: 
                 assert (await whoami(b, "tok-alice-0123456789")) == (False, "account: alice-account")
                 error, said = await whoami(b, "tok-bob-0123456789")
     assert error and f"http://127.0.0.1:{port_b}/ui/connect/remote" in said, said
+
+
+async def test_replicas_on_postgresql_share_sign_ins_and_revocations(tmp_path: Path, pg_url: str) -> None:
+    """Two gateways on one PostgreSQL ledger: each serves a caller who signed in through the other (told within
+    ``WATCH_S``, not at its next 60 s look), each caller their own account; a revocation through one ends the
+    caller's session on the other; the rows hold no token in clear."""
+    import psycopg
+
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    env = {"GATEWAY_STATE_KEY": STATE_KEY}
+    with oauth_world(tmp_path) as (_idp, server, port_a), ExitStack() as stack:
+        port_b = free_port()
+        a, b = (
+            stack.enter_context(
+                run_gateway(config(server, port, url=pg_url), tmp_path / name, tokens=TOKENS, env=env, port=port)
+            )
+            for name, port in (("a", port_a), ("b", port_b))
+        )
+        assert (await sign_in(a, "tok-alice-0123456789", "alice-account")).status_code == 200
+        with anyio.fail_after(3 * WATCH_S + 10):  # b is told by its watch of the rows, not by its 60 s recheck
+            await ready(b)
+        assert (await whoami(b, "tok-alice-0123456789")) == (False, "account: alice-account")
+        error, said = await whoami(b, "tok-bob-0123456789")
+        assert error and f"http://127.0.0.1:{port_b}/ui/connect/remote" in said, said
+        assert (await sign_in(b, "tok-bob-0123456789", "bob-account")).status_code == 200
+        assert (await whoami(a, "tok-bob-0123456789")) == (False, "account: bob-account")
+        assert (await whoami(a, "tok-alice-0123456789")) == (False, "account: alice-account")
+
+        async with httpx2.AsyncClient(headers={"Authorization": "Bearer tok-alice-0123456789"}) as http:
+            revoked = await http.post(
+                a.url("/ui/connections"),
+                data={"backend": "remote", "caller": "alice"},
+                headers={"Origin": f"http://127.0.0.1:{port_a}"},
+            )
+        assert revoked.status_code == 303, revoked.text
+
+        async def signed_out_on_b() -> bool:
+            error, said = await whoami(b, "tok-alice-0123456789")
+            return error and "/ui/connect/remote" in said
+
+        await eventually(signed_out_on_b, within=3 * WATCH_S)
+        assert (await whoami(b, "tok-bob-0123456789")) == (False, "account: bob-account")
+        with anyio.fail_after(WAIT):  # the operator's command reads the same database
+            listed = await anyio.run_process(
+                [PYTHON, "-m", "gateway", "connections", "-c", str(tmp_path / "a" / "federation.yaml")],
+                env={**os.environ, "GATEWAY_STATE_KEY": STATE_KEY},
+            )
+        said = listed.stdout.decode() + listed.stderr.decode()
+        assert said.startswith("bob\tremote\ttoken expires in ") and "alice" not in said, said
+        logs = a.output() + b.output()
+    with psycopg.connect(pg_url) as db:
+        callers = [row[0] for row in db.execute("SELECT caller FROM downstream_tokens WHERE caller != ''")]
+        [tokens] = db.execute("SELECT string_agg(encode(sealed, 'escape'), '') FROM downstream_tokens").fetchone()
+        [calls] = db.execute("SELECT string_agg(c::text, '') FROM calls c").fetchone()
+    assert callers == ["bob"]
+    assert "eyJ" not in tokens and "eyJ" not in calls and "eyJ" not in logs
+
+
+async def modern_whoami(gw: RunningServer, token: str) -> tuple[bool, str]:
+    """``whoami`` as a stateless client (the 2026-07-28 era, no session) calls it: an error's text, or the answer."""
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30)) as http:
+        async with Client(streamable_http_client(gw.url(), http_client=http), mode="2026-07-28") as client:
+            with anyio.fail_after(WAIT):
+                try:
+                    result = await client.call_tool("whoami", {})
+                except MCPError as exc:
+                    return True, f"{exc.error.message} {json.dumps(exc.error.data)}"
+    return bool(result.is_error), first_text(result)
+
+
+async def test_two_callers_in_the_stateless_era_each_get_their_own_account(tmp_path: Path) -> None:
+    """The same as the handshake era's two callers, from 2026-07-28 clients: no session, each request on its own,
+    each caller served on their own downstream session with their own token."""
+    with oauth_world(tmp_path) as (_idp, server, port), gateway(tmp_path, server, port) as gw:
+        assert (await sign_in(gw, "tok-alice-0123456789", "alice-account")).status_code == 200
+        await ready(gw)
+        error, said = await modern_whoami(gw, "tok-bob-0123456789")
+        assert error and f"http://127.0.0.1:{port}/ui/connect/remote" in said, said
+        assert (await sign_in(gw, "tok-bob-0123456789", "bob-account")).status_code == 200
+        for _ in range(2):  # each request on its own: the second finds each caller's session again
+            assert (await modern_whoami(gw, "tok-alice-0123456789")) == (False, "account: alice-account")
+            assert (await modern_whoami(gw, "tok-bob-0123456789")) == (False, "account: bob-account")
