@@ -190,29 +190,31 @@ def test_every_check_that_passes_directly_passes_through_the_gateway(
 # run the gateway with auth.oauth and sign in through its page (gateway_as_client.py); not yet passing, and so not
 # here: basic-cimd (needs a published client metadata document), scope-step-up (no step-up on 403
 # insufficient_scope), 2025-03-26-oauth-metadata-backcompat, client-credentials-jwt (no private_key_jwt) and
-# cross-app-access-complete-flow. scope-retry-limit's server refuses every operation 403 (the driver's wait for the
-# tools times out, which the scenario allows); it checks the gateway signs in at most 3 times.
+# cross-app-access-complete-flow. Each signed-in scenario counts one valid-bearer-token check more than a direct
+# client would: the gateway asks server/discover before the handshake (it learns the eras at connect, issue 25).
+# scope-retry-limit's server refuses every operation 403 (the driver's wait for the tools times out, which the
+# scenario allows); it checks the gateway signs in at most 3 times.
 CLIENT_SCENARIOS = {
     "initialize": 1,
     "tools_call": 1,
     "sse-retry": 3,
     "elicitation-sep1034-client-defaults": 5,
-    "auth/metadata-default": 13,
-    "auth/metadata-var1": 13,
-    "auth/metadata-var2": 13,
-    "auth/metadata-var3": 13,
-    "auth/scope-from-www-authenticate": 14,
-    "auth/scope-from-scopes-supported": 14,
-    "auth/scope-omitted-when-undefined": 14,
-    "auth/token-endpoint-auth-basic": 18,
-    "auth/token-endpoint-auth-post": 18,
-    "auth/token-endpoint-auth-none": 18,
-    "auth/pre-registration": 13,
-    "auth/2025-03-26-oauth-endpoint-fallback": 7,
+    "auth/metadata-default": 14,
+    "auth/metadata-var1": 14,
+    "auth/metadata-var2": 14,
+    "auth/metadata-var3": 14,
+    "auth/scope-from-www-authenticate": 15,
+    "auth/scope-from-scopes-supported": 15,
+    "auth/scope-omitted-when-undefined": 15,
+    "auth/token-endpoint-auth-basic": 19,
+    "auth/token-endpoint-auth-post": 19,
+    "auth/token-endpoint-auth-none": 19,
+    "auth/pre-registration": 14,
+    "auth/2025-03-26-oauth-endpoint-fallback": 8,
     "auth/resource-mismatch": 2,
-    "auth/offline-access-scope": 15,
-    "auth/offline-access-not-supported": 14,
-    "auth/client-credentials-basic": 8,
+    "auth/offline-access-scope": 16,
+    "auth/offline-access-not-supported": 15,
+    "auth/client-credentials-basic": 9,
     "auth/scope-retry-limit": 10,
 }
 
