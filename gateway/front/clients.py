@@ -2,7 +2,8 @@
 
 ``Clients`` holds every live client connection (weakly: a connection that goes away is forgotten) and:
   * announces a new catalog as ``notifications/{tools,resources,prompts}/list_changed``, one per list that changed:
-    to every handshake-era (2025-xx) connection, and as an event on ``bus``, which serves the stateless era's
+    to every handshake-era (2025-xx) connection that holds such a list from an earlier catalog (``served``), and as an
+    event on ``bus``, which serves the stateless era's
     ``subscriptions/listen`` streams (the SDK's ``ListenHandler`` acknowledges, tags each frame with the stream's
     subscription id and delivers only the kinds that stream asked for). A listen stream's ``resourceSubscriptions``
     subscribe the downstream that serves each URI (``resources/subscribe``) while the stream lasts, and its
@@ -58,6 +59,13 @@ _EVENTS: dict[str, Callable[[], ServerEvent]] = {
     "prompts": PromptsListChanged,
 }
 _KINDS = ("tools", "resources", "prompts")
+_LISTS = {
+    "tools/list": "tools",
+    "resources/list": "resources",
+    "resources/templates/list": "resources",
+    "prompts/list": "prompts",
+}
+"""Which kind of list each list request serves (``Clients.served``)."""
 
 
 def _caller(ctx: ServerRequestContext[Any]) -> Caller:
@@ -100,6 +108,8 @@ class Clients:
         self.views = Views()
         """Each caller's view of the catalog (core/policies.py), shared with the server."""
         self._identities: weakref.WeakKeyDictionary[Any, Caller] = weakref.WeakKeyDictionary()
+        self._held: weakref.WeakKeyDictionary[Any, dict[str, Catalog]] = weakref.WeakKeyDictionary()
+        """Per connection, the catalog each kind of list it was last served came from (``served``)."""
         self._buses: dict[tuple[str | None, bool], tuple[Caller, InMemorySubscriptionBus, ListenHandler]] = {}
         """List changes for the 2026-07-28 era's ``subscriptions/listen`` streams, one bus per caller and exposure
         (a change reaches only the callers whose view it changed; a search-exposure stream hears of ``tools`` only
@@ -173,6 +183,14 @@ class Clients:
 
     # -- list changes ---------------------------------------------------------------------------------------------
 
+    def served(self, ctx: ServerRequestContext[Any], catalog: Catalog) -> None:
+        """A list request of ``ctx``'s connection was answered from ``catalog``. A connection is told a kind of list
+        changed only once it holds one, and not of the catalog it holds: a client that never listed has nothing
+        stale, and a notification after its last answer, as it closes, broke real clients (mcp 1.x over stdio)."""
+        connection, kind = connection_of(ctx), _LISTS.get(ctx.method)
+        if connection is not None and kind is not None:
+            self._held.setdefault(connection, {})[kind] = catalog
+
     async def announce(self, catalog: Catalog) -> None:
         """Tell each client of the lists that changed as it sees them: with policies, only the callers whose view
         changed hear of it (core/policies.py)."""
@@ -196,6 +214,8 @@ class Clients:
             identity = self._identities.get(connection, ANONYMOUS)
             kinds = everyone if everyone is not None else lists_changed(previous, catalog, identity, views)
             kinds = self._with_search(kinds, connection, identity, previous, catalog)
+            held = self._held.get(connection, {})
+            kinds = frozenset(kind for kind in kinds if kind in held and held[kind] is not catalog)
             if kinds:
                 told.add(identity.name or "anonymous")
             for method in (_NOTIFICATIONS[kind] for kind in _KINDS if kind in kinds):
@@ -216,7 +236,7 @@ class Clients:
         for _, bus, _ in list(self._buses.values()):
             await bus.publish(_EVENTS[kind]())
         for connection in list(self._live):
-            if connection.initialized.is_set():
+            if connection.initialized.is_set() and kind in self._held.get(connection, {}):
                 with anyio.move_on_after(NOTIFY_TIMEOUT_S):
                     try:
                         await connection.notify(_NOTIFICATIONS[kind], None)

@@ -157,6 +157,7 @@ class Face:
         )
 
     def listing(self, ctx: ServerRequestContext[Any]) -> Mapping[str, Any]:
+        self.clients.served(ctx, self.gateway.catalog)  # the connection holds this list now (front/clients.py)
         call = self.context(ctx)
         large = self.gateway.clients.is_large(call.declared)
         seen = self.view(ctx)
@@ -169,9 +170,8 @@ class Face:
     # -- every request ---------------------------------------------------------------------------------------------
 
     async def middleware(self, ctx: ServerRequestContext[Any], call_next: CallNext) -> HandlerResult:
-        """The per-request boundary: a fault while serving one request ends it alone, and an error answer leaves
-        scrubbed of registered secrets (observe/logs.py). A ``tools/call`` holds its place in its caller's concurrent
-        calls (front/scope.py ``CallHold``) until it ends, even when its client has walked away."""
+        """The per-request boundary: a fault while serving one request ends it alone, an error answer leaves scrubbed
+        of secrets (observe/logs.py); a ``tools/call`` holds its caller's concurrency place (``CallHold``) till done."""
         hold = hold_of(getattr(ctx.request, "scope", None)) if ctx.method == "tools/call" else None
         try:
             with hold.held() if hold is not None else contextlib.nullcontext():
@@ -214,6 +214,7 @@ class Face:
     # -- tools -----------------------------------------------------------------------------------------------------
 
     def _env(self, ctx: ServerRequestContext[Any], listed: Mapping[str, Any]) -> Mapping[str, Any]:
+        self.clients.served(ctx, self.gateway.catalog)
         return enveloped(ctx, listed, self.gateway.list_ttl_ms())  # the era's envelope and cache hints
 
     async def list_tools(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
@@ -221,8 +222,7 @@ class Face:
         return self._env(ctx, self.listing(ctx))
 
     def input_schema(self, name: str) -> Mapping[str, Any] | None:
-        """The input schema the ``Mcp-Param-*`` header check compares a stateless ``tools/call`` with, as the caller
-        sees the tool: None for a tool its policy hides, as for one that does not exist (the unknown tool's answer)."""
+        """The schema the ``Mcp-Param-*`` check compares a stateless ``tools/call`` with: None for a hidden tool."""
         catalog = self.gateway.catalog
         entry = catalog.get(name)
         if entry is None:

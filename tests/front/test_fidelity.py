@@ -343,6 +343,8 @@ async def test_subscribers_hear_updates_under_the_uri_they_subscribed_and_the_do
 async def test_a_downstream_list_change_is_announced_and_the_new_items_listed(gateway: RunningServer) -> None:
     inbox = Inbox()
     async with mcp_session(gateway.url(), message_handler=inbox) as session:
+        await session.list_prompts()  # a client is told a list changed once it holds one (front/clients.py)
+        await session.list_resources()
         await session.call_tool("h__add_prompt", {"name": "fresh_prompt"})
         await inbox.wait_for(lambda m: isinstance(m, types.PromptListChangedNotification))
         prompts = (await session.send_request(types.ListPromptsRequest(), types.ListPromptsResult)).prompts
@@ -377,6 +379,7 @@ servers:
     with start_http_server(argv, port) as backend, run_gateway(config, tmp_path) as gateway:
         async with mcp_session(gateway.url(), message_handler=inbox) as session:
             assert "greet" in await prompt_names(session)
+            await session.list_resources()  # told of a list's change once it holds the list
             os.killpg(backend.process.pid, signal.SIGKILL)
             for kind in (types.PromptListChangedNotification, types.ResourceListChangedNotification):
                 await inbox.wait_for(lambda m, kind=kind: isinstance(m, kind))

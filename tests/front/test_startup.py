@@ -1,11 +1,13 @@
 """The handshake is answered at once, never held by a downstream that is still starting.
 
-`gateway serve --stdio` in front of one stdio server that does not start until the test lets it (its shell waits for
-a file to appear, then execs tests/fixtures/conformance_server.py, which offers tools, prompts, resources and
+`gateway serve --stdio` in front of one stdio server that does not start until the test lets it (its shell waits for a
+file to appear, then execs tests/fixtures/conformance_server.py, which offers tools, prompts, resources and
 completions). The client's `initialize` is answered while that server is certainly still starting: it offers every
-capability the server may bring (not knowing yet what it will), and once the server is let go its tools arrive with
-`notifications/tools/list_changed`. Before, the first handshake waited (up to 10 s) for every backend's first
-outcome, and a server still starting then was offered as tools only.
+capability the server may bring (not knowing yet what it will); a list it asks for meanwhile is answered after a bounded
+wait without that server, and once the server is let go the client, holding that list, is told it changed
+(`notifications/tools/list_changed`). A client that never listed is not told: it holds nothing stale. Before, the first
+handshake waited (up to 10 s) for every backend's first outcome, and a server still starting then was offered as tools
+only.
 """
 
 from __future__ import annotations
@@ -81,13 +83,14 @@ async def test_initialize_is_answered_while_a_downstream_is_still_starting_and_i
                 {"jsonrpc": "2.0", "id": 2, "method": "ping"},
             )
             assert await lines.next() == {"jsonrpc": "2.0", "id": 2, "result": {}}
-            go.touch()  # the downstream starts now; its tools come with a list change
-            while (await lines.next()).get("method") != "notifications/tools/list_changed":
-                pass
+            # A list waits for the backends' first outcomes, bounded (STARTUP_WAIT_S): answered without the server.
             await _send(process, {"jsonrpc": "2.0", "id": 3, "method": "tools/list"})
-            while (listed := await lines.next()).get("id") != 3:
-                pass
-            assert listed["result"]["tools"], listed
+            assert (await lines.next()) == {"jsonrpc": "2.0", "id": 3, "result": {"tools": []}}
+            go.touch()  # the downstream starts now; the client holds a list without its tools: told they changed
+            assert (await lines.next()).get("method") == "notifications/tools/list_changed"
+            await _send(process, {"jsonrpc": "2.0", "id": 4, "method": "tools/list"})
+            listed = await lines.next()
+            assert listed["id"] == 4 and listed["result"]["tools"], listed
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
