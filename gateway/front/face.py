@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import anyio
@@ -25,22 +25,20 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from gateway.backends.base import Backend, ProgressFn
 from gateway.calls import BackChannel, CallContext, Caller, Origin, Round, Upstream
-from gateway.core.kept import SCHEME as KEPT
 from gateway.core.policies import View
-from gateway.core.router import Unanswered
 from gateway.core.runtime import Gateway
-from gateway.errors import URI_CHARS, BackendRpcError, InputRequired, InvalidArguments, ToolNotFound, clip, quote
-from gateway.front.bridges import Bridge, may_ask
+from gateway.errors import BackendRpcError, InputRequired, InvalidArguments, ToolNotFound
+from gateway.front.bridges import Bridge
 from gateway.front.channels import Resumes, SessionChannel, connection_of, forwarded_meta
 from gateway.front.clients import Clients
 from gateway.front.continuation import may_ask_mid_call
 from gateway.front.eras import Eras, ahead
 from gateway.front.exposure import Disclosure
+from gateway.front.named import Named
 from gateway.front.outbox import Outboxes
 from gateway.front.scope import caller_of, hold_of, request_caller, session_digest, withheld_of
-from gateway.front.server import GatewayServer, ValidatedLists, enveloped, quiet, refusal, scrubbed
+from gateway.front.server import GatewayServer, ValidatedLists, enveloped, quiet, scrubbed
 from gateway.version import VERSION
 
 __all__ = ["Face"]
@@ -50,8 +48,6 @@ log = structlog.get_logger("gateway.server")
 INVALID_PARAMS = -32602
 _ROUTED = frozenset({"tools/call", "resources/read", "prompts/get", "completion/complete", "resources/subscribe"})
 """Requests whose downstream may talk to their client meanwhile: each gets an outbox (front/outbox.py)."""
-_NOT_FOUND_CODES = frozenset({INVALID_PARAMS, -32002})
-"""A downstream's "no such resource" (-32002 is the code of the specification before SEP-2164)."""
 
 
 class Face:
@@ -79,7 +75,7 @@ class Face:
 
     def server(self) -> Server[Any]:
         """The SDK's low-level server, its handlers this face's methods; pair it with a transport."""
-        gateway = self.gateway
+        gateway, named = self.gateway, Named(self)
         server = GatewayServer(
             gateway,
             gateway.config.gateway.name,
@@ -87,14 +83,14 @@ class Face:
             instructions=self.exposure.instructions(gateway.config.gateway.instructions),
             on_list_tools=self.list_tools,
             on_call_tool=self.call_tool,
-            on_list_resources=self.list_resources,
-            on_list_resource_templates=self.list_resource_templates,
-            on_read_resource=self.read_resource,
-            on_subscribe_resource=self.subscribe,
-            on_unsubscribe_resource=self.unsubscribe,
-            on_list_prompts=self.list_prompts,
-            on_get_prompt=self.get_prompt,
-            on_completion=self.complete,
+            on_list_resources=named.list_resources,
+            on_list_resource_templates=named.list_resource_templates,
+            on_read_resource=named.read_resource,
+            on_subscribe_resource=named.subscribe,
+            on_unsubscribe_resource=named.unsubscribe,
+            on_list_prompts=named.list_prompts,
+            on_get_prompt=named.get_prompt,
+            on_completion=named.complete,
             get_tool_input_schema=self.input_schema,
             on_subscriptions_listen=self.clients.listen,
         )
@@ -213,13 +209,13 @@ class Face:
 
     # -- tools -----------------------------------------------------------------------------------------------------
 
-    def _env(self, ctx: ServerRequestContext[Any], listed: Mapping[str, Any]) -> Mapping[str, Any]:
+    def envelope(self, ctx: ServerRequestContext[Any], listed: Mapping[str, Any]) -> Mapping[str, Any]:
         self.clients.served(ctx, self.gateway.catalog)
         return enveloped(ctx, listed, self.gateway.list_ttl_ms())  # the era's envelope and cache hints
 
     async def list_tools(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
         await self.gateway.wait_started()
-        return self._env(ctx, self.listing(ctx))
+        return self.envelope(ctx, self.listing(ctx))
 
     def input_schema(self, name: str) -> Mapping[str, Any] | None:
         """The schema the ``Mcp-Param-*`` check compares a stateless ``tools/call`` with: None for a hidden tool."""
@@ -320,271 +316,6 @@ class Face:
             caller=caller,
             on_round=on_round,
         )
-
-    # -- resources, prompts, completion: to the backend that owns the name -----------------------------------------
-
-    async def forward(
-        self,
-        method: str,
-        name: str,
-        origins: tuple[Origin, ...],
-        build: Callable[[Origin], Any],
-        result_type: Any,
-        call: CallContext,
-        progress: ProgressFn | None,
-        *,
-        none_answered: MCPError | None = None,
-        arguments: Mapping[str, Any] | None = None,
-    ) -> tuple[Origin, Any]:
-        """Send the request through the router to the first of ``origins`` that answers. A lone backend's error
-        passes through as it is; when several refused, ``none_answered`` is the answer (else the first error)."""
-
-        async def send(backend: Backend, origin: Origin) -> Any:
-            return await backend.request(build(origin), result_type, progress=progress, upstream=call.upstream)
-
-        try:
-            return await self.gateway.router.request(method, name, origins, send, arguments=arguments, ctx=call)
-        except Unanswered as exc:
-            raise refusal(exc, none_answered) from exc.failures[0] if exc.failures else None
-
-    def visible_origins(self, ctx: ServerRequestContext[Any], uri: str) -> tuple[Origin, ...]:
-        """The backends that may serve ``uri`` to this caller (none: answered as a resource that does not exist)."""
-        origins = self.gateway.catalog.lists.resolve(uri)
-        seen = self.view(ctx)
-        return seen.origins(uri, origins) if seen is not None else origins
-
-    def visible_prompt(self, ctx: ServerRequestContext[Any], name: str) -> Origin | None:
-        seen = self.view(ctx)
-        if seen is not None and name not in seen.prompts:
-            return None  # answered as an unknown prompt
-        return self.gateway.catalog.lists.prompt(name)
-
-    async def list_resources(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
-        await self.gateway.wait_started()
-        seen = self.view(ctx)
-        listed = seen.resources_result if seen is not None else self.gateway.catalog.lists.resources_result
-        kept = self.gateway.answers.resources(self.context(ctx))  # the caller's own cut answers (core/answers.py)
-        return self._env(ctx, {**listed, "resources": [*listed["resources"], *kept]} if kept else listed)
-
-    async def list_resource_templates(
-        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
-    ) -> Any:
-        await self.gateway.wait_started()
-        seen = self.view(ctx)
-        lists = self.gateway.catalog.lists
-        return self._env(ctx, seen.templates_result if seen is not None else lists.templates_result)
-
-    async def read_resource(self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams) -> Any:
-        call = self.context(ctx)
-        if params.uri.startswith(KEPT):  # the rest of a cut answer (core/answers.py): its caller's, and nobody else's
-            found = self.gateway.answers.resource(call, params.uri)
-            if found is None:
-                raise MCPError(types.INVALID_PARAMS, "Resource not found", {"uri": clip(params.uri, URI_CHARS)})
-            return found
-        await self.gateway.router.wait_started("resources/read", params.uri, ctx=call)
-        bridged = await self._bridged(ctx, "resources/read", params.uri, None, params, call, self._read)
-        if bridged is not None:
-            return bridged
-        return await self._read(ctx, params, call)
-
-    async def _read(
-        self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams, call: CallContext
-    ) -> Any:
-        caller = call.caller.name
-        meta = forwarded_meta(params.meta)
-        if params.request_state is not None:  # a later round: to the backend that asked, whatever the lists say
-            found = self.eras.reopen("resources/read", params.uri, None, caller, params.request_state)
-            origins: tuple[Origin, ...] = (Origin(found.backend, found.local),)
-            retry: Round | None = Round(params.input_responses, found.state)
-        else:
-            origins = self.visible_origins(ctx, params.uri)
-            retry = ahead(params.input_responses)
-
-        async def again(origin: Origin, retry: Round) -> Any:
-            return await self._read_from(ctx, params, (origin,), meta, call.for_round(retry))
-
-        not_found = MCPError(types.INVALID_PARAMS, "Resource not found", {"uri": clip(params.uri, URI_CHARS)})
-        try:
-            if not origins:
-                raise not_found
-            try:
-                return await self._read_from(ctx, params, origins, meta, call.for_round(retry))
-            except MCPError as exc:
-                if exc.error.code in _NOT_FOUND_CODES and self.view(ctx) is not None:
-                    raise not_found from None  # with policies, a downstream's own "not found" is told as a hidden one
-                raise
-        except InputRequired as exc:
-            return await self.eras.asked(ctx, "resources/read", params.uri, None, caller, exc, again)
-
-    async def _read_from(
-        self,
-        ctx: ServerRequestContext[Any],
-        params: types.ReadResourceRequestParams,
-        origins: tuple[Origin, ...],
-        meta: Any,
-        call: CallContext,
-    ) -> Any:
-        def build(origin: Origin) -> types.ReadResourceRequest:
-            update = {"uri": origin.local, "meta": meta, "input_responses": None, "request_state": None}
-            return types.ReadResourceRequest(params=params.model_copy(update=update))
-
-        # An unlisted URI may be asked of several backends; when none has it, the answer is SEP-2164's.
-        not_found = MCPError(types.INVALID_PARAMS, "Resource not found", {"uri": clip(params.uri, URI_CHARS)})
-        origin, result = await self.forward(
-            "resources/read", params.uri, origins, build, types.ReadResourceResult, call, self.outboxes.progress(ctx),
-            none_answered=not_found,
-        )  # fmt: skip
-        if origin.local != params.uri:  # published under a prefix: the contents name the URI the client asked for
-            for contents in result.contents:
-                if contents.uri == origin.local:
-                    contents.uri = params.uri
-        return result
-
-    async def subscribe(
-        self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams
-    ) -> types.EmptyResult:
-        call = self.context(ctx)
-        await self.gateway.router.wait_started("resources/subscribe", params.uri, ctx=call)
-
-        async def send(backend: Backend, origin: Origin) -> None:
-            await self.clients.subscribe(ctx, params.uri, origin, backend)
-
-        origins = self.visible_origins(ctx, params.uri)
-        try:
-            await self.gateway.router.request("resources/subscribe", params.uri, origins, send, ctx=call)
-        except Unanswered as exc:
-            failure = exc.failures[-1] if exc.failures else None
-            if isinstance(failure, BackendRpcError):
-                raise MCPError(failure.code, failure.message, failure.data) from failure
-            raise MCPError(types.INVALID_PARAMS, "Resource not found", {"uri": clip(params.uri, URI_CHARS)}) from None
-        return types.EmptyResult()
-
-    async def unsubscribe(
-        self, ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams
-    ) -> types.EmptyResult:
-        origin = self.clients.forget(ctx, params.uri)
-        if origin is not None:
-
-            async def send(backend: Backend, origin: Origin) -> None:
-                await backend.unsubscribe_resource(origin.local)
-
-            try:
-                await self.gateway.router.request(
-                    "resources/unsubscribe", params.uri, (origin,), send, ctx=self.context(ctx)
-                )
-            except Unanswered:
-                pass  # the backend is gone (or no session): nothing downstream holds the subscription any more
-        return types.EmptyResult()
-
-    async def list_prompts(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
-        await self.gateway.wait_started()
-        seen = self.view(ctx)
-        return self._env(ctx, seen.prompts_result if seen is not None else self.gateway.catalog.lists.prompts_result)
-
-    async def get_prompt(self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams) -> Any:
-        call = self.context(ctx)
-        await self.gateway.router.wait_started("prompts/get", params.name, arguments=params.arguments, ctx=call)
-        bridged = await self._bridged(ctx, "prompts/get", params.name, params.arguments, params, call, self._prompt)
-        if bridged is not None:
-            return bridged
-        return await self._prompt(ctx, params, call)
-
-    async def _prompt(
-        self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams, call: CallContext
-    ) -> Any:
-        caller = call.caller.name
-        origin: Origin | None
-        retry: Round | None
-        if params.request_state is not None:  # a later round: to the backend that asked, whatever the lists say
-            found = self.eras.reopen("prompts/get", params.name, params.arguments, caller, params.request_state)
-            origin, retry = Origin(found.backend, found.local), Round(params.input_responses, found.state)
-        else:
-            origin, retry = self.visible_prompt(ctx, params.name), ahead(params.input_responses)
-        if origin is None:
-            raise MCPError(types.INVALID_PARAMS, f"Unknown prompt: {quote(params.name)}")
-        meta = forwarded_meta(params.meta)
-
-        def build(origin: Origin) -> types.GetPromptRequest:
-            update = {"name": origin.local, "meta": meta, "input_responses": None, "request_state": None}
-            return types.GetPromptRequest(params=params.model_copy(update=update))
-
-        async def send_to(origin: Origin, again: Round | None) -> Any:
-            found = await self.forward(
-                "prompts/get", params.name, (origin,), build, types.GetPromptResult, call.for_round(again),
-                self.outboxes.progress(ctx), arguments=params.arguments,
-            )  # fmt: skip
-            return found[1]
-
-        try:
-            return await send_to(origin, retry)
-        except InputRequired as exc:
-            return await self.eras.asked(ctx, "prompts/get", params.name, params.arguments, caller, exc, send_to)
-
-    async def _bridged(
-        self,
-        ctx: ServerRequestContext[Any],
-        method: str,
-        name: str,
-        arguments: Mapping[str, Any] | None,
-        params: types.GetPromptRequestParams | types.ReadResourceRequestParams,
-        call: CallContext,
-        serve: Callable[[ServerRequestContext[Any], Any, CallContext], Any],
-    ) -> Any:
-        """A stateless client's ``prompts/get`` or ``resources/read``, bridged (served by ``serve`` with the bridge as
-        its back-channel) when a handshake-era backend serves it or its state names a waiting request; else None."""
-        if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
-            return None
-        bridges, caller = self.eras.bridges, call.caller.name
-        bridge: Bridge | None
-        if params.request_state is None:
-            lists = self.gateway.catalog.lists
-            origins = (lists.prompt(name),) if method == "prompts/get" else lists.resolve(name)
-            if not may_ask(self.gateway.backends, [o.backend for o in origins if o is not None]):
-                return None
-            plain = params.model_copy(update={"input_responses": None})
-            retry = ahead(params.input_responses)
-
-            async def work(channel: Bridge) -> Any:
-                return await serve(ctx, plain, call.for_round(retry, channel))
-
-            bridge = bridges.start(call.upstream.channel or self.channel(ctx), caller, work)
-        else:
-            found = self.eras.opened(method, name, arguments, caller, params.request_state)
-            bridge = bridges.reopened(found, method, caller, params.input_responses)
-            if bridge is None:
-                return None
-        return await bridges.next(
-            ctx.session.client_capabilities, bridge, method=method, name=name, arguments=arguments, caller=caller
-        )
-
-    async def complete(self, ctx: ServerRequestContext[Any], params: types.CompleteRequestParams) -> Any:
-        ref = params.ref
-        name = ref.name if isinstance(ref, types.PromptReference) else ref.uri
-        call = self.context(ctx)
-        await self.gateway.router.wait_started("completion/complete", name, ctx=call)
-        lists = self.gateway.catalog.lists
-        origin: Origin | None
-        if isinstance(ref, types.PromptReference):
-            origin = self.visible_prompt(ctx, ref.name)
-        else:
-            origin = lists.template(ref.uri) or next(iter(lists.resolve(ref.uri)), None)
-            seen = self.view(ctx)
-            if origin is not None and seen is not None and not seen.origins(ref.uri, (origin,)):
-                origin = None
-        if origin is None:
-            raise MCPError(types.INVALID_PARAMS, "No backend offers this prompt or resource.")
-        meta = forwarded_meta(params.meta)
-
-        def build(origin: Origin) -> types.CompleteRequest:
-            local_ref = ref.model_copy(
-                update={"name": origin.local} if isinstance(ref, types.PromptReference) else {"uri": origin.local}
-            )
-            return types.CompleteRequest(params=params.model_copy(update={"ref": local_ref, "meta": meta}))
-
-        found = await self.forward(
-            "completion/complete", name, (origin,), build, types.CompleteResult, call, self.outboxes.progress(ctx)
-        )
-        return found[1]
 
     # -- logging and roots -----------------------------------------------------------------------------------------
 
