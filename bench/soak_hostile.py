@@ -5,7 +5,8 @@
 Everything runs on loopback and stops by itself. The gateway measured is the one in this checkout (``python -m
 gateway serve``, ``PYTHONPATH`` at the project root) in front of three backends, every tool prefixed with its
 backend's name: ``h`` (tests/fixtures/faults_server.py over streamable HTTP: echo, sleep), ``f`` and ``s``
-(tests/fixtures/fidelity_server.py over streamable HTTP and over stdio: pid, elicit, progress). Two callers: ``bob``
+(tests/fixtures/fidelity_server.py over streamable HTTP and over stdio: pid, elicit, progress; both serve either
+era, so they are declared ``protocol: handshake``: a 2026-07-28 client's call to them is then bridged). Two callers: ``bob``
 (the bystander) and ``alice`` (hostile). Markdown goes to stdout, progress to stderr; the exit status is 0 whatever
 the figures say, 2 only when the harness itself failed.
 
@@ -85,8 +86,8 @@ gateway:
   naming: {{mode: always, separator: "__"}}
 servers:
   h: {{transport: streamable_http, url: "{h_url}", timeout_s: 60}}
-  f: {{transport: streamable_http, url: "{f_url}", timeout_s: 60}}
-  s: {{transport: stdio, command: "{PY}", args: {stdio}, timeout_s: 60}}
+  f: {{transport: streamable_http, url: "{f_url}", timeout_s: 60, protocol: handshake}}
+  s: {{transport: stdio, command: "{PY}", args: {stdio}, timeout_s: 60, protocol: handshake}}
 """
 
 
