@@ -2,7 +2,7 @@
 
 The SDK's ``mcp.server.stdio.stdio_server()`` reads stdin and writes stdout through ``anyio.wrap_file``: every line
 read and every flush is a hop to a worker thread and back (a py-spy profile of ``serve --stdio`` put 20% and 14% of
-its samples there, docs/benchmarks.md section 8). When stdin and stdout are pipes or sockets (what a client that
+its samples there, docs/benchmarks.md). When stdin and stdout are pipes or sockets (what a client that
 spawns the gateway hands it), :func:`stdio_edge` serves them as non-blocking pipes on the event loop instead
 (``loop.connect_read_pipe`` / ``connect_write_pipe``) and yields the same pair of memory object streams:
 
