@@ -113,10 +113,7 @@ class Named:
                 raise MCPError(types.INVALID_PARAMS, "Resource not found", {"uri": clip(params.uri, URI_CHARS)})
             return found
         await self.gateway.router.wait_started("resources/read", params.uri, ctx=call)
-        bridged = await self._bridged(ctx, "resources/read", params.uri, None, params, call, self._read)
-        if bridged is not None:
-            return bridged
-        return await self._read(ctx, params, call)
+        return await self._bridged(ctx, "resources/read", params.uri, None, params, call, self._read)
 
     async def _read(
         self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams, call: CallContext
@@ -218,10 +215,7 @@ class Named:
     async def get_prompt(self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams) -> Any:
         call = self.face.context(ctx)
         await self.gateway.router.wait_started("prompts/get", params.name, arguments=params.arguments, ctx=call)
-        bridged = await self._bridged(ctx, "prompts/get", params.name, params.arguments, params, call, self._prompt)
-        if bridged is not None:
-            return bridged
-        return await self._prompt(ctx, params, call)
+        return await self._bridged(ctx, "prompts/get", params.name, params.arguments, params, call, self._prompt)
 
     async def _prompt(
         self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams, call: CallContext
@@ -264,17 +258,17 @@ class Named:
         call: CallContext,
         serve: Callable[[ServerRequestContext[Any], Any, CallContext], Any],
     ) -> Any:
-        """A stateless client's ``prompts/get`` or ``resources/read``, bridged (served by ``serve`` with the bridge as
-        its back-channel) when a handshake-era backend serves it or its state names a waiting request; else None."""
+        """A ``prompts/get`` or ``resources/read`` served by ``serve``: a stateless client's bridged (with the bridge as
+        its back-channel) when a handshake-era backend serves it or its state names a waiting request."""
         if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
-            return None
+            return await serve(ctx, params, call)
         bridges, caller = self.face.eras.bridges, call.caller.name
         bridge: Bridge | None
         if params.request_state is None:
             lists = self.gateway.catalog.lists
             origins = (lists.prompt(name),) if method == "prompts/get" else lists.resolve(name)
             if not may_ask(self.gateway.backends, [o.backend for o in origins if o is not None]):
-                return None
+                return await serve(ctx, params, call)
             plain = params.model_copy(update={"input_responses": None})
             retry = ahead(params.input_responses)
 
@@ -286,7 +280,7 @@ class Named:
             found = self.face.eras.opened(method, name, arguments, caller, params.request_state)
             bridge = bridges.reopened(found, method, caller, params.input_responses)
             if bridge is None:
-                return None
+                return await serve(ctx, params, call)
         return await bridges.next(
             ctx.session.client_capabilities, bridge, method=method, name=name, arguments=arguments, caller=caller
         )
