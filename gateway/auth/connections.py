@@ -34,10 +34,13 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from gateway.errors import AuditError
 from gateway.ledger.token_rows import TokenRow, open_token_rows
 
-__all__ = ["CLIENT_ROW", "Connection", "Connections", "SignInFailed"]
+__all__ = ["CLIENT_ROW", "OPEN_CALLER", "Connection", "Connections", "SignInFailed"]
 
 CLIENT_ROW = ""
 """The caller name of a server's registered-client row."""
+OPEN_CALLER = "local"
+"""Who signs in on a gateway without tokens (open, loopback only): the browser at its pages and the unnamed caller of
+its MCP endpoint alike, so a sign-in made on the page serves the calls (never the client row's ``""``)."""
 _INFO = b"mcp-gateway/downstream-tokens/v1"
 
 WATCH_S = 5.0

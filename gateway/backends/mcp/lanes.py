@@ -86,6 +86,7 @@ class Lane:
     failure: str | None = None
     no_credential: bool = False
     link: str | None = None  # where the caller signs in, when that is what it lacks
+    recorder: ResponseRecorder | None = None  # its HTTP error answers, once open
 
     @property
     def closed(self) -> anyio.Event:
@@ -245,6 +246,15 @@ class Lanes:
             self._callers[key] = lane
         return await self._opened(lane, f"caller {caller or 'anonymous'}")
 
+    def take_challenge(self, caller: str) -> str | None:
+        """The ``WWW-Authenticate`` of the last 403 ``insufficient_scope`` on ``caller``'s session, taken (once)."""
+        lane = self._callers.get(caller)
+        recorder = lane.recorder if lane is not None else None
+        if recorder is None:
+            return None
+        challenge, recorder.challenge = recorder.challenge, None
+        return challenge
+
     def close_caller(self, caller: str, reason: str) -> None:
         """End ``caller``'s own session now (its next request opens a new one, with what its credentials are then)."""
         lane = self._callers.get(caller)
@@ -288,6 +298,7 @@ class _Opening:
         """The session is open: no deadline from now on, and the lane's waiters are let through."""
         self.scope.deadline = math.inf
         lane.session = session
+        lane.recorder = self.recorder
         lane.ready.set()
 
 

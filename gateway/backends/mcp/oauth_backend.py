@@ -13,6 +13,7 @@ counted as a flap.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 from contextlib import _AsyncGeneratorContextManager
@@ -23,12 +24,16 @@ import mcp_types as types
 from anyio.abc import TaskStatus
 from mcp.client.session import ClientSession, MessageHandlerFnT
 
+from gateway.auth.connections import OPEN_CALLER
 from gateway.auth.credentials import NoCredential
+from gateway.backends.base import ProgressFn
 from gateway.backends.mcp.failures import Life, ResponseRecorder
 from gateway.backends.mcp.relay import InFlight
 from gateway.backends.mcp.session import McpBackend
 from gateway.backends.mcp.signin import OAuthCredentials, SignIn
+from gateway.calls import Upstream
 from gateway.config import HttpServer
+from gateway.errors import BackendRpcError, CredentialMissing
 
 __all__ = ["SIGN_IN_RECHECK_S", "OAuthBackend"]
 
@@ -54,6 +59,7 @@ class OAuthBackend(McpBackend):
         self._listing_as: str | None = None
         self._signed_in = anyio.Event()
         self._token_ended = False
+        signin.on_stepped_up = functools.partial(self._close_caller, reason="its caller signed in with more scope")
 
     @property
     def signin(self) -> SignIn:
@@ -66,6 +72,33 @@ class OAuthBackend(McpBackend):
                 await super().run(task_status=task_status)
             finally:
                 self._signin.attach(None)
+
+    async def _send(
+        self,
+        request: Any,
+        result_type: Any,
+        progress: ProgressFn | None,
+        upstream: Upstream,
+        *,
+        per_client: bool,
+        on: ClientSession | None = None,
+    ) -> Any:
+        """The base's; a caller's request the server refused for want of scope (403 ``insufficient_scope``) is
+        answered with the sign-in that asks for more, when one can help (``SignIn.step_up``)."""
+        try:
+            return await super()._send(request, result_type, progress, upstream, per_client=per_client, on=on)
+        except BackendRpcError:
+            caller = upstream.caller.name or ""
+            challenge = self._lanes.take_challenge(caller) if self._signin.per_caller else None
+            if challenge is None or not await self._signin.step_up(caller, challenge):
+                raise
+        link = self._signin.link
+        raise CredentialMissing(
+            self._name,
+            f"server {self._name} wants more access than caller {caller or 'anonymous'} granted it: open {link} in a "
+            "browser to sign in again, then call again",
+            link=link,
+        )
 
     async def _session_lifetime(self, on_first_outcome: Callable[[], None]) -> None:
         if await self._take_token(on_first_outcome):
@@ -135,13 +168,18 @@ class OAuthBackend(McpBackend):
             self._token_ended, uptime = False, math.inf
         super()._lost(life, detail, uptime=uptime, failure=failure)
 
+    def _close_caller(self, row: str, reason: str) -> None:
+        """End the session of the caller whose token is stored as ``row`` (the open gateway's is the unnamed one)."""
+        for caller in {row, "" if row == OPEN_CALLER else row}:
+            self._lanes.close_caller(caller, reason)
+
     def connection_changed(self, caller: str, removed: bool) -> None:
         """``caller`` signed in, or was signed out (``removed``): a shared session waiting for a token tries again;
         a signed-out caller's own session ends now, and the shared session if it used their token."""
         self._signed_in.set()
         if not removed:
             return
-        self._lanes.close_caller(caller, "its caller was signed out")
+        self._close_caller(caller, "its caller was signed out")
         if self._listing_as == caller and not self._life.lost.is_set():
             self._token_ended = True
             self._life.mark_lost(f"signed out: open {self._signin.link} to sign in")

@@ -23,7 +23,7 @@ through the egress guard (egress.py: never link-local or metadata addresses, pri
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -35,16 +35,25 @@ import structlog
 from mcp.client.auth import OAuthClientProvider
 from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuthProvider
 from mcp.client.auth.oauth2 import OAuthContext
+from mcp.client.auth.utils import extract_field_from_www_auth
 from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
 
-from gateway.auth.connections import CLIENT_ROW, Connections, SignInFailed
+from gateway.auth.connections import CLIENT_ROW, OPEN_CALLER, Connections, SignInFailed
 from gateway.auth.credentials import NoCredential
 from gateway.backends.mcp.egress import Admitting, guard
 from gateway.config import DownstreamOAuth, HttpServer
 from gateway.observe.logs import redactor
 from gateway.version import VERSION
 
-__all__ = ["EXPIRY_MARGIN_S", "GATEWAY_ROW", "SIGN_IN_TTL_S", "OAuthCredentials", "SignIn", "SignInFailed"]
+__all__ = [
+    "EXPIRY_MARGIN_S",
+    "GATEWAY_ROW",
+    "MAX_STEP_UPS",
+    "SIGN_IN_TTL_S",
+    "OAuthCredentials",
+    "SignIn",
+    "SignInFailed",
+]
 
 log = structlog.get_logger("gateway.signin")
 
@@ -54,6 +63,9 @@ EXPIRY_MARGIN_S = 30.0
 """A token with less than this left is refreshed before a session is opened with it."""
 MAX_ANSWER_BYTES = 256 * 1024
 """The largest answer taken from a metadata, registration or token endpoint."""
+MAX_STEP_UPS = 2
+"""Sign-ins one caller is asked for, for one scope a server wants beyond what they hold (403 ``insufficient_scope``);
+past it the server's refusal is the answer."""
 MAX_PENDING = 256
 """Sign-ins waiting for their callback at once, per server; past it, the oldest is dropped."""
 GATEWAY_ROW = "*"
@@ -64,13 +76,19 @@ _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 class _Discovery(httpx2.AsyncBaseTransport):
     """The flow's requests: https only (see the module docstring), through the egress guard, answers bounded."""
 
-    def __init__(self, oauth: DownstreamOAuth, server: HttpServer) -> None:
+    def __init__(self, oauth: DownstreamOAuth, server: HttpServer, challenge: str | None = None) -> None:
         self._allow_http = oauth.allow_http
         self._server = httpx2.URL(server.url)  # the operator's own URL: as the file says (config checked it)
         self._inner = Admitting(guard(httpx2.AsyncHTTPTransport(trust_env=False)), server.allow_private)
+        self._challenge = challenge
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         url = request.url
+        if self._challenge is not None and url.copy_with(query=None) == self._server:
+            # a step-up: the flow's first request meets the 403 the server gave the caller's call, so the SDK asks
+            # for the union of what was granted and what is wanted (SEP-2350)
+            headers, self._challenge = {"www-authenticate": self._challenge}, None
+            return httpx2.Response(403, headers=headers, json={"error": "insufficient_scope"}, request=request)
         allowed = url.scheme == "https" or url.copy_with(query=None) == self._server
         if not allowed and not (self._allow_http and url.scheme == "http" and url.host in _LOOPBACK):
             raise SignInFailed(f"the server led the sign-in to {url.scheme}://{url.host}, which is not https")
@@ -123,6 +141,7 @@ class _Pending:
     """One started sign-in, between ``begin`` and its callback."""
 
     caller: str
+    challenge: str | None = None  # a step-up: the server's 403 ``insufficient_scope`` to the caller's call
     started: float = field(default_factory=time.monotonic)
     url: str | None = None
     redirected: anyio.Event = field(default_factory=anyio.Event)
@@ -144,7 +163,11 @@ class SignIn:
         self._connect_url = connect_url
         self._pending: dict[str, _Pending] = {}
         self._refreshing: dict[str, anyio.Lock] = {}
+        self._challenges: dict[str, str] = {}
+        self._step_ups: dict[tuple[str, frozenset[str]], int] = {}
         self._tg: anyio.abc.TaskGroup | None = None
+        self.on_stepped_up: Callable[[str], None] = lambda caller: None
+        """Told the caller whose sign-in got more scope (their open session still carries the narrower token)."""
 
     @property
     def per_caller(self) -> bool:
@@ -158,6 +181,11 @@ class SignIn:
     @property
     def redirect_uri(self) -> str:
         return f"{self._connect_url}/ui/connect/callback"
+
+    def row(self, caller: str) -> str:
+        """Under which name ``caller``'s token is stored: the gateway's own (``per: gateway``), ``OPEN_CALLER`` for
+        the unnamed caller of an open gateway, else the caller's name."""
+        return GATEWAY_ROW if self.oauth.per == "gateway" else caller or OPEN_CALLER
 
     def attach(self, tg: anyio.abc.TaskGroup | None) -> None:
         """The task group the flows run in (the backend's own, while it runs)."""
@@ -179,7 +207,8 @@ class SignIn:
                 f"server {self.name} is used with the gateway's own identity: there is nothing to sign in"
             )
         self._forget_stale()
-        pending = _Pending(caller)
+        caller = self.row(caller)
+        pending = _Pending(caller, self._challenges.get(caller))
         self._tg.start_soon(self._flow, pending)
         with anyio.move_on_after(self.oauth.timeout_s * 4):
             async with anyio.create_task_group() as either:
@@ -246,6 +275,9 @@ class SignIn:
             callback_handler=callback,
             client_metadata_url=self.oauth.client_metadata_url,
         )
+        if pending.challenge is not None:  # what the caller holds now: the SDK unions its scope with the wanted
+            held = await self._store.get(self.name, pending.caller)
+            storage.tokens = OAuthToken.model_validate(held["token"]) if held else None
         with anyio.move_on_after(SIGN_IN_TTL_S):
             await self._run(provider, storage, pending.caller, pending)
         if not pending.done.is_set():
@@ -257,9 +289,11 @@ class SignIn:
         self, provider: OAuthClientProvider, storage: _Memory, caller: str, pending: _Pending | None
     ) -> None:
         """Send the ``initialize`` through ``provider`` and store the tokens it got for ``caller``."""
+        challenge = pending.challenge if pending is not None else None
+        held = storage.tokens
         try:
             async with httpx2.AsyncClient(
-                transport=_Discovery(self.oauth, self._config),
+                transport=_Discovery(self.oauth, self._config, challenge),
                 timeout=self.oauth.timeout_s,
                 trust_env=False,
                 headers={"accept-encoding": "identity"},
@@ -274,10 +308,14 @@ class SignIn:
                 if session:  # the flow's own session is not kept
                     with anyio.move_on_after(self.oauth.timeout_s):
                         await http.delete(self._config.url, headers={"mcp-session-id": session}, auth=provider)
-            if storage.tokens is None:
+            if storage.tokens is None or storage.tokens is held:
                 raise SignInFailed(f"server {self.name} answered HTTP {response.status_code} without asking to sign in")
             await self._save(caller, storage.tokens, provider.context)
-            log.info("signin.connected", backend=self.name, caller=caller)
+            log.info("signin.connected", backend=self.name, caller=caller, step_up=challenge is not None)
+            if challenge is not None:
+                if self._challenges.get(caller) == challenge:
+                    del self._challenges[caller]
+                self.on_stepped_up(caller)
         except Exception as exc:  # reported in plain words to the page (and the log), never a token
             reason = str(exc) if isinstance(exc, SignInFailed) else _plain(exc)
             log.warning("signin.failed", backend=self.name, caller=caller, reason=reason)
@@ -328,6 +366,27 @@ class SignIn:
         pending.done.set()
         pending.answered.set()  # the flow's callback wakes and fails on the missing result
 
+    # -- step-up ---------------------------------------------------------------------------------------------------
+
+    async def step_up(self, caller: str, challenge: str) -> bool:
+        """The server answered ``caller``'s call 403 ``insufficient_scope`` (``challenge``, its ``WWW-Authenticate``):
+        whether the caller is to sign in again, asking for the union of the scope they hold and the one wanted (their
+        next ``begin`` does). Bounded: never when what they hold covers what is wanted already (the server will not
+        be satisfied by any sign-in), and at most ``MAX_STEP_UPS`` times for one caller and one demand."""
+        caller = self.row(caller)
+        wanted = frozenset((_field(challenge, "scope") or "").split())
+        held = await self._store.get(self.name, caller)
+        granted = frozenset(str((held or {}).get("token", {}).get("scope") or "").split())
+        if not wanted or wanted <= granted:
+            return False
+        tries = self._step_ups.get((caller, wanted), 0)
+        if tries >= MAX_STEP_UPS:
+            return False
+        self._step_ups[(caller, wanted)] = tries + 1
+        self._challenges[caller] = challenge
+        log.info("signin.step_up", backend=self.name, caller=caller, wanted=" ".join(sorted(wanted - granted)))
+        return True
+
     # -- tokens for sessions ---------------------------------------------------------------------------------------
 
     async def token(self, caller: str) -> tuple[str, float | None]:
@@ -338,7 +397,7 @@ class SignIn:
             NoCredential: the caller has not signed in (or their sign-in ran out and cannot be refreshed), with the
                 link where they sign in.
         """
-        row = GATEWAY_ROW if self.oauth.per == "gateway" else caller
+        row = self.row(caller)
         lock = self._refreshing.setdefault(row, anyio.Lock())
         async with lock:
             document = await self._store.get(self.name, row)
@@ -465,6 +524,11 @@ def _left(document: dict[str, Any]) -> float | None:
     """Seconds the document's access token has left (None: the server did not say)."""
     expires_at = document.get("expires_at")
     return float(expires_at) - time.time() if isinstance(expires_at, int | float) else None
+
+
+def _field(challenge: str, name: str) -> str | None:
+    """A parameter of a ``WWW-Authenticate`` header."""
+    return extract_field_from_www_auth(httpx2.Response(401, headers={"www-authenticate": challenge}), name)
 
 
 def _plain(exc: BaseException) -> str:
