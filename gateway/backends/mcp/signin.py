@@ -14,10 +14,8 @@ request with ``client_credentials`` instead.
 ``token(caller)`` is what a caller's session sends: the stored access token, refreshed (``refresh_token`` grant)
 when it has less than ``EXPIRY_MARGIN_S`` left; with none, ``NoCredential`` carrying the sign-in link.
 
-Every request of the flow (discovery, registration, token; never a redirect, which is not followed) goes through
-``_Discovery``: ``https`` only (plain ``http`` to a loopback host only with ``allow_http``), each connection made
-through the egress guard (egress.py: never link-local or metadata addresses, private ones only with
-``allow_private``), each answer at most ``MAX_ANSWER_BYTES`` and each request at most ``timeout_s``.
+Every request of the flow (discovery, registration, token) goes through ``FlowTransport`` (flow_http.py): https
+only, through the egress guard, answers and times bounded.
 """
 
 from __future__ import annotations
@@ -38,10 +36,10 @@ from mcp.client.auth.oauth2 import OAuthContext
 from mcp.client.auth.utils import extract_field_from_www_auth
 from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
 
-from gateway.auth.connections import CLIENT_ROW, OPEN_CALLER, Connections, SignInFailed
+from gateway.auth.connections import OPEN_CALLER, Connections, SignInFailed
 from gateway.auth.credentials import NoCredential
-from gateway.backends.mcp.egress import Admitting, guard
-from gateway.config import DownstreamOAuth, HttpServer
+from gateway.backends.mcp.flow_http import FlowStorage, FlowTransport
+from gateway.config import HttpServer
 from gateway.observe.logs import redactor
 from gateway.version import VERSION
 
@@ -61,8 +59,6 @@ SIGN_IN_TTL_S = 600.0
 """How long a started sign-in waits for its callback; then its ``state`` is refused."""
 EXPIRY_MARGIN_S = 30.0
 """A token with less than this left is refreshed before a session is opened with it."""
-MAX_ANSWER_BYTES = 256 * 1024
-"""The largest answer taken from a metadata, registration or token endpoint."""
 MAX_STEP_UPS = 2
 """Sign-ins one caller is asked for, for one scope a server wants beyond what they hold (403 ``insufficient_scope``);
 past it the server's refusal is the answer."""
@@ -70,70 +66,6 @@ MAX_PENDING = 256
 """Sign-ins waiting for their callback at once, per server; past it, the oldest is dropped."""
 GATEWAY_ROW = "*"
 """The caller name under which a ``per: gateway`` server's token is stored."""
-_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
-
-
-class _Discovery(httpx2.AsyncBaseTransport):
-    """The flow's requests: https only (see the module docstring), through the egress guard, answers bounded."""
-
-    def __init__(self, oauth: DownstreamOAuth, server: HttpServer, challenge: str | None = None) -> None:
-        self._allow_http = oauth.allow_http
-        self._server = httpx2.URL(server.url)  # the operator's own URL: as the file says (config checked it)
-        self._inner = Admitting(guard(httpx2.AsyncHTTPTransport(trust_env=False)), server.allow_private)
-        self._challenge = challenge
-
-    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        url = request.url
-        if self._challenge is not None and url.copy_with(query=None) == self._server:
-            # a step-up: the flow's first request meets the 403 the server gave the caller's call, so the SDK asks
-            # for the union of what was granted and what is wanted (SEP-2350)
-            headers, self._challenge = {"www-authenticate": self._challenge}, None
-            return httpx2.Response(403, headers=headers, json={"error": "insufficient_scope"}, request=request)
-        allowed = url.scheme == "https" or url.copy_with(query=None) == self._server
-        if not allowed and not (self._allow_http and url.scheme == "http" and url.host in _LOOPBACK):
-            raise SignInFailed(f"the server led the sign-in to {url.scheme}://{url.host}, which is not https")
-        response = await self._inner.handle_async_request(request)
-        body, size = [], 0
-        try:
-            async for chunk in response.stream:  # type: ignore[union-attr]
-                size += len(chunk)
-                if size > MAX_ANSWER_BYTES:
-                    raise SignInFailed(f"{url.host} answered more than {MAX_ANSWER_BYTES} bytes during the sign-in")
-                body.append(chunk)
-        finally:
-            await response.aclose()
-        return httpx2.Response(response.status_code, headers=response.headers, content=b"".join(body), request=request)
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-
-class _Memory:
-    """The SDK's ``TokenStorage`` for one flow: the server's registered client from the store, tokens in memory
-    (the flow stores them sealed when it completes)."""
-
-    def __init__(self, store: Connections, backend: str, fixed: OAuthClientInformationFull | None) -> None:
-        self._store, self._backend, self._fixed = store, backend, fixed
-        self.tokens: OAuthToken | None = None
-
-    async def get_tokens(self) -> OAuthToken | None:
-        return self.tokens
-
-    async def set_tokens(self, tokens: OAuthToken) -> None:
-        redactor.add([tokens.access_token, *([tokens.refresh_token] if tokens.refresh_token else [])])
-        self.tokens = tokens
-
-    async def get_client_info(self) -> OAuthClientInformationFull | None:
-        if self._fixed is not None:
-            return self._fixed
-        document = await self._store.get(self._backend, CLIENT_ROW)
-        return OAuthClientInformationFull.model_validate(document["client"]) if document else None
-
-    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
-        if client_info.client_secret:
-            redactor.add([client_info.client_secret])
-        if self._fixed is None:
-            await self._store.put(self._backend, CLIENT_ROW, {"client": client_info.model_dump(mode="json")}, None)
 
 
 @dataclass(eq=False)
@@ -260,7 +192,7 @@ class SignIn:
             assert pending.result is not None
             return pending.result
 
-        storage = _Memory(self._store, self.name, self._fixed_client())
+        storage = FlowStorage(self._store, self.name, self._fixed_client())
         provider = OAuthClientProvider(
             self._config.url,
             OAuthClientMetadata(
@@ -286,14 +218,14 @@ class SignIn:
         pending.done.set()
 
     async def _run(
-        self, provider: OAuthClientProvider, storage: _Memory, caller: str, pending: _Pending | None
+        self, provider: OAuthClientProvider, storage: FlowStorage, caller: str, pending: _Pending | None
     ) -> None:
         """Send the ``initialize`` through ``provider`` and store the tokens it got for ``caller``."""
         challenge = pending.challenge if pending is not None else None
         held = storage.tokens
         try:
             async with httpx2.AsyncClient(
-                transport=_Discovery(self.oauth, self._config, challenge),
+                transport=FlowTransport(self.oauth, self._config, challenge),
                 timeout=self.oauth.timeout_s,
                 trust_env=False,
                 headers={"accept-encoding": "identity"},
@@ -445,7 +377,7 @@ class SignIn:
         context = OAuthContext(
             server_url=self._config.url,
             client_metadata=OAuthClientMetadata(redirect_uris=[self.redirect_uri]),  # type: ignore[list-item]
-            storage=_Memory(self._store, self.name, None),
+            storage=FlowStorage(self._store, self.name, None),
             redirect_handler=None,
             callback_handler=None,
         )
@@ -457,7 +389,7 @@ class SignIn:
         form, headers = context.prepare_token_auth(form, {"accept": "application/json"})
         try:
             async with httpx2.AsyncClient(
-                transport=_Discovery(self.oauth, self._config), timeout=self.oauth.timeout_s
+                transport=FlowTransport(self.oauth, self._config), timeout=self.oauth.timeout_s
             ) as http:
                 response = await http.post(endpoint, data=form, headers=headers)
             fresh = OAuthToken.model_validate_json(response.content) if response.status_code == 200 else None
@@ -479,7 +411,7 @@ class SignIn:
     async def _client_credentials(self) -> dict[str, Any] | None:
         """The gateway's own token (``per: gateway``), by ``client_credentials``; None when refused."""
         assert self.oauth.client_id is not None and self.oauth.client_secret is not None
-        storage = _Memory(self._store, self.name, None)
+        storage = FlowStorage(self._store, self.name, None)
         provider = ClientCredentialsOAuthProvider(
             self._config.url, storage, self.oauth.client_id, self.oauth.client_secret, scope=self.oauth.scope
         )
