@@ -31,7 +31,11 @@ import anyio.abc
 import httpx2
 import structlog
 from mcp.client.auth import OAuthClientProvider
-from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuthProvider
+from mcp.client.auth.extensions.client_credentials import (
+    ClientCredentialsOAuthProvider,
+    PrivateKeyJWTOAuthProvider,
+    SignedJWTParameters,
+)
 from mcp.client.auth.oauth2 import OAuthContext
 from mcp.client.auth.utils import extract_field_from_www_auth
 from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
@@ -59,6 +63,8 @@ SIGN_IN_TTL_S = 600.0
 """How long a started sign-in waits for its callback; then its ``state`` is refused."""
 EXPIRY_MARGIN_S = 30.0
 """A token with less than this left is refreshed before a session is opened with it."""
+ASSERTION_TTL_S = 60
+"""How long a client assertion (``private_key_jwt``) is valid: it is made for one token request."""
 MAX_STEP_UPS = 2
 """Sign-ins one caller is asked for, for one scope a server wants beyond what they hold (403 ``insufficient_scope``);
 past it the server's refusal is the answer."""
@@ -94,6 +100,9 @@ class SignIn:
         self._store = store
         self._connect_url = connect_url
         self._pending: dict[str, _Pending] = {}
+        self._signing_key = self.oauth.signing_key()  # read once, at startup (config checked it opens)
+        if self._signing_key is not None:
+            redactor.add([self._signing_key])
         self._refreshing: dict[str, anyio.Lock] = {}
         self._challenges: dict[str, str] = {}
         self._step_ups: dict[tuple[str, frozenset[str]], int] = {}
@@ -409,12 +418,28 @@ class SignIn:
         return renewed
 
     async def _client_credentials(self) -> dict[str, Any] | None:
-        """The gateway's own token (``per: gateway``), by ``client_credentials``; None when refused."""
-        assert self.oauth.client_id is not None and self.oauth.client_secret is not None
-        storage = FlowStorage(self._store, self.name, None)
-        provider = ClientCredentialsOAuthProvider(
-            self._config.url, storage, self.oauth.client_id, self.oauth.client_secret, scope=self.oauth.scope
-        )
+        """The gateway's own token (``per: gateway``), by ``client_credentials``: authenticated with the client
+        secret, or with a client assertion signed with the configured key (``private_key_jwt``, RFC 7523; its
+        audience the authorization server's issuer); None when refused."""
+        oauth, storage = self.oauth, FlowStorage(self._store, self.name, None)
+        assert oauth.client_id is not None
+        provider: OAuthClientProvider
+        if self._signing_key is not None:
+            assertion = SignedJWTParameters(
+                issuer=oauth.client_id,
+                subject=oauth.client_id,
+                signing_key=self._signing_key,
+                signing_algorithm=oauth.signing_algorithm,
+                lifetime_seconds=ASSERTION_TTL_S,
+            ).create_assertion_provider()
+            provider = PrivateKeyJWTOAuthProvider(
+                self._config.url, storage, oauth.client_id, assertion, scope=oauth.scope
+            )
+        else:
+            assert oauth.client_secret is not None
+            provider = ClientCredentialsOAuthProvider(
+                self._config.url, storage, oauth.client_id, oauth.client_secret, scope=oauth.scope
+            )
         try:
             await self._run(provider, storage, GATEWAY_ROW, None)
         except SignInFailed:
