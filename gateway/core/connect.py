@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import structlog
 
@@ -20,7 +21,7 @@ from gateway.backends.base import Backend, SignsIn
 from gateway.config import Federation, HttpServer
 from gateway.config.loading import environ
 
-__all__ = ["SignIns", "connect_url", "open_connections"]
+__all__ = ["SignIns", "connect_url", "open_connections", "uses_oauth"]
 
 log = structlog.get_logger("gateway.signin")
 
@@ -59,9 +60,16 @@ def connect_url(config: Federation) -> str:
 class SignIns:
     """The running backends' sign-ins, found by server name or by a pending ``state``."""
 
-    def __init__(self, backends: Callable[[], Mapping[str, Backend]], store: Connections) -> None:
+    def __init__(
+        self,
+        backends: Callable[[], Mapping[str, Backend]],
+        store: Connections,
+        document: Mapping[str, Any] | None = None,
+    ) -> None:
         self._backends = backends
         self.store = store
+        self.client_document = document
+        """The gateway's Client ID Metadata Document (backends/mcp/signin.py ``client_document``), None: none."""
         store.on_change(self._changed)
 
     def _signins(self) -> dict[str, SignsIn]:

@@ -39,14 +39,14 @@ from gateway.backends.cli.backend import CliBackend
 from gateway.backends.cli.checks import PROBE_TIMEOUT_S
 from gateway.backends.mcp.oauth_backend import OAuthBackend
 from gateway.backends.mcp.session import HttpPool, McpBackend, NotificationHook
-from gateway.backends.mcp.signin import SignIn
+from gateway.backends.mcp.signin import SignIn, client_document
 from gateway.backends.wiki.backend import WikiBackend
 from gateway.calls import ClientLink, Upstream
 from gateway.config import Federation, HttpServer
 from gateway.core.answers import Answers
 from gateway.core.breakers import Breakers, BreakerState
 from gateway.core.catalog import Catalog
-from gateway.core.connect import SignIns, connect_url, open_connections
+from gateway.core.connect import SignIns, connect_url, open_connections, uses_oauth
 from gateway.core.costs import Cost, costs_from
 from gateway.core.gate import ClientPolicy
 from gateway.core.leaks import Leaks
@@ -232,7 +232,8 @@ class Gateway:
             self.router.use_instruments(self.ledger, self.tracer)
             connections = open_connections(self.config)
             stack.callback(connections.close)
-            self.sign_ins = SignIns(lambda: self._backends, connections)
+            document = client_document(connect_url(self.config), self.config.gateway.name)
+            self.sign_ins = SignIns(lambda: self._backends, connections, document if uses_oauth(self.config) else None)
             await self.refresh_pins(rebuild=False)  # before any tool is listed: nothing unapproved is served
             async with anyio.create_task_group() as tg:
                 self.started_at = anyio.current_time()

@@ -188,14 +188,15 @@ def test_every_check_that_passes_directly_passes_through_the_gateway(
 
 # The client scenarios that concern the gateway's downstream side, with the checks each must pass. The auth/* ones
 # run the gateway with auth.oauth and sign in through its page (gateway_as_client.py); not yet passing, and so not
-# here: basic-cimd (needs a published client metadata document), 2025-03-26-oauth-metadata-backcompat and
-# cross-app-access-complete-flow. Each signed-in scenario counts one valid-bearer-token check more than a direct
-# client would: the gateway asks server/discover before the handshake (it learns the eras at connect, issue 25).
-# scope-retry-limit's server refuses every operation 403 (the driver's wait for the tools times out, which the
-# scenario allows); it checks the gateway signs in at most 3 times. scope-step-up's server wants more scope for
-# tools/call than for listing: the call is answered with the sign-in link, the driver opens it (the second
-# authorization request asks for the union of scopes) and calls again. client-credentials-jwt: the scenario's EC key
-# reaches the gateway as ${VAR}; its assertion is verified against the scenario's public key.
+# here: 2025-03-26-oauth-metadata-backcompat and cross-app-access-complete-flow. Each signed-in scenario counts one
+# valid-bearer-token check more than a direct client would: the gateway asks server/discover before the handshake (it
+# learns the eras at connect, issue 25). scope-retry-limit's server refuses every operation 403 (the driver's wait
+# for the tools times out, which the scenario allows); it checks the gateway signs in at most 3 times. scope-step-up's
+# server wants more scope for tools/call than for listing: the call is answered with the sign-in link, the driver
+# opens it (the second authorization request asks for the union of scopes) and calls again. client-credentials-jwt:
+# the scenario's EC key reaches the gateway as ${VAR}; its assertion is verified against the scenario's public key.
+# basic-cimd checks for one fixed client id, configured as client_metadata_url (the gateway's own document needs an
+# https connect_url: tests/backends/mcp/test_client_document.py).
 CLIENT_SCENARIOS = {
     "initialize": 1,
     "tools_call": 1,
@@ -220,6 +221,7 @@ CLIENT_SCENARIOS = {
     "auth/scope-retry-limit": 10,
     "auth/scope-step-up": 24,
     "auth/client-credentials-jwt": 9,
+    "auth/basic-cimd": 14,
 }
 
 

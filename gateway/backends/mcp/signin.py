@@ -48,6 +48,7 @@ from gateway.observe.logs import redactor
 from gateway.version import VERSION
 
 __all__ = [
+    "CLIENT_DOCUMENT",
     "EXPIRY_MARGIN_S",
     "GATEWAY_ROW",
     "MAX_STEP_UPS",
@@ -55,6 +56,7 @@ __all__ = [
     "OAuthCredentials",
     "SignIn",
     "SignInFailed",
+    "client_document",
 ]
 
 log = structlog.get_logger("gateway.signin")
@@ -63,6 +65,8 @@ SIGN_IN_TTL_S = 600.0
 """How long a started sign-in waits for its callback; then its ``state`` is refused."""
 EXPIRY_MARGIN_S = 30.0
 """A token with less than this left is refreshed before a session is opened with it."""
+CLIENT_DOCUMENT = "/ui/connect/client.json"
+"""Where the gateway publishes its own Client ID Metadata Document (``client_document``), under ``connect_url``."""
 ASSERTION_TTL_S = 60
 """How long a client assertion (``private_key_jwt``) is valid: it is made for one token request."""
 MAX_STEP_UPS = 2
@@ -113,6 +117,15 @@ class SignIn:
     @property
     def per_caller(self) -> bool:
         return self.oauth.per == "caller"
+
+    @property
+    def client_metadata_url(self) -> str | None:
+        """The client id the gateway offers an authorization server that supports Client ID Metadata Documents: the
+        configured ``client_metadata_url``, else its own document (``CLIENT_DOCUMENT``) when browsers reach the
+        gateway over https (a client id must be an https URL an authorization server can fetch)."""
+        if self.oauth.client_metadata_url is not None or not self._connect_url.startswith("https://"):
+            return self.oauth.client_metadata_url
+        return f"{self._connect_url}{CLIENT_DOCUMENT}"
 
     @property
     def link(self) -> str:
@@ -214,7 +227,7 @@ class SignIn:
             storage,
             redirect_handler=redirect,
             callback_handler=callback,
-            client_metadata_url=self.oauth.client_metadata_url,
+            client_metadata_url=self.client_metadata_url,
         )
         if pending.challenge is not None:  # what the caller holds now: the SDK unions its scope with the wanted
             held = await self._store.get(self.name, pending.caller)
@@ -470,6 +483,21 @@ class OAuthCredentials:
         """Raises: NoCredential: the caller has not signed in (the message carries the link)."""
         token, lifetime = await self._signin.token(caller or "")
         return {**self._headers, "Authorization": f"Bearer {token}"}, lifetime
+
+
+def client_document(connect_url: str, name: str) -> dict[str, Any]:
+    """The gateway's Client ID Metadata Document (draft-ietf-oauth-client-id-metadata-document), served at
+    ``connect_url`` + ``CLIENT_DOCUMENT``: its ``client_id`` is that URL; a public client (no secret), redirected
+    to the gateway's callback, with the grants a sign-in uses."""
+    return {
+        "client_id": f"{connect_url}{CLIENT_DOCUMENT}",
+        "client_name": name,
+        "client_uri": connect_url,
+        "redirect_uris": [f"{connect_url}/ui/connect/callback"],
+        "grant_types": ["authorization_code", "refresh_token"],
+        "response_types": ["code"],
+        "token_endpoint_auth_method": "none",
+    }
 
 
 async def _first(event: anyio.Event, scope: anyio.CancelScope) -> None:
