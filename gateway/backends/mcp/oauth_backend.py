@@ -2,20 +2,20 @@
 
 An ``McpBackend`` whose sessions carry OAuth tokens (signin.py). Each caller's calls go on the caller's own session
 with the caller's own token (``per: caller``; lanes.py), or on the shared session with the gateway's own
-(``per: gateway``). The shared session, which lists the server's tools, opens with the gateway's token, or with the
-token of the caller who signed in last: the tools listed are taken to be the server's, not that account's, and
-every call still goes on its own caller's session. Before anyone has signed in it does not open: the backend is
-failed with the sign-in link as its reason, and waits for a sign-in (told at once when it happens in this process,
-within ``connections.WATCH_S`` through another replica, looked for every ``SIGN_IN_RECHECK_S`` in any case). It
-ends when its token does, or when that caller is signed out, and opens again at once with a fresh token: not
-counted as a flap.
+(``per: gateway``). The shared session opens with the gateway's token, or with the token of the caller who signed in
+last. Each caller's own session, opened at their sign-in, lists what that caller sees (``caller_lists``;
+core/policies.py hides the rest from them); ``tools()`` is the union, so every tool some caller may call is routable.
+Before anyone has signed in the shared session does not open: the backend is failed with the sign-in link as its
+reason, and waits for a sign-in (told at once when it happens in this process, within ``connections.WATCH_S`` through
+another replica, looked for every ``SIGN_IN_RECHECK_S`` in any case). It ends when its token does, or when that caller
+is signed out, and opens again at once with a fresh token: not counted as a flap.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import _AsyncGeneratorContextManager
 from typing import IO, Any
 
@@ -26,8 +26,9 @@ from mcp.client.session import ClientSession, MessageHandlerFnT
 
 from gateway.auth.connections import OPEN_CALLER
 from gateway.auth.credentials import NoCredential
-from gateway.backends.base import ProgressFn
+from gateway.backends.base import BackendState, CallerLists, ProgressFn
 from gateway.backends.mcp.failures import Life, ResponseRecorder
+from gateway.backends.mcp.lists import list_each
 from gateway.backends.mcp.relay import InFlight
 from gateway.backends.mcp.session import McpBackend
 from gateway.backends.mcp.signin import OAuthCredentials, SignIn
@@ -60,6 +61,10 @@ class OAuthBackend(McpBackend):
         self._signed_in = anyio.Event()
         self._token_ended = False
         signin.on_stepped_up = functools.partial(self._close_caller, reason="its caller signed in with more scope")
+        self._caller_tools: dict[str, tuple[types.Tool, ...]] = {}  # what each caller's own session lists
+        self._shared_names: frozenset[str] = frozenset()
+        if signin.per_caller:
+            self._lanes.on_caller_open = self._caller_listed
 
     @property
     def signin(self) -> SignIn:
@@ -72,6 +77,43 @@ class OAuthBackend(McpBackend):
                 await super().run(task_status=task_status)
             finally:
                 self._signin.attach(None)
+
+    # -- what each caller sees ---------------------------------------------------------------------------------------
+
+    async def _caller_listed(self, caller: str, session: ClientSession) -> None:
+        """``caller``'s own session opened: what it lists is what they see of this server (``caller_lists``)."""
+        listed = (await list_each(session, ("tools",), self.capabilities, self._config))["tools"]
+        if self._caller_tools.get(caller) != listed:
+            self._caller_tools[caller] = listed
+            self._retell()
+
+    def _retell(self) -> None:
+        """Tell the listeners the tools changed (the catalog is rebuilt), when the server is serving."""
+        if self._status.state is BackendState.READY:
+            self._ready(since=self._status.since)
+
+    def tools(self) -> Sequence[types.Tool]:
+        """The shared session's tools, then those only callers' own sessions list (each name once): every tool some
+        caller may call is routable; ``caller_lists`` says who sees which."""
+        shared = super().tools()
+        if not self._caller_tools:
+            return shared
+        seen, merged = {tool.name for tool in shared}, list(shared)
+        for caller in sorted(self._caller_tools):
+            for tool in self._caller_tools[caller]:
+                if tool.name not in seen:
+                    seen.add(tool.name)
+                    merged.append(tool)
+        return tuple(merged)
+
+    def caller_lists(self) -> CallerLists | None:
+        if not self._signin.per_caller:
+            return None
+        shared = super().tools()
+        if shared:  # while the shared session is down, what it listed last (the catalog keeps listing those)
+            self._shared_names = frozenset(t.name for t in shared)
+        callers = {c: frozenset(t.name for t in tools) for c, tools in self._caller_tools.items()}
+        return CallerLists(self._shared_names, callers)
 
     async def _send(
         self,
@@ -177,8 +219,13 @@ class OAuthBackend(McpBackend):
         """``caller`` signed in, or was signed out (``removed``): a shared session waiting for a token tries again;
         a signed-out caller's own session ends now, and the shared session if it used their token."""
         self._signed_in.set()
-        if not removed:
+        lane = "" if caller == OPEN_CALLER else caller
+        if not removed:  # their own session lists what they see (opened now, not at their first call)
+            if self._signin.per_caller:
+                self._lanes.open_caller(lane)
             return
+        if self._caller_tools.pop(lane, None) is not None:
+            self._retell()
         self._close_caller(caller, "its caller was signed out")
         if self._listing_as == caller and not self._life.lost.is_set():
             self._token_ended = True

@@ -161,6 +161,26 @@ async def test_two_callers_sign_in_with_two_accounts_and_each_gets_their_own(tmp
     assert "eyJ" not in log, "a JWT reached the gateway's log"
 
 
+async def test_each_caller_lists_the_tools_their_own_account_lists(tmp_path: Path) -> None:
+    with oauth_world(tmp_path) as (_idp, server, port), gateway(tmp_path, server, port) as gw:
+        assert (await sign_in(gw, "tok-alice-0123456789", "alice-account")).status_code == 200
+        await ready(gw)
+        assert (await sign_in(gw, "tok-bob-0123456789", "bob-account")).status_code == 200  # bob signed in last
+
+        async def listed_own() -> bool:
+            return await tools_of(gw, "tok-alice-0123456789") == {"whoami", "alice_notes"}
+
+        await eventually(listed_own, within=WAIT)
+        assert await tools_of(gw, "tok-bob-0123456789") == {"whoami", "bob_notes"}
+        async with mcp_session(gw.url(), token="tok-alice-0123456789") as alice:
+            with anyio.fail_after(WAIT):
+                assert first_text(await alice.call_tool("alice_notes", {})) == "notes of alice-account"
+                with pytest.raises(MCPError, match="Unknown tool: 'bob_notes'"):  # not hers: as if it did not exist
+                    await alice.call_tool("bob_notes", {})
+        # a caller who has not signed in sees what the server lists to the account the gateway lists with
+        assert "whoami" in await tools_of(gw, "tok-ops-0123456789")
+
+
 async def test_a_restart_keeps_the_sign_in_and_revocation_ends_it(tmp_path: Path) -> None:
     with oauth_world(tmp_path) as (_idp, server, port):
         with gateway(tmp_path, server, port) as gw:
