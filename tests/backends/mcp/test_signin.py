@@ -363,6 +363,14 @@ async def modern_whoami(gw: RunningServer, token: str) -> tuple[bool, str]:
     return bool(result.is_error), first_text(result)
 
 
+async def modern_tools(gw: RunningServer, token: str) -> set[str]:
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30)) as http:
+        async with Client(streamable_http_client(gw.url(), http_client=http), mode="2026-07-28") as client:
+            with anyio.fail_after(WAIT):
+                return {tool.name for tool in (await client.list_tools()).tools}
+
+
 async def test_two_callers_in_the_stateless_era_each_get_their_own_account(tmp_path: Path) -> None:
     """The same as the handshake era's two callers, from 2026-07-28 clients: no session, each request on its own,
     each caller served on their own downstream session with their own token."""
@@ -375,3 +383,6 @@ async def test_two_callers_in_the_stateless_era_each_get_their_own_account(tmp_p
         for _ in range(2):  # each request on its own: the second finds each caller's session again
             assert (await modern_whoami(gw, "tok-alice-0123456789")) == (False, "account: alice-account")
             assert (await modern_whoami(gw, "tok-bob-0123456789")) == (False, "account: bob-account")
+        # each lists what their own account lists, in this era too
+        assert await modern_tools(gw, "tok-alice-0123456789") == {"whoami", "alice_notes"}
+        assert await modern_tools(gw, "tok-bob-0123456789") == {"whoami", "bob_notes"}
