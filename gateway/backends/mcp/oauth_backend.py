@@ -13,7 +13,6 @@ is signed out, and opens again at once with a fresh token: not counted as a flap
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import _AsyncGeneratorContextManager
@@ -31,8 +30,8 @@ from gateway.backends.mcp.failures import Life, ResponseRecorder
 from gateway.backends.mcp.lists import list_each
 from gateway.backends.mcp.relay import InFlight
 from gateway.backends.mcp.session import McpBackend
-from gateway.backends.mcp.signin import OAuthCredentials, SignIn
-from gateway.calls import Upstream
+from gateway.backends.mcp.signin import GATEWAY_ROW, OAuthCredentials, SignIn
+from gateway.calls import NO_UPSTREAM, Upstream
 from gateway.config import HttpServer
 from gateway.errors import BackendRpcError, CredentialMissing
 
@@ -60,7 +59,8 @@ class OAuthBackend(McpBackend):
         self._listing_as: str | None = None
         self._signed_in = anyio.Event()
         self._token_ended = False
-        signin.on_stepped_up = functools.partial(self._close_caller, reason="its caller signed in with more scope")
+        signin.on_stepped_up = self._stepped_up
+        self._shared_recorder: ResponseRecorder | None = None
         self._caller_tools: dict[str, tuple[types.Tool, ...]] = {}  # what each caller's own session lists
         self._shared_names: frozenset[str] = frozenset()
         if signin.per_caller:
@@ -114,6 +114,41 @@ class OAuthBackend(McpBackend):
             self._shared_names = frozenset(t.name for t in shared)
         callers = {c: frozenset(t.name for t in tools) for c, tools in self._caller_tools.items()}
         return CallerLists(self._shared_names, callers)
+
+    def _stepped_up(self, row: str) -> None:
+        """``row``'s token now has more scope: the session that carried the narrower one ends (the caller's own, or
+        for the gateway's identity the shared one) and opens again with it."""
+        if row != GATEWAY_ROW:
+            self._close_caller(row, "its caller signed in with more scope")
+        elif not self._life.lost.is_set():
+            self._token_ended = True
+            self._life.mark_lost("its token got more scope (opened again with it)")
+
+    async def call_tool(
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        *,
+        variant: str | None = None,
+        progress: ProgressFn | None = None,
+        upstream: Upstream = NO_UPSTREAM,
+    ) -> types.CallToolResult:
+        """The base's; with the gateway's own identity, a call the server refused for want of scope (403
+        ``insufficient_scope``) makes the gateway take a token with that scope at once (``SignIn.step_up``), and the
+        caller is told to call again (the call was refused, never run)."""
+        try:
+            return await super().call_tool(tool, arguments, variant=variant, progress=progress, upstream=upstream)
+        except BackendRpcError:
+            recorder, challenge = self._shared_recorder, None
+            if recorder is not None:
+                challenge, recorder.challenge = recorder.challenge, None
+            if self._signin.per_caller or challenge is None or not await self._signin.step_up(GATEWAY_ROW, challenge):
+                raise
+        raise CredentialMissing(
+            self._name,
+            f"server {self._name} wanted more access for {tool} than the gateway's token had: the gateway has taken a "
+            "token with it, call again",
+        )
 
     async def _send(
         self,
@@ -187,6 +222,8 @@ class OAuthBackend(McpBackend):
         shared: bool = False,
     ) -> _AsyncGeneratorContextManager[ClientSession]:
         """The base's, with the shared session's headers carrying its token."""
+        if shared:
+            self._shared_recorder = recorder  # its calls' 403 challenges (call_tool)
         return super()._connect(
             life,
             recorder,

@@ -240,10 +240,16 @@ class SignIn:
         pending.done.set()
 
     async def _run(
-        self, provider: OAuthClientProvider, storage: FlowStorage, caller: str, pending: _Pending | None
+        self,
+        provider: OAuthClientProvider,
+        storage: FlowStorage,
+        caller: str,
+        pending: _Pending | None,
+        challenge: str | None = None,
     ) -> None:
-        """Send the ``initialize`` through ``provider`` and store the tokens it got for ``caller``."""
-        challenge = pending.challenge if pending is not None else None
+        """Send the ``initialize`` through ``provider`` and store the tokens it got for ``caller`` (a step-up when
+        there is a ``challenge``: the server's 403 the flow meets first)."""
+        challenge = pending.challenge if pending is not None else challenge
         held = storage.tokens
         try:
             async with httpx2.AsyncClient(
@@ -325,8 +331,9 @@ class SignIn:
     async def step_up(self, caller: str, challenge: str) -> bool:
         """The server answered ``caller``'s call 403 ``insufficient_scope`` (``challenge``, its ``WWW-Authenticate``):
         whether the caller is to sign in again, asking for the union of the scope they hold and the one wanted (their
-        next ``begin`` does). Bounded: never when what they hold covers what is wanted already (the server will not
-        be satisfied by any sign-in), and at most ``MAX_STEP_UPS`` times for one caller and one demand."""
+        next ``begin`` does); for ``per: gateway``, whether the gateway took a token with that union now (and
+        ``on_stepped_up`` was told). Bounded: never when what they hold covers what is wanted already (the server will
+        not be satisfied by any sign-in), and at most ``MAX_STEP_UPS`` times for one caller and one demand."""
         caller = self.row(caller)
         wanted = frozenset((_field(challenge, "scope") or "").split())
         held = await self._store.get(self.name, caller)
@@ -337,8 +344,11 @@ class SignIn:
         if tries >= MAX_STEP_UPS:
             return False
         self._step_ups[(caller, wanted)] = tries + 1
-        self._challenges[caller] = challenge
         log.info("signin.step_up", backend=self.name, caller=caller, wanted=" ".join(sorted(wanted - granted)))
+        if self.oauth.per == "gateway":  # its own identity: a token with the wider scope at once
+            async with self._refreshing.setdefault(caller, anyio.Lock()):
+                return await self._client_credentials(challenge) is not None
+        self._challenges[caller] = challenge
         return True
 
     # -- tokens for sessions ---------------------------------------------------------------------------------------
@@ -430,11 +440,15 @@ class SignIn:
         log.info("signin.refreshed", backend=self.name, caller=row)
         return renewed
 
-    async def _client_credentials(self) -> dict[str, Any] | None:
+    async def _client_credentials(self, challenge: str | None = None) -> dict[str, Any] | None:
         """The gateway's own token (``per: gateway``), by ``client_credentials``: authenticated with the client
         secret, or with a client assertion signed with the configured key (``private_key_jwt``, RFC 7523; its
-        audience the authorization server's issuer); None when refused."""
+        audience the authorization server's issuer); None when refused. With a ``challenge`` (a step-up), asking for
+        the union of the scope held and the one wanted."""
         oauth, storage = self.oauth, FlowStorage(self._store, self.name, None)
+        if challenge is not None:
+            held = await self._store.get(self.name, GATEWAY_ROW)
+            storage.tokens = OAuthToken.model_validate(held["token"]) if held else None
         assert oauth.client_id is not None
         provider: OAuthClientProvider
         if self._signing_key is not None:
@@ -454,7 +468,7 @@ class SignIn:
                 self._config.url, storage, oauth.client_id, oauth.client_secret, scope=oauth.scope
             )
         try:
-            await self._run(provider, storage, GATEWAY_ROW, None)
+            await self._run(provider, storage, GATEWAY_ROW, None, challenge)
         except SignInFailed:
             return None
         return await self._store.get(self.name, GATEWAY_ROW)

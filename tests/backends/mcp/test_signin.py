@@ -256,6 +256,47 @@ async def test_per_gateway_serves_every_caller_with_the_gateways_own_identity(tm
     assert "alpha-secret" not in log and "eyJ" not in log
 
 
+async def call(gw: RunningServer, token: str, tool: str) -> tuple[bool, str]:
+    async with mcp_session(gw.url(), token=token) as session:
+        with anyio.fail_after(WAIT):
+            result = await session.call_tool(tool, {})
+    return bool(result.is_error), first_text(result)
+
+
+async def test_more_scope_wanted_of_the_gateways_identity_is_taken_at_once(tmp_path: Path) -> None:
+    oauth = 'per: gateway, client_id: alpha, client_secret: "${ALPHA_SECRET}", allow_http: true, scope: mcp:tools'
+    with oauth_world(tmp_path) as (_idp, server, port):
+        env = {"GATEWAY_STATE_KEY": STATE_KEY, "ALPHA_SECRET": "alpha-secret"}
+        with run_gateway(config(server, port, oauth), tmp_path, tokens=TOKENS, env=env, port=port) as gw:
+            await ready(gw)
+            error, said = await call(gw, "tok-alice-0123456789", "read_mail")  # the token has mcp:tools alone
+            assert error and "call again" in said, said
+
+            async def served() -> bool:
+                return await call(gw, "tok-bob-0123456789", "read_mail") == (False, "read by alpha")
+
+            await eventually(served, within=WAIT)  # the shared session opened again with the wider token
+            assert (await whoami(gw, "tok-alice-0123456789")) == (False, "account: alpha")
+            log = gw.output()
+    assert '"wanted": "mcp:read"' in log and "alpha-secret" not in log and "eyJ" not in log
+
+
+async def test_more_scope_wanted_of_a_caller_asks_them_to_sign_in_again(tmp_path: Path) -> None:
+    """The call is answered with the link; the sign-in it starts asks for the union of scopes. This provider
+    (oidc-provider) holds a dynamically registered client to the scope it registered with, so it refuses the wider
+    one (invalid_scope), said on the page: the success path is the conformance suite's auth/scope-step-up."""
+    with oauth_world(tmp_path) as (_idp, server, port), gateway(tmp_path, server, port) as gw:
+        assert (await sign_in(gw, "tok-alice-0123456789", "alice-account")).status_code == 200
+        await ready(gw)
+        error, said = await call(gw, "tok-alice-0123456789", "read_mail")
+        assert error and "wants more access" in said and f"http://127.0.0.1:{port}/ui/connect/remote" in said, said
+        page = await sign_in(gw, "tok-alice-0123456789", "alice-account")
+        assert page.status_code == 400 and "invalid_scope" in page.text, page.text
+        assert (await whoami(gw, "tok-alice-0123456789")) == (False, "account: alice-account")  # still signed in
+        log = gw.output()
+    assert '"wanted": "mcp:read"' in log and "eyJ" not in log
+
+
 @pytest.mark.parametrize(
     ("mode", "said"),
     [
