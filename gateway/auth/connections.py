@@ -19,7 +19,8 @@ from __future__ import annotations
 import base64
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,6 +127,21 @@ class Connections:
         if self._seen is not None:
             self._seen[backend, caller] = now
         self._told(backend, caller)
+
+    @asynccontextmanager
+    async def exclusive(self, backend: str, caller: str) -> AsyncIterator[None]:
+        """Hold ``caller``'s row at ``backend`` against other processes doing the same (on PostgreSQL: a replica
+        refreshing the same token waits, then reads what this one wrote).
+
+        Raises:
+            AuditError: PostgreSQL cannot be reached, or another process held the row too long.
+        """
+        release = await anyio.to_thread.run_sync(self._rows.exclusive, backend, caller)
+        try:
+            yield
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(release)
 
     async def delete(self, backend: str | None, caller: str) -> list[str]:
         """Forget ``caller``'s tokens at ``backend`` (every server when None); the servers it was connected to."""

@@ -375,12 +375,32 @@ class SignIn:
                 )
             left = _left(document)
             if left is not None and left < EXPIRY_MARGIN_S:
-                document = await self._renew(row, document)
+                document = await self._renew_once(caller, row)
                 left = _left(document)
         token = str(document["token"]["access_token"])
         redactor.add([token])
         # a session lives until the margin before expiry (at least half of what is left, for short-lived tokens)
         return token, None if left is None else max(left - EXPIRY_MARGIN_S, left / 2, 0.0)
+
+    async def _renew_once(self, caller: str, row: str) -> dict[str, Any]:
+        """``row``'s document renewed, by one replica at a time: another that held the row (refreshing it) has
+        written a fresh one, read again here, rather than spending a rotated refresh token a second time.
+
+        Raises:
+            NoCredential: it is gone (revoked meanwhile) or cannot be renewed.
+        """
+        async with self._store.exclusive(self.name, row):
+            document = await self._store.get(self.name, row)
+            if document is None:
+                raise NoCredential(
+                    f"caller {caller or 'anonymous'} has not signed in to server {self.name}: open {self.link} "
+                    "in a browser to sign in, then call again",
+                    link=self.link,
+                )
+            left = _left(document)
+            if left is not None and left < EXPIRY_MARGIN_S:
+                document = await self._renew(row, document)
+            return document
 
     async def _renew(self, row: str, document: dict[str, Any]) -> dict[str, Any]:
         """A fresh token for ``row``: refreshed, or for the gateway a new ``client_credentials`` one.
