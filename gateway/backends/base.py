@@ -143,6 +143,10 @@ class SignsIn(Protocol):
 
     async def finish(self, state: str, code: str | None, iss: str | None, error: str | None) -> str: ...
 
+    async def revoke(self, caller: str) -> None:
+        """Revoke ``caller``'s tokens at the authorization server, where it offers that (best effort)."""
+        ...
+
 
 class Backend(Protocol):
     """A source of tools. See the module docstring for the contract."""

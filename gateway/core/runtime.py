@@ -39,14 +39,14 @@ from gateway.backends.cli.backend import CliBackend
 from gateway.backends.cli.checks import PROBE_TIMEOUT_S
 from gateway.backends.mcp.oauth_backend import OAuthBackend
 from gateway.backends.mcp.session import HttpPool, McpBackend, NotificationHook
-from gateway.backends.mcp.signin import SignIn, client_document
+from gateway.backends.mcp.signin import SignIn
 from gateway.backends.wiki.backend import WikiBackend
 from gateway.calls import ClientLink, Upstream
 from gateway.config import Federation, HttpServer
 from gateway.core.answers import Answers
 from gateway.core.breakers import Breakers, BreakerState
 from gateway.core.catalog import Catalog
-from gateway.core.connect import SignIns, connect_url, open_connections, uses_oauth
+from gateway.core.connect import SignIns, client_document, connect_url, open_connections, uses_oauth
 from gateway.core.costs import Cost, costs_from
 from gateway.core.gate import ClientPolicy
 from gateway.core.leaks import Leaks

@@ -30,12 +30,12 @@ from gateway.backends.mcp.failures import Life, ResponseRecorder
 from gateway.backends.mcp.lists import list_each
 from gateway.backends.mcp.relay import InFlight
 from gateway.backends.mcp.session import McpBackend
-from gateway.backends.mcp.signin import GATEWAY_ROW, OAuthCredentials, SignIn
+from gateway.backends.mcp.signin import GATEWAY_ROW, SignIn
 from gateway.calls import NO_UPSTREAM, Upstream
 from gateway.config import HttpServer
 from gateway.errors import BackendRpcError, CredentialMissing
 
-__all__ = ["SIGN_IN_RECHECK_S", "OAuthBackend"]
+__all__ = ["SIGN_IN_RECHECK_S", "OAuthBackend", "OAuthCredentials"]
 
 MAX_LISTING_TRIES = 4
 """Callers' tokens tried, the latest first, for the shared session before it waits for a sign-in."""
@@ -43,6 +43,23 @@ MAX_LISTING_TRIES = 4
 SIGN_IN_RECHECK_S = 60.0
 """How often a shared session waiting for a first sign-in looks again, should it not be told (the store's watch
 tells it of sign-ins through other replicas)."""
+
+
+class OAuthCredentials:
+    """A ``per: caller`` server's per-caller session headers (lanes.py): its ``headers`` and the caller's
+    ``Authorization: Bearer`` token from ``SignIn``."""
+
+    def __init__(self, signin: SignIn, headers: dict[str, str]) -> None:
+        self._signin = signin
+        self._headers = headers
+
+    def gateway_headers(self) -> dict[str, str]:
+        return dict(self._headers)
+
+    async def for_caller(self, caller: str | None, subject_token: str | None) -> tuple[dict[str, str], float | None]:
+        """Raises: NoCredential: the caller has not signed in (the message carries the link)."""
+        token, lifetime = await self._signin.token(caller or "")
+        return {**self._headers, "Authorization": f"Bearer {token}"}, lifetime
 
 
 class OAuthBackend(McpBackend):

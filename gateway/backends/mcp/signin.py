@@ -53,10 +53,8 @@ __all__ = [
     "GATEWAY_ROW",
     "MAX_STEP_UPS",
     "SIGN_IN_TTL_S",
-    "OAuthCredentials",
     "SignIn",
     "SignInFailed",
-    "client_document",
 ]
 
 log = structlog.get_logger("gateway.signin")
@@ -66,7 +64,7 @@ SIGN_IN_TTL_S = 600.0
 EXPIRY_MARGIN_S = 30.0
 """A token with less than this left is refreshed before a session is opened with it."""
 CLIENT_DOCUMENT = "/ui/connect/client.json"
-"""Where the gateway publishes its own Client ID Metadata Document (``client_document``), under ``connect_url``."""
+"""Where the gateway publishes its own Client ID Metadata Document (core/connect.py ``client_document``)."""
 ASSERTION_TTL_S = 60
 """How long a client assertion (``private_key_jwt``) is valid: it is made for one token request."""
 MAX_STEP_UPS = 2
@@ -301,6 +299,9 @@ class SignIn:
         document: dict[str, Any] = {
             "token": token.model_dump(mode="json", exclude_none=True),
             "token_endpoint": str(metadata.token_endpoint) if metadata is not None else None,
+            "revocation_endpoint": str(metadata.revocation_endpoint)
+            if metadata is not None and metadata.revocation_endpoint is not None
+            else None,
             "resource": context.get_resource_url() if context.protected_resource_metadata is not None else None,
             "client": context.client_info.model_dump(mode="json") if context.client_info is not None else None,
         }
@@ -421,11 +422,34 @@ class SignIn:
             link=self.link,
         )
 
-    async def _refresh(self, row: str, document: dict[str, Any]) -> dict[str, Any] | None:
-        token = document.get("token") or {}
-        endpoint, client = document.get("token_endpoint"), document.get("client")
-        if not token.get("refresh_token") or not endpoint or not client:
-            return None
+    async def revoke(self, caller: str) -> None:
+        """Revoke ``caller``'s tokens at the authorization server (RFC 7009: the refresh token, whose revocation
+        SHOULD take its grant's access tokens with it; without one, the access token), when its metadata named a
+        ``revocation_endpoint``; best effort, said in the log (never a token). The stored row is the caller's to
+        forget (core/connect.py)."""
+        row = self.row(caller)
+        document = await self._store.get(self.name, row) or {}
+        endpoint, client = document.get("revocation_endpoint"), document.get("client")
+        token: dict[str, Any] = document.get("token") or {}
+        if not endpoint or not client:
+            return
+        registered = OAuthClientInformationFull.model_validate(client)
+        context, refused = self._context(registered), list[str]()
+        transport = FlowTransport(self.oauth, self._config)
+        async with httpx2.AsyncClient(transport=transport, timeout=self.oauth.timeout_s) as http:
+            for kind in ("refresh_token",) if token.get("refresh_token") else ("access_token",):
+                form = {"token": token[kind], "token_type_hint": kind, "client_id": registered.client_id}
+                form, headers = context.prepare_token_auth(form, {"accept": "application/json"})
+                try:
+                    answer = await http.post(endpoint, data=form, headers=headers)
+                    if answer.status_code != 200:
+                        refused.append(f"{kind}: HTTP {answer.status_code}")
+                except Exception as exc:  # best effort: the row is forgotten whatever the server says
+                    refused.append(f"{kind}: {_plain(exc)}")
+        log.info("signin.revoked_at_server", backend=self.name, caller=row, refused=refused or None)
+
+    def _context(self, client: OAuthClientInformationFull) -> OAuthContext:
+        """An SDK context that authenticates as ``client`` at the token and revocation endpoints."""
         context = OAuthContext(
             server_url=self._config.url,
             client_metadata=OAuthClientMetadata(redirect_uris=[self.redirect_uri]),  # type: ignore[list-item]
@@ -433,9 +457,18 @@ class SignIn:
             redirect_handler=None,
             callback_handler=None,
         )
-        context.client_info = OAuthClientInformationFull.model_validate(client)
+        context.client_info = client
+        return context
+
+    async def _refresh(self, row: str, document: dict[str, Any]) -> dict[str, Any] | None:
+        token = document.get("token") or {}
+        endpoint, client = document.get("token_endpoint"), document.get("client")
+        if not token.get("refresh_token") or not endpoint or not client:
+            return None
+        registered = OAuthClientInformationFull.model_validate(client)
+        context = self._context(registered)
         form = {"grant_type": "refresh_token", "refresh_token": token["refresh_token"]}
-        form["client_id"] = context.client_info.client_id
+        form["client_id"] = registered.client_id
         if document.get("resource"):
             form["resource"] = document["resource"]
         form, headers = context.prepare_token_auth(form, {"accept": "application/json"})
@@ -500,38 +533,6 @@ class SignIn:
 
     def owns(self, state: str) -> bool:
         return state in self._pending
-
-
-class OAuthCredentials:
-    """A ``per: caller`` server's per-caller session headers (lanes.py): its ``headers`` and the caller's
-    ``Authorization: Bearer`` token from ``SignIn``."""
-
-    def __init__(self, signin: SignIn, headers: dict[str, str]) -> None:
-        self._signin = signin
-        self._headers = headers
-
-    def gateway_headers(self) -> dict[str, str]:
-        return dict(self._headers)
-
-    async def for_caller(self, caller: str | None, subject_token: str | None) -> tuple[dict[str, str], float | None]:
-        """Raises: NoCredential: the caller has not signed in (the message carries the link)."""
-        token, lifetime = await self._signin.token(caller or "")
-        return {**self._headers, "Authorization": f"Bearer {token}"}, lifetime
-
-
-def client_document(connect_url: str, name: str) -> dict[str, Any]:
-    """The gateway's Client ID Metadata Document (draft-ietf-oauth-client-id-metadata-document), served at
-    ``connect_url`` + ``CLIENT_DOCUMENT``: its ``client_id`` is that URL; a public client (no secret), redirected
-    to the gateway's callback, with the grants a sign-in uses."""
-    return {
-        "client_id": f"{connect_url}{CLIENT_DOCUMENT}",
-        "client_name": name,
-        "client_uri": connect_url,
-        "redirect_uris": [f"{connect_url}/ui/connect/callback"],
-        "grant_types": ["authorization_code", "refresh_token"],
-        "response_types": ["code"],
-        "token_endpoint_auth_method": "none",
-    }
 
 
 async def _first(event: anyio.Event, scope: anyio.CancelScope) -> None:

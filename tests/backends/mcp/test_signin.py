@@ -22,7 +22,8 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError, UrlElicitationRequiredError
 from mcp_types import URL_ELICITATION_REQUIRED
 
-from gateway.auth.connections import WATCH_S
+from gateway.auth.connections import WATCH_S, Connections
+from gateway.auth.keys import load_key
 from tests.fixtures.gateway_proc import FIXTURES, PYTHON, answer_elicitation, first_text, mcp_session, run_gateway
 from tests.fixtures.identity import IdentityProvider, start_identity_provider
 from tests.fixtures.procs import RunningServer, free_port, start_http_server
@@ -216,6 +217,35 @@ async def test_a_restart_keeps_the_sign_in_and_revocation_ends_it(tmp_path: Path
     assert status.status_code == metrics.status_code == ui.status_code == 200
     for text in (status.text, metrics.text, ui.text, log):
         assert "eyJ" not in text  # no JWT (every token the provider issues is one)
+
+
+async def test_revoking_a_connection_revokes_its_tokens_at_the_authorization_server(tmp_path: Path) -> None:
+    """RFC 7009: the provider advertises a revocation endpoint, so revoking alice's connection there revokes her
+    refresh token too: it no longer refreshes at the provider."""
+    with oauth_world(tmp_path) as (idp, server, port), gateway(tmp_path, server, port) as gw:
+        assert (await sign_in(gw, "tok-alice-0123456789", "alice-account")).status_code == 200
+        await ready(gw)
+        keys, _ = load_key("GATEWAY_STATE_KEY", STATE_KEY, str(tmp_path / "audit.db"))
+        held = await Connections(str(tmp_path / "audit.db"), keys).get("remote", "alice")
+        assert held is not None and held["revocation_endpoint"] and held["token"]["refresh_token"]
+        refresh = {
+            "grant_type": "refresh_token",
+            "refresh_token": held["token"]["refresh_token"],
+            "client_id": held["client"]["client_id"],
+        }
+        async with httpx2.AsyncClient(headers={"Authorization": "Bearer tok-alice-0123456789"}) as http:
+            revoked = await http.post(
+                gw.url("/ui/connections"), data={"backend": "remote"}, headers={"Origin": f"http://127.0.0.1:{port}"}
+            )
+            assert revoked.status_code == 303, revoked.text
+        registered = held["client"]
+        auth = (registered["client_id"], registered["client_secret"]) if registered.get("client_secret") else None
+        async with httpx2.AsyncClient(auth=auth) as client:  # as the gateway's client would refresh
+            answer = await client.post(held["token_endpoint"], data=refresh)
+        log = gw.output()
+    assert answer.status_code == 400 and answer.json()["error"] == "invalid_grant", answer.text
+    assert '"event": "signin.revoked_at_server"' in log and '"refused": null' in log, log[-3000:]
+    assert "eyJ" not in log
 
 
 async def test_a_callback_from_another_browser_completes_nothing(tmp_path: Path) -> None:
