@@ -19,7 +19,8 @@ from __future__ import annotations
 import base64
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,10 +35,13 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from gateway.errors import AuditError
 from gateway.ledger.token_rows import TokenRow, open_token_rows
 
-__all__ = ["CLIENT_ROW", "Connection", "Connections", "SignInFailed"]
+__all__ = ["CLIENT_ROW", "OPEN_CALLER", "Connection", "Connections", "SignInFailed"]
 
 CLIENT_ROW = ""
 """The caller name of a server's registered-client row."""
+OPEN_CALLER = "local"
+"""Who signs in on a gateway without tokens (open, loopback only): the browser at its pages and the unnamed caller of
+its MCP endpoint alike, so a sign-in made on the page serves the calls (never the client row's ``""``)."""
 _INFO = b"mcp-gateway/downstream-tokens/v1"
 
 WATCH_S = 5.0
@@ -123,6 +127,21 @@ class Connections:
         if self._seen is not None:
             self._seen[backend, caller] = now
         self._told(backend, caller)
+
+    @asynccontextmanager
+    async def exclusive(self, backend: str, caller: str) -> AsyncIterator[None]:
+        """Hold ``caller``'s row at ``backend`` against other processes doing the same (on PostgreSQL: a replica
+        refreshing the same token waits, then reads what this one wrote).
+
+        Raises:
+            AuditError: PostgreSQL cannot be reached, or another process held the row too long.
+        """
+        release = await anyio.to_thread.run_sync(self._rows.exclusive, backend, caller)
+        try:
+            yield
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(release)
 
     async def delete(self, backend: str | None, caller: str) -> list[str]:
         """Forget ``caller``'s tokens at ``backend`` (every server when None); the servers it was connected to."""

@@ -110,6 +110,20 @@ class ProcessStatistics:
     """Calls waiting for a slot."""
 
 
+@dataclass(frozen=True)
+class CallerLists:
+    """What each caller sees of a server whose callers list its tools with their own sessions (OAuth per caller):
+    the tool names (the server's own) its shared session lists, and per caller whose own session has listed, theirs.
+    """
+
+    shared: frozenset[str]
+    callers: Mapping[str, frozenset[str]]
+
+    def seen_by(self, caller: str) -> frozenset[str]:
+        """The names ``caller`` sees: their own session's list, else the shared session's."""
+        return self.callers.get(caller, self.shared)
+
+
 class SignsIn(Protocol):
     """A server the gateway signs in to as an OAuth client (``auth: {oauth: ...}``; backends/mcp/signin.py)."""
 
@@ -128,6 +142,10 @@ class SignsIn(Protocol):
     async def begin(self, caller: str) -> str | None: ...
 
     async def finish(self, state: str, code: str | None, iss: str | None, error: str | None) -> str: ...
+
+    async def revoke(self, caller: str) -> None:
+        """Revoke ``caller``'s tokens at the authorization server, where it offers that (best effort)."""
+        ...
 
 
 class Backend(Protocol):
@@ -174,6 +192,11 @@ class Backend(Protocol):
     def last_known_tools(self) -> Sequence[types.Tool]:
         """The tools it offered when it was last ready (its current ones while ready); empty if it never was. The
         catalog keeps these listed while the backend reconnects, so clients' cached lists stay true."""
+        ...
+
+    def caller_lists(self) -> CallerLists | None:
+        """Which of ``tools()`` each caller sees, for a server whose callers each list with their own session; None:
+        every caller sees them all."""
         ...
 
     def ladder(self, tool: str, arguments: Mapping[str, Any]) -> Sequence[str | None]:
@@ -355,6 +378,9 @@ class BackendBase:
         if self._status.state in (BackendState.READY, BackendState.DEGRADED):
             return self.tools()
         return self._last_known
+
+    def caller_lists(self) -> CallerLists | None:
+        return None
 
     @property
     def signin(self) -> SignsIn | None:

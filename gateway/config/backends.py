@@ -4,8 +4,10 @@ programs served as tools (``adapters:``) and the built-in wiki (``wiki:``)."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import jwt
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from gateway.config.base import Model, PinMode, SecretsMode, check_tool_name, check_url, resolve, resolve_env_paths
@@ -180,14 +182,31 @@ class TokenExchange(Model):
         return check_url(value, "token_endpoint")  # a caller's token must not travel in the clear
 
 
+SigningAlgorithm = Literal["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"]
+"""The asymmetric JWS algorithms a client assertion may be signed with (never ``none`` or a MAC)."""
+
+
+def check_signing_key(pem: str, algorithm: str) -> None:
+    """That ``pem`` is a private key ``algorithm`` signs with (its text never in the message).
+
+    Raises:
+        ValueError: it is not a PEM private key, or not one of that algorithm's kind.
+    """
+    try:
+        jwt.encode({"check": True}, pem, algorithm=algorithm)
+    except (ValueError, TypeError, jwt.PyJWTError) as exc:
+        kind = "not a PEM private key" if "-----BEGIN" not in pem else f"not a key {algorithm} signs with"
+        raise ValueError(f"the client assertion key is {kind} ({type(exc).__name__})") from None
+
+
 class DownstreamOAuth(Model):
     """The gateway as an OAuth client of a streamable HTTP server (MCP authorization; backends/mcp/signin.py).
 
     ``per: caller``: each caller signs in with their own account at ``/connect/<server>`` (authorization code with
     PKCE and ``resource``; the client is registered by Client ID Metadata Document, else Dynamic Client Registration,
     else ``client_id``/``client_secret``), and their calls go on their own session with their own token.
-    ``per: gateway``: the gateway's own service identity (``client_credentials`` with ``client_id``/``client_secret``)
-    serves every caller."""
+    ``per: gateway``: the gateway's own service identity (``client_credentials`` with ``client_id`` and
+    ``client_secret``, or a client assertion signed with ``private_key``/``private_key_file``) serves every caller."""
 
     per: Literal["caller", "gateway"] = "caller"
     client_id: str | None = Field(default=None, min_length=1)
@@ -197,6 +216,13 @@ class DownstreamOAuth(Model):
     client_metadata_url: str | None = None
     """An https URL where the gateway's client metadata document is published (CIMD), used as the client id by an
     authorization server that supports it."""
+    private_key: str | None = Field(default=None, min_length=1)
+    """``per: gateway``: a PEM private key the gateway signs its client assertion with at the token endpoint
+    (``private_key_jwt``, RFC 7523) instead of a secret (write ``${VAR}``; never logged)."""
+    private_key_file: str | None = None
+    """The same, read from a PEM file (a path, relative to the configuration's folder)."""
+    signing_algorithm: SigningAlgorithm = "RS256"
+    """The assertion's ``alg``; it must fit the key (an EC P-256 key: ``ES256``)."""
     scope: str | None = None
     """The scopes asked for; default: those the server's challenge or metadata names."""
     allow_http: bool = False
@@ -212,13 +238,38 @@ class DownstreamOAuth(Model):
             raise ValueError(f"client_metadata_url must be an https URL with a path (got {value!r})")
         return value
 
+    _resolve_key_file = field_validator("private_key_file")(resolve)
+
     @model_validator(mode="after")
     def _client(self) -> DownstreamOAuth:
         if self.client_secret is not None and self.client_id is None:
             raise ValueError("client_secret needs client_id")
-        if self.per == "gateway" and (self.client_id is None or self.client_secret is None):
-            raise ValueError("per: gateway signs in with client_credentials: give client_id and client_secret")
+        keys = [k for k in ("client_secret", "private_key", "private_key_file") if getattr(self, k) is not None]
+        if self.per == "gateway" and (self.client_id is None or len(keys) != 1):
+            raise ValueError(
+                "per: gateway signs in with client_credentials: give client_id and one of client_secret, "
+                f"private_key or private_key_file (given: {', '.join(keys) or 'none'})"
+            )
+        if self.per == "caller" and (self.private_key or self.private_key_file):
+            raise ValueError("private_key and private_key_file are for per: gateway (client_credentials)")
+        if self.signing_key() is not None:
+            check_signing_key(self.signing_key() or "", self.signing_algorithm)
         return self
+
+    def signing_key(self) -> str | None:
+        """The PEM text of ``private_key`` or ``private_key_file`` (None: neither is set).
+
+        Raises:
+            ValueError: the file cannot be read.
+        """
+        if self.private_key_file is None:
+            return self.private_key
+        try:
+            return Path(self.private_key_file).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(
+                f"private_key_file {self.private_key_file} cannot be read ({type(exc).__name__})"
+            ) from None
 
 
 class DownstreamAuth(Model):

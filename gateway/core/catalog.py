@@ -38,7 +38,7 @@ from typing import Any
 import mcp_types as types
 import structlog
 
-from gateway.backends.base import Backend, BackendState
+from gateway.backends.base import Backend, BackendState, CallerLists
 from gateway.config import TOOL_NAME_RE, Exposure, Federation, Policy, RouteStep, SearchHitsResult
 from gateway.core.costs import Cost, fill_placeholders
 from gateway.core.gate import note_without, with_note
@@ -184,6 +184,9 @@ class Catalog:
     """What the full and the small ``tools/list`` cost a client's context, in tokens (search/tokens.py)."""
     pins_pending: tuple[Pending, ...] = ()
     """Server tools new or changed since approval, under ``pin: warn`` or ``enforce`` (pins.py)."""
+    caller_lists: Mapping[str, CallerLists] = field(default_factory=dict)
+    """By backend, for servers whose callers each list with their own session: which of its tools each caller sees
+    (core/policies.py hides the others from them, as tools that do not exist)."""
 
     def get(self, name: str) -> CatalogEntry | None:
         """The entry a ``tools/call`` of ``name`` is routed by: a published tool, else a declared unlisted one."""
@@ -202,6 +205,8 @@ class Catalog:
             changed.add("search")  # what search-exposure clients list (front/exposure.py)
         if self.policies != previous.policies:
             changed.add("policies")
+        if self.caller_lists != previous.caller_lists:
+            changed.add("tools")  # what some caller sees: lists_changed says whom to tell
         return frozenset(changed)
 
     def __len__(self) -> int:
@@ -314,6 +319,7 @@ class Catalog:
             unserved(config, backends, entries.keys() | unlisted.keys(), routes_off),
             (list_tokens(full), list_tokens(small) if small is not None else list_tokens(full)),
             tuple(pinned.pending),
+            {name: seen for name, backend in backends.items() if (seen := backend.caller_lists()) is not None},
         )
 
 

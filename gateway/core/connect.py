@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import structlog
 
 from gateway.auth.connections import Connection, Connections, SignInFailed
 from gateway.auth.keys import load_key
 from gateway.backends.base import Backend, SignsIn
+from gateway.backends.mcp.signin import CLIENT_DOCUMENT
 from gateway.config import Federation, HttpServer
 from gateway.config.loading import environ
 
-__all__ = ["SignIns", "connect_url", "open_connections"]
+__all__ = ["SignIns", "client_document", "connect_url", "open_connections", "uses_oauth"]
 
 log = structlog.get_logger("gateway.signin")
 
@@ -56,12 +58,34 @@ def connect_url(config: Federation) -> str:
     return f"http://{'[' + host + ']' if ':' in host else host}:{settings.listen.port}"
 
 
+def client_document(connect_url: str, name: str) -> dict[str, Any]:
+    """The gateway's Client ID Metadata Document (draft-ietf-oauth-client-id-metadata-document), served at
+    ``connect_url`` + ``CLIENT_DOCUMENT``: its ``client_id`` is that URL; a public client (no secret), redirected
+    to the gateway's callback, with the grants a sign-in uses."""
+    return {
+        "client_id": f"{connect_url}{CLIENT_DOCUMENT}",
+        "client_name": name,
+        "client_uri": connect_url,
+        "redirect_uris": [f"{connect_url}/ui/connect/callback"],
+        "grant_types": ["authorization_code", "refresh_token"],
+        "response_types": ["code"],
+        "token_endpoint_auth_method": "none",
+    }
+
+
 class SignIns:
     """The running backends' sign-ins, found by server name or by a pending ``state``."""
 
-    def __init__(self, backends: Callable[[], Mapping[str, Backend]], store: Connections) -> None:
+    def __init__(
+        self,
+        backends: Callable[[], Mapping[str, Backend]],
+        store: Connections,
+        document: Mapping[str, Any] | None = None,
+    ) -> None:
         self._backends = backends
         self.store = store
+        self.client_document = document
+        """The gateway's Client ID Metadata Document (backends/mcp/signin.py ``client_document``), None: none."""
         store.on_change(self._changed)
 
     def _signins(self) -> dict[str, SignsIn]:
@@ -99,6 +123,9 @@ class SignIns:
     async def revoke(self, caller: str, backend: str | None = None) -> list[str]:
         """Forget ``caller``'s tokens (at ``backend``, or everywhere); the servers it was connected to. The caller's
         open sessions there end at their token's expiry at the latest; the next call asks to sign in again."""
+        for name, signin in self._signins().items():  # at the authorization server first (RFC 7009), then here
+            if backend is None or name == backend:
+                await signin.revoke(caller)
         gone = await self.store.delete(backend, caller)
         for name in gone:
             log.info("signin.revoked", backend=name, caller=caller)

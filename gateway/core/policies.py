@@ -71,6 +71,23 @@ def _selected(selection: Selection, name: str) -> bool:
 
 
 _SEES_NOTHING = Policy(tools=Selection(include=()), backends=Selection(include=()))
+_SEES_ALL = Policy()
+EVERYONE = "*"
+"""The name of the view of a catalog without policies, for a caller some of whose tools are hidden (``hidden``)."""
+
+
+def hidden(catalog: Catalog, caller: str) -> frozenset[str]:
+    """The published tools ``caller`` does not see because a provider of theirs is a server whose callers each list
+    with their own session and theirs does not list it (``Catalog.caller_lists``): to them, tools that do not exist.
+    """
+    if not catalog.caller_lists:
+        return frozenset()
+    seen = {backend: lists.seen_by(caller) for backend, lists in catalog.caller_lists.items()}
+    return frozenset(
+        entry.name
+        for entry in catalog.entries.values()
+        if any(p.backend in seen and p.tool not in seen[p.backend] for p in entry.providers)
+    )
 
 
 @dataclass(frozen=True)
@@ -158,13 +175,16 @@ def lists_changed(before: Catalog, after: Catalog, caller: Caller, views: Views)
     return _diff(_whole(before), _whole(after))
 
 
-def build_view(catalog: Catalog, name: str, rule: Policy) -> View:
-    """``rule``'s view of ``catalog``: filtered once, from the catalog's pre-serialised lists."""
+def build_view(catalog: Catalog, name: str, rule: Policy, unseen: frozenset[str] = frozenset()) -> View:
+    """``rule``'s view of ``catalog``, less the tools ``unseen`` (``hidden``): filtered once, from the catalog's
+    pre-serialised lists."""
     backends = rule.backends
     tools = frozenset(
         entry.name
         for entry in catalog.entries.values()
-        if _selected(rule.tools, entry.name) and all(_selected(backends, p.backend) for p in entry.providers)
+        if _selected(rule.tools, entry.name)
+        and all(_selected(backends, p.backend) for p in entry.providers)
+        and entry.name not in unseen
     )
     lists = catalog.lists
     hidden = [name for name in catalog.entries if name not in tools]
@@ -198,7 +218,7 @@ def build_view(catalog: Catalog, name: str, rule: Policy) -> View:
         n for n, origin in lists.prompts.items() if _selected(rule.prompts, n) and _selected(backends, origin.backend)
     )
     return View(
-        policy=name,
+        policy=name if not unseen else f"{name}~{hash(unseen) & 0xFFFFFFFF:08x}",  # one per what it sees
         tools=tools,
         list_result=kept(catalog.list_result, catalog.notes[0]),
         list_result_small=kept(catalog.list_result_small, catalog.notes[1])
@@ -221,27 +241,32 @@ class Views:
     """Each policy's view of the recent catalogs, built on first use; and the callers seen, for /status."""
 
     def __init__(self) -> None:
-        # id(catalog) -> (the catalog, kept alive so its id is not reused; its views by policy name)
-        self._views: dict[int, tuple[Catalog, dict[str, View]]] = {}
+        # id(catalog) -> (the catalog, kept alive so its id is not reused; its views by policy name and hidden tools)
+        self._views: dict[int, tuple[Catalog, dict[tuple[str, frozenset[str]], View]]] = {}
         self.seen: dict[str, str] = {}
         """caller -> its policy, the most recent ``MAX_CALLERS`` callers that asked."""
 
     def view(self, catalog: Catalog, caller: Caller) -> View | None:
-        """``caller``'s view of ``catalog``; None when ``catalog`` has no policies (everyone sees everything)."""
+        """``caller``'s view of ``catalog``; None when ``catalog`` has no policies and hides nothing from them
+        (everyone sees everything)."""
         policies = catalog.policies
-        if not policies:
+        unseen = hidden(catalog, caller.name or "")
+        if not policies and not unseen:
             return None
-        name = policy_for(policies, caller)
+        name = policy_for(policies, caller) if policies else EVERYONE
         found = self._views.get(id(catalog))
         if found is None or found[0] is not catalog:
             if len(self._views) >= MAX_CATALOGS:
                 self._views.pop(next(iter(self._views)))
             found = self._views[id(catalog)] = (catalog, {})
         views = found[1]
-        view = views.get(name)
+        view = views.get((name, unseen))
         if view is None:
-            view = views[name] = build_view(catalog, name, policies[name] if name else _SEES_NOTHING)
+            rule = _SEES_ALL if not policies else policies[name] if name else _SEES_NOTHING
+            view = views[name, unseen] = build_view(catalog, name, rule, unseen)
         who = caller.name
+        if not policies:
+            return view
         if who is not None and self.seen.get(who) != name:
             self.seen.pop(who, None)
             if len(self.seen) >= MAX_CALLERS:
@@ -288,6 +313,6 @@ class Views:
 
     def _named(self, catalog: Catalog, name: str, rule: Policy) -> View:
         found = self._views.get(id(catalog))
-        if found is not None and found[0] is catalog and name in found[1]:
-            return found[1][name]
+        if found is not None and found[0] is catalog and (name, frozenset()) in found[1]:
+            return found[1][name, frozenset()]
         return build_view(catalog, name, rule)

@@ -46,7 +46,7 @@ from gateway.config import Federation, HttpServer
 from gateway.core.answers import Answers
 from gateway.core.breakers import Breakers, BreakerState
 from gateway.core.catalog import Catalog
-from gateway.core.connect import SignIns, connect_url, open_connections
+from gateway.core.connect import SignIns, client_document, connect_url, open_connections, uses_oauth
 from gateway.core.costs import Cost, costs_from
 from gateway.core.gate import ClientPolicy
 from gateway.core.leaks import Leaks
@@ -232,7 +232,8 @@ class Gateway:
             self.router.use_instruments(self.ledger, self.tracer)
             connections = open_connections(self.config)
             stack.callback(connections.close)
-            self.sign_ins = SignIns(lambda: self._backends, connections)
+            document = client_document(connect_url(self.config), self.config.gateway.name)
+            self.sign_ins = SignIns(lambda: self._backends, connections, document if uses_oauth(self.config) else None)
             await self.refresh_pins(rebuild=False)  # before any tool is listed: nothing unapproved is served
             async with anyio.create_task_group() as tg:
                 self.started_at = anyio.current_time()

@@ -17,12 +17,14 @@ from typing import Any, Protocol, TypeVar
 from gateway.errors import AuditError
 from gateway.ledger.urls import is_url, redact_url
 
-__all__ = ["TokenRow", "TokenRows", "open_token_rows"]
+__all__ = ["EXCLUSIVE_WAIT_S", "TokenRow", "TokenRows", "open_token_rows"]
 
 TokenRow = tuple[str, str, bytes, float | None, float, float]
 """(server, caller, sealed document, expires at, connected at, updated at: unix times)."""
 
 _T = TypeVar("_T")
+EXCLUSIVE_WAIT_S = 30.0
+"""The longest a replica waits for another that holds a token row (refreshing it) before it gives up."""
 _COLUMNS = "backend, caller, sealed, expires_at, connected_at, updated_at"
 _TABLE = """
 CREATE TABLE IF NOT EXISTS downstream_tokens (
@@ -62,6 +64,12 @@ class TokenRows(Protocol):
 
     def delete(self, backend: str | None, caller: str) -> list[str]:
         """Remove ``caller``'s rows (at ``backend``, or at every server); the servers they were at."""
+        ...
+
+    def exclusive(self, backend: str, caller: str) -> Callable[[], None]:
+        """Hold the row of (``backend``, ``caller``) against every other process that asks to hold it (a replica
+        refreshing the same token), waiting for one that holds it; the function returned lets go. Reads and writes
+        of the row are not blocked by it."""
         ...
 
     def close(self) -> None: ...
@@ -112,6 +120,9 @@ class SqliteTokenRows:
             gone = self._db.execute(f"SELECT backend FROM downstream_tokens{where}", args).fetchall()
             self._db.execute(f"DELETE FROM downstream_tokens{where}", args)
         return sorted(str(row[0]) for row in gone)
+
+    def exclusive(self, backend: str, caller: str) -> Callable[[], None]:
+        return lambda: None  # one process uses a SQLite file at a time (replicas share PostgreSQL)
 
     def close(self) -> None:
         with self._lock:
@@ -167,6 +178,34 @@ class PgTokenRows:
         where, args = _where(backend, caller, "%s")
         query = f"DELETE FROM downstream_tokens{where} RETURNING backend"
         return self._run(lambda conn: sorted(str(row[0]) for row in conn.execute(query, args).fetchall()))
+
+    def exclusive(self, backend: str, caller: str) -> Callable[[], None]:
+        """A transaction-scoped advisory lock on its own connection (a row lock, ``SELECT ... FOR UPDATE``, would
+        block this process's own write of the refreshed row, made on its main connection); a replica that dies
+        holding it lets go as its connection closes. At most ``EXCLUSIVE_WAIT_S`` of waiting."""
+        import psycopg
+
+        from gateway.ledger.pgsql import conninfo, describe
+
+        try:
+            conn = psycopg.connect(conninfo(self._url))
+            try:
+                conn.execute(f"SET LOCAL lock_timeout = '{int(EXCLUSIVE_WAIT_S * 1000)}ms'")
+                conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"{backend}\n{caller}"])
+            except BaseException:
+                conn.close()
+                raise
+        except psycopg.Error as exc:
+            where = redact_url(self._url)
+            raise AuditError(
+                f"Cannot hold the token row in the ledger at {where}: {describe(exc, self._url)}."
+            ) from None
+
+        def release() -> None:
+            conn.rollback()  # ends the transaction, and the lock with it
+            conn.close()
+
+        return release
 
     def close(self) -> None:
         with self._lock:

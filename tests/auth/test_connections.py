@@ -11,6 +11,7 @@ import pytest
 
 from gateway.auth.connections import CLIENT_ROW, Connections
 from gateway.errors import AuditError
+from tests.fixtures.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -103,3 +104,40 @@ async def test_an_unreachable_postgresql_is_said_in_plain_words_without_its_pass
     assert "Cannot reach the tokens in the ledger at postgresql://" in str(failed.value)
     assert "pw-not-shown" not in str(failed.value)
     store.close()
+
+
+@pytest.mark.spawns
+async def test_a_replica_refreshing_a_token_holds_its_row_and_the_other_waits_then_reads_the_fresh_one(
+    pg_url: str,
+) -> None:
+    """Two replicas' stores on one PostgreSQL database: while one holds alice's row (refreshing her token, which a
+    rotating refresh token allows only once), the other's hold waits for it (its lock shows as waiting in
+    ``pg_locks``), then reads what the first wrote; the first's write was not blocked by the other's wait."""
+    import psycopg
+
+    one, other = Connections(pg_url, [NEW]), Connections(pg_url, [NEW])
+    await one.put("remote", "alice", DOCUMENT, 1e12)
+    fresh = {**DOCUMENT, "token": {"access_token": "at-secret-2", "refresh_token": "rt-secret-2"}}
+    seen: list[dict[str, object] | None] = []
+
+    async def second() -> None:
+        async with other.exclusive("remote", "alice"):
+            seen.append(await other.get("remote", "alice"))
+
+    async def waiting() -> bool:
+        def count() -> int:
+            with psycopg.connect(pg_url) as conn:
+                found = conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+                return int(found.fetchone()[0])  # type: ignore[index]
+
+        return await anyio.to_thread.run_sync(count) > 0
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            async with one.exclusive("remote", "alice"):
+                tg.start_soon(second)
+                await eventually(waiting, within=10)  # the other replica waits for the row
+                assert seen == []
+                await one.put("remote", "alice", fresh, 1e12)  # the refresh's write is not blocked meanwhile
+        assert seen == [fresh]
+    one.close(), other.close()

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from gateway.config import HttpServer, parse_config
 from tests.config.test_config import FILE, config_error, yaml_text
@@ -67,3 +71,46 @@ def test_connect_url_is_an_absolute_url() -> None:
     assert err.key_path == "gateway.auth.connect_url"
     fed = parse_config("gateway:\n  auth: {connect_url: 'https://gw.example.com/'}\n", file=FILE, env={})
     assert fed.gateway.auth.connect_url == "https://gw.example.com"
+
+
+def _pem(kind: str) -> str:
+    key = ec.generate_private_key(ec.SECP256R1()) if kind == "ec" else rsa.generate_private_key(65537, 2048)
+    encoding, private = serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8
+    return key.private_bytes(encoding, private, serialization.NoEncryption()).decode()
+
+
+def test_per_gateway_signs_its_assertion_with_a_key_from_the_environment_or_a_file(tmp_path: Path) -> None:
+    pem = _pem("ec")
+    text = yaml_text(BASE) + (
+        "    auth: {oauth: {per: gateway, client_id: gw, private_key: '${GW_KEY}', signing_algorithm: ES256}}\n"
+    )
+    server = parse_config(text, file=FILE, env={"GW_KEY": pem}).servers["remote"]
+    assert isinstance(server, HttpServer) and server.auth is not None
+    assert server.auth.oauth.signing_key() == pem
+    (tmp_path / "gw.pem").write_text(pem)
+    text = yaml_text(BASE) + (
+        "    auth: {oauth: {per: gateway, client_id: gw, private_key_file: gw.pem, signing_algorithm: ES256}}\n"
+    )
+    server = parse_config(text, file=tmp_path / "federation.yaml", env={}).servers["remote"]
+    assert isinstance(server, HttpServer) and server.auth is not None
+    assert server.auth.oauth.signing_key() == pem
+
+
+@pytest.mark.parametrize(
+    ("oauth", "words"),
+    [
+        ("{per: gateway, client_id: gw, private_key: '${GW_KEY}'}", "not a key RS256 signs with"),
+        ("{per: gateway, client_id: gw, private_key: 'not a key at all'}", "not a PEM private key"),
+        ("{per: gateway, client_id: gw, client_secret: s, private_key: '${GW_KEY}'}", "one of client_secret"),
+        ("{per: gateway, client_id: gw, private_key_file: /nonexistent/gw.pem}", "cannot be read"),
+        ("{client_id: gw, private_key: '${GW_KEY}'}", "are for per: gateway"),
+        ("{per: gateway, client_id: gw, private_key: '${GW_KEY}', signing_algorithm: HS256}", "ES256"),
+    ],
+    ids=["wrong-kind", "not-pem", "two-credentials", "no-file", "per-caller", "mac-algorithm"],
+)
+def test_a_bad_assertion_key_is_named_and_never_echoed(oauth: str, words: str) -> None:
+    pem = _pem("ec")
+    err = config_error(yaml_text(BASE) + f"    auth: {{oauth: {oauth}}}\n", env={"GW_KEY": pem})
+    assert err.key_path.startswith("servers.remote.auth.oauth"), str(err)
+    assert words in str(err), str(err)
+    assert pem.splitlines()[1] not in str(err)

@@ -150,21 +150,26 @@ def map_call_errors(backend: str, timeout_s: float, life: Life) -> Iterator[None
 
 
 class ResponseRecorder:
-    """An httpx2 response hook keeping the last error response's status, content type and body head."""
+    """An httpx2 response hook keeping the last error response's status, content type and body head, and the
+    ``WWW-Authenticate`` of the last 403 ``insufficient_scope`` (``challenge``: the server wants more scope)."""
 
     def __init__(self) -> None:
         self.status: int | None = None
         self.content_type: str = ""
         self.body_head: str = ""
+        self.challenge: str | None = None
 
     def clear(self) -> None:
-        self.status, self.content_type, self.body_head = None, "", ""
+        self.status, self.content_type, self.body_head, self.challenge = None, "", "", None
 
     async def __call__(self, response: httpx2.Response) -> None:
         if response.status_code < 400 or response.extensions.get(OWN_ANSWER):
             return
         self.status = response.status_code
         self.content_type = response.headers.get("content-type", "")
+        asked = response.headers.get("www-authenticate", "")
+        if response.status_code == 403 and "insufficient_scope" in asked:
+            self.challenge = asked
         try:
             body = await response.aread()
         except httpx2.HTTPError:

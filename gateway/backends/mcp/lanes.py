@@ -86,6 +86,7 @@ class Lane:
     failure: str | None = None
     no_credential: bool = False
     link: str | None = None  # where the caller signs in, when that is what it lacks
+    recorder: ResponseRecorder | None = None  # its HTTP error answers, once open
 
     @property
     def closed(self) -> anyio.Event:
@@ -114,6 +115,9 @@ class Lanes:
         self._clients: weakref.WeakKeyDictionary[Any, Lane] = weakref.WeakKeyDictionary()
         self._callers: dict[str, Lane] = {}
         self._tg: anyio.abc.TaskGroup | None = None
+        self.on_caller_open: Callable[[str, ClientSession], Awaitable[None]] | None = None
+        """Told of each caller's session once its handshake is done, before any request of the caller's goes on
+        it (within the opening's deadline): an OAuth server's per-caller tool lists (oauth_backend.py)."""
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -245,6 +249,22 @@ class Lanes:
             self._callers[key] = lane
         return await self._opened(lane, f"caller {caller or 'anonymous'}")
 
+    def open_caller(self, caller: str) -> None:
+        """Start opening ``caller``'s session now, if it has none (its first request will find it)."""
+        lane = self._callers.get(caller)
+        if self._tg is not None and (lane is None or lane.closed.is_set()):
+            lane = self._callers[caller] = Lane(caller, InFlight())
+            self._start(self._caller_lifetime, lane, None)
+
+    def take_challenge(self, caller: str) -> str | None:
+        """The ``WWW-Authenticate`` of the last 403 ``insufficient_scope`` on ``caller``'s session, taken (once)."""
+        lane = self._callers.get(caller)
+        recorder = lane.recorder if lane is not None else None
+        if recorder is None:
+            return None
+        challenge, recorder.challenge = recorder.challenge, None
+        return challenge
+
     def close_caller(self, caller: str, reason: str) -> None:
         """End ``caller``'s own session now (its next request opens a new one, with what its credentials are then)."""
         lane = self._callers.get(caller)
@@ -262,6 +282,8 @@ class Lanes:
                     lane.life, opening.recorder, opening.stderr, inflight=lane.inflight, headers=headers
                 ) as session:
                     await self._handshake(session)
+                    if self.on_caller_open is not None:
+                        await self.on_caller_open(lane.owner, session)
                     opening.opened(lane, session)
                     log.info("backend.caller_session", backend=self._name, caller=lane.owner, state="open")
                     with anyio.move_on_after(lifetime if lifetime is not None else math.inf):
@@ -288,6 +310,7 @@ class _Opening:
         """The session is open: no deadline from now on, and the lane's waiters are let through."""
         self.scope.deadline = math.inf
         lane.session = session
+        lane.recorder = self.recorder
         lane.ready.set()
 
 

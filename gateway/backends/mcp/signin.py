@@ -14,16 +14,14 @@ request with ``client_credentials`` instead.
 ``token(caller)`` is what a caller's session sends: the stored access token, refreshed (``refresh_token`` grant)
 when it has less than ``EXPIRY_MARGIN_S`` left; with none, ``NoCredential`` carrying the sign-in link.
 
-Every request of the flow (discovery, registration, token; never a redirect, which is not followed) goes through
-``_Discovery``: ``https`` only (plain ``http`` to a loopback host only with ``allow_http``), each connection made
-through the egress guard (egress.py: never link-local or metadata addresses, private ones only with
-``allow_private``), each answer at most ``MAX_ANSWER_BYTES`` and each request at most ``timeout_s``.
+Every request of the flow (discovery, registration, token) goes through ``FlowTransport`` (flow_http.py): https
+only, through the egress guard, answers and times bounded.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -33,18 +31,31 @@ import anyio.abc
 import httpx2
 import structlog
 from mcp.client.auth import OAuthClientProvider
-from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuthProvider
+from mcp.client.auth.extensions.client_credentials import (
+    ClientCredentialsOAuthProvider,
+    PrivateKeyJWTOAuthProvider,
+    SignedJWTParameters,
+)
 from mcp.client.auth.oauth2 import OAuthContext
+from mcp.client.auth.utils import extract_field_from_www_auth
 from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
 
-from gateway.auth.connections import CLIENT_ROW, Connections, SignInFailed
+from gateway.auth.connections import OPEN_CALLER, Connections, SignInFailed
 from gateway.auth.credentials import NoCredential
-from gateway.backends.mcp.egress import Admitting, guard
-from gateway.config import DownstreamOAuth, HttpServer
+from gateway.backends.mcp.flow_http import FlowStorage, FlowTransport
+from gateway.config import HttpServer
 from gateway.observe.logs import redactor
 from gateway.version import VERSION
 
-__all__ = ["EXPIRY_MARGIN_S", "GATEWAY_ROW", "SIGN_IN_TTL_S", "OAuthCredentials", "SignIn", "SignInFailed"]
+__all__ = [
+    "CLIENT_DOCUMENT",
+    "EXPIRY_MARGIN_S",
+    "GATEWAY_ROW",
+    "MAX_STEP_UPS",
+    "SIGN_IN_TTL_S",
+    "SignIn",
+    "SignInFailed",
+]
 
 log = structlog.get_logger("gateway.signin")
 
@@ -52,70 +63,17 @@ SIGN_IN_TTL_S = 600.0
 """How long a started sign-in waits for its callback; then its ``state`` is refused."""
 EXPIRY_MARGIN_S = 30.0
 """A token with less than this left is refreshed before a session is opened with it."""
-MAX_ANSWER_BYTES = 256 * 1024
-"""The largest answer taken from a metadata, registration or token endpoint."""
+CLIENT_DOCUMENT = "/ui/connect/client.json"
+"""Where the gateway publishes its own Client ID Metadata Document (core/connect.py ``client_document``)."""
+ASSERTION_TTL_S = 60
+"""How long a client assertion (``private_key_jwt``) is valid: it is made for one token request."""
+MAX_STEP_UPS = 2
+"""Sign-ins one caller is asked for, for one scope a server wants beyond what they hold (403 ``insufficient_scope``);
+past it the server's refusal is the answer."""
 MAX_PENDING = 256
 """Sign-ins waiting for their callback at once, per server; past it, the oldest is dropped."""
 GATEWAY_ROW = "*"
 """The caller name under which a ``per: gateway`` server's token is stored."""
-_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
-
-
-class _Discovery(httpx2.AsyncBaseTransport):
-    """The flow's requests: https only (see the module docstring), through the egress guard, answers bounded."""
-
-    def __init__(self, oauth: DownstreamOAuth, server: HttpServer) -> None:
-        self._allow_http = oauth.allow_http
-        self._server = httpx2.URL(server.url)  # the operator's own URL: as the file says (config checked it)
-        self._inner = Admitting(guard(httpx2.AsyncHTTPTransport(trust_env=False)), server.allow_private)
-
-    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        url = request.url
-        allowed = url.scheme == "https" or url.copy_with(query=None) == self._server
-        if not allowed and not (self._allow_http and url.scheme == "http" and url.host in _LOOPBACK):
-            raise SignInFailed(f"the server led the sign-in to {url.scheme}://{url.host}, which is not https")
-        response = await self._inner.handle_async_request(request)
-        body, size = [], 0
-        try:
-            async for chunk in response.stream:  # type: ignore[union-attr]
-                size += len(chunk)
-                if size > MAX_ANSWER_BYTES:
-                    raise SignInFailed(f"{url.host} answered more than {MAX_ANSWER_BYTES} bytes during the sign-in")
-                body.append(chunk)
-        finally:
-            await response.aclose()
-        return httpx2.Response(response.status_code, headers=response.headers, content=b"".join(body), request=request)
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-
-class _Memory:
-    """The SDK's ``TokenStorage`` for one flow: the server's registered client from the store, tokens in memory
-    (the flow stores them sealed when it completes)."""
-
-    def __init__(self, store: Connections, backend: str, fixed: OAuthClientInformationFull | None) -> None:
-        self._store, self._backend, self._fixed = store, backend, fixed
-        self.tokens: OAuthToken | None = None
-
-    async def get_tokens(self) -> OAuthToken | None:
-        return self.tokens
-
-    async def set_tokens(self, tokens: OAuthToken) -> None:
-        redactor.add([tokens.access_token, *([tokens.refresh_token] if tokens.refresh_token else [])])
-        self.tokens = tokens
-
-    async def get_client_info(self) -> OAuthClientInformationFull | None:
-        if self._fixed is not None:
-            return self._fixed
-        document = await self._store.get(self._backend, CLIENT_ROW)
-        return OAuthClientInformationFull.model_validate(document["client"]) if document else None
-
-    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
-        if client_info.client_secret:
-            redactor.add([client_info.client_secret])
-        if self._fixed is None:
-            await self._store.put(self._backend, CLIENT_ROW, {"client": client_info.model_dump(mode="json")}, None)
 
 
 @dataclass(eq=False)
@@ -123,6 +81,7 @@ class _Pending:
     """One started sign-in, between ``begin`` and its callback."""
 
     caller: str
+    challenge: str | None = None  # a step-up: the server's 403 ``insufficient_scope`` to the caller's call
     started: float = field(default_factory=time.monotonic)
     url: str | None = None
     redirected: anyio.Event = field(default_factory=anyio.Event)
@@ -143,12 +102,28 @@ class SignIn:
         self._store = store
         self._connect_url = connect_url
         self._pending: dict[str, _Pending] = {}
+        self._signing_key = self.oauth.signing_key()  # read once, at startup (config checked it opens)
+        if self._signing_key is not None:
+            redactor.add([self._signing_key])
         self._refreshing: dict[str, anyio.Lock] = {}
+        self._challenges: dict[str, str] = {}
+        self._step_ups: dict[tuple[str, frozenset[str]], int] = {}
         self._tg: anyio.abc.TaskGroup | None = None
+        self.on_stepped_up: Callable[[str], None] = lambda caller: None
+        """Told the caller whose sign-in got more scope (their open session still carries the narrower token)."""
 
     @property
     def per_caller(self) -> bool:
         return self.oauth.per == "caller"
+
+    @property
+    def client_metadata_url(self) -> str | None:
+        """The client id the gateway offers an authorization server that supports Client ID Metadata Documents: the
+        configured ``client_metadata_url``, else its own document (``CLIENT_DOCUMENT``) when browsers reach the
+        gateway over https (a client id must be an https URL an authorization server can fetch)."""
+        if self.oauth.client_metadata_url is not None or not self._connect_url.startswith("https://"):
+            return self.oauth.client_metadata_url
+        return f"{self._connect_url}{CLIENT_DOCUMENT}"
 
     @property
     def link(self) -> str:
@@ -158,6 +133,11 @@ class SignIn:
     @property
     def redirect_uri(self) -> str:
         return f"{self._connect_url}/ui/connect/callback"
+
+    def row(self, caller: str) -> str:
+        """Under which name ``caller``'s token is stored: the gateway's own (``per: gateway``), ``OPEN_CALLER`` for
+        the unnamed caller of an open gateway, else the caller's name."""
+        return GATEWAY_ROW if self.oauth.per == "gateway" else caller or OPEN_CALLER
 
     def attach(self, tg: anyio.abc.TaskGroup | None) -> None:
         """The task group the flows run in (the backend's own, while it runs)."""
@@ -179,7 +159,8 @@ class SignIn:
                 f"server {self.name} is used with the gateway's own identity: there is nothing to sign in"
             )
         self._forget_stale()
-        pending = _Pending(caller)
+        caller = self.row(caller)
+        pending = _Pending(caller, self._challenges.get(caller))
         self._tg.start_soon(self._flow, pending)
         with anyio.move_on_after(self.oauth.timeout_s * 4):
             async with anyio.create_task_group() as either:
@@ -231,7 +212,7 @@ class SignIn:
             assert pending.result is not None
             return pending.result
 
-        storage = _Memory(self._store, self.name, self._fixed_client())
+        storage = FlowStorage(self._store, self.name, self._fixed_client())
         provider = OAuthClientProvider(
             self._config.url,
             OAuthClientMetadata(
@@ -244,8 +225,11 @@ class SignIn:
             storage,
             redirect_handler=redirect,
             callback_handler=callback,
-            client_metadata_url=self.oauth.client_metadata_url,
+            client_metadata_url=self.client_metadata_url,
         )
+        if pending.challenge is not None:  # what the caller holds now: the SDK unions its scope with the wanted
+            held = await self._store.get(self.name, pending.caller)
+            storage.tokens = OAuthToken.model_validate(held["token"]) if held else None
         with anyio.move_on_after(SIGN_IN_TTL_S):
             await self._run(provider, storage, pending.caller, pending)
         if not pending.done.is_set():
@@ -254,12 +238,20 @@ class SignIn:
         pending.done.set()
 
     async def _run(
-        self, provider: OAuthClientProvider, storage: _Memory, caller: str, pending: _Pending | None
+        self,
+        provider: OAuthClientProvider,
+        storage: FlowStorage,
+        caller: str,
+        pending: _Pending | None,
+        challenge: str | None = None,
     ) -> None:
-        """Send the ``initialize`` through ``provider`` and store the tokens it got for ``caller``."""
+        """Send the ``initialize`` through ``provider`` and store the tokens it got for ``caller`` (a step-up when
+        there is a ``challenge``: the server's 403 the flow meets first)."""
+        challenge = pending.challenge if pending is not None else challenge
+        held = storage.tokens
         try:
             async with httpx2.AsyncClient(
-                transport=_Discovery(self.oauth, self._config),
+                transport=FlowTransport(self.oauth, self._config, challenge),
                 timeout=self.oauth.timeout_s,
                 trust_env=False,
                 headers={"accept-encoding": "identity"},
@@ -274,10 +266,14 @@ class SignIn:
                 if session:  # the flow's own session is not kept
                     with anyio.move_on_after(self.oauth.timeout_s):
                         await http.delete(self._config.url, headers={"mcp-session-id": session}, auth=provider)
-            if storage.tokens is None:
+            if storage.tokens is None or storage.tokens is held:
                 raise SignInFailed(f"server {self.name} answered HTTP {response.status_code} without asking to sign in")
             await self._save(caller, storage.tokens, provider.context)
-            log.info("signin.connected", backend=self.name, caller=caller)
+            log.info("signin.connected", backend=self.name, caller=caller, step_up=challenge is not None)
+            if challenge is not None:
+                if self._challenges.get(caller) == challenge:
+                    del self._challenges[caller]
+                self.on_stepped_up(caller)
         except Exception as exc:  # reported in plain words to the page (and the log), never a token
             reason = str(exc) if isinstance(exc, SignInFailed) else _plain(exc)
             log.warning("signin.failed", backend=self.name, caller=caller, reason=reason)
@@ -303,6 +299,9 @@ class SignIn:
         document: dict[str, Any] = {
             "token": token.model_dump(mode="json", exclude_none=True),
             "token_endpoint": str(metadata.token_endpoint) if metadata is not None else None,
+            "revocation_endpoint": str(metadata.revocation_endpoint)
+            if metadata is not None and metadata.revocation_endpoint is not None
+            else None,
             "resource": context.get_resource_url() if context.protected_resource_metadata is not None else None,
             "client": context.client_info.model_dump(mode="json") if context.client_info is not None else None,
         }
@@ -328,6 +327,31 @@ class SignIn:
         pending.done.set()
         pending.answered.set()  # the flow's callback wakes and fails on the missing result
 
+    # -- step-up ---------------------------------------------------------------------------------------------------
+
+    async def step_up(self, caller: str, challenge: str) -> bool:
+        """The server answered ``caller``'s call 403 ``insufficient_scope`` (``challenge``, its ``WWW-Authenticate``):
+        whether the caller is to sign in again, asking for the union of the scope they hold and the one wanted (their
+        next ``begin`` does); for ``per: gateway``, whether the gateway took a token with that union now (and
+        ``on_stepped_up`` was told). Bounded: never when what they hold covers what is wanted already (the server will
+        not be satisfied by any sign-in), and at most ``MAX_STEP_UPS`` times for one caller and one demand."""
+        caller = self.row(caller)
+        wanted = frozenset((_field(challenge, "scope") or "").split())
+        held = await self._store.get(self.name, caller)
+        granted = frozenset(str((held or {}).get("token", {}).get("scope") or "").split())
+        if not wanted or wanted <= granted:
+            return False
+        tries = self._step_ups.get((caller, wanted), 0)
+        if tries >= MAX_STEP_UPS:
+            return False
+        self._step_ups[(caller, wanted)] = tries + 1
+        log.info("signin.step_up", backend=self.name, caller=caller, wanted=" ".join(sorted(wanted - granted)))
+        if self.oauth.per == "gateway":  # its own identity: a token with the wider scope at once
+            async with self._refreshing.setdefault(caller, anyio.Lock()):
+                return await self._client_credentials(challenge) is not None
+        self._challenges[caller] = challenge
+        return True
+
     # -- tokens for sessions ---------------------------------------------------------------------------------------
 
     async def token(self, caller: str) -> tuple[str, float | None]:
@@ -338,7 +362,7 @@ class SignIn:
             NoCredential: the caller has not signed in (or their sign-in ran out and cannot be refreshed), with the
                 link where they sign in.
         """
-        row = GATEWAY_ROW if self.oauth.per == "gateway" else caller
+        row = self.row(caller)
         lock = self._refreshing.setdefault(row, anyio.Lock())
         async with lock:
             document = await self._store.get(self.name, row)
@@ -352,12 +376,32 @@ class SignIn:
                 )
             left = _left(document)
             if left is not None and left < EXPIRY_MARGIN_S:
-                document = await self._renew(row, document)
+                document = await self._renew_once(caller, row)
                 left = _left(document)
         token = str(document["token"]["access_token"])
         redactor.add([token])
         # a session lives until the margin before expiry (at least half of what is left, for short-lived tokens)
         return token, None if left is None else max(left - EXPIRY_MARGIN_S, left / 2, 0.0)
+
+    async def _renew_once(self, caller: str, row: str) -> dict[str, Any]:
+        """``row``'s document renewed, by one replica at a time: another that held the row (refreshing it) has
+        written a fresh one, read again here, rather than spending a rotated refresh token a second time.
+
+        Raises:
+            NoCredential: it is gone (revoked meanwhile) or cannot be renewed.
+        """
+        async with self._store.exclusive(self.name, row):
+            document = await self._store.get(self.name, row)
+            if document is None:
+                raise NoCredential(
+                    f"caller {caller or 'anonymous'} has not signed in to server {self.name}: open {self.link} "
+                    "in a browser to sign in, then call again",
+                    link=self.link,
+                )
+            left = _left(document)
+            if left is not None and left < EXPIRY_MARGIN_S:
+                document = await self._renew(row, document)
+            return document
 
     async def _renew(self, row: str, document: dict[str, Any]) -> dict[str, Any]:
         """A fresh token for ``row``: refreshed, or for the gateway a new ``client_credentials`` one.
@@ -378,27 +422,59 @@ class SignIn:
             link=self.link,
         )
 
+    async def revoke(self, caller: str) -> None:
+        """Revoke ``caller``'s tokens at the authorization server (RFC 7009: the refresh token, whose revocation
+        SHOULD take its grant's access tokens with it; without one, the access token), when its metadata named a
+        ``revocation_endpoint``; best effort, said in the log (never a token). The stored row is the caller's to
+        forget (core/connect.py)."""
+        row = self.row(caller)
+        document = await self._store.get(self.name, row) or {}
+        endpoint, client = document.get("revocation_endpoint"), document.get("client")
+        token: dict[str, Any] = document.get("token") or {}
+        if not endpoint or not client:
+            return
+        registered = OAuthClientInformationFull.model_validate(client)
+        context, refused = self._context(registered), list[str]()
+        transport = FlowTransport(self.oauth, self._config)
+        async with httpx2.AsyncClient(transport=transport, timeout=self.oauth.timeout_s) as http:
+            for kind in ("refresh_token",) if token.get("refresh_token") else ("access_token",):
+                form = {"token": token[kind], "token_type_hint": kind, "client_id": registered.client_id}
+                form, headers = context.prepare_token_auth(form, {"accept": "application/json"})
+                try:
+                    answer = await http.post(endpoint, data=form, headers=headers)
+                    if answer.status_code != 200:
+                        refused.append(f"{kind}: HTTP {answer.status_code}")
+                except Exception as exc:  # best effort: the row is forgotten whatever the server says
+                    refused.append(f"{kind}: {_plain(exc)}")
+        log.info("signin.revoked_at_server", backend=self.name, caller=row, refused=refused or None)
+
+    def _context(self, client: OAuthClientInformationFull) -> OAuthContext:
+        """An SDK context that authenticates as ``client`` at the token and revocation endpoints."""
+        context = OAuthContext(
+            server_url=self._config.url,
+            client_metadata=OAuthClientMetadata(redirect_uris=[self.redirect_uri]),  # type: ignore[list-item]
+            storage=FlowStorage(self._store, self.name, None),
+            redirect_handler=None,
+            callback_handler=None,
+        )
+        context.client_info = client
+        return context
+
     async def _refresh(self, row: str, document: dict[str, Any]) -> dict[str, Any] | None:
         token = document.get("token") or {}
         endpoint, client = document.get("token_endpoint"), document.get("client")
         if not token.get("refresh_token") or not endpoint or not client:
             return None
-        context = OAuthContext(
-            server_url=self._config.url,
-            client_metadata=OAuthClientMetadata(redirect_uris=[self.redirect_uri]),  # type: ignore[list-item]
-            storage=_Memory(self._store, self.name, None),
-            redirect_handler=None,
-            callback_handler=None,
-        )
-        context.client_info = OAuthClientInformationFull.model_validate(client)
+        registered = OAuthClientInformationFull.model_validate(client)
+        context = self._context(registered)
         form = {"grant_type": "refresh_token", "refresh_token": token["refresh_token"]}
-        form["client_id"] = context.client_info.client_id
+        form["client_id"] = registered.client_id
         if document.get("resource"):
             form["resource"] = document["resource"]
         form, headers = context.prepare_token_auth(form, {"accept": "application/json"})
         try:
             async with httpx2.AsyncClient(
-                transport=_Discovery(self.oauth, self._config), timeout=self.oauth.timeout_s
+                transport=FlowTransport(self.oauth, self._config), timeout=self.oauth.timeout_s
             ) as http:
                 response = await http.post(endpoint, data=form, headers=headers)
             fresh = OAuthToken.model_validate_json(response.content) if response.status_code == 200 else None
@@ -417,15 +493,35 @@ class SignIn:
         log.info("signin.refreshed", backend=self.name, caller=row)
         return renewed
 
-    async def _client_credentials(self) -> dict[str, Any] | None:
-        """The gateway's own token (``per: gateway``), by ``client_credentials``; None when refused."""
-        assert self.oauth.client_id is not None and self.oauth.client_secret is not None
-        storage = _Memory(self._store, self.name, None)
-        provider = ClientCredentialsOAuthProvider(
-            self._config.url, storage, self.oauth.client_id, self.oauth.client_secret, scope=self.oauth.scope
-        )
+    async def _client_credentials(self, challenge: str | None = None) -> dict[str, Any] | None:
+        """The gateway's own token (``per: gateway``), by ``client_credentials``: authenticated with the client
+        secret, or with a client assertion signed with the configured key (``private_key_jwt``, RFC 7523; its
+        audience the authorization server's issuer); None when refused. With a ``challenge`` (a step-up), asking for
+        the union of the scope held and the one wanted."""
+        oauth, storage = self.oauth, FlowStorage(self._store, self.name, None)
+        if challenge is not None:
+            held = await self._store.get(self.name, GATEWAY_ROW)
+            storage.tokens = OAuthToken.model_validate(held["token"]) if held else None
+        assert oauth.client_id is not None
+        provider: OAuthClientProvider
+        if self._signing_key is not None:
+            assertion = SignedJWTParameters(
+                issuer=oauth.client_id,
+                subject=oauth.client_id,
+                signing_key=self._signing_key,
+                signing_algorithm=oauth.signing_algorithm,
+                lifetime_seconds=ASSERTION_TTL_S,
+            ).create_assertion_provider()
+            provider = PrivateKeyJWTOAuthProvider(
+                self._config.url, storage, oauth.client_id, assertion, scope=oauth.scope
+            )
+        else:
+            assert oauth.client_secret is not None
+            provider = ClientCredentialsOAuthProvider(
+                self._config.url, storage, oauth.client_id, oauth.client_secret, scope=oauth.scope
+            )
         try:
-            await self._run(provider, storage, GATEWAY_ROW, None)
+            await self._run(provider, storage, GATEWAY_ROW, None, challenge)
         except SignInFailed:
             return None
         return await self._store.get(self.name, GATEWAY_ROW)
@@ -439,23 +535,6 @@ class SignIn:
         return state in self._pending
 
 
-class OAuthCredentials:
-    """A ``per: caller`` server's per-caller session headers (lanes.py): its ``headers`` and the caller's
-    ``Authorization: Bearer`` token from ``SignIn``."""
-
-    def __init__(self, signin: SignIn, headers: dict[str, str]) -> None:
-        self._signin = signin
-        self._headers = headers
-
-    def gateway_headers(self) -> dict[str, str]:
-        return dict(self._headers)
-
-    async def for_caller(self, caller: str | None, subject_token: str | None) -> tuple[dict[str, str], float | None]:
-        """Raises: NoCredential: the caller has not signed in (the message carries the link)."""
-        token, lifetime = await self._signin.token(caller or "")
-        return {**self._headers, "Authorization": f"Bearer {token}"}, lifetime
-
-
 async def _first(event: anyio.Event, scope: anyio.CancelScope) -> None:
     await event.wait()
     scope.cancel()
@@ -465,6 +544,11 @@ def _left(document: dict[str, Any]) -> float | None:
     """Seconds the document's access token has left (None: the server did not say)."""
     expires_at = document.get("expires_at")
     return float(expires_at) - time.time() if isinstance(expires_at, int | float) else None
+
+
+def _field(challenge: str, name: str) -> str | None:
+    """A parameter of a ``WWW-Authenticate`` header."""
+    return extract_field_from_www_auth(httpx2.Response(401, headers={"www-authenticate": challenge}), name)
 
 
 def _plain(exc: BaseException) -> str:

@@ -18,7 +18,7 @@ from html import escape
 
 import structlog
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from gateway.auth.connections import SignInFailed
@@ -69,6 +69,7 @@ class ConnectPages:
     def routes(self) -> list[Route]:
         return [
             Route("/connect/callback", self.callback, methods=["GET"]),
+            Route("/connect/client.json", self.client_document, methods=["GET"]),
             Route("/connect/{backend}", self.begin, methods=["GET"]),
             Route("/connections", self.listing, methods=["GET"]),
             Route("/connections", self.revoke, methods=["POST"]),
@@ -103,6 +104,13 @@ class ConnectPages:
         )
         log.info("signin.started", backend=backend, caller=caller)
         return response
+
+    async def client_document(self, request: Request) -> Response:
+        """The gateway's Client ID Metadata Document: public (an authorization server fetches it, unsigned in)."""
+        document = self._sign_ins.client_document
+        if document is None:
+            return _page("Not found", "<p>This gateway signs in to no OAuth-protected server.</p>", 404)
+        return JSONResponse(dict(document), headers={"cache-control": "public, max-age=3600"})
 
     async def callback(self, request: Request) -> Response:
         params = request.query_params

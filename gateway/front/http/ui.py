@@ -31,6 +31,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
+from gateway.auth.connections import OPEN_CALLER
 from gateway.auth.cookies import SESSION_TTL_S, SessionCookies
 from gateway.auth.tokens import Tokens
 from gateway.backends.base import BackendStatus
@@ -121,7 +122,7 @@ class StatusPage:
     def caller(self, request: Request) -> str | None:
         """Who the browser (or script) is: a bearer token's caller or a signed-in cookie's; "local" when open."""
         if not self.tokens:
-            return "local" if self.loopback else None
+            return OPEN_CALLER if self.loopback else None
         identified = self.tokens.identify(request.headers.get("authorization"))
         return identified or self.cookies.verify(request.cookies.get(COOKIE))
 

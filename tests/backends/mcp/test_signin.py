@@ -22,7 +22,8 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError, UrlElicitationRequiredError
 from mcp_types import URL_ELICITATION_REQUIRED
 
-from gateway.auth.connections import WATCH_S
+from gateway.auth.connections import WATCH_S, Connections
+from gateway.auth.keys import load_key
 from tests.fixtures.gateway_proc import FIXTURES, PYTHON, answer_elicitation, first_text, mcp_session, run_gateway
 from tests.fixtures.identity import IdentityProvider, start_identity_provider
 from tests.fixtures.procs import RunningServer, free_port, start_http_server
@@ -161,6 +162,26 @@ async def test_two_callers_sign_in_with_two_accounts_and_each_gets_their_own(tmp
     assert "eyJ" not in log, "a JWT reached the gateway's log"
 
 
+async def test_each_caller_lists_the_tools_their_own_account_lists(tmp_path: Path) -> None:
+    with oauth_world(tmp_path) as (_idp, server, port), gateway(tmp_path, server, port) as gw:
+        assert (await sign_in(gw, "tok-alice-0123456789", "alice-account")).status_code == 200
+        await ready(gw)
+        assert (await sign_in(gw, "tok-bob-0123456789", "bob-account")).status_code == 200  # bob signed in last
+
+        async def listed_own() -> bool:
+            return await tools_of(gw, "tok-alice-0123456789") == {"whoami", "read_mail", "alice_notes"}
+
+        await eventually(listed_own, within=WAIT)
+        assert await tools_of(gw, "tok-bob-0123456789") == {"whoami", "read_mail", "bob_notes"}
+        async with mcp_session(gw.url(), token="tok-alice-0123456789") as alice:
+            with anyio.fail_after(WAIT):
+                assert first_text(await alice.call_tool("alice_notes", {})) == "notes of alice-account"
+                with pytest.raises(MCPError, match="Unknown tool: 'bob_notes'"):  # not hers: as if it did not exist
+                    await alice.call_tool("bob_notes", {})
+        # a caller who has not signed in sees what the server lists to the account the gateway lists with
+        assert "whoami" in await tools_of(gw, "tok-ops-0123456789")
+
+
 async def test_a_restart_keeps_the_sign_in_and_revocation_ends_it(tmp_path: Path) -> None:
     with oauth_world(tmp_path) as (_idp, server, port):
         with gateway(tmp_path, server, port) as gw:
@@ -196,6 +217,35 @@ async def test_a_restart_keeps_the_sign_in_and_revocation_ends_it(tmp_path: Path
     assert status.status_code == metrics.status_code == ui.status_code == 200
     for text in (status.text, metrics.text, ui.text, log):
         assert "eyJ" not in text  # no JWT (every token the provider issues is one)
+
+
+async def test_revoking_a_connection_revokes_its_tokens_at_the_authorization_server(tmp_path: Path) -> None:
+    """RFC 7009: the provider advertises a revocation endpoint, so revoking alice's connection there revokes her
+    refresh token too: it no longer refreshes at the provider."""
+    with oauth_world(tmp_path) as (idp, server, port), gateway(tmp_path, server, port) as gw:
+        assert (await sign_in(gw, "tok-alice-0123456789", "alice-account")).status_code == 200
+        await ready(gw)
+        keys, _ = load_key("GATEWAY_STATE_KEY", STATE_KEY, str(tmp_path / "audit.db"))
+        held = await Connections(str(tmp_path / "audit.db"), keys).get("remote", "alice")
+        assert held is not None and held["revocation_endpoint"] and held["token"]["refresh_token"]
+        refresh = {
+            "grant_type": "refresh_token",
+            "refresh_token": held["token"]["refresh_token"],
+            "client_id": held["client"]["client_id"],
+        }
+        async with httpx2.AsyncClient(headers={"Authorization": "Bearer tok-alice-0123456789"}) as http:
+            revoked = await http.post(
+                gw.url("/ui/connections"), data={"backend": "remote"}, headers={"Origin": f"http://127.0.0.1:{port}"}
+            )
+            assert revoked.status_code == 303, revoked.text
+        registered = held["client"]
+        auth = (registered["client_id"], registered["client_secret"]) if registered.get("client_secret") else None
+        async with httpx2.AsyncClient(auth=auth) as client:  # as the gateway's client would refresh
+            answer = await client.post(held["token_endpoint"], data=refresh)
+        log = gw.output()
+    assert answer.status_code == 400 and answer.json()["error"] == "invalid_grant", answer.text
+    assert '"event": "signin.revoked_at_server"' in log and '"refused": null' in log, log[-3000:]
+    assert "eyJ" not in log
 
 
 async def test_a_callback_from_another_browser_completes_nothing(tmp_path: Path) -> None:
@@ -234,6 +284,47 @@ async def test_per_gateway_serves_every_caller_with_the_gateways_own_identity(tm
                 assert (await whoami(gw, caller)) == (False, "account: alpha")  # the client's own subject
             log = gw.output()
     assert "alpha-secret" not in log and "eyJ" not in log
+
+
+async def call(gw: RunningServer, token: str, tool: str) -> tuple[bool, str]:
+    async with mcp_session(gw.url(), token=token) as session:
+        with anyio.fail_after(WAIT):
+            result = await session.call_tool(tool, {})
+    return bool(result.is_error), first_text(result)
+
+
+async def test_more_scope_wanted_of_the_gateways_identity_is_taken_at_once(tmp_path: Path) -> None:
+    oauth = 'per: gateway, client_id: alpha, client_secret: "${ALPHA_SECRET}", allow_http: true, scope: mcp:tools'
+    with oauth_world(tmp_path) as (_idp, server, port):
+        env = {"GATEWAY_STATE_KEY": STATE_KEY, "ALPHA_SECRET": "alpha-secret"}
+        with run_gateway(config(server, port, oauth), tmp_path, tokens=TOKENS, env=env, port=port) as gw:
+            await ready(gw)
+            error, said = await call(gw, "tok-alice-0123456789", "read_mail")  # the token has mcp:tools alone
+            assert error and "call again" in said, said
+
+            async def served() -> bool:
+                return await call(gw, "tok-bob-0123456789", "read_mail") == (False, "read by alpha")
+
+            await eventually(served, within=WAIT)  # the shared session opened again with the wider token
+            assert (await whoami(gw, "tok-alice-0123456789")) == (False, "account: alpha")
+            log = gw.output()
+    assert '"wanted": "mcp:read"' in log and "alpha-secret" not in log and "eyJ" not in log
+
+
+async def test_more_scope_wanted_of_a_caller_asks_them_to_sign_in_again(tmp_path: Path) -> None:
+    """The call is answered with the link; the sign-in it starts asks for the union of scopes. This provider
+    (oidc-provider) holds a dynamically registered client to the scope it registered with, so it refuses the wider
+    one (invalid_scope), said on the page: the success path is the conformance suite's auth/scope-step-up."""
+    with oauth_world(tmp_path) as (_idp, server, port), gateway(tmp_path, server, port) as gw:
+        assert (await sign_in(gw, "tok-alice-0123456789", "alice-account")).status_code == 200
+        await ready(gw)
+        error, said = await call(gw, "tok-alice-0123456789", "read_mail")
+        assert error and "wants more access" in said and f"http://127.0.0.1:{port}/ui/connect/remote" in said, said
+        page = await sign_in(gw, "tok-alice-0123456789", "alice-account")
+        assert page.status_code == 400 and "invalid_scope" in page.text, page.text
+        assert (await whoami(gw, "tok-alice-0123456789")) == (False, "account: alice-account")  # still signed in
+        log = gw.output()
+    assert '"wanted": "mcp:read"' in log and "eyJ" not in log
 
 
 @pytest.mark.parametrize(
@@ -343,6 +434,14 @@ async def modern_whoami(gw: RunningServer, token: str) -> tuple[bool, str]:
     return bool(result.is_error), first_text(result)
 
 
+async def modern_tools(gw: RunningServer, token: str) -> set[str]:
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30)) as http:
+        async with Client(streamable_http_client(gw.url(), http_client=http), mode="2026-07-28") as client:
+            with anyio.fail_after(WAIT):
+                return {tool.name for tool in (await client.list_tools()).tools}
+
+
 async def test_two_callers_in_the_stateless_era_each_get_their_own_account(tmp_path: Path) -> None:
     """The same as the handshake era's two callers, from 2026-07-28 clients: no session, each request on its own,
     each caller served on their own downstream session with their own token."""
@@ -355,3 +454,6 @@ async def test_two_callers_in_the_stateless_era_each_get_their_own_account(tmp_p
         for _ in range(2):  # each request on its own: the second finds each caller's session again
             assert (await modern_whoami(gw, "tok-alice-0123456789")) == (False, "account: alice-account")
             assert (await modern_whoami(gw, "tok-bob-0123456789")) == (False, "account: bob-account")
+        # each lists what their own account lists, in this era too
+        assert await modern_tools(gw, "tok-alice-0123456789") == {"whoami", "read_mail", "alice_notes"}
+        assert await modern_tools(gw, "tok-bob-0123456789") == {"whoami", "read_mail", "bob_notes"}
