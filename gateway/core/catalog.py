@@ -257,28 +257,7 @@ class Catalog:
                 if candidate is not None:
                     candidates.append(candidate)
 
-        entries: dict[str, CatalogEntry] = {}
-        routes_off: list[str] = []
-        for route_name, route in config.routes.items():
-            source = _schema_source(route.schema_from, route.providers, known, backends)
-            if source is None:
-                problems.append(f"route {route_name!r}: no provider is available yet, so it is not published")
-                routes_off.append(route_name)
-                continue
-            base = known[source][1]
-            description = route.description if route.description is not None else (base.description or "")
-            description = fill_placeholders(description, costs)
-            tool = _publish(
-                base,
-                route_name,
-                description,
-                note if carries(route_name, route.router or _routes_router(config, source)) else "",
-            )
-            providers = tuple(_provider(step) for step in route.providers)
-            audit = dict(route.audit) or _adapter_audit(config, source)
-            entries[route_name] = CatalogEntry(
-                route_name, tool, providers, audit, route=True, defaults=_defaults(tool), result=route.result
-            )
+        entries, routes_off = _routes(config, known, backends, costs, note, carries, problems)
 
         published = _name(config, candidates, entries, problems)
         for public, cand in published:
@@ -321,6 +300,42 @@ class Catalog:
             tuple(pinned.pending),
             {name: seen for name, backend in backends.items() if (seen := backend.caller_lists()) is not None},
         )
+
+
+def _routes(
+    config: Federation,
+    known: Mapping[str, tuple[Backend, types.Tool]],
+    backends: Mapping[str, Backend],
+    costs: Mapping[str, Cost],
+    note: str,
+    carries: _NoteCarrier,
+    problems: list[str],
+) -> tuple[dict[str, CatalogEntry], list[str]]:
+    """The declared routes' entries, each published with its first available provider's schema; and the routes not
+    published (none of their providers is available yet), each a problem."""
+    entries: dict[str, CatalogEntry] = {}
+    routes_off: list[str] = []
+    for route_name, route in config.routes.items():
+        source = _schema_source(route.schema_from, route.providers, known, backends)
+        if source is None:
+            problems.append(f"route {route_name!r}: no provider is available yet, so it is not published")
+            routes_off.append(route_name)
+            continue
+        base = known[source][1]
+        description = route.description if route.description is not None else (base.description or "")
+        description = fill_placeholders(description, costs)
+        tool = _publish(
+            base,
+            route_name,
+            description,
+            note if carries(route_name, route.router or _routes_router(config, source)) else "",
+        )
+        providers = tuple(_provider(step) for step in route.providers)
+        audit = dict(route.audit) or _adapter_audit(config, source)
+        entries[route_name] = CatalogEntry(
+            route_name, tool, providers, audit, route=True, defaults=_defaults(tool), result=route.result
+        )
+    return entries, routes_off
 
 
 def _name(
