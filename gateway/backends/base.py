@@ -199,6 +199,12 @@ class Backend(Protocol):
         every caller sees them all."""
         ...
 
+    def serves(self, caller: str | None) -> bool:
+        """Whether a call of ``caller``'s is sent now (the router answers the others at once with the state's reason):
+        the backend is ready, or its tools are declared; a server whose callers have sessions of their own serves
+        such a caller whatever its shared session's state."""
+        ...
+
     def ladder(self, tool: str, arguments: Mapping[str, Any]) -> Sequence[str | None]:
         """The variants to try for this call, in order (requested first, then each cheaper rung).
 
@@ -381,6 +387,9 @@ class BackendBase:
 
     def caller_lists(self) -> CallerLists | None:
         return None
+
+    def serves(self, caller: str | None) -> bool:
+        return self._status.state is BackendState.READY or self.static_tools
 
     @property
     def signin(self) -> SignsIn | None:

@@ -311,9 +311,7 @@ class Router:
         for provider in applicable:
             backend = backends[provider.backend]
             state = backend.status
-            if state.state is BackendState.DISABLED or (
-                state.state is not BackendState.READY and not backend.static_tools
-            ):
+            if state.state is BackendState.DISABLED or not backend.serves(record.ctx.caller.name):
                 outcome = "disabled" if state.declared else "unavailable"
                 record.add(provider.label, outcome, state.reason or str(state.state))
                 continue

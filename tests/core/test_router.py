@@ -350,6 +350,29 @@ async def test_a_failed_server_is_skipped_as_unavailable_with_the_detected_reaso
     assert (first["outcome"], first["reason"]) == ("unavailable", "handshake answered HTTP 502")
 
 
+class OwnSessions(FakeBackend):
+    """A server whose callers have sessions of their own (an OAuth server, per caller): alice's is open."""
+
+    def serves(self, caller: str | None) -> bool:
+        return super().serves(caller) or caller == "alice"
+
+
+async def test_a_caller_with_a_session_of_their_own_is_served_while_the_shared_one_reconnects() -> None:
+    solo = OwnSessions("solo", ["lookup"], list_when_down=True)
+    setup = Setup(solo)
+    solo.set_state(BackendState.FAILED, "signed out: open http://gw/ui/connect/solo to sign in")
+
+    def as_(caller: str) -> CallContext:
+        return CallContext(upstream=Upstream(Caller(caller)))
+
+    served = await setup.call("lookup", {}, ctx=as_("alice"))
+    refused = await setup.call("lookup", {}, ctx=as_("bob"))
+
+    assert meta(served)["status"] == "ok" and len(solo.calls) == 1
+    assert refused.is_error and "sign in" in refused.content[0].text  # type: ignore[union-attr]
+    assert chain(setup.recorder.records[1].chain) == [("solo/lookup", None, "unavailable")]
+
+
 async def test_a_failed_adapter_is_still_tried_because_it_spawns_per_call() -> None:
     a, b, solo, qmd = fakes()
     setup = Setup(a, b, solo, qmd)

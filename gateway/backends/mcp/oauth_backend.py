@@ -132,6 +132,10 @@ class OAuthBackend(McpBackend):
         callers = {c: frozenset(t.name for t in tools) for c, tools in self._caller_tools.items()}
         return CallerLists(self._shared_names, callers)
 
+    def serves(self, caller: str | None) -> bool:
+        """Also while the shared session is down: a caller whose own session opened (and listed) is served on it."""
+        return super().serves(caller) or (self._signin.per_caller and (caller or "") in self._caller_tools)
+
     def _stepped_up(self, row: str) -> None:
         """``row``'s token now has more scope: the session that carried the narrower one ends (the caller's own, or
         for the gateway's identity the shared one) and opens again with it."""
