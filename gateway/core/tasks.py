@@ -25,7 +25,7 @@ from gateway.calls import CallContext
 from gateway.core.record import CallRecord, Instruments, ledger_name
 from gateway.errors import BackendError, BackendRpcError, BackendUnavailable
 
-__all__ = ["TASKS", "TERMINAL", "TaskRelay", "TaskRequest", "offered_extensions"]
+__all__ = ["RELAYED", "TASKS", "TERMINAL", "TaskRelay", "TaskRequest", "offered_extensions"]
 
 TASKS = "io.modelcontextprotocol/tasks"
 """The extension's identifier, under ``capabilities.extensions``."""
@@ -44,16 +44,22 @@ class TaskRequest(types.Request[dict[str, Any], str]):
     name_param: ClassVar[str | None] = "taskId"
 
 
+RELAYED = frozenset({TASKS})
+"""The extensions the gateway relays, so offers when a backend does. Any other (e.g. skills, SEP-2640) commits its
+server to methods the gateway does not serve: it is not offered."""
+
+
 def offered_extensions(backends: Iterable[Backend]) -> dict[str, dict[str, Any]]:
-    """The extensions the ready backends offer (``capabilities.extensions``), each under its identifier; where two
-    offer one, the first's settings."""
+    """The extensions of ``RELAYED`` the ready backends offer (``capabilities.extensions``), each under its
+    identifier; where two offer one, the first's settings."""
     offered: dict[str, dict[str, Any]] = {}
     for backend in backends:
         caps = backend.capabilities
         if caps is None or not caps.extensions or backend.status.state is not BackendState.READY:
             continue
         for identifier, settings in caps.extensions.items():
-            offered.setdefault(identifier, dict(settings or {}))
+            if identifier in RELAYED:
+                offered.setdefault(identifier, dict(settings or {}))
     return offered
 
 

@@ -56,7 +56,7 @@ def rpc(url: str, token: str, method: str, params: dict[str, Any], *, declared: 
         "io.modelcontextprotocol/clientInfo": {"name": "test", "version": "1"},
     }
     headers = {
-        "Authorization": f"Bearer {token}",
+        **({"Authorization": f"Bearer {token}"} if token else {}),
         "Accept": "application/json, text/event-stream",
         "MCP-Protocol-Version": "2026-07-28",
         "Mcp-Method": method,
@@ -149,3 +149,15 @@ def test_the_ledger_keeps_a_tasks_creation_and_its_end(target: RunningServer, tm
         ("tasks/get", "slow_compute", "cancelled", "bob"),
         ("tasks/get", "protocol_error_job", "error", "alice"),
     ]
+
+
+def test_only_an_extension_the_gateway_relays_is_offered(tmp_path: Path) -> None:
+    """A downstream offering skills (SEP-2640) besides tasks: the gateway offers tasks, which it relays, and not
+    skills, whose ``skills/list`` and ``skills/get`` it does not serve (offering it would commit it to them)."""
+    skills = "io.modelcontextprotocol/skills"
+    port = free_port()
+    with start_http_server(tasks_server_argv(port, "--offer", skills), port) as both:
+        assert set(rpc(both.url(), "", "server/discover", {})["capabilities"]["extensions"]) == {TASKS, skills}
+        with run_gateway(_config(both), tmp_path, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
+            offered = rpc(gateway.url(), "", "server/discover", {})["capabilities"]["extensions"]
+    assert offered == {TASKS: {}}

@@ -58,8 +58,8 @@ def tasks_checks(launcher: str, url: str, folder: Path) -> Checks:
     return found
 
 
-def tasks_server_argv(port: int) -> list[str]:
-    return [sys.executable, str(FIXTURES / "tasks_server.py"), "--port", str(port)]
+def tasks_server_argv(port: int, *extra: str) -> list[str]:
+    return [sys.executable, str(FIXTURES / "tasks_server.py"), "--port", str(port), *extra]
 
 
 @pytest.fixture(scope="module")
