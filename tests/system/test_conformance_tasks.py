@@ -79,20 +79,22 @@ def test_the_suites_tasks_scenarios_pass_against_the_fixture(target: tuple[Runni
     assert statuses.count("SUCCESS") == 44, direct
 
 
+@pytest.mark.parametrize("protocol", ["", "2026-07-28"], ids=["learnt", "declared"])
 def test_the_suites_tasks_scenarios_pass_through_the_gateway_as_directly(
-    target: tuple[RunningServer, Checks], tmp_path: Path
+    target: tuple[RunningServer, Checks], tmp_path: Path, protocol: str
 ) -> None:
-    """A default configuration (no ``protocol:``): the gateway learns that the fixture speaks both eras, serves the
-    suite's 2026-07-28 requests on its stateless lane, advertises the extension the fixture offers, and hands out
-    task ids of its own."""
+    """With no ``protocol:`` the gateway learns that the fixture speaks both eras and serves the suite's 2026-07-28
+    requests (a task's among them) on its stateless lane; declared ``2026-07-28``, on its one session. Either way it
+    advertises the extension the fixture offers and hands out task ids of its own."""
     server, direct = target
+    declared = f'\n    protocol: "{protocol}"' if protocol else ""
     config = f"""
 gateway:
   audit: {{enabled: false}}
 servers:
   target:
     transport: streamable_http
-    url: {server.url()}
+    url: {server.url()}{declared}
 """
     launcher = _conformance_launcher("next-2026-07-28")
     with run_gateway(config, tmp_path, env={"GATEWAY_STATE_KEY": "k" * 16 + "0123456789abcdef" * 2}) as gateway:
