@@ -185,6 +185,9 @@ class Tasks:
             raise MCPError(types.HEADER_MISMATCH, "Mcp-Name header does not match the request's taskId")
         call = self.face.context(ctx)
         backend, task, tool = self.ids.open(params.task_id, call.caller.name)
+        if backend not in self.face.gateway.backends:
+            log.info("task.unknown", reason="the backend that runs it is no longer configured", backend=backend)
+            raise _unknown(params.task_id)
         try:
             answer = await self.relay.ask(
                 method, {"taskId": task, **more}, backend=backend, tool=tool, task=params.task_id, ctx=call

@@ -124,6 +124,13 @@ def test_any_replica_with_the_key_routes_a_task(target: RunningServer, tmp_path:
         assert done["status"] == "completed" and done["taskId"] == task
         assert done["result"]["content"] == [{"type": "text", "text": "Deleted f"}]
         assert rpc(stranger.url(), "tok-alice", "tasks/get", {"taskId": task})["error"]["code"] == -32602
+    renamed = _config(target).replace("  target:", "  other:")
+    with run_gateway(renamed, tmp_path / "a", tokens=TOKENS, env=env) as gone:  # the key, but not the backend
+        assert rpc(gone.url(), "tok-alice", "tasks/get", {"taskId": task})["error"] == {
+            "code": -32602,
+            "message": f"Unknown task: {task[:120]}",
+        }
+        assert "the backend that runs it is no longer configured" in gone.output()
 
 
 def test_the_ledger_keeps_a_tasks_creation_and_its_end(target: RunningServer, tmp_path: Path) -> None:
