@@ -258,10 +258,13 @@ class InputRequired(GatewayError):
 class TaskCreated(InputRequired):
     """A backend answered a ``tools/call`` with a task (``resultType: "task"``, the tasks extension, SEP-2663):
     ``result`` is its flat ``CreateTaskResult`` as it came. The call ends there, handed to the client as a task of
-    the gateway's (front/tasks.py); like an input-required round, not a failure, and nothing falls back past it."""
+    the gateway's (front/tasks.py); like an input-required round, not a failure, and nothing falls back past it.
+    ``published`` is the tool's name as the client reached it, once the face knows it (search exposure's call tool
+    wraps it)."""
 
     status = "task"
 
     def __init__(self, result: dict[str, object], *, backend: str, tool: str) -> None:
         super().__init__(result, backend=backend, tool=tool)
         self.result: dict[str, object] = result
+        self.published: str | None = None

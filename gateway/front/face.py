@@ -278,8 +278,9 @@ class Face:
                 return await router.call(name, arguments, ctx=first, progress=progress)
             found = self.eras.reopen("tools/call", name, arguments, caller, params.request_state)
             return await resume(Origin(found.backend, found.local), Round(params.input_responses, found.state))
-        except TaskCreated:
-            raise  # a task: answered as the gateway's own (front/tasks.py)
+        except TaskCreated as created:
+            created.published = name  # a task: answered as the gateway's own, named as published (front/tasks.py)
+            raise
         except InputRequired as exc:
             answer: types.CallToolResult | types.InputRequiredResult = await self.eras.asked(
                 ctx, "tools/call", name, arguments, caller, exc, resume

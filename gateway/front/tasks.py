@@ -154,7 +154,7 @@ class Tasks:
                 answer["taskId"] = self.ids.seal(
                     backend=created.backend,
                     task=str(answer.get("taskId")),
-                    tool=params.name,
+                    tool=created.published or params.name,
                     caller=caller,
                     ttl_ms=answer.get("ttlMs"),
                 )

@@ -168,3 +168,17 @@ def test_only_an_extension_the_gateway_relays_is_offered(tmp_path: Path) -> None
         with run_gateway(_config(both), tmp_path, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
             offered = rpc(gateway.url(), "", "server/discover", {})["capabilities"]["extensions"]
     assert offered == {TASKS: {}}
+
+
+def test_a_task_made_through_the_call_tool_is_named_after_the_real_tool(target: RunningServer, tmp_path: Path) -> None:
+    """A search-mode client calls the tool through ``call_tool``: its task's rows name the tool it reached."""
+    config = _config(target).replace("servers:", "exposure:\n  mode: search\nservers:")
+    with run_gateway(config, tmp_path, tokens=TOKENS, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
+        url = gateway.url()
+        wrapped = {"name": "slow_compute", "arguments": {"seconds": 0}}
+        task = rpc(url, "tok-alice", "tools/call", {"name": "call_tool", "arguments": wrapped})["taskId"]
+        assert rpc(url, "tok-alice", "tasks/get", {"taskId": task})["status"] == "completed"
+    assert _rows(tmp_path) == [
+        ("tools/call", "slow_compute", "task", "alice"),
+        ("tasks/get", "slow_compute", "ok", "alice"),
+    ]
