@@ -15,6 +15,7 @@
     ├── ToolNotFound           no tool of that name in the catalog (a JSON-RPC error, not a tool result)
     ├── InvalidArguments       a tool argument failed validation (an ``isError`` answer naming the argument)
     ├── InputRequired          not a failure: the backend answered a round with an input-required result (SEP-2322)
+    │   └── TaskCreated            ... or with a task it runs on (the tasks extension, SEP-2663): the call ends there
     └── AuditError             the audit ledger cannot be opened or written
 
 Foreign errors (httpx2, anyio, OSError, mcp) are translated into these at the seam, in ``backends/``. Client input
@@ -242,10 +243,28 @@ class OutOfTime(BackendTimeout):
 class InputRequired(GatewayError):
     """A backend answered with an input-required result (MCP 2026-07-28): the client must answer ``result``'s input
     requests and retry. ``backend`` and ``tool`` (its own name for the tool, prompt or resource) say who asked, so
-    the retry can be routed back there (front/continuation.py). Not a failure: nothing falls back past it."""
+    the retry can be routed back there (front/continuation.py). Not a failure: nothing falls back past it.
+    ``status`` is how the request's ledger row ends."""
+
+    status = "input_required"
 
     def __init__(self, result: object, *, backend: str, tool: str) -> None:
         self.result = result
         self.backend = backend
         self.tool = tool
         super().__init__(f"backend {backend!r} asks the client for input before it can answer {quote(tool)}")
+
+
+class TaskCreated(InputRequired):
+    """A backend answered a ``tools/call`` with a task (``resultType: "task"``, the tasks extension, SEP-2663):
+    ``result`` is its flat ``CreateTaskResult`` as it came. The call ends there, handed to the client as a task of
+    the gateway's (front/tasks.py); like an input-required round, not a failure, and nothing falls back past it.
+    ``published`` is the tool's name as the client reached it, once the face knows it (search exposure's call tool
+    wraps it)."""
+
+    status = "task"
+
+    def __init__(self, result: dict[str, object], *, backend: str, tool: str) -> None:
+        super().__init__(result, backend=backend, tool=tool)
+        self.result: dict[str, object] = result
+        self.published: str | None = None

@@ -121,7 +121,7 @@ class Router:
         self._startup = startup
         self._budget = budget or CallBudget
         self._backends = backends
-        self._instruments = Instruments(recorder, tracer, metrics)
+        self.instruments = Instruments(recorder, tracer, metrics)
         self._clients = clients
         self.breakers = breakers if breakers is not None else Breakers()
         self._edge = edge
@@ -131,15 +131,15 @@ class Router:
 
     def use_instruments(self, recorder: Recorder | None, tracer: CallTracer | None) -> None:
         """Record to ``recorder`` and trace with ``tracer`` from now on (the gateway opens them when it runs)."""
-        self._instruments.recorder = recorder
-        self._instruments.tracer = tracer
+        self.instruments.recorder = recorder
+        self.instruments.tracer = tracer
 
     def use_clients(self, clients: ClientPolicy | None) -> None:
         """Swap the context gate's rules (on reload)."""
         self._clients = clients
 
     def _record(self, kind: str, name: str, ctx: CallContext, **kwargs: Any) -> CallRecord:
-        return CallRecord(self._instruments, kind, name, ctx, **kwargs)
+        return CallRecord(self.instruments, kind, name, ctx, **kwargs)
 
     # -- the skeleton every request shares ------------------------------------------------------------------------
 
@@ -149,9 +149,9 @@ class Router:
         steps under way named) and the exception goes on."""
         try:
             yield
-        except InputRequired:  # the round ends asking the client for input: not a failure, no fallback
-            record.cut("input_required", None)
-            await record.finish("input_required")
+        except InputRequired as exc:  # the round ends asking for input, or with a task: not a failure, no fallback
+            record.cut(exc.status, None)
+            await record.finish(exc.status)
             raise
         except anyio.get_cancelled_exc_class():
             record.cut("cancelled", "cancelled while under way")
@@ -171,7 +171,7 @@ class Router:
     ) -> Outcome:
         """One step on ``backend``: counted in flight on it, timed, traced, its failure translated into its step (a
         tool's refusal of its arguments, when ``refusable``, into a ``refused`` step whose answer is the refusal)."""
-        tracer = self._instruments.tracer
+        tracer = self.instruments.tracer
         span = tracer.step(label, variant) if tracer is not None else nullcontext()
         with structlog.contextvars.bound_contextvars(provider=label), span as current, self.drain.busy(backend):
             with record.attempt(label, variant) as started:
@@ -216,8 +216,8 @@ class Router:
         """
         entry = (catalog := self._catalog()).get(name)
         if entry is None:
-            if self._instruments.metrics is not None:
-                self._instruments.metrics.observe_unknown_tool()
+            if self.instruments.metrics is not None:
+                self.instruments.metrics.observe_unknown_tool()
             record = self._record("tools/call", ledger_name(name), ctx)
             with record.open(span=False, bind={"tool": quote(name)}):
                 await record.finish("unknown_tool")

@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from gateway.calls import BackChannel, CallContext, Caller, Origin, Round, Upstream
 from gateway.core.policies import View
 from gateway.core.runtime import Gateway
-from gateway.errors import BackendRpcError, InputRequired, InvalidArguments, ToolNotFound
+from gateway.errors import BackendRpcError, InputRequired, InvalidArguments, TaskCreated, ToolNotFound
 from gateway.front.bridges import Bridge
 from gateway.front.channels import Resumes, SessionChannel, connection_of, forwarded_meta
 from gateway.front.clients import Clients
@@ -39,6 +39,7 @@ from gateway.front.named import Named
 from gateway.front.outbox import Outboxes
 from gateway.front.scope import caller_of, hold_of, request_caller, session_digest, withheld_of
 from gateway.front.server import GatewayServer, ValidatedLists, enveloped, quiet, scrubbed
+from gateway.front.tasks import Tasks
 from gateway.version import VERSION
 
 __all__ = ["Face"]
@@ -70,6 +71,7 @@ class Face:
         self.eras = Eras(gateway)
         self._validated = ValidatedLists()
         self.outboxes = Outboxes(lambda: gateway.config.gateway.edge, gateway.start_soon)
+        self.tasks = Tasks(self)  # the tasks extension (front/tasks.py)
         gateway.on_catalog_change(self.clients.announce)
         gateway.on_backend_notification(self.clients.on_backend_notification)
 
@@ -82,7 +84,7 @@ class Face:
             version=VERSION,
             instructions=self.exposure.instructions(gateway.config.gateway.instructions),
             on_list_tools=self.list_tools,
-            on_call_tool=self.call_tool,
+            on_call_tool=self.tasks.calls(self.call_tool),
             on_list_resources=named.list_resources,
             on_list_resource_templates=named.list_resource_templates,
             on_read_resource=named.read_resource,
@@ -100,6 +102,7 @@ class Face:
         server.add_notification_handler(
             "notifications/roots/list_changed", types.NotificationParams, self.roots_changed
         )
+        self.tasks.register(server)
         server.middleware.clear()  # the default OpenTelemetry middleware costs 5-15% per call; tracing is opt-in
         server.middleware.append(self.middleware)
         return server
@@ -275,6 +278,9 @@ class Face:
                 return await router.call(name, arguments, ctx=first, progress=progress)
             found = self.eras.reopen("tools/call", name, arguments, caller, params.request_state)
             return await resume(Origin(found.backend, found.local), Round(params.input_responses, found.state))
+        except TaskCreated as created:
+            created.published = name  # a task: answered as the gateway's own, named as published (front/tasks.py)
+            raise
         except InputRequired as exc:
             answer: types.CallToolResult | types.InputRequiredResult = await self.eras.asked(
                 ctx, "tools/call", name, arguments, caller, exc, resume

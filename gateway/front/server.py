@@ -24,6 +24,7 @@ from gateway.backends.base import ProgressFn
 from gateway.core.listings import Offers
 from gateway.core.router import Unanswered
 from gateway.core.runtime import Gateway
+from gateway.core.tasks import offered_extensions
 from gateway.errors import BackendRpcError
 from gateway.observe.logs import redactor
 
@@ -101,8 +102,10 @@ class GatewayServer(Server[Any]):
         resources = caps.resources
         if resources is not None:
             resources = resources.model_copy(update={"subscribe": bool(resources.subscribe) and offers.subscribe})
+        extensions = offered_extensions(self._gateway.backends.values())  # a downstream's, e.g. tasks (SEP-2663)
         return caps.model_copy(
             update={
+                "extensions": {**extensions, **(caps.extensions or {})} or None,
                 "resources": resources if offers.resources or self._gateway.answers.on else None,
                 "prompts": caps.prompts if offers.prompts else None,
                 "completions": caps.completions if offers.completions else None,

@@ -27,6 +27,7 @@ STATUSES: Final = (
     "invalid_params",
     "internal_error",
     "input_required",  # a multi-round-trip round that ended asking the client for input (SEP-2322)
+    "task",  # a tools/call answered with a task the backend runs on (the tasks extension, SEP-2663)
 )
 ERROR_STATUSES: Final = frozenset({"error", "timeout", "internal_error"})
 """The statuses counted as errors: the tool did not answer. ``refused`` is policy, ``cancelled`` the client."""
@@ -43,10 +44,13 @@ KINDS: Final = (
     "resources/unsubscribe",
     "pins/pending",
     "pins/approve",
+    "tasks/get",
+    "tasks/cancel",
 )
-"""What a row can be: the MCP method of the request that reached a backend; or ``pins/pending`` (a server's tool
-seen new or changed since approval: ``tool`` is ``server/tool``) and ``pins/approve`` (its approval: ``caller`` is
-who approved)."""
+"""What a row can be: the MCP method of the request that reached a backend (``tasks/get`` only the one that first
+found a task ended, its status the task's end; ``tasks/cancel`` each cancellation asked); or ``pins/pending`` (a
+server's tool seen new or changed since approval: ``tool`` is ``server/tool``) and ``pins/approve`` (its approval:
+``caller`` is who approved)."""
 
 # Both engines apply this one list (PostgreSQL translates SQLite's column types: INTEGER PRIMARY KEY AUTOINCREMENT,
 # INTEGER and REAL): write each statement in SQL that SQLite and PostgreSQL both accept. MIGRATIONS[i] takes a

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import anyio
 import mcp_types as types
@@ -28,17 +28,18 @@ from mcp.client.session import ClientSession, _later_revision_fields
 from mcp.shared.exceptions import MCPError
 from mcp_types import methods as _methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
 from gateway.backends.mcp.failures import Life
 from gateway.backends.mcp.lists import relist
 from gateway.backends.mcp.relay import SERVING
 from gateway.calls import Round
 from gateway.config import ServerConfig
-from gateway.errors import InputRequired
+from gateway.errors import InputRequired, TaskCreated
 
 __all__ = [
     "CALL_OR_INPUT",
+    "CreatedTask",
     "HANDSHAKE",
     "MODERN",
     "HandshakeRefused",
@@ -61,8 +62,18 @@ MODERN = "2026-07-28"
 HANDSHAKE = "handshake"
 """The ``initialize`` era (2025-11-25 and older)."""
 
-CALL_OR_INPUT: TypeAdapter[types.CallToolResult | types.InputRequiredResult] = TypeAdapter(
-    types.CallToolResult | types.InputRequiredResult
+
+class CreatedTask(types.Result):
+    """A ``tools/call`` answered with a task (``resultType: "task"``, the tasks extension, SEP-2663): a flat
+    ``CreateTaskResult``, every field of it kept as it came."""
+
+    model_config = ConfigDict(extra="allow")
+    result_type: Literal["task"] = Field(alias="resultType")
+    task_id: str = Field(alias="taskId")
+
+
+CALL_OR_INPUT: TypeAdapter[types.CallToolResult | types.InputRequiredResult | CreatedTask] = TypeAdapter(
+    Annotated[types.CallToolResult | types.InputRequiredResult | CreatedTask, Field(union_mode="left_to_right")]
 )
 PROMPT_OR_INPUT: TypeAdapter[types.GetPromptResult | types.InputRequiredResult] = TypeAdapter(
     types.GetPromptResult | types.InputRequiredResult
@@ -118,7 +129,17 @@ async def open_session(
             raise
         session.adopt(found)
         return Opened(await _discovered(session, backend), MODERN, (MODERN,), found)
-    return Opened(init, HANDSHAKE, (HANDSHAKE, MODERN) if found is not None else (HANDSHAKE,), found)
+    return Opened(_extended(init, found), HANDSHAKE, (HANDSHAKE, MODERN) if found is not None else (HANDSHAKE,), found)
+
+
+def _extended(init: types.InitializeResult, found: types.DiscoverResult | None) -> types.InitializeResult:
+    """The handshake's answer with the extensions ``server/discover`` offered (the handshake era carries none): a
+    2026-07-28 client reaches them on the stateless lane (a task's requests among them)."""
+    extensions = found.capabilities.extensions if found is not None else None
+    if not extensions:
+        return init
+    caps = init.capabilities.model_copy(update={"extensions": {**extensions, **(init.capabilities.extensions or {})}})
+    return init.model_copy(update={"capabilities": caps})
 
 
 def stateless(session: ClientSession, found: types.DiscoverResult) -> None:
@@ -202,14 +223,18 @@ def with_round(params: Any, retry: Round | None) -> Any:
     )
 
 
-def completed(result: _Result | types.InputRequiredResult, *, backend: str, local: str) -> _Result:
-    """``result``, unless it asks the client for input first.
+def completed(result: _Result | types.InputRequiredResult | CreatedTask, *, backend: str, local: str) -> _Result:
+    """``result``, unless it asks the client for input first, or is a task the backend runs the call on.
 
     Raises:
         InputRequired: naming ``backend`` and its own name (``local``) for the tool, prompt or resource.
+        TaskCreated: a ``tools/call`` answered with a task (its ``CreateTaskResult`` as it came).
     """
     if isinstance(result, types.InputRequiredResult):
         raise InputRequired(result, backend=backend, tool=local)
+    if isinstance(result, CreatedTask):
+        created = result.model_dump(by_alias=True, mode="json", exclude={"meta"} if result.meta is None else None)
+        raise TaskCreated(created, backend=backend, tool=local)
     return result
 
 

@@ -262,12 +262,12 @@ class McpBackend(BackendBase):
         progress: ProgressFn | None = None,
         upstream: Upstream = NO_UPSTREAM,
     ) -> Any:
-        """Forward any client request (resources, prompts, completion, ...) to this backend.
-
-        Raises:
-            BackendError: the backend is not ready, or failed to answer (a JSON-RPC error is ``BackendRpcError``)."""
-        if self._era_for(upstream) != MODERN or request.method not in ("prompts/get", "resources/read"):
-            return await self._send(request, result_type, progress, upstream, per_client=False)
+        """Forward any client request (resources, prompts, completion, a task's, ...) to this backend. Raises
+        ``BackendError``: it is not ready, or failed to answer (a JSON-RPC error is ``BackendRpcError``)."""
+        era = self._era_for(upstream)
+        if era != MODERN or request.method not in ("prompts/get", "resources/read"):
+            lane = self._stateless if era == MODERN and request.method.startswith("tasks/") else None  # the task's
+            return await self._send(request, result_type, progress, upstream, per_client=False, on=lane)
         request = request.model_copy(update={"params": with_round(request.params, upstream.round)})
         either = PROMPT_OR_INPUT if request.method == "prompts/get" else READ_OR_INPUT
         result = await self._send(request, either, progress, upstream, per_client=False, on=self._stateless)
