@@ -6,9 +6,9 @@ Everything runs on loopback and stops by itself. The gateway measured is the one
 gateway serve``, ``PYTHONPATH`` at the project root) in front of three backends, every tool prefixed with its
 backend's name: ``h`` (tests/fixtures/faults_server.py over streamable HTTP: echo, sleep), ``f`` and ``s``
 (tests/fixtures/fidelity_server.py over streamable HTTP and over stdio: pid, elicit, progress; both serve either
-era, so they are declared ``protocol: handshake``: a 2026-07-28 client's call to them is then bridged). Two callers: ``bob``
-(the bystander) and ``alice`` (hostile). Markdown goes to stdout, progress to stderr; the exit status is 0 whatever
-the figures say, 2 only when the harness itself failed.
+era, so they are declared ``protocol: handshake``: a 2026-07-28 client's call to them is then bridged). Two callers:
+``bob`` (the bystander) and ``alice`` (hostile). Markdown goes to stdout, progress to stderr; the exit status is 0
+whatever the figures say, 2 only when the harness itself failed.
 
   * quiet: bob calls ``h__echo``, ``f__pid`` and ``s__pid`` in turn (``Plan.calls`` each, one call at a time on
     one handshake-era session), each call timed;
