@@ -186,6 +186,73 @@ def test_every_check_that_passes_directly_passes_through_the_gateway(
     assert _first_text(run.by_scenario, "tools-call-elicitation").startswith("User response: action=accept")
 
 
+MODERN_DOWNSTREAM_GAPS: dict[str, str] = {
+    "tools-call-with-logging/tools-call-with-logging": "no log level in the downstream request's _meta",
+    "tools-call-sampling/tools-call-sampling": "the 2026-only fixture cannot ask mid-call (no back-channel)",
+    "tools-call-elicitation/tools-call-elicitation": "the 2026-only fixture cannot ask mid-call (no back-channel)",
+    **{
+        f"elicitation-sep1034-defaults/elicitation-sep1034-{check}": "the 2026-only fixture cannot ask mid-call"
+        for check in (
+            "general",
+            "boolean-default",
+            "enum-default",
+            "integer-default",
+            "number-default",
+            "string-default",
+        )
+    },  # fmt: skip
+    **{
+        f"elicitation-sep1330-enums/elicitation-sep1330-{check}": "the 2026-only fixture cannot ask mid-call"
+        for check in (
+            "general",
+            "legacy-enumnames",
+            "titled-multi",
+            "titled-single",
+            "untitled-multi",
+            "untitled-single",
+        )
+    },  # fmt: skip
+    "resources-subscribe/resources-subscribe": "resources/subscribe is not backed by subscriptions/listen",
+    "resources-unsubscribe/resources-unsubscribe": "resources/subscribe is not backed by subscriptions/listen",
+    "server-sse-polling/server-sse-disconnect-resume": "a 2026-era downstream never closes a call's stream",
+}
+"""The 2025-11-25 row's checks whose status through the gateway to a 2026-only downstream differs from the same row
+against a 2025 (dual-era) target directly, each with why (issue 25, item 2). Exactly these differ."""
+
+
+def test_a_2025_client_sees_a_2026_only_server_through_the_gateway_as_a_2025_server_directly(
+    downstream: Downstreams, direct: Callable[[str], SuiteRun], tmp_path: Path
+) -> None:
+    # The bridge from the handshake era to the stateless one: the suite's 2025-11-25 client through a gateway with no
+    # `protocol:` to the fixture speaking 2026-07-28 alone (it refuses `initialize`), compared check by check with the
+    # same row run directly against the fixture in both eras (the `direct` fixture's target).
+    suite = "next-2025-11-25"
+    _launcher(suite)
+    baseline = direct(suite)
+    modern = downstream("conformance", "streamable_http", "--era", "2026-07-28", own=True)
+    config = f"""
+gateway:
+  name: conformance-gateway
+  audit: {{enabled: false}}
+servers:
+  conformance:
+    transport: streamable_http
+    url: {modern.url()}
+"""
+    with run_gateway(config, tmp_path, tokens="") as gateway:
+        run = _run_suite(suite, gateway.url(), tmp_path / "results")
+        gateway_log = gateway.output()
+    report = f"{run.report}\ngateway output:\n{gateway_log[-4000:]}"
+    direct_checks, through = _by_check(baseline), _by_check(run)
+    differing = {
+        check for check in direct_checks.keys() | through.keys() if direct_checks.get(check) != through.get(check)
+    }
+    described = ", ".join(
+        f"{check} (direct {direct_checks.get(check)}, through {through.get(check)})" for check in sorted(differing)
+    )
+    assert differing == MODERN_DOWNSTREAM_GAPS.keys(), f"checks that differ: {described}\n{report}"
+
+
 # The client scenarios that concern the gateway's downstream side, with the checks each must pass. The auth/* ones run
 # the gateway with auth.oauth and sign in through its page (gateway_as_client.py); not yet passing, and so not here:
 # 2025-03-26-oauth-metadata-backcompat and cross-app-access-complete-flow. The counts leave out valid-bearer-token, one
