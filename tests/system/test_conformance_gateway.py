@@ -188,30 +188,6 @@ def test_every_check_that_passes_directly_passes_through_the_gateway(
 
 MODERN_DOWNSTREAM_GAPS: dict[str, str] = {
     "tools-call-with-logging/tools-call-with-logging": "no log level in the downstream request's _meta",
-    "tools-call-sampling/tools-call-sampling": "the 2026-only fixture cannot ask mid-call (no back-channel)",
-    "tools-call-elicitation/tools-call-elicitation": "the 2026-only fixture cannot ask mid-call (no back-channel)",
-    **{
-        f"elicitation-sep1034-defaults/elicitation-sep1034-{check}": "the 2026-only fixture cannot ask mid-call"
-        for check in (
-            "general",
-            "boolean-default",
-            "enum-default",
-            "integer-default",
-            "number-default",
-            "string-default",
-        )
-    },  # fmt: skip
-    **{
-        f"elicitation-sep1330-enums/elicitation-sep1330-{check}": "the 2026-only fixture cannot ask mid-call"
-        for check in (
-            "general",
-            "legacy-enumnames",
-            "titled-multi",
-            "titled-single",
-            "untitled-multi",
-            "untitled-single",
-        )
-    },  # fmt: skip
     "resources-subscribe/resources-subscribe": "resources/subscribe is not backed by subscriptions/listen",
     "resources-unsubscribe/resources-unsubscribe": "resources/subscribe is not backed by subscriptions/listen",
     "server-sse-polling/server-sse-disconnect-resume": "a 2026-era downstream never closes a call's stream",
