@@ -187,7 +187,6 @@ def test_every_check_that_passes_directly_passes_through_the_gateway(
 
 
 MODERN_DOWNSTREAM_GAPS: dict[str, str] = {
-    "tools-call-with-logging/tools-call-with-logging": "no log level in the downstream request's _meta",
     "resources-subscribe/resources-subscribe": "resources/subscribe is not backed by subscriptions/listen",
     "resources-unsubscribe/resources-unsubscribe": "resources/subscribe is not backed by subscriptions/listen",
     "server-sse-polling/server-sse-disconnect-resume": "a 2026-era downstream never closes a call's stream",

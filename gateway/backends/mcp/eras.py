@@ -245,7 +245,8 @@ def _complete_by_default(session: ClientSession) -> None:
 
 
 def _forward_capabilities(session: ClientSession) -> None:
-    """Make each request of this stateless-era session declare the calling client's capabilities.
+    """Make each request of this stateless-era session declare the calling client's capabilities and the log level
+    it wants (``Upstream.log_level``: that era sends log messages only at a level the request asks for).
 
     The SDK stamps every request's ``_meta`` envelope with the capabilities of *this* session (all three, since
     the gateway relays sampling, elicitation and roots), and a server uses them to decide which input requests it
@@ -264,5 +265,7 @@ def _forward_capabilities(session: ClientSession) -> None:
         meta[types.CLIENT_CAPABILITIES_META_KEY] = (
             declared.model_dump(by_alias=True, mode="json", exclude_none=True) if declared is not None else {}
         )
+        if upstream.log_level is not None:
+            meta[types.LOG_LEVEL_META_KEY] = upstream.log_level
 
     session._stamp = forwarding
