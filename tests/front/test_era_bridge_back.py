@@ -10,6 +10,7 @@ downstream's `subscriptions/listen` stream.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -24,6 +25,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from tests.fixtures.downstreams import Downstream, Downstreams
 from tests.fixtures.gateway_proc import one_backend_config, run_gateway
+from tests.fixtures.waiting import eventually
 
 pytestmark = [pytest.mark.anyio, pytest.mark.spawns]
 
@@ -104,3 +106,45 @@ async def test_an_input_required_result_is_asked_on_the_handshake_clients_call_s
             async with handshake_client(gateway.url(), heard) as c:
                 answered = _text(await c.call_tool("test_elicitation", {"message": "Proceed?"}))
     assert answered == 'User response: action=accept, content={"response": "yes to Proceed?"}'
+
+
+async def _subscription(c: Client, uri: str, *, on: bool = True) -> None:
+    """resources/subscribe (or unsubscribe) as a handshake-era client sends it (the Client's own methods warn)."""
+    if on:
+        await c.session.send_request(
+            types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri)), types.EmptyResult
+        )
+    else:
+        request = types.UnsubscribeRequest(params=types.UnsubscribeRequestParams(uri=uri))
+        await c.session.send_request(request, types.EmptyResult)
+
+
+def _listens(output: str) -> list[int]:
+    """The resources each listen stream the gateway opened to the downstream carried, in order."""
+    return [
+        int(line["resources"])
+        for line in (json.loads(raw) for raw in output.splitlines() if raw.startswith("{"))
+        if line.get("event") == "backend.listen_open"
+    ]
+
+
+async def test_resources_subscribe_is_served_by_the_downstreams_listen_stream(
+    modern: Downstream, tmp_path: Path
+) -> None:
+    # That era has no resources/subscribe: the subscribed URIs are the resourceSubscriptions of the gateway's listen
+    # stream to the downstream, re-opened as they change; the updates reach exactly the clients that subscribed.
+    with run_gateway(_config(modern), tmp_path) as gateway:
+        watcher, bystander = Heard(), Heard()
+        with anyio.fail_after(40):
+            async with handshake_client(gateway.url(), watcher) as w, handshake_client(gateway.url(), bystander) as b:
+                await _subscription(w, WATCHED)
+                assert _listens(gateway.output())[-1] == 1
+                await b.call_tool("test_update_watched_resource", {})
+                await watcher.update_seen.wait()
+                await b.call_tool("test_simple_text", {})  # a round trip on the bystander's own stream
+                await _subscription(w, WATCHED, on=False)
+                await eventually(lambda: _listens(gateway.output())[-1] == 0, within=10)
+                await _subscription(w, WATCHED)  # and again: a stream with it is acknowledged before the answer
+                assert _listens(gateway.output())[-1] == 1
+    assert watcher.updated == [WATCHED]
+    assert bystander.updated == []

@@ -187,8 +187,6 @@ def test_every_check_that_passes_directly_passes_through_the_gateway(
 
 
 MODERN_DOWNSTREAM_GAPS: dict[str, str] = {
-    "resources-subscribe/resources-subscribe": "resources/subscribe is not backed by subscriptions/listen",
-    "resources-unsubscribe/resources-unsubscribe": "resources/subscribe is not backed by subscriptions/listen",
     "server-sse-polling/server-sse-disconnect-resume": "a 2026-era downstream never closes a call's stream",
 }
 """The 2025-11-25 row's checks whose status through the gateway to a 2026-only downstream differs from the same row
