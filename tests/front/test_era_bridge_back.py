@@ -22,7 +22,9 @@ import mcp_types as types
 import pytest
 from mcp.client import Client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 
+from gateway.front.eras import MAX_ROUNDS
 from tests.fixtures.downstreams import Downstream, Downstreams
 from tests.fixtures.gateway_proc import one_backend_config, run_gateway
 from tests.fixtures.waiting import eventually
@@ -148,3 +150,80 @@ async def test_resources_subscribe_is_served_by_the_downstreams_listen_stream(
                 assert _listens(gateway.output())[-1] == 1
     assert watcher.updated == [WATCHED]
     assert bystander.updated == []
+
+
+class Answering(Heard):
+    """A client that declares and answers all three kinds of input request."""
+
+    async def sample(self, context: object, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+        return types.CreateMessageResult(role="assistant", content=types.TextContent(text="Paris"), model="m")
+
+    async def roots(self, context: object) -> types.ListRootsResult:
+        return types.ListRootsResult(roots=[types.Root(uri="file:///work")])  # type: ignore[arg-type]
+
+
+async def test_every_kind_of_input_request_and_several_rounds_reach_a_handshake_client(
+    modern: Downstream, tmp_path: Path
+) -> None:
+    # The suite's input-required tools and prompt of the 2026-only target, called by a handshake-era client: each
+    # request is asked on the call's own stream, the answers go back as the retry's input responses with the
+    # downstream's (sealed) requestState, over as many rounds as the server takes.
+    heard = Answering()
+    with run_gateway(_config(modern), tmp_path) as gateway:
+        async with httpx2.AsyncClient(timeout=httpx2.Timeout(20)) as http:
+            async with Client(
+                streamable_http_client(gateway.url(), http_client=http),
+                mode="legacy",
+                elicitation_callback=heard.elicit,
+                sampling_callback=heard.sample,
+                list_roots_callback=heard.roots,
+                cache=None,
+            ) as c:
+                with anyio.fail_after(40):
+                    sampled = await c.call_tool("test_input_required_result_sampling", {})
+                    rooted = await c.call_tool("test_input_required_result_list_roots", {})
+                    several = await c.call_tool("test_input_required_result_multiple_inputs", {})
+                    rounds = await c.call_tool("test_input_required_result_multi_round", {})
+                    prompt = await c.get_prompt("test_input_required_result_prompt")
+    assert _text(sampled) == "Sampling said: Paris"
+    assert _text(rooted) == "Client roots: file:///work"
+    assert _text(several) == (
+        "All inputs received: user_name=yes to What is your name?; greeting=Paris; client_roots=file:///work"
+    )
+    assert _text(rounds) == (
+        "Hello yes to Step 1: What is your name?, your favorite color is yes to Step 2: What is your favorite color?."
+    )
+    (message,) = prompt.messages
+    assert isinstance(message.content, types.TextContent)
+    assert message.content.text == "Answer with this context in mind: yes to What context should the prompt use?"
+
+
+async def test_the_rounds_asked_for_a_handshake_client_are_bounded(downstream: Downstreams, tmp_path: Path) -> None:
+    # tests/fixtures/mrtr_server.py's `interview` with no rounds asks again every time it is retried: the gateway
+    # answers at most MAX_ROUNDS rounds for the client within its one call, then says so; one downstream request per
+    # round.
+    mrtr = downstream("mrtr", "streamable_http", "--era", "2026-07-28", own=True)
+    asked: list[str] = []
+
+    async def elicit(context: object, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"name": "Ada"})
+
+    config = one_backend_config("bounded", "asker", transport="streamable_http", url=mrtr.url())
+    with run_gateway(config, tmp_path) as gateway:
+        async with httpx2.AsyncClient(timeout=httpx2.Timeout(20)) as http:
+            async with Client(
+                streamable_http_client(gateway.url(), http_client=http),
+                mode="legacy",
+                elicitation_callback=elicit,
+                cache=None,
+            ) as c:
+                with anyio.fail_after(40), pytest.raises(MCPError) as endless:
+                    await c.call_tool("interview", {"rounds": 0})
+        counted = httpx2.get(mrtr.url("/rounds")).json()
+    assert (
+        endless.value.error.message
+        == f"The server behind this request still asked for input after {MAX_ROUNDS} rounds."
+    )
+    assert asked == ["Your name?"] * MAX_ROUNDS
+    assert counted["tools/call"] == MAX_ROUNDS + 1  # the first request, and one retry per round answered
