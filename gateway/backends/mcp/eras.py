@@ -2,7 +2,8 @@
 
 By default (``auto``) ``open_session`` learns the eras at connect, without configuration: over streamable HTTP it
 asks ``server/discover`` (a stateless POST) and then the handshake, and records each that was answered; the shared
-session is a handshake-era one when the handshake was answered, else a stateless one. Over stdio and SSE a
+session is a handshake-era one when the handshake was answered as a handshake-era server answers it (not, say, naming
+2026-07-28), else a stateless one. Over stdio and SSE a
 connection speaks one era, chosen by its first request: the handshake is tried, and a server that refuses it is
 reconnected in the stateless era (``HandshakeRefused``). ``protocol: handshake`` or ``2026-07-28`` (``MODERN``)
 declares the one era to speak. A handshake-era session runs ``initialize`` and ``probe`` pings; a stateless one runs
@@ -111,9 +112,9 @@ async def open_session(
             found = await _discover_or_none(session)
     try:
         init = await session.initialize()
-    except MCPError as exc:
+    except (MCPError, RuntimeError, ValidationError) as exc:  # refused, or answered as no handshake-era server does
         if found is None:
-            if not both:
+            if not both and isinstance(exc, MCPError):
                 raise HandshakeRefused(f"it refused the handshake ({exc.error.message})") from exc
             raise
         session.adopt(found)
@@ -158,9 +159,19 @@ def merge_tools(
 
 async def _discover_or_none(session: ClientSession) -> types.DiscoverResult | None:
     """The downstream's ``server/discover`` answer when it speaks the stateless era, else None (any JSON-RPC error,
-    or an answer naming no 2026 version, says it does not; a transport failure is raised)."""
+    or an answer naming no 2026 version, says it does not; a transport failure is raised). A -32022 naming the
+    stateless versions it supports is asked once more in the newest of them, as the SDK's ``discover`` does."""
     try:
-        raw = await session.send_discover(MODERN)
+        try:
+            raw = await session.send_discover(MODERN)
+        except MCPError as exc:
+            if exc.error.code != types.UNSUPPORTED_PROTOCOL_VERSION:
+                raise
+            supported = types.UnsupportedProtocolVersionErrorData.model_validate(exc.error.data).supported
+            mutual = [version for version in MODERN_PROTOCOL_VERSIONS if version in supported]
+            if not mutual:
+                raise
+            raw = await session.send_discover(mutual[-1])
         found = types.DiscoverResult.model_validate(raw)
     except (MCPError, ValidationError):
         return None
