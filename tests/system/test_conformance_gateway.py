@@ -290,11 +290,31 @@ CLIENT_SCENARIOS_2026 = {
     "json-schema-2020-12-preservation": 9,
     "request-metadata": 8,
     "http-standard-headers": 10,
+    **{f"auth/{name}": 19 for name in ("metadata-default", "metadata-var1", "metadata-var2", "metadata-var3")},
+    **{
+        f"auth/{name}": 15
+        for name in (
+            "scope-from-www-authenticate",
+            "scope-from-scopes-supported",
+            "scope-omitted-when-undefined",
+            "offline-access-not-supported",
+            "iss-supported",
+            "iss-not-advertised",
+        )
+    },
+    **{f"auth/token-endpoint-auth-{how}": 20 for how in ("basic", "post", "none")},
+    "auth/pre-registration": 13,
+    "auth/resource-mismatch": 2,
+    "auth/offline-access-scope": 16,
+    **{f"auth/iss-{name}": 8 for name in ("supported-missing", "wrong-issuer", "unexpected", "normalized")},
+    "auth/metadata-issuer-mismatch": 3,
 }
 """The 0.2.x pre-release's client scenarios held to 2026-07-28 (`--spec-version 2026-07-28`): their servers speak
 that era alone, so the gateway's downstream session is a stateless one. Not here (docs/conformance.md says why):
-`http-custom-headers` (17 of 18: the gateway refuses `verbose: null` for a boolean parameter before it leaves) and
-the `auth/*` ones."""
+`http-custom-headers` (17 of 18: the gateway refuses `verbose: null` for a boolean parameter before it leaves),
+`auth/basic-cimd` (a warning, as in the 2025 row), `auth/scope-step-up`, `auth/scope-retry-limit` and
+`auth/authorization-server-migration` (the sign-in's first request is an `initialize`, which these servers refuse
+with HTTP 400 for its missing `MCP-Protocol-Version` header)."""
 
 DECLARED_2026 = {"request-metadata", "http-standard-headers"}
 """Run with the server's `protocol: "2026-07-28"` declared: with the default the gateway, after `server/discover`,
