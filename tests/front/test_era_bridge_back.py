@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import ExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from mcp.shared.exceptions import MCPError
 from gateway.front.eras import MAX_ROUNDS
 from tests.fixtures.downstreams import Downstream, Downstreams
 from tests.fixtures.gateway_proc import one_backend_config, run_gateway
+from tests.fixtures.procs import conformance_server_argv, free_port, start_http_server
 from tests.fixtures.waiting import eventually
 
 pytestmark = [pytest.mark.anyio, pytest.mark.spawns]
@@ -46,6 +47,7 @@ class Heard:
         self.logs: list[str] = []
         self.updated: list[str] = []
         self.update_seen = anyio.Event()
+        self.tools_changed = anyio.Event()
 
     async def log(self, params: types.LoggingMessageNotificationParams) -> None:
         self.logs.append(str(params.data))
@@ -54,6 +56,8 @@ class Heard:
         if isinstance(message, types.ResourceUpdatedNotification):
             self.updated.append(str(message.params.uri))
             self.update_seen.set()
+        if isinstance(message, types.ToolListChangedNotification):
+            self.tools_changed.set()
 
     async def elicit(self, context: object, params: types.ElicitRequestParams) -> types.ElicitResult:
         return types.ElicitResult(action="accept", content={"response": f"yes to {params.message}"})
@@ -227,3 +231,51 @@ async def test_the_rounds_asked_for_a_handshake_client_are_bounded(downstream: D
     )
     assert asked == ["Your name?"] * MAX_ROUNDS
     assert counted["tools/call"] == MAX_ROUNDS + 1  # the first request, and one retry per round answered
+
+
+async def test_a_list_change_heard_on_the_listen_stream_reaches_a_handshake_client(
+    modern: Downstream, tmp_path: Path
+) -> None:
+    # That era announces a change only on a listen stream: the gateway's own stream to the downstream hears it, and
+    # the handshake-era client that holds the list is told on its session.
+    with run_gateway(_config(modern), tmp_path) as gateway:
+        heard = Heard()
+        with anyio.fail_after(40):
+            async with handshake_client(gateway.url(), heard) as c:
+                before = {tool.name: tool.description for tool in (await c.list_tools()).tools}
+                await c.call_tool("test_trigger_tool_change", {})
+                await heard.tools_changed.wait()
+                after = {tool.name: tool.description for tool in (await c.list_tools()).tools}
+    assert before["test_dynamic_tool"] != after["test_dynamic_tool"]
+
+
+async def _state(http: httpx2.AsyncClient, url: str) -> str:
+    return str((await http.get(url)).json()["backends"]["modern"])
+
+
+async def test_a_subscription_outlives_the_downstreams_restart(tmp_path: Path) -> None:
+    # The listen stream ends with the downstream; the session that comes back opens a new one with the URIs the
+    # gateway's clients still hold, so an update after the restart reaches the subscriber, who did nothing meanwhile.
+    port = free_port()
+    argv = conformance_server_argv(port, "--era", "2026-07-28")
+    config = one_backend_config(
+        "restart", "modern", transport="streamable_http", url=f"http://127.0.0.1:{port}/mcp", ping_interval_s=0.3
+    )
+    heard = Heard()
+    with ExitStack() as first:
+        first.enter_context(start_http_server(argv, port))
+        with run_gateway(config, tmp_path) as gateway:
+            async with httpx2.AsyncClient() as http, handshake_client(gateway.url(), heard) as c:
+                with anyio.fail_after(90):
+                    await _subscription(c, WATCHED)
+                    first.close()  # the downstream stops, and its listen stream with it
+                    await eventually(lambda: _is(http, gateway.url("/healthz"), "failed"), within=30)
+                    with start_http_server(argv, port):
+                        await eventually(lambda: _listens(gateway.output()).count(1) >= 2, within=60)
+                        await c.call_tool("test_update_watched_resource", {})
+                        await heard.update_seen.wait()
+    assert heard.updated == [WATCHED]
+
+
+async def _is(http: httpx2.AsyncClient, url: str, state: str) -> bool:
+    return await _state(http, url) == state
