@@ -279,3 +279,46 @@ async def test_a_subscription_outlives_the_downstreams_restart(tmp_path: Path) -
 
 async def _is(http: httpx2.AsyncClient, url: str, state: str) -> bool:
     return await _state(http, url) == state
+
+
+async def test_a_handshake_client_that_lost_its_stream_resumes_it_from_the_gateway(
+    modern: Downstream, tmp_path: Path
+) -> None:
+    # SEP-1699 at the gateway's edge, whatever era the downstream speaks: the call's stream starts with a priming
+    # event; a client whose connection drops after it resumes with Last-Event-ID and gets the answer the gateway
+    # kept for it, though the 2026-07-28 downstream knows nothing of streams to resume.
+    accept = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}},
+    }
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "test_tool_with_progress"}}
+    with run_gateway(_config(modern), tmp_path) as gateway:
+        async with httpx2.AsyncClient(timeout=httpx2.Timeout(20)) as http:
+            with anyio.fail_after(40):
+                opened = await http.post(gateway.url(), json=initialize, headers=accept)
+                session = {
+                    **accept,
+                    "Mcp-Session-Id": opened.headers["mcp-session-id"],
+                    "Mcp-Protocol-Version": "2025-11-25",
+                }
+                note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+                assert (await http.post(gateway.url(), json=note, headers=session)).status_code == 202
+                primed = None
+                async with http.stream("POST", gateway.url(), json=call, headers=session) as stream:
+                    async for line in stream.aiter_lines():  # the priming event, then the client walks away
+                        if line.startswith("id:"):
+                            primed = line[3:].strip()
+                            break
+                assert primed is not None
+                result = None
+                resuming = {**session, "Last-Event-ID": primed}
+                async with http.stream("GET", gateway.url(), headers=resuming) as resumed:
+                    async for line in resumed.aiter_lines():
+                        message = json.loads(line[5:]) if line.startswith("data:") and line[5:].strip() else {}
+                        if message.get("id") == 2:
+                            result = message["result"]
+                            break
+    assert result is not None and [block["text"] for block in result["content"]] == ["0"]
