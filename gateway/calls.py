@@ -124,6 +124,9 @@ class Upstream:
     round: Round | None = None
     modern: bool = False
     """The client speaks the stateless 2026-07-28 era (a downstream that speaks it too serves it in that era)."""
+    log_level: str | None = None
+    """The least severe log level the client wants from this request (a handshake-era client's ``logging/setLevel``,
+    every level until it sets one; a stateless client's own ``_meta``): what a 2026-07-28 downstream is asked for."""
 
 
 NO_UPSTREAM = Upstream()

@@ -30,7 +30,7 @@ from gateway.core.policies import View
 from gateway.core.runtime import Gateway
 from gateway.errors import BackendRpcError, InputRequired, InvalidArguments, TaskCreated, ToolNotFound
 from gateway.front.bridges import Bridge
-from gateway.front.channels import Resumes, SessionChannel, connection_of, forwarded_meta
+from gateway.front.channels import Resumes, SessionChannel, client_log_level, connection_of, forwarded_meta
 from gateway.front.clients import Clients
 from gateway.front.continuation import may_ask_mid_call
 from gateway.front.eras import Eras, ahead
@@ -123,12 +123,18 @@ class Face:
         headers = getattr(request, "headers", None)
         name = info.name if info is not None else None
         version = info.version if info is not None else None
+        modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+        # The log level it wants: a stateless client says so per request; a handshake-era one gets every level until
+        # its logging/setLevel (front/clients.py filters what each hears)
+        asked = (ctx.meta or {}).get(types.LOG_LEVEL_META_KEY)
+        level = (asked if isinstance(asked, str) else None) if modern else client_log_level(connection_of(ctx))
         upstream = Upstream(
             caller=caller_of(scope),
             channel=channel if channel is not None else self.channel(ctx),
             meta=forwarded_meta(ctx.meta),
             round=round,
-            modern=ctx.protocol_version in MODERN_PROTOCOL_VERSIONS,
+            modern=modern,
+            log_level=level if modern else (level or "debug"),
         )
         return CallContext(
             upstream=upstream,

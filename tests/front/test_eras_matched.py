@@ -75,7 +75,7 @@ servers:
 
 @pytest.mark.parametrize(
     ("era", "speaks"),
-    [("both", ["handshake", MODERN]), ("handshake", ["handshake"]), (MODERN, [MODERN])],
+    [("both", ["handshake", MODERN]), ("handshake", ["handshake"]), (MODERN, [MODERN]), ("2026-answers", [MODERN])],
 )
 async def test_each_client_is_served_in_its_own_era_where_the_downstream_speaks_it(
     downstream: Downstreams, tmp_path: Path, era: str, speaks: list[str]

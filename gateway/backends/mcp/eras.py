@@ -2,7 +2,8 @@
 
 By default (``auto``) ``open_session`` learns the eras at connect, without configuration: over streamable HTTP it
 asks ``server/discover`` (a stateless POST) and then the handshake, and records each that was answered; the shared
-session is a handshake-era one when the handshake was answered, else a stateless one. Over stdio and SSE a
+session is a handshake-era one when the handshake was answered as a handshake-era server answers it (not, say, naming
+2026-07-28), else a stateless one. Over stdio and SSE a
 connection speaks one era, chosen by its first request: the handshake is tried, and a server that refuses it is
 reconnected in the stateless era (``HandshakeRefused``). ``protocol: handshake`` or ``2026-07-28`` (``MODERN``)
 declares the one era to speak. A handshake-era session runs ``initialize`` and ``probe`` pings; a stateless one runs
@@ -122,9 +123,9 @@ async def open_session(
             found = await _discover_or_none(session)
     try:
         init = await session.initialize()
-    except MCPError as exc:
+    except (MCPError, RuntimeError, ValidationError) as exc:  # refused, or answered as no handshake-era server does
         if found is None:
-            if not both:
+            if not both and isinstance(exc, MCPError):
                 raise HandshakeRefused(f"it refused the handshake ({exc.error.message})") from exc
             raise
         session.adopt(found)
@@ -179,9 +180,19 @@ def merge_tools(
 
 async def _discover_or_none(session: ClientSession) -> types.DiscoverResult | None:
     """The downstream's ``server/discover`` answer when it speaks the stateless era, else None (any JSON-RPC error,
-    or an answer naming no 2026 version, says it does not; a transport failure is raised)."""
+    or an answer naming no 2026 version, says it does not; a transport failure is raised). A -32022 naming the
+    stateless versions it supports is asked once more in the newest of them, as the SDK's ``discover`` does."""
     try:
-        raw = await session.send_discover(MODERN)
+        try:
+            raw = await session.send_discover(MODERN)
+        except MCPError as exc:
+            if exc.error.code != types.UNSUPPORTED_PROTOCOL_VERSION:
+                raise
+            supported = types.UnsupportedProtocolVersionErrorData.model_validate(exc.error.data).supported
+            mutual = [version for version in MODERN_PROTOCOL_VERSIONS if version in supported]
+            if not mutual:
+                raise
+            raw = await session.send_discover(mutual[-1])
         found = types.DiscoverResult.model_validate(raw)
     except (MCPError, ValidationError):
         return None
@@ -270,7 +281,8 @@ def _complete_by_default(session: ClientSession) -> None:
 
 
 def _forward_capabilities(session: ClientSession) -> None:
-    """Make each request of this stateless-era session declare the calling client's capabilities.
+    """Make each request of this stateless-era session declare the calling client's capabilities and the log level
+    it wants (``Upstream.log_level``: that era sends log messages only at a level the request asks for).
 
     The SDK stamps every request's ``_meta`` envelope with the capabilities of *this* session (all three, since
     the gateway relays sampling, elicitation and roots), and a server uses them to decide which input requests it
@@ -289,5 +301,7 @@ def _forward_capabilities(session: ClientSession) -> None:
         meta[types.CLIENT_CAPABILITIES_META_KEY] = (
             declared.model_dump(by_alias=True, mode="json", exclude_none=True) if declared is not None else {}
         )
+        if upstream.log_level is not None:
+            meta[types.LOG_LEVEL_META_KEY] = upstream.log_level
 
     session._stamp = forwarding

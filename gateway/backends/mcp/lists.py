@@ -5,18 +5,19 @@ hands out the same cursor again stops there), and stops with ``ListTooLarge`` at
 ``max_tools`` or, for any one list, its ``max_list_bytes`` (the items as JSON): a server listing 30,000 tools must not
 take the gateway's memory and every caller's time. ``changed_lists`` names the lists a handshake-era ``list_changed``
 notification is about. A stateless-era (2026-07-28) downstream announces its changes only on a ``subscriptions/listen``
-stream: ``hold_listen`` keeps one open for the lists its discover answer says it announces, calling ``relist`` when the
-stream opens (the spec replays nothing) and leaving each event to the session's message handler (the SDK tees listen
-frames to it); a stream that breaks or is refused is reopened with backoff (``LISTEN_BACKOFF_S``), which starts again
-from its first step after a stream that stayed up ``min_uptime_s``. The backend's health stays its discover check: a
-lost stream never fails the backend.
+stream: ``hold_listen`` keeps one open for the lists its discover answer says it announces and the resources its
+clients subscribed to (``Watch``; re-opened when they change), calling ``relist`` when the stream opens (the spec
+replays nothing) and leaving each event to the session's message handler (the SDK tees listen frames to it); a
+stream that breaks or is refused is reopened with backoff (``LISTEN_BACKOFF_S``), which starts again from its first
+step after a stream that stayed up ``min_uptime_s``. The backend's health stays its discover check: a lost stream
+never fails the backend.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import mcp_types as types
@@ -36,6 +37,7 @@ __all__ = [
     "LIST_KINDS",
     "LIST_TOO_LARGE",
     "OVER_LIMIT_RETRY_S",
+    "Watch",
     "changed_lists",
     "hold_listen",
     "list_each",
@@ -197,19 +199,28 @@ class _Announced:
         return kinds + (["resources", "resource_templates"] if self.resources else [])
 
 
+class Watch(Protocol):
+    """The resources a listen stream carries besides the list changes (held.py ``Held``, for a stateless-era
+    downstream whose clients subscribed to some)."""
+
+    def take(self) -> tuple[int, tuple[str, ...]]: ...
+    async def wait_changed(self) -> None: ...
+    def acknowledged(self, generation: int, honoured: Sequence[str]) -> None: ...
+
+
 async def hold_listen(
     session: ClientSession,
     caps: types.ServerCapabilities | None,
+    watch: Watch,
     *,
     backend: str,
     config: ServerConfig,
     relist: Relist,
 ) -> None:
     """Hold one ``subscriptions/listen`` stream to a stateless-era downstream until cancelled, for the list changes
-    ``caps`` says it announces (returns at once when it announces none, or when it refuses the listen method)."""
+    ``caps`` says it announces and the resources ``watch`` names (none of either: no stream, until ``watch``
+    changes); returns when the downstream refuses the listen method."""
     announced = _Announced.by(caps)
-    if not announced.kinds:
-        return
 
     def lost(state: RetryCallState) -> None:
         error = state.outcome.exception() if state.outcome is not None else None
@@ -227,19 +238,31 @@ async def hold_listen(
         try:
             async for attempt in retrying:
                 with attempt:
-                    await _listen_once(session, announced, backend=backend, config=config, relist=relist)
+                    await _listen_once(session, announced, watch, backend=backend, config=config, relist=relist)
         except ListenNotSupportedError as exc:
             log.warning("backend.listen_unavailable", backend=backend, error=str(exc))
             return
 
 
 async def _listen_once(
-    session: ClientSession, announced: _Announced, *, backend: str, config: ServerConfig, relist: Relist
+    session: ClientSession,
+    announced: _Announced,
+    watch: Watch,
+    *,
+    backend: str,
+    config: ServerConfig,
+    relist: Relist,
 ) -> None:
-    """One ``subscriptions/listen`` stream, until it ends. Returns when it stayed up ``min_uptime_s`` (it is
-    reopened at once); raises ``_ListenLost`` when it ended sooner, or was refused, or never acknowledged."""
+    """One ``subscriptions/listen`` stream, until it ends or the resources watched change. Returns when it stayed
+    up ``min_uptime_s`` or was re-opened for a change (it is reopened at once); raises ``_ListenLost`` when it ended
+    sooner, or was refused, or never acknowledged."""
+    generation, uris = watch.take()
+    if not announced.kinds and not uris:
+        await watch.wait_changed()
+        return
     opened_at = anyio.current_time()
     error = "the server closed it"
+    changed = False
     with anyio.CancelScope() as ack_scope:
         ack_scope.deadline = opened_at + config.connect_timeout_s  # bounds the wait for the ack only
         try:
@@ -248,16 +271,32 @@ async def _listen_once(
                 tools_list_changed=announced.tools,
                 prompts_list_changed=announced.prompts,
                 resources_list_changed=announced.resources,
+                resource_subscriptions=uris,
             ) as subscription:
                 ack_scope.deadline = float("inf")
-                log.debug("backend.listen_open", backend=backend, lists=announced.kinds)
-                await relist(announced.kinds)
-                async for _event in subscription:  # drains the backlog; the message handler has re-listed
-                    pass
+                honoured = subscription.honored.resource_subscriptions if subscription.honored is not None else None
+                watch.acknowledged(generation, honoured or ())
+                log.debug("backend.listen_open", backend=backend, lists=announced.kinds, resources=len(uris))
+                if announced.kinds:
+                    await relist(announced.kinds)
+                async with anyio.create_task_group() as tg:
+
+                    async def until_changed() -> None:
+                        nonlocal changed
+                        await watch.wait_changed()
+                        changed = True
+                        tg.cancel_scope.cancel()
+
+                    tg.start_soon(until_changed)
+                    async for _event in subscription:  # drains the backlog; the message handler has re-listed
+                        pass
+                    tg.cancel_scope.cancel()
         except ListenNotSupportedError:
             raise  # a RuntimeError, but not a lost stream: the loop stops
         except FOREIGN as exc:
             error = str(exc) or type(exc).__name__
+    if changed:
+        return
     if ack_scope.cancelled_caught:
         error = f"no acknowledgment within connect_timeout_s of {config.connect_timeout_s:g} s"
     if anyio.current_time() - opened_at < config.min_uptime_s:

@@ -502,8 +502,7 @@ class McpBackend(BackendBase):
         """The shared session is open and listed: serve from it."""
         self._session = session
         self._tools, self._resources, self._templates, self._prompts = (lists[kind] for kind in LIST_KINDS)
-        if self._era != MODERN:  # that era has no log level or subscriptions to restore
-            await self._held.restore(session, self.capabilities)
+        await self._held.restore(session, self.capabilities, listening=self._era == MODERN)  # held.py
         self._ready()
 
     async def _serve(self, session: ClientSession, life: Life) -> None:
@@ -532,7 +531,7 @@ class McpBackend(BackendBase):
 
     async def _listen(self, session: ClientSession) -> None:
         caps = found.capabilities if (found := session.discover_result) is not None else self.capabilities
-        await hold_listen(session, caps, backend=self._name, config=self._config, relist=self._refresh)
+        await hold_listen(session, caps, self._held, backend=self._name, config=self._config, relist=self._refresh)
 
     async def _on_message(self, message: Any) -> None:
         if isinstance(message, Exception):
