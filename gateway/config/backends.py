@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import jwt
-from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
 from gateway.config.base import Model, PinMode, SecretsMode, check_tool_name, check_url, resolve, resolve_env_paths
 
@@ -212,11 +212,15 @@ class CrossApp(Model):
     """Its secret there, when the identity provider wants one (write ``${VAR}``; never logged)."""
     id_token: str = Field(min_length=1)
     """The ID token the identity provider issued to the gateway (write ``${VAR}``; never logged)."""
+    issuer: str | None = None
+    """The server's authorization server (its issuer), fixed: the server's resource metadata is then not asked, so
+    it cannot send the ID-JAG and the client secret elsewhere. Default: the one that metadata names."""
 
-    @field_validator("token_endpoint")
+    @field_validator("token_endpoint", "issuer")
     @classmethod
-    def _endpoint_url(cls, value: str) -> str:
-        return check_url(value, "token_endpoint")  # an ID token must not travel in the clear
+    def _endpoint_url(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # an ID token, an ID-JAG or a secret must not travel in the clear
+        return None if value is None else check_url(value, str(info.field_name))
 
 
 class DownstreamOAuth(Model):

@@ -142,17 +142,22 @@ def test_cross_app_reads_its_id_token_from_the_environment() -> None:
             "must use https",
         ),
         (
+            f"per: gateway, client_id: gw, client_secret: s, {CROSS_APP[:-1]}, issuer: 'http://as.example.com'}}",
+            "servers.remote.auth.oauth.cross_app.issuer",
+            "issuer must use https",
+        ),
+        (
             "per: gateway, client_id: gw, client_secret: s, cross_app: {client_id: i, token_endpoint: 'https://i/t'}",
             "servers.remote.auth.oauth.cross_app.id_token",
             "required",
         ),
         (
-            f"per: gateway, client_id: gw, client_secret: s, {CROSS_APP[:-1]}, issuer: x}}",
-            "servers.remote.auth.oauth.cross_app.issuer",
+            f"per: gateway, client_id: gw, client_secret: s, {CROSS_APP[:-1]}, audience: x}}",
+            "servers.remote.auth.oauth.cross_app.audience",
             "unknown key",
         ),
     ],
-    ids=["per-caller", "private-key", "idp-http", "no-id-token", "unknown-key"],
+    ids=["per-caller", "private-key", "idp-http", "issuer-http", "no-id-token", "unknown-key"],
 )
 def test_a_cross_app_mistake_is_named_at_its_key_path(oauth: str, key_path: str, words: str) -> None:
     err = config_error(yaml_text(BASE) + f"    auth: {{oauth: {{{oauth}}}}}\n", env={"ID_TOKEN": "eyJ-secret-id-token"})

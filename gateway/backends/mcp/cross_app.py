@@ -2,13 +2,13 @@
 the enterprise identity provider instead of a user's consent (``auth: {oauth: {per: gateway, cross_app: ...}}``).
 
 ``provider`` finds the server's authorization server as every sign-in does (its 401's ``resource_metadata``, else
-the well-known Protected Resource Metadata, RFC 9728) and returns the SDK's ``IdentityAssertionOAuthProvider`` for
-that issuer: on the server's 401 it reads the issuer's metadata (RFC 8414) and presents an ID-JAG with the
-``jwt-bearer`` grant (RFC 7523, ``client_secret_basic``). The ID-JAG comes from ``id_jag``: an RFC 8693 token
-exchange at the identity provider (the configured ID token as ``subject_token``, the issuer as ``audience``, the
-server as ``resource``), made afresh for every new token. Every request goes through ``FlowTransport`` (https only,
-the egress guard, bounded answers); the ID token, the ID-JAG and the secrets are given to the log redactor and never
-appear in an error.
+the well-known Protected Resource Metadata, RFC 9728), unless ``issuer`` fixes it, and returns the SDK's
+``IdentityAssertionOAuthProvider`` for that issuer: on the server's 401 it reads the issuer's metadata (RFC 8414) and
+presents an ID-JAG with the ``jwt-bearer`` grant (RFC 7523, ``client_secret_basic``). The ID-JAG comes from
+``id_jag``: an RFC 8693 token exchange at the identity provider (the configured ID token as ``subject_token``, the
+issuer as ``audience``, the server as ``resource``), made afresh for every new token. Every request goes through
+``FlowTransport`` (https only, the egress guard, bounded answers); the ID token, the ID-JAG and the secrets are given
+to the log redactor and never appear in an error.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ async def provider(server: HttpServer, storage: TokenStorage) -> IdentityAsserti
     assert server.auth is not None and server.auth.oauth.cross_app is not None
     oauth, cross_app = server.auth.oauth, server.auth.oauth.cross_app
     assert oauth.client_id is not None and oauth.client_secret is not None
-    issuer = await _issuer(server)
+    issuer = cross_app.issuer or await _issuer(server)
 
     async def assertion(audience: str, resource: str) -> str:
         return await id_jag(server, cross_app, audience, resource)

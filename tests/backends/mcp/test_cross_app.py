@@ -70,3 +70,14 @@ async def test_an_id_token_the_identity_provider_refuses_is_said_without_it(tmp_
     assert "whoami" not in listed
     assert "identity provider did not give an ID-JAG" in log and "invalid_grant" in log, log[-3000:]
     assert "mallory-id-token" not in log
+
+
+async def test_a_fixed_issuer_is_used_whatever_the_server_names(tmp_path: Path) -> None:
+    # the server's resource metadata names another authorization server: with `issuer` it is not asked
+    mcp_port, port = free_port(), free_port()
+    argv = [PYTHON, str(FIXTURES / "cross_app_server.py"), str(mcp_port), "3600", "lying"]
+    with start_http_server(argv, mcp_port) as world:
+        oauth = OAUTH.replace("PORT", str(mcp_port))[:-1] + f', issuer: "http://127.0.0.1:{mcp_port}"}}'
+        with run_gateway(config(world, port, oauth), tmp_path, tokens=TOKENS, env=ENV, port=port) as gw:
+            await ready(gw)
+            assert (await whoami(gw, "tok-alice-0123456789")) == (False, "account: carol")
