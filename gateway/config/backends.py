@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import jwt
-from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
 from gateway.config.base import Model, PinMode, SecretsMode, check_tool_name, check_url, resolve, resolve_env_paths
 
@@ -22,6 +22,7 @@ __all__ = [
     "WIKI_TOOLS",
     "Adapter",
     "AdapterTool",
+    "CrossApp",
     "DownstreamAuth",
     "DownstreamOAuth",
     "ExitCodes",
@@ -199,6 +200,29 @@ def check_signing_key(pem: str, algorithm: str) -> None:
         raise ValueError(f"the client assertion key is {kind} ({type(exc).__name__})") from None
 
 
+class CrossApp(Model):
+    """Cross App Access (SEP-990, Enterprise-Managed Authorization): the gateway's token at a server, obtained
+    from the enterprise identity provider's ID token instead of a user's consent (backends/mcp/cross_app.py)."""
+
+    token_endpoint: str
+    """The identity provider's token endpoint, where the ID token is exchanged for an ID-JAG (RFC 8693)."""
+    client_id: str = Field(min_length=1)
+    """The gateway's client id at the identity provider."""
+    client_secret: str | None = Field(default=None, min_length=1)
+    """Its secret there, when the identity provider wants one (write ``${VAR}``; never logged)."""
+    id_token: str = Field(min_length=1)
+    """The ID token the identity provider issued to the gateway (write ``${VAR}``; never logged)."""
+    issuer: str | None = None
+    """The server's authorization server (its issuer), fixed: the server's resource metadata is then not asked, so
+    it cannot send the ID-JAG and the client secret elsewhere. Default: the one that metadata names."""
+
+    @field_validator("token_endpoint", "issuer")
+    @classmethod
+    def _endpoint_url(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # an ID token, an ID-JAG or a secret must not travel in the clear
+        return None if value is None else check_url(value, str(info.field_name))
+
+
 class DownstreamOAuth(Model):
     """The gateway as an OAuth client of a streamable HTTP server (MCP authorization; backends/mcp/signin.py).
 
@@ -230,6 +254,9 @@ class DownstreamOAuth(Model):
     otherwise every URL learned from the server must be ``https``."""
     timeout_s: float = Field(default=10.0, gt=0, le=60)
     """The longest each discovery, registration or token request may take."""
+    cross_app: CrossApp | None = None
+    """``per: gateway``: the token comes from the identity provider's ID token (an ID-JAG presented to the server's
+    authorization server with the ``jwt-bearer`` grant, authenticated with ``client_id``/``client_secret``)."""
 
     @field_validator("client_metadata_url")
     @classmethod
@@ -252,6 +279,11 @@ class DownstreamOAuth(Model):
             )
         if self.per == "caller" and (self.private_key or self.private_key_file):
             raise ValueError("private_key and private_key_file are for per: gateway (client_credentials)")
+        if self.cross_app is not None and (self.per != "gateway" or self.client_secret is None):
+            raise ValueError(
+                "cross_app is the gateway's own identity: it needs per: gateway with client_id and client_secret "
+                "(the authorization server authenticates the ID-JAG's client with client_secret_basic)"
+            )
         if self.signing_key() is not None:
             check_signing_key(self.signing_key() or "", self.signing_algorithm)
         return self

@@ -169,6 +169,14 @@ def config_secrets(config: Federation) -> list[str]:
             exchange = getattr(server, "token_exchange", None)
             if exchange is not None:
                 values.append(exchange.client_secret)
+            auth = getattr(server, "auth", None)
+            if auth is not None:  # the OAuth client's secret, and the ID token and secret of its cross-app grant
+                cross_app = auth.oauth.cross_app
+                found = [
+                    auth.oauth.client_secret,
+                    *((cross_app.id_token, cross_app.client_secret) if cross_app else ()),
+                ]
+                values += [value for value in found if value]
     for adapter in config.adapters.values():
         values += _env_values(adapter.env, adapter.secret_env)
         values += _passed_values(adapter.pass_env, adapter.secret_env)

@@ -114,3 +114,53 @@ def test_a_bad_assertion_key_is_named_and_never_echoed(oauth: str, words: str) -
     assert err.key_path.startswith("servers.remote.auth.oauth"), str(err)
     assert words in str(err), str(err)
     assert pem.splitlines()[1] not in str(err)
+
+
+CROSS_APP = "cross_app: {token_endpoint: 'https://idp.example.com/token', client_id: idp-gw, id_token: '${ID_TOKEN}'}"
+
+
+def test_cross_app_reads_its_id_token_from_the_environment() -> None:
+    text = yaml_text(BASE) + f"    auth: {{oauth: {{per: gateway, client_id: gw, client_secret: s, {CROSS_APP}}}}}\n"
+    fed = parse_config(text, file=FILE, env={"ID_TOKEN": "eyJ-the-id-token"})
+    server = fed.servers["remote"]
+    assert isinstance(server, HttpServer) and server.auth is not None and server.auth.oauth.cross_app is not None
+    assert (server.auth.oauth.cross_app.id_token, server.auth.oauth.cross_app.client_secret) == (
+        "eyJ-the-id-token",
+        None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("oauth", "key_path", "words"),
+    [
+        (f"client_id: gw, client_secret: s, {CROSS_APP}", "servers.remote.auth.oauth", "needs per: gateway"),
+        (f"per: gateway, client_id: gw, private_key: k, {CROSS_APP}", "servers.remote.auth.oauth", "client_secret"),
+        (
+            "per: gateway, client_id: gw, client_secret: s, cross_app: {client_id: i, id_token: t, "
+            "token_endpoint: 'http://idp.example.com/token'}",
+            "servers.remote.auth.oauth.cross_app.token_endpoint",
+            "must use https",
+        ),
+        (
+            f"per: gateway, client_id: gw, client_secret: s, {CROSS_APP[:-1]}, issuer: 'http://as.example.com'}}",
+            "servers.remote.auth.oauth.cross_app.issuer",
+            "issuer must use https",
+        ),
+        (
+            "per: gateway, client_id: gw, client_secret: s, cross_app: {client_id: i, token_endpoint: 'https://i/t'}",
+            "servers.remote.auth.oauth.cross_app.id_token",
+            "required",
+        ),
+        (
+            f"per: gateway, client_id: gw, client_secret: s, {CROSS_APP[:-1]}, audience: x}}",
+            "servers.remote.auth.oauth.cross_app.audience",
+            "unknown key",
+        ),
+    ],
+    ids=["per-caller", "private-key", "idp-http", "issuer-http", "no-id-token", "unknown-key"],
+)
+def test_a_cross_app_mistake_is_named_at_its_key_path(oauth: str, key_path: str, words: str) -> None:
+    err = config_error(yaml_text(BASE) + f"    auth: {{oauth: {{{oauth}}}}}\n", env={"ID_TOKEN": "eyJ-secret-id-token"})
+    assert err.key_path == key_path, str(err)
+    assert words in str(err), str(err)
+    assert "eyJ-secret-id-token" not in str(err)

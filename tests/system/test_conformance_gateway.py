@@ -239,7 +239,7 @@ servers:
 
 # The client scenarios that concern the gateway's downstream side, with the checks each must pass. The auth/* ones run
 # the gateway with auth.oauth and sign in through its page (gateway_as_client.py); not yet passing, and so not here:
-# 2025-03-26-oauth-metadata-backcompat and cross-app-access-complete-flow. The counts leave out valid-bearer-token, one
+# 2025-03-26-oauth-metadata-backcompat. The counts leave out valid-bearer-token, one
 # per request that carried the token: how many depends on the sessions the gateway opens (the shared one, each signed-in
 # caller's own, server/discover before each handshake), not on the scenario. scope-retry-limit's server refuses every
 # operation 403 (the driver's wait for the tools times out, which the scenario allows); it checks the gateway signs in
@@ -247,7 +247,9 @@ servers:
 # the sign-in link, the driver opens it (the second authorization request asks for the union of scopes) and calls again.
 # client-credentials-jwt: the scenario's EC key reaches the gateway as ${VAR}; its assertion is verified against the
 # scenario's public key. basic-cimd checks for one fixed client id, configured as client_metadata_url (the gateway's own
-# document needs an https connect_url: tests/backends/mcp/test_client_document.py).
+# document needs an https connect_url: tests/backends/mcp/test_client_document.py). cross-app-access-complete-flow
+# (SEP-990): per: gateway with cross_app, the scenario's ID token reaching the gateway as ${VAR}; the IdP's token
+# exchange gives an ID-JAG, presented to the authorization server with the jwt-bearer grant.
 CLIENT_SCENARIOS = {
     "initialize": 1,
     "tools_call": 1,
@@ -273,6 +275,7 @@ CLIENT_SCENARIOS = {
     "auth/scope-step-up": 19,
     "auth/client-credentials-jwt": 4,
     "auth/basic-cimd": 9,
+    "auth/cross-app-access-complete-flow": 5,
 }
 
 

@@ -42,6 +42,7 @@ from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull,
 
 from gateway.auth.connections import OPEN_CALLER, Connections, SignInFailed
 from gateway.auth.credentials import NoCredential
+from gateway.backends.mcp import cross_app
 from gateway.backends.mcp.flow_http import FlowStorage, FlowTransport
 from gateway.config import HttpServer
 from gateway.observe.logs import redactor
@@ -239,7 +240,7 @@ class SignIn:
 
     async def _run(
         self,
-        provider: OAuthClientProvider,
+        provider: httpx2.Auth,
         storage: FlowStorage,
         caller: str,
         pending: _Pending | None,
@@ -268,7 +269,7 @@ class SignIn:
                         await http.delete(self._config.url, headers={"mcp-session-id": session}, auth=provider)
             if storage.tokens is None or storage.tokens is held:
                 raise SignInFailed(f"server {self.name} answered HTTP {response.status_code} without asking to sign in")
-            await self._save(caller, storage.tokens, provider.context)
+            await self._save(caller, storage.tokens, getattr(provider, "context", None))
             log.info("signin.connected", backend=self.name, caller=caller, step_up=challenge is not None)
             if challenge is not None:
                 if self._challenges.get(caller) == challenge:
@@ -294,16 +295,16 @@ class SignIn:
             token_endpoint_auth_method="client_secret_basic" if self.oauth.client_secret else "none",
         )
 
-    async def _save(self, caller: str, token: OAuthToken, context: OAuthContext) -> None:
-        metadata = context.oauth_metadata
+    async def _save(self, caller: str, token: OAuthToken, context: OAuthContext | None) -> None:
+        metadata = context.oauth_metadata if context is not None else None
         document: dict[str, Any] = {
             "token": token.model_dump(mode="json", exclude_none=True),
             "token_endpoint": str(metadata.token_endpoint) if metadata is not None else None,
             "revocation_endpoint": str(metadata.revocation_endpoint)
             if metadata is not None and metadata.revocation_endpoint is not None
             else None,
-            "resource": context.get_resource_url() if context.protected_resource_metadata is not None else None,
-            "client": context.client_info.model_dump(mode="json") if context.client_info is not None else None,
+            "resource": context.get_resource_url() if context and context.protected_resource_metadata else None,
+            "client": context.client_info.model_dump(mode="json") if context and context.client_info else None,
         }
         expires_at = time.time() + token.expires_in if token.expires_in else None
         document["expires_at"] = expires_at
@@ -497,14 +498,21 @@ class SignIn:
         """The gateway's own token (``per: gateway``), by ``client_credentials``: authenticated with the client
         secret, or with a client assertion signed with the configured key (``private_key_jwt``, RFC 7523; its
         audience the authorization server's issuer); None when refused. With a ``challenge`` (a step-up), asking for
-        the union of the scope held and the one wanted."""
+        the union of the scope held and the one wanted. With ``cross_app``, by an ID-JAG instead (cross_app.py)."""
         oauth, storage = self.oauth, FlowStorage(self._store, self.name, None)
         if challenge is not None:
             held = await self._store.get(self.name, GATEWAY_ROW)
             storage.tokens = OAuthToken.model_validate(held["token"]) if held else None
         assert oauth.client_id is not None
-        provider: OAuthClientProvider
-        if self._signing_key is not None:
+        provider: httpx2.Auth
+        if oauth.cross_app is not None:
+            try:
+                provider = await cross_app.provider(self._config, storage)
+            except Exception as exc:  # said in plain words, never a token
+                reason = str(exc) if isinstance(exc, SignInFailed) else _plain(exc)
+                log.warning("signin.failed", backend=self.name, caller=GATEWAY_ROW, reason=reason)
+                return None
+        elif self._signing_key is not None:
             assertion = SignedJWTParameters(
                 issuer=oauth.client_id,
                 subject=oauth.client_id,
