@@ -312,15 +312,18 @@ CLIENT_SCENARIOS_2026 = {
     "auth/basic-cimd": 9,
     **{f"auth/iss-{name}": 8 for name in ("supported-missing", "wrong-issuer", "unexpected", "normalized")},
     "auth/metadata-issuer-mismatch": 3,
+    "auth/scope-retry-limit": 11,
+    "auth/scope-step-up": 21,
 }
 """The 0.2.x pre-release's client scenarios held to 2026-07-28 (`--spec-version 2026-07-28`): their servers speak
 that era alone, so the gateway's downstream session is a stateless one. Not here (docs/conformance.md says why):
-`http-custom-headers` (17 of 18: the gateway refuses `verbose: null` for a boolean parameter before it leaves),
-`auth/scope-step-up`, `auth/scope-retry-limit` and `auth/authorization-server-migration` (the sign-in's first request
-is an `initialize`, which these servers refuse with HTTP 400 for its missing `MCP-Protocol-Version` header)."""
+`http-custom-headers` (17 of 18: the gateway refuses `verbose: null` for a boolean parameter before it leaves) and
+`auth/authorization-server-migration` (19 of 20: the gateway does not register again with an authorization server that
+replaced the one its client was registered with, SEP-2352)."""
 
 REFUSED_2026 = {
     "auth/resource-mismatch",
+    "auth/scope-retry-limit",
     "auth/metadata-issuer-mismatch",
     *(f"auth/iss-{name}" for name in ("supported-missing", "wrong-issuer", "unexpected", "normalized")),
 }

@@ -4,9 +4,10 @@ The SDK's ``OAuthClientProvider`` does the protocol: Protected Resource Metadata
 authorization server metadata (RFC 8414 / OpenID discovery), the client by Client ID Metadata Document, Dynamic
 Client Registration (RFC 7591) or the configured id, PKCE and ``resource`` (RFC 8707), scopes from the challenge.
 The browser's part cannot run inside a call, so the flow is split: ``begin(caller)`` (the page ``/ui/connect/NAME``)
-starts the flow in a task of the backend's own, which sends an ``initialize`` to the server (and a ``tools/list``
-when the handshake is open), meets its 401, discovers and registers, and stops at the authorization redirect, whose
-URL ``begin`` returns (the browser is sent there); its ``state`` is one-time and waits at most ``SIGN_IN_TTL_S``.
+starts the flow in a task of the backend's own, which sends an ``initialize`` to the server (a 2026-07-28
+``server/discover`` when it refuses that with HTTP 400; a ``tools/list`` when the handshake is open), meets its 401,
+discovers and registers, and stops at the authorization redirect, whose URL ``begin`` returns (the browser is sent
+there); its ``state`` is one-time and waits at most ``SIGN_IN_TTL_S``.
 ``finish(state, code, iss)`` (the callback) hands the code to that task, which exchanges it (the code verifier never
 leaves it) and stores the tokens for the caller who began (auth/connections.py). ``per: gateway`` runs the same
 request with ``client_credentials`` instead.
@@ -259,6 +260,9 @@ class SignIn:
             ) as http:
                 headers = {"accept": "application/json, text/event-stream"}
                 response = await http.post(self._config.url, json=_INITIALIZE, headers=headers, auth=provider)
+                if storage.tokens is None and response.status_code == 400:  # a server of the 2026-07-28 era alone
+                    stateless = headers | {"mcp-protocol-version": _MODERN, "mcp-method": "server/discover"}
+                    response = await http.post(self._config.url, json=_DISCOVER, headers=stateless, auth=provider)
                 session = response.headers.get("mcp-session-id")
                 if storage.tokens is None and response.status_code == 200:  # it asks only past the handshake
                     headers |= {"mcp-protocol-version": _VERSION, **({"mcp-session-id": session} if session else {})}
@@ -573,6 +577,19 @@ _INITIALIZE = {
         "protocolVersion": _VERSION,
         "capabilities": {},
         "clientInfo": {"name": "mcp-gateway", "version": VERSION},
+    },
+}
+_MODERN = "2026-07-28"
+_DISCOVER = {
+    "jsonrpc": "2.0",
+    "id": 0,
+    "method": "server/discover",
+    "params": {
+        "_meta": {
+            "io.modelcontextprotocol/protocolVersion": _MODERN,
+            "io.modelcontextprotocol/clientInfo": {"name": "mcp-gateway", "version": VERSION},
+            "io.modelcontextprotocol/clientCapabilities": {},
+        }
     },
 }
 _PAST_HANDSHAKE = (
