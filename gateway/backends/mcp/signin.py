@@ -374,11 +374,7 @@ class SignIn:
             if document is None and self.oauth.per == "gateway":
                 document = await self._client_credentials()
             if document is None:
-                raise NoCredential(
-                    f"caller {caller or 'anonymous'} has not signed in to server {self.name}: open {self.link} "
-                    "in a browser to sign in, then call again",
-                    link=self.link,
-                )
+                raise self._not_signed_in(caller)
             left = _left(document)
             if left is not None and left < EXPIRY_MARGIN_S:
                 document = await self._renew_once(caller, row)
@@ -387,6 +383,13 @@ class SignIn:
         redactor.add([token])
         # a session lives until the margin before expiry (at least half of what is left, for short-lived tokens)
         return token, None if left is None else max(left - EXPIRY_MARGIN_S, left / 2, 0.0)
+
+    def _not_signed_in(self, caller: str) -> NoCredential:
+        return NoCredential(
+            f"caller {caller or 'anonymous'} has not signed in to server {self.name}: open {self.link} in a browser "
+            "to sign in, then call again",
+            link=self.link,
+        )
 
     async def _renew_once(self, caller: str, row: str) -> dict[str, Any]:
         """``row``'s document renewed, by one replica at a time: another that held the row (refreshing it) has
@@ -398,11 +401,7 @@ class SignIn:
         async with self._store.exclusive(self.name, row):
             document = await self._store.get(self.name, row)
             if document is None:
-                raise NoCredential(
-                    f"caller {caller or 'anonymous'} has not signed in to server {self.name}: open {self.link} "
-                    "in a browser to sign in, then call again",
-                    link=self.link,
-                )
+                raise self._not_signed_in(caller)
             left = _left(document)
             if left is not None and left < EXPIRY_MARGIN_S:
                 document = await self._renew(row, document)
