@@ -242,7 +242,8 @@ class OAuthBackend(McpBackend):
         message_handler: MessageHandlerFnT | None = None,
         shared: bool = False,
     ) -> _AsyncGeneratorContextManager[ClientSession]:
-        """The base's, with the shared session's headers carrying its token."""
+        """The base's, with the shared session's headers carrying its token, on its stateless lane too (a
+        connection with no headers of its own: a caller's own session brings theirs)."""
         if shared:
             self._shared_recorder = recorder  # its calls' 403 challenges (call_tool)
         return super()._connect(
@@ -251,7 +252,7 @@ class OAuthBackend(McpBackend):
             stderr,
             inflight=inflight,
             offered=offered,
-            headers=self._shared_headers if shared else headers,
+            headers=self._shared_headers if shared or headers is None else headers,
             message_handler=message_handler,
             shared=shared,
         )

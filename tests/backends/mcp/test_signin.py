@@ -282,6 +282,8 @@ async def test_per_gateway_serves_every_caller_with_the_gateways_own_identity(tm
             await ready(gw)
             for caller in ("tok-alice-0123456789", "tok-bob-0123456789"):
                 assert (await whoami(gw, caller)) == (False, "account: alpha")  # the client's own subject
+                # a stateless client: the server speaks both eras, so on the shared session's stateless lane
+                assert (await modern_whoami(gw, caller)) == (False, "account: alpha")
             log = gw.output()
     assert "alpha-secret" not in log and "eyJ" not in log
 
