@@ -282,7 +282,7 @@ CLIENT_SCENARIOS = {
 REFUSED = {"auth/resource-mismatch", "auth/scope-retry-limit"}
 """The auth scenarios whose server is never called with a token the gateway holds (refused, or every call 403)."""
 
-NEXT_CLIENT_SCENARIOS = {"json-schema-2020-12-preservation": 9}
+NEXT_CLIENT_SCENARIOS = {"json-schema-2020-12-preservation": 9, "auth/authorization-server-migration": 23}
 """Client scenarios only the 0.2.x pre-release has."""
 
 CLIENT_SCENARIOS_2026 = {
@@ -314,12 +314,11 @@ CLIENT_SCENARIOS_2026 = {
     "auth/metadata-issuer-mismatch": 3,
     "auth/scope-retry-limit": 11,
     "auth/scope-step-up": 21,
+    "auth/authorization-server-migration": 23,
 }
 """The 0.2.x pre-release's client scenarios held to 2026-07-28 (`--spec-version 2026-07-28`): their servers speak
 that era alone, so the gateway's downstream session is a stateless one. Not here (docs/conformance.md says why):
-`http-custom-headers` (17 of 18: the gateway refuses `verbose: null` for a boolean parameter before it leaves) and
-`auth/authorization-server-migration` (19 of 20: the gateway does not register again with an authorization server that
-replaced the one its client was registered with, SEP-2352)."""
+`http-custom-headers` (17 of 18: the gateway refuses `verbose: null` for a boolean parameter before it leaves)."""
 
 REFUSED_2026 = {
     "auth/resource-mismatch",

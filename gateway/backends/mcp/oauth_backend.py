@@ -199,8 +199,19 @@ class OAuthBackend(McpBackend):
         )
 
     async def _session_lifetime(self, on_first_outcome: Callable[[], None]) -> None:
-        if await self._take_token(on_first_outcome):
+        """The base's, with a token (``_take_token``); a token the server answered 401 is forgotten
+        (``SignIn.refused``): the next connection takes another caller's, or waits for a sign-in, instead of
+        presenting it again."""
+        if not await self._take_token(on_first_outcome):
+            return
+        try:
             await super()._session_lifetime(on_first_outcome)
+        finally:
+            recorder, caller = self._shared_recorder, self._listing_as
+            if recorder is not None and recorder.status == 401 and caller is not None:
+                recorder.clear()
+                with anyio.CancelScope(shield=True):
+                    await self._signin.refused(caller)
 
     async def _take_token(self, on_first_outcome: Callable[[], None]) -> bool:
         """Find the shared session's token; False, after waiting for a sign-in, when there is none."""

@@ -426,6 +426,13 @@ class SignIn:
             link=self.link,
         )
 
+    async def refused(self, caller: str) -> None:
+        """The server answered ``caller``'s token 401: it is no good (revoked, or from an authorization server it no
+        longer trusts), so it is forgotten and the caller asked to sign in again; that sign-in registers again when
+        the server now names another authorization server (the SDK binds a registration to its issuer, SEP-2352)."""
+        await self._store.delete(self.name, self.row(caller))
+        log.warning("signin.token_refused", backend=self.name, caller=self.row(caller))
+
     async def revoke(self, caller: str) -> None:
         """Revoke ``caller``'s tokens at the authorization server (RFC 7009: the refresh token, whose revocation
         SHOULD take its grant's access tokens with it; without one, the access token), when its metadata named a
@@ -567,30 +574,19 @@ def _plain(exc: BaseException) -> str:
     return f"{type(exc).__name__}{f': {text}' if text else ''}"
 
 
-_VERSION = "2025-11-25"
+_VERSION, _MODERN = "2025-11-25", "2026-07-28"
+_INFO = {"name": "mcp-gateway", "version": VERSION}
 _INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 0,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": _VERSION,
-        "capabilities": {},
-        "clientInfo": {"name": "mcp-gateway", "version": VERSION},
-    },
-}
-_MODERN = "2026-07-28"
+    "jsonrpc": "2.0", "id": 0, "method": "initialize",
+    "params": {"protocolVersion": _VERSION, "capabilities": {}, "clientInfo": _INFO},
+}  # fmt: skip
+_META = "io.modelcontextprotocol/"
 _DISCOVER = {
-    "jsonrpc": "2.0",
-    "id": 0,
-    "method": "server/discover",
+    "jsonrpc": "2.0", "id": 0, "method": "server/discover",
     "params": {
-        "_meta": {
-            "io.modelcontextprotocol/protocolVersion": _MODERN,
-            "io.modelcontextprotocol/clientInfo": {"name": "mcp-gateway", "version": VERSION},
-            "io.modelcontextprotocol/clientCapabilities": {},
-        }
+        "_meta": {_META + "protocolVersion": _MODERN, _META + "clientInfo": _INFO, _META + "clientCapabilities": {}}
     },
-}
+}  # fmt: skip
 _PAST_HANDSHAKE = (
     {"jsonrpc": "2.0", "method": "notifications/initialized"},
     {"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
