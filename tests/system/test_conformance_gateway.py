@@ -282,7 +282,11 @@ CLIENT_SCENARIOS = {
 REFUSED = {"auth/resource-mismatch", "auth/scope-retry-limit"}
 """The auth scenarios whose server is never called with a token the gateway holds (refused, or every call 403)."""
 
-NEXT_CLIENT_SCENARIOS = {"json-schema-2020-12-preservation": 9, "auth/authorization-server-migration": 23}
+NEXT_CLIENT_SCENARIOS = {
+    "json-schema-2020-12-preservation": 9,
+    "auth/authorization-server-migration": 23,
+    "auth/enterprise-managed-authorization": 5,  # SEP-990 under its 0.2 name: cross_app, as cross-app-access-*
+}
 """Client scenarios only the 0.2.x pre-release has."""
 
 CLIENT_SCENARIOS_2026 = {
