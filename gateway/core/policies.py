@@ -241,8 +241,9 @@ class Views:
     """Each policy's view of the recent catalogs, built on first use; and the callers seen, for /status."""
 
     def __init__(self) -> None:
-        # id(catalog) -> (the catalog, kept alive so its id is not reused; its views by policy name and hidden tools)
-        self._views: dict[int, tuple[Catalog, dict[tuple[str, frozenset[str]], View]]] = {}
+        # id(catalog) -> (the catalog, kept alive so its id is not reused; its views by policy name and hidden tools;
+        # the tools hidden from each caller, ``hidden``)
+        self._views: dict[int, tuple[Catalog, dict[tuple[str, frozenset[str]], View], dict[str, frozenset[str]]]] = {}
         self.seen: dict[str, str] = {}
         """caller -> its policy, the most recent ``MAX_CALLERS`` callers that asked."""
 
@@ -250,16 +251,22 @@ class Views:
         """``caller``'s view of ``catalog``; None when ``catalog`` has no policies and hides nothing from them
         (everyone sees everything)."""
         policies = catalog.policies
-        unseen = hidden(catalog, caller.name or "")
-        if not policies and not unseen:
+        if not policies and not catalog.caller_lists:
             return None
-        name = policy_for(policies, caller) if policies else EVERYONE
         found = self._views.get(id(catalog))
         if found is None or found[0] is not catalog:
             if len(self._views) >= MAX_CATALOGS:
                 self._views.pop(next(iter(self._views)))
-            found = self._views[id(catalog)] = (catalog, {})
-        views = found[1]
+            found = self._views[id(catalog)] = (catalog, {}, {})
+        views, hides = found[1], found[2]
+        unseen = hides.get(caller.name or "")
+        if unseen is None:  # worked out once per catalog and caller, not on every request
+            if len(hides) >= MAX_CALLERS:
+                hides.pop(next(iter(hides)))
+            unseen = hides[caller.name or ""] = hidden(catalog, caller.name or "")
+        if not policies and not unseen:
+            return None
+        name = policy_for(policies, caller) if policies else EVERYONE
         view = views.get((name, unseen))
         if view is None:
             rule = _SEES_ALL if not policies else policies[name] if name else _SEES_NOTHING
