@@ -2,8 +2,8 @@
 ``tools/call`` is answered with a task of the gateway's, and ``tasks/get``, ``tasks/update`` and ``tasks/cancel``
 reach the backend that runs it. Part of the face (front/face.py), which registers these handlers.
 
-The task id a client gets is the gateway's own: a token sealed (AES-256-GCM, the SDK's codec, under the key of
-front/continuation.py's ``requestState``) that carries the backend, the downstream's
+The task id a client gets is the gateway's own: a token sealed (AES-256-GCM, the SDK's codec, under a key derived for
+task ids alone from the key of front/continuation.py's ``requestState``) that carries the backend, the downstream's
 own task id, the published tool and a digest of the caller, so any replica holding the key routes it, with no shared
 state. The downstream's id never reaches the client, nor the client's the downstream. A ``tasks/*`` request is
 checked as a server of the extension checks it: the client must declare the extension (else -32021, whatever the
@@ -49,6 +49,9 @@ log = structlog.get_logger("gateway.tasks")
 _VERSION = 1
 _SERVER_INFO = "io.modelcontextprotocol/serverInfo"
 _PRINCIPAL_LABEL = b"mcp-gateway/task/caller:"
+_KEY_LABEL = b"mcp-gateway/task-id/v1:"
+"""Prefixed to the state key before the codec derives its own (HKDF-SHA256): a task id and a ``requestState`` or a
+session id (front/http/seal.py) never stand in for each other."""
 _LONGEST_S = 7 * 24 * 3600.0
 """The longest a task id of the gateway's stays valid when the downstream gave its task no ``ttlMs``."""
 
@@ -98,7 +101,7 @@ class TaskIds:
     every one opens), each derived for task ids alone."""
 
     def __init__(self, keys: Sequence[bytes], *, clock: Callable[[], float] = time.time) -> None:
-        self._codec = AESGCMRequestStateCodec(list(keys))
+        self._codec = AESGCMRequestStateCodec([_KEY_LABEL + key for key in keys])
         self._clock = clock
 
     @classmethod
