@@ -76,6 +76,7 @@ from gateway.backends.mcp.lanes import Lanes
 from gateway.backends.mcp.lists import (
     LIST_KINDS,
     OVER_LIMIT_RETRY_S,
+    ListedHints,
     changed_lists,
     hold_listen,
     list_each,
@@ -110,7 +111,7 @@ NotificationHook = Callable[
 None)``."""
 
 
-class McpBackend(BackendBase):
+class McpBackend(ListedHints, BackendBase):
     """A downstream MCP server behind one long-lived, supervised client session."""
 
     def __init__(
