@@ -200,6 +200,26 @@ def check_signing_key(pem: str, algorithm: str) -> None:
         raise ValueError(f"the client assertion key is {kind} ({type(exc).__name__})") from None
 
 
+def one_of_value_or_file(model: Model, key: str, *, required: bool) -> None:
+    """``key`` given as a value (write ``${VAR}``) or as ``{key}_file`` (a file read afresh at each use: platforms
+    rotate such files), not both; with ``required``, one of them; a file must be readable now.
+
+    Raises:
+        ValueError: both, or neither when ``required``, or the file cannot be read (never its content).
+    """
+    value, path = getattr(model, key), getattr(model, f"{key}_file")
+    if value is not None and path is not None:
+        raise ValueError(f"give {key} or {key}_file, not both")
+    if required and value is None and path is None:
+        raise ValueError(f"give {key} (write ${{VAR}}) or {key}_file (a file read afresh at each use)")
+    if path is not None:
+        try:
+            with Path(path).open("rb"):
+                pass
+        except OSError as exc:
+            raise ValueError(f"{key}_file {path} cannot be read ({type(exc).__name__})") from None
+
+
 class CrossApp(Model):
     """Cross App Access (SEP-990, Enterprise-Managed Authorization): the gateway's token at a server, obtained
     from the enterprise identity provider's ID token instead of a user's consent (backends/mcp/cross_app.py)."""
@@ -210,8 +230,10 @@ class CrossApp(Model):
     """The gateway's client id at the identity provider."""
     client_secret: str | None = Field(default=None, min_length=1)
     """Its secret there, when the identity provider wants one (write ``${VAR}``; never logged)."""
-    id_token: str = Field(min_length=1)
+    id_token: str | None = Field(default=None, min_length=1)
     """The ID token the identity provider issued to the gateway (write ``${VAR}``; never logged)."""
+    id_token_file: str | None = None
+    """The same, read from a file at each exchange (a path, relative to the configuration's folder)."""
     issuer: str | None = None
     """The server's authorization server (its issuer), fixed: the server's resource metadata is then not asked, so
     it cannot send the ID-JAG and the client secret elsewhere. Default: the one that metadata names."""
@@ -222,6 +244,13 @@ class CrossApp(Model):
         # an ID token, an ID-JAG or a secret must not travel in the clear
         return None if value is None else check_url(value, str(info.field_name))
 
+    _resolve_id_token_file = field_validator("id_token_file")(resolve)
+
+    @model_validator(mode="after")
+    def _id_token(self) -> CrossApp:
+        one_of_value_or_file(self, "id_token", required=True)
+        return self
+
 
 class DownstreamOAuth(Model):
     """The gateway as an OAuth client of a streamable HTTP server (MCP authorization; backends/mcp/signin.py).
@@ -230,7 +259,8 @@ class DownstreamOAuth(Model):
     PKCE and ``resource``; the client is registered by Client ID Metadata Document, else Dynamic Client Registration,
     else ``client_id``/``client_secret``), and their calls go on their own session with their own token.
     ``per: gateway``: the gateway's own service identity (``client_credentials`` with ``client_id`` and
-    ``client_secret``, or a client assertion signed with ``private_key``/``private_key_file``) serves every caller."""
+    ``client_secret``, or a client assertion signed with ``private_key``/``private_key_file``; an ID-JAG by
+    ``cross_app``; a workload token) serves every caller."""
 
     per: Literal["caller", "gateway"] = "caller"
     client_id: str | None = Field(default=None, min_length=1)
@@ -257,6 +287,13 @@ class DownstreamOAuth(Model):
     cross_app: CrossApp | None = None
     """``per: gateway``: the token comes from the identity provider's ID token (an ID-JAG presented to the server's
     authorization server with the ``jwt-bearer`` grant, authenticated with ``client_id``/``client_secret``)."""
+    workload_token: str | None = Field(default=None, min_length=1)
+    """``per: gateway``: a JWT the platform issued to the gateway's workload (a Kubernetes service account token, a
+    cloud workload identity token), presented as a public client with the ``jwt-bearer`` grant (RFC 7523, workload
+    identity federation, SEP-1933) instead of a client secret (write ``${VAR}``; never logged)."""
+    workload_token_file: str | None = None
+    """The same, read from a file at each grant (platforms rotate it; a path, relative to the configuration's
+    folder)."""
 
     @field_validator("client_metadata_url")
     @classmethod
@@ -265,12 +302,15 @@ class DownstreamOAuth(Model):
             raise ValueError(f"client_metadata_url must be an https URL with a path (got {value!r})")
         return value
 
-    _resolve_key_file = field_validator("private_key_file")(resolve)
+    _resolve_files = field_validator("private_key_file", "workload_token_file")(resolve)
 
     @model_validator(mode="after")
     def _client(self) -> DownstreamOAuth:
         if self.client_secret is not None and self.client_id is None:
             raise ValueError("client_secret needs client_id")
+        one_of_value_or_file(self, "workload_token", required=False)
+        if self.workload_token is not None or self.workload_token_file is not None:
+            return self._workload()
         keys = [k for k in ("client_secret", "private_key", "private_key_file") if getattr(self, k) is not None]
         if self.per == "gateway" and (self.client_id is None or len(keys) != 1):
             raise ValueError(
@@ -286,6 +326,17 @@ class DownstreamOAuth(Model):
             )
         if self.signing_key() is not None:
             check_signing_key(self.signing_key() or "", self.signing_algorithm)
+        return self
+
+    def _workload(self) -> DownstreamOAuth:
+        if self.per != "gateway":
+            raise ValueError("workload_token and workload_token_file are the gateway's own identity: use per: gateway")
+        others = [k for k in ("client_secret", "private_key", "private_key_file", "cross_app") if getattr(self, k)]
+        if others:
+            raise ValueError(
+                "a workload token is presented as a public client (the token is the credential): remove "
+                + ", ".join(others)
+            )
         return self
 
     def signing_key(self) -> str | None:
