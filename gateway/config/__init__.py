@@ -1,7 +1,8 @@
 """federation.yaml, read once at the edge into frozen, validated models; the only package that reads the process
 environment (``environ``). ``load_config`` / ``parse_config`` (loading.py) return a ``Federation`` (federation.py)
-made of the ``gateway:`` section (settings.py), the backends (backends.py) and the policies (policies.py), or raise
-a ``ConfigError`` naming the file, key path and line of every problem."""
+made of the ``gateway:`` section (settings.py), the backends (backends.py; their OAuth and token exchange:
+downstream_auth.py) and the policies (policies.py), or raise a ``ConfigError`` naming the file, key path and line of
+every problem."""
 
 from gateway.config.backends import (
     ADAPTER_PASS_ENV,
@@ -13,22 +14,19 @@ from gateway.config.backends import (
     WIKI_TOOLS,
     Adapter,
     AdapterTool,
-    CrossApp,
-    DownstreamAuth,
-    DownstreamOAuth,
     ExitCodes,
     HttpServer,
     ServerConfig,
     SseServer,
     StdioServer,
     ThinWhen,
-    TokenExchange,
     ToolFilter,
     Variant,
     VariantProbe,
     Wiki,
 )
 from gateway.config.base import TOOL_NAME_RE, PinMode, SecretsMode
+from gateway.config.downstream_auth import CrossApp, DownstreamAuth, DownstreamOAuth, TokenExchange
 from gateway.config.federation import (
     AnswerBudget,
     Clients,

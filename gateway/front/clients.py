@@ -192,11 +192,13 @@ class Clients:
             self._held.setdefault(connection, {})[kind] = catalog
 
     async def announce(self, catalog: Catalog) -> None:
-        """Tell each client of the lists that changed as it sees them: with policies, only the callers whose view
-        changed hear of it (core/policies.py)."""
+        """Tell each client of the lists that changed as it sees them: with policies, or tools that only some
+        callers' own sessions list (``caller_lists``), only the callers whose view changed hear of it
+        (core/policies.py)."""
         previous, self._announced = self._announced, catalog
         views = self.views
-        everyone = None if catalog.policies or previous.policies else lists_changed(previous, catalog, ANONYMOUS, views)
+        per_caller = catalog.policies or previous.policies or catalog.caller_lists or previous.caller_lists
+        everyone = None if per_caller else lists_changed(previous, catalog, ANONYMOUS, views)
         told: set[str] = set()
         for (_, searching), (identity, bus, _) in list(self._buses.items()):
             kinds = everyone if everyone is not None else lists_changed(previous, catalog, identity, views)

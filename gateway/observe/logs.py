@@ -170,10 +170,11 @@ def config_secrets(config: Federation) -> list[str]:
             if exchange is not None:
                 values.append(exchange.client_secret)
             auth = getattr(server, "auth", None)
-            if auth is not None:  # the OAuth client's secret, and the ID token and secret of its cross-app grant
+            if auth is not None:  # the client's secret, its workload token, the ID token and secret of cross_app
                 cross_app = auth.oauth.cross_app
                 found = [
                     auth.oauth.client_secret,
+                    auth.oauth.workload_token,
                     *((cross_app.id_token, cross_app.client_secret) if cross_app else ()),
                 ]
                 values += [value for value in found if value]

@@ -148,8 +148,19 @@ def test_cross_app_reads_its_id_token_from_the_environment() -> None:
         ),
         (
             "per: gateway, client_id: gw, client_secret: s, cross_app: {client_id: i, token_endpoint: 'https://i/t'}",
-            "servers.remote.auth.oauth.cross_app.id_token",
-            "required",
+            "servers.remote.auth.oauth.cross_app",
+            "give id_token",
+        ),
+        (
+            f"per: gateway, client_id: gw, client_secret: s, {CROSS_APP[:-1]}, id_token_file: /run/t}}",
+            "servers.remote.auth.oauth.cross_app",
+            "not both",
+        ),
+        (
+            "per: gateway, client_id: gw, client_secret: s, cross_app: {client_id: i, token_endpoint: 'https://i/t', "
+            "id_token_file: /nonexistent/id-token}",
+            "servers.remote.auth.oauth.cross_app",
+            "id_token_file /nonexistent/id-token cannot be read",
         ),
         (
             f"per: gateway, client_id: gw, client_secret: s, {CROSS_APP[:-1]}, audience: x}}",
@@ -157,10 +168,52 @@ def test_cross_app_reads_its_id_token_from_the_environment() -> None:
             "unknown key",
         ),
     ],
-    ids=["per-caller", "private-key", "idp-http", "issuer-http", "no-id-token", "unknown-key"],
+    ids=["per-caller", "private-key", "idp-http", "issuer-http", "no-id-token", "both", "no-file", "unknown-key"],
 )
 def test_a_cross_app_mistake_is_named_at_its_key_path(oauth: str, key_path: str, words: str) -> None:
     err = config_error(yaml_text(BASE) + f"    auth: {{oauth: {{{oauth}}}}}\n", env={"ID_TOKEN": "eyJ-secret-id-token"})
     assert err.key_path == key_path, str(err)
     assert words in str(err), str(err)
     assert "eyJ-secret-id-token" not in str(err)
+
+
+def test_cross_app_and_a_workload_token_may_come_from_files_beside_the_configuration(tmp_path: Path) -> None:
+    (tmp_path / "id-token").write_text("eyJ-id\n")
+    (tmp_path / "workload").write_text("eyJ-workload\n")
+    cross_app = "cross_app: {token_endpoint: 'https://idp.example.com/token', client_id: i, id_token_file: id-token}"
+    text = yaml_text(BASE) + f"    auth: {{oauth: {{per: gateway, client_id: gw, client_secret: s, {cross_app}}}}}\n"
+    server = parse_config(text, file=tmp_path / "federation.yaml", env={}).servers["remote"]
+    assert isinstance(server, HttpServer) and server.auth is not None and server.auth.oauth.cross_app is not None
+    assert server.auth.oauth.cross_app.id_token_file == str(tmp_path / "id-token")
+    text = yaml_text(BASE) + "    auth: {oauth: {per: gateway, workload_token_file: workload}}\n"
+    server = parse_config(text, file=tmp_path / "federation.yaml", env={}).servers["remote"]
+    assert isinstance(server, HttpServer) and server.auth is not None
+    assert (server.auth.oauth.workload_token_file, server.auth.oauth.client_id) == (str(tmp_path / "workload"), None)
+
+
+def test_a_workload_token_from_the_environment_is_the_gateways_own_public_client() -> None:
+    text = yaml_text(BASE) + "    auth: {oauth: {per: gateway, client_id: wl, workload_token: '${WL_TOKEN}'}}\n"
+    server = parse_config(text, file=FILE, env={"WL_TOKEN": "eyJ-the-workload"}).servers["remote"]
+    assert isinstance(server, HttpServer) and server.auth is not None
+    assert (server.auth.oauth.workload_token, server.auth.oauth.client_id) == ("eyJ-the-workload", "wl")
+
+
+@pytest.mark.parametrize(
+    ("oauth", "words"),
+    [
+        ("workload_token: '${WL_TOKEN}'", "use per: gateway"),
+        ("per: gateway, workload_token: '${WL_TOKEN}', workload_token_file: /run/t", "not both"),
+        ("per: gateway, client_id: gw, client_secret: s, workload_token: '${WL_TOKEN}'", "remove client_secret"),
+        (f"per: gateway, client_id: gw, workload_token: '${{WL_TOKEN}}', {CROSS_APP}", "remove cross_app"),
+        ("per: gateway, workload_token_file: /nonexistent/token", "workload_token_file /nonexistent/token cannot"),
+    ],
+    ids=["per-caller", "both", "with-secret", "with-cross-app", "no-file"],
+)
+def test_a_workload_token_mistake_is_named_and_never_echoed(oauth: str, words: str) -> None:
+    err = config_error(
+        yaml_text(BASE) + f"    auth: {{oauth: {{{oauth}}}}}\n",
+        env={"WL_TOKEN": "eyJ-secret-workload", "ID_TOKEN": "t"},
+    )
+    assert err.key_path == "servers.remote.auth.oauth", str(err)
+    assert words in str(err), str(err)
+    assert "eyJ-secret-workload" not in str(err)

@@ -286,6 +286,7 @@ NEXT_CLIENT_SCENARIOS = {
     "json-schema-2020-12-preservation": 9,
     "auth/authorization-server-migration": 23,
     "auth/enterprise-managed-authorization": 5,  # SEP-990 under its 0.2 name: cross_app, as cross-app-access-*
+    "auth/wif-jwt-bearer": 4,  # SEP-1933: per: gateway with workload_token_file, a public client's jwt-bearer grant
 }
 """Client scenarios only the 0.2.x pre-release has."""
 

@@ -5,10 +5,10 @@ the enterprise identity provider instead of a user's consent (``auth: {oauth: {p
 the well-known Protected Resource Metadata, RFC 9728), unless ``issuer`` fixes it, and returns the SDK's
 ``IdentityAssertionOAuthProvider`` for that issuer: on the server's 401 it reads the issuer's metadata (RFC 8414) and
 presents an ID-JAG with the ``jwt-bearer`` grant (RFC 7523, ``client_secret_basic``). The ID-JAG comes from
-``id_jag``: an RFC 8693 token exchange at the identity provider (the configured ID token as ``subject_token``, the
-issuer as ``audience``, the server as ``resource``), made afresh for every new token. Every request goes through
-``FlowTransport`` (https only, the egress guard, bounded answers); the ID token, the ID-JAG and the secrets are given
-to the log redactor and never appear in an error.
+``id_jag``: an RFC 8693 token exchange at the identity provider (the configured ID token, or ``id_token_file`` read
+afresh, as ``subject_token``, the issuer as ``audience``, the server as ``resource``), made for every new token.
+Every request goes through ``FlowTransport`` (https only, the egress guard, bounded answers); the ID token, the ID-JAG
+and the secrets are given to the log redactor and never appear in an error.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from mcp.client.auth.utils import (
 from mcp.shared.auth import ProtectedResourceMetadata
 
 from gateway.auth.connections import SignInFailed
-from gateway.backends.mcp.flow_http import FlowTransport
+from gateway.backends.mcp.flow_http import FlowTransport, read_credential
 from gateway.config import CrossApp, HttpServer
 from gateway.observe.logs import redactor
 
-__all__ = ["ID_JAG", "ID_TOKEN", "TOKEN_EXCHANGE", "id_jag", "provider"]
+__all__ = ["ID_JAG", "ID_TOKEN", "TOKEN_EXCHANGE", "authorization_server", "id_jag", "provider"]
 
 TOKEN_EXCHANGE = "urn:ietf:params:oauth:grant-type:token-exchange"
 ID_TOKEN = "urn:ietf:params:oauth:token-type:id_token"
@@ -46,7 +46,7 @@ async def provider(server: HttpServer, storage: TokenStorage) -> IdentityAsserti
     assert server.auth is not None and server.auth.oauth.cross_app is not None
     oauth, cross_app = server.auth.oauth, server.auth.oauth.cross_app
     assert oauth.client_id is not None and oauth.client_secret is not None
-    issuer = cross_app.issuer or await _issuer(server)
+    issuer = cross_app.issuer or await authorization_server(server)
 
     async def assertion(audience: str, resource: str) -> str:
         return await id_jag(server, cross_app, audience, resource)
@@ -73,10 +73,11 @@ async def id_jag(server: HttpServer, cross_app: CrossApp, audience: str, resourc
             and HTTP status said, never a token).
     """
     assert server.auth is not None
-    redactor.add([cross_app.id_token, *([cross_app.client_secret] if cross_app.client_secret else [])])
+    id_token = await read_credential(cross_app.id_token, cross_app.id_token_file, "id_token")
+    redactor.add([id_token, *([cross_app.client_secret] if cross_app.client_secret else [])])
     form = {
         "grant_type": TOKEN_EXCHANGE,
-        "subject_token": cross_app.id_token,
+        "subject_token": id_token,
         "subject_token_type": ID_TOKEN,
         "requested_token_type": ID_JAG,
         "audience": audience,
@@ -108,7 +109,7 @@ async def id_jag(server: HttpServer, cross_app: CrossApp, audience: str, resourc
     return token
 
 
-async def _issuer(server: HttpServer) -> str:
+async def authorization_server(server: HttpServer) -> str:
     """The server's authorization server, from its Protected Resource Metadata (where its 401 points, else the
     well-known locations)."""
     async with _client(server) as http:

@@ -5,10 +5,12 @@ the SDK's ``TokenStorage`` for it.
 configured URL as the file says), each connection through the egress guard (egress.py: never link-local or metadata
 addresses, private ones only with ``allow_private``), each answer at most ``MAX_ANSWER_BYTES``; redirects are never
 followed. A step-up flow's first request to the server meets the server's own 403 challenge again.
+``read_credential`` reads what a grant presents (a workload token, an ID token) from its value or its file.
 """
 
 from __future__ import annotations
 
+import anyio
 import httpx2
 from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 
@@ -17,10 +19,12 @@ from gateway.backends.mcp.egress import Admitting, guard
 from gateway.config import DownstreamOAuth, HttpServer
 from gateway.observe.logs import redactor
 
-__all__ = ["MAX_ANSWER_BYTES", "FlowStorage", "FlowTransport"]
+__all__ = ["MAX_ANSWER_BYTES", "MAX_CREDENTIAL_BYTES", "FlowStorage", "FlowTransport", "read_credential"]
 
 MAX_ANSWER_BYTES = 256 * 1024
 """The largest answer taken from a metadata, registration or token endpoint."""
+MAX_CREDENTIAL_BYTES = 64 * 1024
+"""The largest credential file read (a JWT is a few KiB)."""
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 
 
@@ -85,3 +89,27 @@ class FlowStorage:
             redactor.add([client_info.client_secret])
         if self._fixed is None:
             await self._store.put(self._backend, CLIENT_ROW, {"client": client_info.model_dump(mode="json")}, None)
+
+
+async def read_credential(value: str | None, path: str | None, key: str) -> str:
+    """What a grant presents: ``value`` as configured, else the file ``path`` (``{key}_file``) read afresh now, as
+    platforms rotate such files; registered with the log redactor.
+
+    Raises:
+        SignInFailed: the file cannot be read, is empty or too large (its path and the error's kind said, never its
+            content).
+    """
+    if path is None:
+        assert value is not None
+        return value
+    try:
+        data = await anyio.Path(path).read_bytes()
+        text = data.decode().strip() if len(data) <= MAX_CREDENTIAL_BYTES else None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SignInFailed(f"{key}_file {path} cannot be read ({type(exc).__name__})") from None
+    if text is None:
+        raise SignInFailed(f"{key}_file {path} is larger than {MAX_CREDENTIAL_BYTES} bytes")
+    if not text:
+        raise SignInFailed(f"{key}_file {path} is empty")
+    redactor.add([text])
+    return text

@@ -11,8 +11,8 @@ again.
 With ``${caller.secret:NAME}`` in a server's headers, or ``token_exchange``, each caller gets a session carrying its
 own credentials (``Lanes.for_caller``; auth/credentials.py), opened on its first request and kept while it stays up
 and its credentials hold (an exchanged token's lifetime); past ``MAX_CALLER_SESSIONS`` a new caller's session closes
-the least recently used idle one. A caller that cannot have one gets ``BackendUnavailable`` saying why (never a
-header value).
+the least recently used idle one. A caller's session that says its tools changed is listed again (``list_caller``).
+A caller that cannot have one gets ``BackendUnavailable`` saying why (never a header value).
 
 Each session is owned by its own task in the task group of ``Lanes.running``; each keeps its own ``InFlight``
 (relay.py), so a downstream's request on it reaches the client it belongs to.
@@ -37,7 +37,8 @@ import structlog
 from mcp.client.session import ClientSession, MessageHandlerFnT
 
 from gateway.auth.credentials import NoCredential, SessionCredentials
-from gateway.backends.mcp.failures import FOREIGN, Life, ResponseRecorder, classify_failure
+from gateway.backends.mcp.failures import FOREIGN, Life, ListTooLarge, ResponseRecorder, classify_failure
+from gateway.backends.mcp.lists import changed_lists
 from gateway.backends.mcp.relay import InFlight, attribute
 from gateway.backends.mcp.stdio import stderr_tail
 from gateway.calls import ClientLink, Upstream
@@ -115,9 +116,10 @@ class Lanes:
         self._clients: weakref.WeakKeyDictionary[Any, Lane] = weakref.WeakKeyDictionary()
         self._callers: dict[str, Lane] = {}
         self._tg: anyio.abc.TaskGroup | None = None
-        self.on_caller_open: Callable[[str, ClientSession], Awaitable[None]] | None = None
-        """Told of each caller's session once its handshake is done, before any request of the caller's goes on
-        it (within the opening's deadline): an OAuth server's per-caller tool lists (oauth_backend.py)."""
+        self.list_caller: Callable[[str, ClientSession], Awaitable[None]] | None = None
+        """Lists what a caller's session offers: once its handshake is done, before any request of the caller's goes
+        on it (within the opening's deadline), and again whenever the server says on that session that its tools
+        changed: an OAuth server's per-caller tool lists (oauth_backend.py)."""
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -279,11 +281,16 @@ class Lanes:
             with self._opening(lane) as opening:
                 headers, lifetime = await self._credentials.for_caller(lane.owner or None, subject_token)
                 async with self._connect(
-                    lane.life, opening.recorder, opening.stderr, inflight=lane.inflight, headers=headers
+                    lane.life,
+                    opening.recorder,
+                    opening.stderr,
+                    inflight=lane.inflight,
+                    headers=headers,
+                    message_handler=functools.partial(self._on_caller_message, lane),
                 ) as session:
                     await self._handshake(session)
-                    if self.on_caller_open is not None:
-                        await self.on_caller_open(lane.owner, session)
+                    if self.list_caller is not None:
+                        await self.list_caller(lane.owner, session)
                     opening.opened(lane, session)
                     log.info("backend.caller_session", backend=self._name, caller=lane.owner, state="open")
                     with anyio.move_on_after(lifetime if lifetime is not None else math.inf):
@@ -296,6 +303,27 @@ class Lanes:
             if self._callers.get(lane.owner) is lane:
                 del self._callers[lane.owner]
             log.info("backend.caller_session", backend=self._name, caller=lane.owner, state="closed")
+
+    async def _on_caller_message(self, lane: Lane, message: Any) -> None:
+        """The server says on a caller's session that its tools changed: that caller's list is read again, in a task
+        of its own (this handler runs in the session's receive loop, which the listing's answer needs)."""
+        if self.list_caller is not None and self._tg is not None and "tools" in changed_lists(message):
+            self._tg.start_soon(self._relist_caller, lane)
+
+    async def _relist_caller(self, lane: Lane) -> None:
+        """``list_caller`` again for ``lane``'s session, bounded; a failure is logged, and a list grown past the
+        server's limits ends the session."""
+        session = lane.session
+        if self.list_caller is None or session is None:
+            return
+        try:
+            with anyio.fail_after(self._config.connect_timeout_s):
+                await self.list_caller(lane.owner, session)
+        except ListTooLarge as exc:
+            lane.life.mark_lost(str(exc))
+        except FOREIGN as exc:
+            error = str(exc) or type(exc).__name__
+            log.warning("backend.relist_failed", backend=self._name, caller=lane.owner, error=error)
 
 
 @dataclass

@@ -81,7 +81,7 @@ class OAuthBackend(McpBackend):
         self._caller_tools: dict[str, tuple[types.Tool, ...]] = {}  # what each caller's own session lists
         self._shared_names: frozenset[str] = frozenset()
         if signin.per_caller:
-            self._lanes.on_caller_open = self._caller_listed
+            self._lanes.list_caller = self._caller_listed
 
     @property
     def signin(self) -> SignIn:
@@ -98,7 +98,9 @@ class OAuthBackend(McpBackend):
     # -- what each caller sees ---------------------------------------------------------------------------------------
 
     async def _caller_listed(self, caller: str, session: ClientSession) -> None:
-        """``caller``'s own session opened: what it lists is what they see of this server (``caller_lists``)."""
+        """``caller``'s own session opened, or said its tools changed: what it lists is what they see of this server
+        (``caller_lists``); a change is told to the listeners (the catalog is rebuilt; only the callers whose view
+        changed hear of it)."""
         listed = (await list_each(session, ("tools",), self.capabilities, self._config))["tools"]
         if self._caller_tools.get(caller) != listed:
             self._caller_tools[caller] = listed

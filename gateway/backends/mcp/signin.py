@@ -10,7 +10,7 @@ discovers and registers, and stops at the authorization redirect, whose URL ``be
 there); its ``state`` is one-time and waits at most ``SIGN_IN_TTL_S``.
 ``finish(state, code, iss)`` (the callback) hands the code to that task, which exchanges it (the code verifier never
 leaves it) and stores the tokens for the caller who began (auth/connections.py). ``per: gateway`` runs the same
-request with ``client_credentials`` instead.
+request with the gateway's own grant instead (grants.py: ``client_credentials``, ``cross_app`` or a workload token).
 
 ``token(caller)`` is what a caller's session sends: the stored access token, refreshed (``refresh_token`` grant)
 when it has less than ``EXPIRY_MARGIN_S`` left; with none, ``NoCredential`` carrying the sign-in link.
@@ -32,19 +32,14 @@ import anyio.abc
 import httpx2
 import structlog
 from mcp.client.auth import OAuthClientProvider
-from mcp.client.auth.extensions.client_credentials import (
-    ClientCredentialsOAuthProvider,
-    PrivateKeyJWTOAuthProvider,
-    SignedJWTParameters,
-)
 from mcp.client.auth.oauth2 import OAuthContext
 from mcp.client.auth.utils import extract_field_from_www_auth
 from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
 
 from gateway.auth.connections import OPEN_CALLER, Connections, SignInFailed
 from gateway.auth.credentials import NoCredential
-from gateway.backends.mcp import cross_app
 from gateway.backends.mcp.flow_http import FlowStorage, FlowTransport
+from gateway.backends.mcp.grants import own_provider
 from gateway.config import HttpServer
 from gateway.observe.logs import redactor
 from gateway.version import VERSION
@@ -67,8 +62,6 @@ EXPIRY_MARGIN_S = 30.0
 """A token with less than this left is refreshed before a session is opened with it."""
 CLIENT_DOCUMENT = "/ui/connect/client.json"
 """Where the gateway publishes its own Client ID Metadata Document (core/connect.py ``client_document``)."""
-ASSERTION_TTL_S = 60
-"""How long a client assertion (``private_key_jwt``) is valid: it is made for one token request."""
 MAX_STEP_UPS = 2
 """Sign-ins one caller is asked for, for one scope a server wants beyond what they hold (403 ``insufficient_scope``);
 past it the server's refusal is the answer."""
@@ -505,39 +498,18 @@ class SignIn:
         return renewed
 
     async def _client_credentials(self, challenge: str | None = None) -> dict[str, Any] | None:
-        """The gateway's own token (``per: gateway``), by ``client_credentials``: authenticated with the client
-        secret, or with a client assertion signed with the configured key (``private_key_jwt``, RFC 7523; its
-        audience the authorization server's issuer); None when refused. With a ``challenge`` (a step-up), asking for
-        the union of the scope held and the one wanted. With ``cross_app``, by an ID-JAG instead (cross_app.py)."""
-        oauth, storage = self.oauth, FlowStorage(self._store, self.name, None)
+        """The gateway's own token (``per: gateway``) by the grant its configuration names (grants.py); None when
+        refused. With a ``challenge`` (a step-up), asking for the union of the scope held and the one wanted."""
+        storage = FlowStorage(self._store, self.name, None)
         if challenge is not None:
             held = await self._store.get(self.name, GATEWAY_ROW)
             storage.tokens = OAuthToken.model_validate(held["token"]) if held else None
-        assert oauth.client_id is not None
-        provider: httpx2.Auth
-        if oauth.cross_app is not None:
-            try:
-                provider = await cross_app.provider(self._config, storage)
-            except Exception as exc:  # said in plain words, never a token
-                reason = str(exc) if isinstance(exc, SignInFailed) else _plain(exc)
-                log.warning("signin.failed", backend=self.name, caller=GATEWAY_ROW, reason=reason)
-                return None
-        elif self._signing_key is not None:
-            assertion = SignedJWTParameters(
-                issuer=oauth.client_id,
-                subject=oauth.client_id,
-                signing_key=self._signing_key,
-                signing_algorithm=oauth.signing_algorithm,
-                lifetime_seconds=ASSERTION_TTL_S,
-            ).create_assertion_provider()
-            provider = PrivateKeyJWTOAuthProvider(
-                self._config.url, storage, oauth.client_id, assertion, scope=oauth.scope
-            )
-        else:
-            assert oauth.client_secret is not None
-            provider = ClientCredentialsOAuthProvider(
-                self._config.url, storage, oauth.client_id, oauth.client_secret, scope=oauth.scope
-            )
+        try:
+            provider = await own_provider(self._config, storage, self._signing_key)
+        except Exception as exc:  # said in plain words, never a token
+            reason = str(exc) if isinstance(exc, SignInFailed) else _plain(exc)
+            log.warning("signin.failed", backend=self.name, caller=GATEWAY_ROW, reason=reason)
+            return None
         try:
             await self._run(provider, storage, GATEWAY_ROW, None, challenge)
         except SignInFailed:

@@ -12,6 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from gateway.auth.connections import Connections
+from gateway.auth.credentials import NoCredential
+from gateway.backends.mcp.signin import GATEWAY_ROW, SignIn
+from gateway.config import HttpServer
 from tests.backends.mcp.test_signin import STATE_KEY, TOKENS, WAIT, config, ready, tools_of, whoami
 from tests.fixtures.gateway_proc import FIXTURES, PYTHON, run_gateway
 from tests.fixtures.procs import free_port, start_http_server
@@ -81,3 +85,33 @@ async def test_a_fixed_issuer_is_used_whatever_the_server_names(tmp_path: Path) 
         with run_gateway(config(world, port, oauth), tmp_path, tokens=TOKENS, env=ENV, port=port) as gw:
             await ready(gw)
             assert (await whoami(gw, "tok-alice-0123456789")) == (False, "account: carol")
+
+
+async def test_an_id_token_file_is_read_afresh_at_each_exchange(tmp_path: Path) -> None:
+    mcp_port = free_port()
+    (tmp_path / "id-token").write_text(ID_TOKEN + "\n")
+    oauth = {
+        "per": "gateway",
+        "client_id": "gw",
+        "client_secret": "gw-secret",
+        "allow_http": True,
+        "cross_app": {
+            "token_endpoint": f"http://127.0.0.1:{mcp_port}/idp/token",
+            "client_id": "idp-gw",
+            "client_secret": "idp-secret",
+            "id_token_file": str(tmp_path / "id-token"),
+        },
+    }
+    server = HttpServer.model_validate(
+        {"transport": "streamable_http", "url": f"http://127.0.0.1:{mcp_port}/mcp", "auth": {"oauth": oauth}}
+    )
+    signin = SignIn("remote", server, Connections(None, [b"k" * 32]), "http://127.0.0.1:1")
+    argv = [PYTHON, str(FIXTURES / "cross_app_server.py"), str(mcp_port), "3600"]
+    with start_http_server(argv, mcp_port) as world:
+        await signin.token("")
+        (tmp_path / "id-token").write_text("mallory-id-token-0123456789")  # replaced: the next exchange sends it
+        await signin.refused(GATEWAY_ROW)
+        with pytest.raises(NoCredential):
+            await signin.token("")
+        seen = events(world.output())
+    assert [event["event"] for event in seen] == ["exchange", "grant"]

@@ -169,10 +169,10 @@ async def test_each_caller_lists_the_tools_their_own_account_lists(tmp_path: Pat
         assert (await sign_in(gw, "tok-bob-0123456789", "bob-account")).status_code == 200  # bob signed in last
 
         async def listed_own() -> bool:
-            return await tools_of(gw, "tok-alice-0123456789") == {"whoami", "read_mail", "alice_notes"}
+            return await tools_of(gw, "tok-alice-0123456789") == {"whoami", "read_mail", "unlock_drafts", "alice_notes"}
 
         await eventually(listed_own, within=WAIT)
-        assert await tools_of(gw, "tok-bob-0123456789") == {"whoami", "read_mail", "bob_notes"}
+        assert await tools_of(gw, "tok-bob-0123456789") == {"whoami", "read_mail", "unlock_drafts", "bob_notes"}
         async with mcp_session(gw.url(), token="tok-alice-0123456789") as alice:
             with anyio.fail_after(WAIT):
                 assert first_text(await alice.call_tool("alice_notes", {})) == "notes of alice-account"
@@ -457,5 +457,5 @@ async def test_two_callers_in_the_stateless_era_each_get_their_own_account(tmp_p
             assert (await modern_whoami(gw, "tok-alice-0123456789")) == (False, "account: alice-account")
             assert (await modern_whoami(gw, "tok-bob-0123456789")) == (False, "account: bob-account")
         # each lists what their own account lists, in this era too
-        assert await modern_tools(gw, "tok-alice-0123456789") == {"whoami", "read_mail", "alice_notes"}
-        assert await modern_tools(gw, "tok-bob-0123456789") == {"whoami", "read_mail", "bob_notes"}
+        assert await modern_tools(gw, "tok-alice-0123456789") == {"whoami", "read_mail", "unlock_drafts", "alice_notes"}
+        assert await modern_tools(gw, "tok-bob-0123456789") == {"whoami", "read_mail", "unlock_drafts", "bob_notes"}
