@@ -30,6 +30,7 @@ from urllib.parse import parse_qs, urlsplit
 import anyio
 import anyio.abc
 import httpx2
+import pydantic
 import structlog
 from mcp.client.auth import OAuthClientProvider
 from mcp.client.auth.oauth2 import OAuthContext
@@ -542,6 +543,10 @@ def _field(challenge: str, name: str) -> str | None:
 
 
 def _plain(exc: BaseException) -> str:
+    """An error in words that quote nothing it was given: a validation error names its fields, never their values."""
+    if isinstance(exc, pydantic.ValidationError):
+        fields = ", ".join(".".join(map(str, e["loc"])) or "(the whole)" for e in exc.errors()[:5])
+        return f"{type(exc).__name__}: {exc.title} refused at {fields}"
     text = str(exc).split(":", 1)[0][:200] if str(exc) else ""
     return f"{type(exc).__name__}{f': {text}' if text else ''}"
 
