@@ -19,7 +19,6 @@ input responses and the downstream's own state back into the request.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -31,11 +30,8 @@ from mcp_types import methods as _methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
-from gateway.backends.mcp.failures import Life
-from gateway.backends.mcp.lists import relist
 from gateway.backends.mcp.relay import SERVING
 from gateway.calls import Round
-from gateway.config import ServerConfig
 from gateway.errors import InputRequired, TaskCreated
 
 __all__ = [
@@ -49,9 +45,6 @@ __all__ = [
     "READ_OR_INPUT",
     "call_result",
     "completed",
-    "lane_tools",
-    "learn_tools",
-    "merge_tools",
     "open_session",
     "probe",
     "stateless",
@@ -149,33 +142,6 @@ def stateless(session: ClientSession, found: types.DiscoverResult) -> None:
     session.adopt(found)
     _complete_by_default(session)
     _forward_capabilities(session)
-
-
-def learn_tools(session: ClientSession, tools: Sequence[types.Tool]) -> None:
-    """Teach a stateless lane the tools its handshake session listed, as if it had listed them itself: a call on it
-    then mirrors the arguments its tool annotates with ``x-mcp-header`` into ``Mcp-Param-*`` headers (SEP-2243)."""
-    session._absorb_tool_listing(types.ListToolsResult(tools=list(tools)), complete=True)
-
-
-async def lane_tools(
-    lane: ClientSession | None, config: ServerConfig, backend: str, life: Life
-) -> tuple[types.Tool, ...]:
-    """The tools a stateless lane lists (a downstream may offer some in the 2026-07-28 era alone); none without a
-    lane, or when its listing failed (``relist`` logs why)."""
-    found = lane.discover_result if lane is not None else None
-    if lane is None or found is None:
-        return ()
-    listed = await relist(lane, ("tools",), found.capabilities, config, backend=backend, life=life)
-    return listed["tools"] if listed is not None else ()
-
-
-def merge_tools(
-    shared: Sequence[types.Tool], lane: Sequence[types.Tool]
-) -> tuple[tuple[types.Tool, ...], frozenset[str]]:
-    """The handshake session's tools and, after them, those only the stateless lane lists; and the latter's names."""
-    names = {tool.name for tool in shared}
-    more = tuple(tool for tool in lane if tool.name not in names)
-    return (*shared, *more), frozenset(tool.name for tool in more)
 
 
 async def _discover_or_none(session: ClientSession) -> types.DiscoverResult | None:

@@ -2,10 +2,10 @@
 
 ``McpBackend.run`` is the only owner of the shared session: in its own task it opens the transport (transports.py) and
 the ``ClientSession``, opens the session in its era, learning which eras the downstream speaks (eras.py; beside a
-handshake session to a dual-era downstream, a stateless lane serves the 2026-07-28 clients), lists what it offers
-(lists.py), restores the log level and subscriptions clients hold (held.py), marks itself ready and waits until the
-connection ends (process exit, broken stream, failed ping, stdin no longer read). It then fails with the reason in plain
-words and reconnects with exponential backoff and jitter, restarted only after a session that stayed up
+handshake session to a dual-era downstream, a stateless lane serves the 2026-07-28 clients: twin.py), lists what it
+offers (lists.py), restores the log level and subscriptions clients hold (held.py), marks itself ready and waits until
+the connection ends (process exit, broken stream, failed ping, stdin no longer read). It then fails with the reason in
+plain words and reconnects with exponential backoff and jitter, restarted only after a session that stayed up
 ``min_uptime_s``. A backend that never connects still reports ``task_status.started()`` after its first failure, so it
 never blocks startup. Faults stay with their cause. An answer over ``max_answer_bytes`` fails its call alone
 (``BackendAnswerTooLarge``). Every call's failure that comes from losing the session carries that session's ``Life`` as
@@ -51,12 +51,8 @@ from gateway.backends.mcp.eras import (
     HandshakeRefused,
     Opened,
     completed,
-    lane_tools,
-    learn_tools,
-    merge_tools,
     open_session,
     probe,
-    stateless,
     with_round,
 )
 from gateway.backends.mcp.failures import (
@@ -87,6 +83,7 @@ from gateway.backends.mcp.relay import InFlight, attribute, back_channel, servin
 from gateway.backends.mcp.slots import SlotStatistics
 from gateway.backends.mcp.stdio import StdioProcess
 from gateway.backends.mcp.transports import open_transport
+from gateway.backends.mcp.twin import Twin
 from gateway.backends.mcp.watch import WatchedReceiveStream
 from gateway.calls import NO_UPSTREAM, ClientLink, Upstream
 from gateway.config import HttpServer, ServerConfig, SseServer
@@ -148,8 +145,7 @@ class McpBackend(BackendBase):
         self._era = MODERN if config.protocol == MODERN else HANDSHAKE
         self._eras: tuple[str, ...] = ()
         self._learnt: str | None = None
-        self._stateless: ClientSession | None = None
-        self._lane_only: frozenset[str] = frozenset()  # tools the downstream lists in the 2026-07-28 era alone
+        self._twin = Twin(name, config)  # the stateless lane beside a handshake session (twin.py)
         self._life = Life()
         self._probe_now: anyio.Event = anyio.Event()
         self._proc: StdioProcess | None = None
@@ -194,7 +190,7 @@ class McpBackend(BackendBase):
     @property
     def asks_mid_call(self) -> bool:
         """May a stateless client's request be asked mid-request (so bridged)? Not where it is served in its era."""
-        return self._era != MODERN and (self._stateless is None or self._credentials is not None)
+        return self._era != MODERN and (self._twin.session is None or self._credentials is not None)
 
     def _era_for(self, upstream: Upstream) -> str:
         """The era ``upstream``'s request is sent in: the client's own where the downstream speaks it."""
@@ -229,7 +225,7 @@ class McpBackend(BackendBase):
     ) -> types.CallToolResult:
         meta = dict(upstream.meta) if upstream.meta else None
         params = types.CallToolRequestParams(name=tool, arguments=arguments, _meta=meta)  # type: ignore[arg-type]
-        if self._era_for(upstream) != MODERN and tool not in self._lane_only:
+        if self._era_for(upstream) != MODERN and tool not in self._twin.only:
             lane = self._fast
             # Only on the shared session (stdio or streamable HTTP): a per-client server's and a per-caller-credentials
             # server's calls go on the caller's own session (_send), through the SDK.
@@ -251,7 +247,7 @@ class McpBackend(BackendBase):
             request = types.CallToolRequest(params=params)
             return await self._send(request, types.CallToolResult, progress, upstream, per_client=self._per_client)  # type: ignore[no-any-return]
         request = types.CallToolRequest(params=with_round(params, upstream.round))
-        result = await self._send(request, CALL_OR_INPUT, progress, upstream, per_client=False, on=self._stateless)
+        result = await self._send(request, CALL_OR_INPUT, progress, upstream, per_client=False, on=self._twin.session)
         return completed(result, backend=self._name, local=tool)  # type: ignore[no-any-return]
 
     async def request(
@@ -266,11 +262,11 @@ class McpBackend(BackendBase):
         ``BackendError``: it is not ready, or failed to answer (a JSON-RPC error is ``BackendRpcError``)."""
         era = self._era_for(upstream)
         if era != MODERN or request.method not in ("prompts/get", "resources/read"):
-            lane = self._stateless if era == MODERN and request.method.startswith("tasks/") else None  # the task's
+            lane = self._twin.session if era == MODERN and request.method.startswith("tasks/") else None  # the task's
             return await self._send(request, result_type, progress, upstream, per_client=False, on=lane)
         request = request.model_copy(update={"params": with_round(request.params, upstream.round)})
         either = PROMPT_OR_INPUT if request.method == "prompts/get" else READ_OR_INPUT
-        result = await self._send(request, either, progress, upstream, per_client=False, on=self._stateless)
+        result = await self._send(request, either, progress, upstream, per_client=False, on=self._twin.session)
         local = request.params.name if request.method == "prompts/get" else request.params.uri
         return completed(result, backend=self._name, local=local)
 
@@ -392,21 +388,22 @@ class McpBackend(BackendBase):
                         lane = self._connect(
                             life, recorder, stderr, inflight=self._inflight, message_handler=self._on_message
                         )
-                        self._stateless = await lanes.enter_async_context(lane)
-                        stateless(self._stateless, opened.discovered)
+                        await self._twin.open(lanes, lane, opened.discovered)
                     with anyio.fail_after(self._config.connect_timeout_s):
                         lists = await list_each(session, LIST_KINDS, opened.init.capabilities, self._config)
-                        lists["tools"] = await self._with_lane_tools(lists["tools"])
+                        lists["tools"] = await self._twin.with_tools(lists["tools"], self._life)
                     ready_at = anyio.current_time()
                     await self._become_ready(session, lists)
                     on_first_outcome()
                     await self._serve(session, life)
             except anyio.get_cancelled_exc_class():
-                self._session = self._stateless = None
+                self._session = None
+                self._twin.close()
                 raise
             except Exception as exc:  # translated into a reason below; nothing foreign escapes
                 failure = exc
-            self._session = self._stateless = None
+            self._session = None
+            self._twin.close()
             self._tools = self._resources = self._templates = self._prompts = ()
             proc = self._proc
             exit_code = proc.returncode if proc is not None else None
@@ -510,8 +507,8 @@ class McpBackend(BackendBase):
         announces them nowhere else) until it is lost."""
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._ping_loop, session)
-            if self._era == MODERN or self._stateless is not None:
-                tg.start_soon(self._listen, self._stateless or session)
+            if self._era == MODERN or self._twin.session is not None:
+                tg.start_soon(self._listen, self._twin.session or session)
             await life.lost.wait()
             tg.cancel_scope.cancel()
 
@@ -557,7 +554,7 @@ class McpBackend(BackendBase):
             return
         lists = await relist(session, kinds, self.capabilities, self._config, backend=self._name, life=self._life)
         if lists is not None and "tools" in lists:
-            lists["tools"] = await self._with_lane_tools(lists["tools"])
+            lists["tools"] = await self._twin.with_tools(lists["tools"], self._life)
         if lists is None or session is not self._session:
             return  # not listed, or the session went away meanwhile (the next one lists afresh)
         unchanged = all(lists[kind] == self._listed(kind) for kind in kinds)
@@ -568,13 +565,6 @@ class McpBackend(BackendBase):
         self._ready(since=self._status.since)
         if unchanged and announced is not None and self._on_notification is not None:
             await self._on_notification(self, announced, None, None)
-
-    async def _with_lane_tools(self, tools: tuple[Any, ...]) -> tuple[Any, ...]:
-        """``tools`` and those the stateless lane lists besides (the 2026-07-28 era's alone, called on the lane)."""
-        tools, self._lane_only = merge_tools(
-            tools, await lane_tools(self._stateless, self._config, self._name, self._life)
-        )
-        return tools
 
     def _listed(self, kind: str) -> Sequence[Any]:
         held = (self._tools, self._resources, self._templates, self._prompts)
@@ -589,8 +579,7 @@ class McpBackend(BackendBase):
             self._fail(reason)
 
     def _ready(self, since: float | None = None) -> None:
-        if self._stateless is not None:  # the lane sends the Mcp-Param-* headers of the tools listed (SEP-2243)
-            learn_tools(self._stateless, self._tools)
+        self._twin.learn(self._tools)  # the lane sends the Mcp-Param-* headers of the tools listed (SEP-2243)
         last = self._status.last_error
         ready = BackendStatus(BackendState.READY, None, tool_count=len(self._tools), last_error=last, eras=self._eras)
         self._set_status(ready if since is None else replace(ready, since=since))
