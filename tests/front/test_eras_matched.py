@@ -158,3 +158,34 @@ async def test_a_tool_listed_in_the_2026_era_alone_is_served_to_clients_of_both(
             through = {mode: await _answers(gateway.url(), mode, "tok-alice") for mode in (HANDSHAKE, MODERN)}
     assert through[MODERN] == direct
     assert through[HANDSHAKE][2] == direct[2] == (False, "Hello, Ada, Ada, ada!")
+
+
+async def _prompt(url: str, mode: str, token: str | None = None) -> tuple[bool, str]:
+    """Whether a client in ``mode`` finds the input-required prompt listed, and the text it gets for it."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(20)) as http,
+        Client(streamable_http_client(url, http_client=http), mode=mode, elicitation_callback=_elicit, cache=None) as c,
+    ):
+        listed = PROMPT in [prompt.name for prompt in (await c.list_prompts()).prompts]
+        result = await c.get_prompt(PROMPT)
+    return listed, "".join(getattr(m.content, "text", "") for m in result.messages)
+
+
+PROMPT = "test_input_required_result_prompt"
+
+
+async def test_a_prompt_listed_in_the_2026_era_alone_is_served_to_clients_of_both(
+    downstream: Downstreams, tmp_path: Path
+) -> None:
+    # As its tools, the reference server lists its input-required prompt to 2026-07-28 requests only: the gateway
+    # lists it (from the session of that era) and gets it there, a 2025 client's input requests asked on its stream.
+    server = downstream("conformance", "streamable_http", "--era-tools")
+    with anyio.fail_after(60):
+        direct = await _prompt(server.url(), MODERN)
+        with run_gateway(_config(server.url()), tmp_path, tokens=TOKENS, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
+            async with httpx2.AsyncClient(headers={"Authorization": "Bearer tok-alice"}) as http:
+                await eventually(lambda: _ready(http, gateway.url("/healthz")), within=20)
+            through = {mode: await _prompt(gateway.url(), mode, "tok-alice") for mode in (HANDSHAKE, MODERN)}
+    assert direct == (True, "Answer with this context in mind: Ada, Ada, ada")
+    assert through == {HANDSHAKE: direct, MODERN: direct}

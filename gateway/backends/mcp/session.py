@@ -225,7 +225,7 @@ class McpBackend(BackendBase):
     ) -> types.CallToolResult:
         meta = dict(upstream.meta) if upstream.meta else None
         params = types.CallToolRequestParams(name=tool, arguments=arguments, _meta=meta)  # type: ignore[arg-type]
-        if self._era_for(upstream) != MODERN and tool not in self._twin.only:
+        if self._era_for(upstream) != MODERN and not self._twin.names("tools/call", params):
             lane = self._fast
             # Only on the shared session (stdio or streamable HTTP): a per-client server's and a per-caller-credentials
             # server's calls go on the caller's own session (_send), through the SDK.
@@ -260,9 +260,10 @@ class McpBackend(BackendBase):
     ) -> Any:
         """Forward any client request (resources, prompts, completion, a task's, ...) to this backend. Raises
         ``BackendError``: it is not ready, or failed to answer (a JSON-RPC error is ``BackendRpcError``)."""
-        era = self._era_for(upstream)
+        era = MODERN if self._twin.names(request.method, request.params) else self._era_for(upstream)
         if era != MODERN or request.method not in ("prompts/get", "resources/read"):
-            lane = self._twin.session if era == MODERN and request.method.startswith("tasks/") else None  # the task's
+            twin = request.method.startswith("tasks/") or self._twin.names(request.method, request.params)
+            lane = self._twin.session if era == MODERN and twin else None  # a task's, or what the twin alone lists
             return await self._send(request, result_type, progress, upstream, per_client=False, on=lane)
         request = request.model_copy(update={"params": with_round(request.params, upstream.round)})
         either = PROMPT_OR_INPUT if request.method == "prompts/get" else READ_OR_INPUT
@@ -391,7 +392,7 @@ class McpBackend(BackendBase):
                         await self._twin.open(lanes, lane, opened.discovered)
                     with anyio.fail_after(self._config.connect_timeout_s):
                         lists = await list_each(session, LIST_KINDS, opened.init.capabilities, self._config)
-                        lists["tools"] = await self._twin.with_tools(lists["tools"], self._life)
+                        lists = await self._twin.merged(lists, self._life)
                     ready_at = anyio.current_time()
                     await self._become_ready(session, lists)
                     on_first_outcome()
@@ -553,8 +554,8 @@ class McpBackend(BackendBase):
         if session is None:
             return
         lists = await relist(session, kinds, self.capabilities, self._config, backend=self._name, life=self._life)
-        if lists is not None and "tools" in lists:
-            lists["tools"] = await self._twin.with_tools(lists["tools"], self._life)
+        if lists is not None:
+            lists = await self._twin.merged(lists, self._life)
         if lists is None or session is not self._session:
             return  # not listed, or the session went away meanwhile (the next one lists afresh)
         unchanged = all(lists[kind] == self._listed(kind) for kind in kinds)

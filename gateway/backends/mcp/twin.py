@@ -10,19 +10,20 @@ headers (SEP-2243).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from typing import Any
 
 import mcp_types as types
 from mcp.client.session import ClientSession
+from mcp.shared.uri_template import InvalidUriTemplate, UriTemplate
 
 from gateway.backends.mcp.eras import stateless
 from gateway.backends.mcp.failures import Life
 from gateway.backends.mcp.lists import relist
 from gateway.config import ServerConfig
 
-__all__ = ["Twin"]
+__all__ = ["LIST_KEYS", "Twin"]
 
 
 class Twin:
@@ -32,8 +33,8 @@ class Twin:
         self._name = backend
         self._config = config
         self.session: ClientSession | None = None
-        self.only: frozenset[str] = frozenset()
-        """The tools the downstream lists on the twin alone (called there whatever the client's era)."""
+        self._only: dict[str, frozenset[str]] = {}  # by list kind, the keys (LIST_KEYS) of what the twin alone lists
+        self._templates: tuple[UriTemplate, ...] = ()  # the templates it alone lists, parsed
 
     async def open(
         self,
@@ -48,11 +49,44 @@ class Twin:
 
     def close(self) -> None:
         self.session = None
+        self._only, self._templates = {}, ()
 
-    async def with_tools(self, tools: tuple[Any, ...], life: Life) -> tuple[Any, ...]:
-        """``tools`` and, after them, those the twin lists besides (its era's alone)."""
-        tools, self.only = _merge(tools, await self._tools(life))
-        return tools
+    async def merged(self, lists: dict[str, tuple[Any, ...]], life: Life) -> dict[str, tuple[Any, ...]]:
+        """``lists`` (the shared session's, by kind) with, after each, what the twin lists besides (its era's alone).
+        Without a twin, or when its listing failed (``relist`` logs why), ``lists`` as they are."""
+        lane = self.session
+        found = lane.discover_result if lane is not None else None
+        if lane is None or found is None:
+            return lists
+        kinds = tuple(lists)
+        theirs = await relist(lane, kinds, found.capabilities, self._config, backend=self._name, life=life)
+        if theirs is None:
+            return lists
+        merged = dict(lists)
+        for kind in kinds:
+            key = LIST_KEYS[kind]
+            keys = {key(item) for item in lists[kind]}
+            more = tuple(item for item in theirs[kind] if key(item) not in keys)
+            merged[kind] = (*lists[kind], *more)
+            self._only[kind] = frozenset(key(item) for item in more)
+            if kind == "resource_templates":
+                self._templates = tuple(t for t in map(_parsed, self._only[kind]) if t is not None)
+        return merged
+
+    def names(self, method: str, params: Any) -> bool:
+        """Whether the request ``method`` with ``params`` names something the twin alone lists (it goes there)."""
+        if method == "tools/call":
+            return params.name in self._only.get("tools", ())
+        if method == "prompts/get":
+            return params.name in self._only.get("prompts", ())
+        if method == "resources/read":
+            return self._resource(params.uri)
+        if method == "completion/complete":
+            ref = params.ref
+            if isinstance(ref, types.PromptReference):
+                return ref.name in self._only.get("prompts", ())
+            return ref.uri in self._only.get("resource_templates", ())
+        return False
 
     def learn(self, tools: Sequence[types.Tool]) -> None:
         """Teach the twin the tools listed, as if it had listed them itself: a call on it then mirrors the arguments
@@ -60,18 +94,21 @@ class Twin:
         if self.session is not None:
             self.session._absorb_tool_listing(types.ListToolsResult(tools=list(tools)), complete=True)
 
-    async def _tools(self, life: Life) -> tuple[types.Tool, ...]:
-        """The tools the twin lists; none without one, or when its listing failed (``relist`` logs why)."""
-        lane = self.session
-        found = lane.discover_result if lane is not None else None
-        if lane is None or found is None:
-            return ()
-        listed = await relist(lane, ("tools",), found.capabilities, self._config, backend=self._name, life=life)
-        return listed["tools"] if listed is not None else ()
+    def _resource(self, uri: str) -> bool:
+        return uri in self._only.get("resources", ()) or any(t.match(uri) is not None for t in self._templates)
 
 
-def _merge(shared: Sequence[types.Tool], lane: Sequence[types.Tool]) -> tuple[tuple[types.Tool, ...], frozenset[str]]:
-    """The shared session's tools and, after them, those only the twin lists; and the latter's names."""
-    names = {tool.name for tool in shared}
-    more = tuple(tool for tool in lane if tool.name not in names)
-    return (*shared, *more), frozenset(tool.name for tool in more)
+LIST_KEYS: dict[str, Callable[[Any], str]] = {
+    "tools": lambda item: item.name,
+    "prompts": lambda item: item.name,
+    "resources": lambda item: str(item.uri),
+    "resource_templates": lambda item: item.uri_template,
+}
+"""What names an item of each list kind (what a request names it by)."""
+
+
+def _parsed(template: str) -> UriTemplate | None:
+    try:
+        return UriTemplate.parse(template)
+    except InvalidUriTemplate:
+        return None
