@@ -1,9 +1,11 @@
 """How a downstream session speaks its protocol era, and which eras a downstream speaks (``protocol:`` of a server).
 
 By default (``auto``) ``open_session`` learns the eras at connect, without configuration: over streamable HTTP it
-asks ``server/discover`` (a stateless POST) and then the handshake, and records each that was answered; the shared
-session is a handshake-era one when the handshake was answered as a handshake-era server answers it (not, say, naming
-2026-07-28), else a stateless one. Over stdio and SSE a
+asks ``server/discover`` (a stateless POST); a downstream that answers it gets a stateless shared session, and its
+handshake session is opened only when a handshake-era client needs one (``lazy``, twin.py). Where the server's
+callers have sessions of their own (opened in the shared session's era), the handshake is asked at connect too and
+each that was answered is recorded; the shared session is then a handshake-era one when the handshake was answered as
+a handshake-era server answers it (not, say, naming 2026-07-28), else a stateless one. Over stdio and SSE a
 connection speaks one era, chosen by its first request: the handshake is tried, and a server that refuses it is
 reconnected in the stateless era (``HandshakeRefused``). ``protocol: handshake`` or ``2026-07-28`` (``MODERN``)
 declares the one era to speak. A handshake-era session runs ``initialize`` and ``probe`` pings; a stateless one runs
@@ -88,20 +90,30 @@ class HandshakeRefused(Exception):
 class Opened:
     """What a session's opening learnt: ``init``, the server's offer told as a handshake's answer; ``era``, the one
     this session speaks (``HANDSHAKE`` or ``MODERN``); ``eras``, every era the downstream answered in; ``discovered``,
-    its ``server/discover`` answer when it gave one (what a stateless lane beside a handshake session adopts)."""
+    its ``server/discover`` answer when it gave one (what a stateless lane beside a handshake session adopts);
+    ``deferred``, the handshake was not asked (``lazy``)."""
 
     init: types.InitializeResult
     era: str
     eras: tuple[str, ...]
     discovered: types.DiscoverResult | None = None
+    deferred: bool = False
 
 
 async def open_session(
-    session: ClientSession, *, protocol: str, backend: str, both: bool = False, probe_s: float = 5.0
+    session: ClientSession,
+    *,
+    protocol: str,
+    backend: str,
+    both: bool = False,
+    probe_s: float = 5.0,
+    lazy: bool = False,
 ) -> Opened:
     """Open ``session`` in the era ``protocol`` names (``auto``: learn it; see the module docstring). ``both``: the
     transport carries each request on its own (streamable HTTP), so both eras may be asked on this one session, the
     ``server/discover`` probe for at most ``probe_s`` (a server that leaves it unanswered keeps time for the handshake).
+    ``lazy``: a downstream that answers the probe is not asked the handshake here (its handshake session, if any, is
+    opened when a client of that era needs it: twin.py).
 
     Raises:
         HandshakeRefused: ``auto`` over a one-era connection whose server refused the handshake.
@@ -114,6 +126,9 @@ async def open_session(
     if both:
         with anyio.move_on_after(probe_s):
             found = await _discover_or_none(session)
+    if found is not None and lazy:
+        session.adopt(found)
+        return Opened(await _discovered(session, backend), MODERN, (MODERN,), found, deferred=True)
     try:
         init = await session.initialize()
     except (MCPError, RuntimeError, ValidationError) as exc:  # refused, or answered as no handshake-era server does

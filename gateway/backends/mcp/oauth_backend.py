@@ -252,8 +252,9 @@ class OAuthBackend(McpBackend):
         headers: Mapping[str, str] | None = None,
         message_handler: MessageHandlerFnT | None = None,
         shared: bool = False,
+        twin: bool = False,
     ) -> _AsyncGeneratorContextManager[ClientSession]:
-        """The base's, with the shared session's headers carrying its token, on its stateless lane too (a
+        """The base's, with the shared session's headers carrying its token, on its twin too (a
         connection with no headers of its own: a caller's own session brings theirs)."""
         if shared:
             self._shared_recorder = recorder  # its calls' 403 challenges (call_tool)
@@ -266,6 +267,7 @@ class OAuthBackend(McpBackend):
             headers=self._shared_headers if shared or headers is None else headers,
             message_handler=message_handler,
             shared=shared,
+            twin=twin,
         )
 
     async def _serve(self, session: ClientSession, life: Life) -> None:

@@ -1,24 +1,21 @@
 """One supervised session to one downstream MCP server (stdio, streamable HTTP or SSE): ``McpBackend``.
 
 ``McpBackend.run`` is the only owner of the shared session: in its own task it opens the transport (transports.py) and
-the ``ClientSession``, opens the session in its era, learning which eras the downstream speaks (eras.py; beside a
-handshake session to a dual-era downstream, a stateless lane serves the 2026-07-28 clients: twin.py), lists what it
-offers (lists.py), restores the log level and subscriptions clients hold (held.py), marks itself ready and waits until
-the connection ends (process exit, broken stream, failed ping, stdin no longer read). It then fails with the reason in
-plain words and reconnects with exponential backoff and jitter, restarted only after a session that stayed up
-``min_uptime_s``. A backend that never connects still reports ``task_status.started()`` after its first failure, so it
-never blocks startup. Faults stay with their cause. An answer over ``max_answer_bytes`` fails its call alone
-(``BackendAnswerTooLarge``). Every call's failure that comes from losing the session carries that session's ``Life`` as
-its ``cause``, so the circuit breaker counts a crash with eight calls in flight once. No foreign error leaves this
-package: calls go through failures.py's ``map_call_errors``, connection failures through its ``classify_failure``.
+the ``ClientSession`` in its era, learning which eras the downstream speaks (eras.py; the session of a dual-era
+downstream's other era: twin.py), lists what it offers (lists.py), restores what clients hold (held.py), marks itself
+ready and waits until the connection ends (process exit, broken stream, failed ping, stdin no longer read). It then
+fails with the reason in plain words and reconnects with exponential backoff and jitter, restarted only after a session
+that stayed up ``min_uptime_s``. A backend that never connects still reports ``task_status.started()`` after its first
+failure, so it never blocks startup. An answer over ``max_answer_bytes`` fails its call alone. Every call's failure
+that comes from losing the session carries that session's ``Life`` as its ``cause``, so the circuit breaker counts a
+crash with eight calls in flight once. No foreign error leaves this package (failures.py).
 
-While it runs, a downstream's list changes re-read that list (and the listeners rebuild the catalog), its log
-messages and resource updates go to the ``on_notification`` hook, and its own requests to its client (sampling,
-elicitation, roots) are relayed to the gateway's client whose call caused them (relay.py). A handshake-era
-``tools/call`` on the shared session goes straight on it (direct.py) when the transport offers a direct lane; with
-``session: per_client`` or per-caller credentials, requests go on sessions of their own (lanes.py). A stateless-era
-request may be answered with an input-required result, raised as ``InputRequired`` (eras.py); the client's retry
-comes back with the round in its ``Upstream``.
+While it runs, a downstream's list changes re-read that list, its log messages and resource updates go to the
+``on_notification`` hook, and its own requests to its client (sampling, elicitation, roots) are relayed to the
+gateway's client whose call caused them (relay.py). A handshake-era ``tools/call`` on the shared session goes straight
+on it (direct.py) when the transport offers a direct lane; with ``session: per_client`` or per-caller credentials,
+requests go on sessions of their own (lanes.py). A stateless-era request may be answered with an input-required
+result, raised as ``InputRequired`` (eras.py); the client's retry comes back with the round in its ``Upstream``.
 """
 
 from __future__ import annotations
@@ -135,17 +132,14 @@ class McpBackend(BackendBase):
         self._client_info = client_info or types.Implementation(name="mcp-gateway", version=VERSION)
         self._on_notification = on_notification
         self._session: ClientSession | None = None
-        self._tools: tuple[types.Tool, ...] = ()
-        self._resources: tuple[types.Resource, ...] = ()
-        self._templates: tuple[types.ResourceTemplate, ...] = ()
-        self._prompts: tuple[types.Prompt, ...] = ()
+        self._lists: dict[str, tuple[Any, ...]] = dict.fromkeys(LIST_KINDS, ())  # what it offers, by kind
         self._init: types.InitializeResult | None = None
         # The shared session's era, the eras answered in at the last connect, the era a one-era connection tries
-        # next, and the stateless lane of the 2026-07-28 clients beside a handshake session (eras.py).
+        # next, and the session of the other era beside a dual-era downstream's shared one (twin.py).
         self._era = MODERN if config.protocol == MODERN else HANDSHAKE
         self._eras: tuple[str, ...] = ()
         self._learnt: str | None = None
-        self._twin = Twin(name, config)  # the stateless lane beside a handshake session (twin.py)
+        self._twin = Twin(name, config)
         self._life = Life()
         self._probe_now: anyio.Event = anyio.Event()
         self._proc: StdioProcess | None = None
@@ -159,7 +153,7 @@ class McpBackend(BackendBase):
         # ${caller.secret:NAME} in the headers, or token_exchange: each caller gets a session of its own, with its
         # own credentials (auth/credentials.py).
         self._credentials = credentials or CallerCredentials.for_server(config, secrets)  # or OAuth's (signin.py)
-        self._lanes = Lanes(
+        self._lanes = lanes = Lanes(
             name,
             config,
             self._credentials,
@@ -167,6 +161,7 @@ class McpBackend(BackendBase):
             handshake=self._open_lane,
             notify=functools.partial(on_notification, self) if on_notification is not None else None,
         )
+        self._open_handshake = functools.partial(lanes.for_handshake, self._inflight, self._on_message)
 
     # -- the Backend protocol (name, kind, status, ladder, subscribe: BackendBase) ---------------------------------
 
@@ -192,27 +187,28 @@ class McpBackend(BackendBase):
         """May a stateless client's request be asked mid-request (so bridged)? Not where it is served in its era."""
         return self._era != MODERN and (self._twin.session is None or self._credentials is not None)
 
-    def _era_for(self, upstream: Upstream) -> str:
-        """The era ``upstream``'s request is sent in: the client's own where the downstream speaks it."""
-        if self._era == MODERN or (upstream.modern and not self.asks_mid_call):
-            return MODERN
-        return HANDSHAKE
+    async def _route(self, upstream: Upstream, method: str, params: Any) -> tuple[str, ClientSession | None]:
+        """The era ``upstream``'s request is sent in (the client's own where the downstream speaks it), and the
+        session it goes on: the twin's (twin.py), or None for the shared session (or the caller's own)."""
+        bridged = self._credentials is not None and self._era != MODERN  # its callers' sessions are handshake ones
+        on = await self._twin.route(method, params, MODERN if upstream.modern and not bridged else HANDSHAKE)
+        return (self._twin.era or self._era, on) if on is not None else (self._era, None)
 
     def tools(self) -> Sequence[types.Tool]:
-        return self._tools
+        return self._lists["tools"]
 
     def pool_statistics(self) -> SlotStatistics | None:
         """Its calls' connections (HTTP only): how many are busy, waiting, and the limits (pool.py)."""
         return self._http.slots.statistics() if self._http is not None else None
 
     def resources(self) -> Sequence[types.Resource]:
-        return self._resources
+        return self._lists["resources"]
 
     def resource_templates(self) -> Sequence[types.ResourceTemplate]:
-        return self._templates
+        return self._lists["resource_templates"]
 
     def prompts(self) -> Sequence[types.Prompt]:
-        return self._prompts
+        return self._lists["prompts"]
 
     async def call_tool(
         self,
@@ -225,10 +221,12 @@ class McpBackend(BackendBase):
     ) -> types.CallToolResult:
         meta = dict(upstream.meta) if upstream.meta else None
         params = types.CallToolRequestParams(name=tool, arguments=arguments, _meta=meta)  # type: ignore[arg-type]
-        if self._era_for(upstream) != MODERN and not self._twin.names("tools/call", params):
-            lane = self._fast
-            # Only on the shared session (stdio or streamable HTTP): a per-client server's and a per-caller-credentials
-            # server's calls go on the caller's own session (_send), through the SDK.
+        era, on = await self._route(upstream, "tools/call", params)
+        if era != MODERN:
+            twin = on is not None  # the handshake twin's session (twin.py), else the shared one
+            lane = self._twin.fast if twin else self._fast
+            # Only on the shared session or twin (stdio or streamable HTTP): a per-client server's and a
+            # per-caller-credentials server's calls go on the caller's own session (_send), through the SDK.
             if lane is not None and lane.ready and not self._per_client and self._credentials is None:
                 self._require_session()
                 return await call_direct(
@@ -239,15 +237,15 @@ class McpBackend(BackendBase):
                     progress=progress,
                     upstream=upstream,
                     backend=self._name,
-                    life=self._life,
+                    life=self._twin.life if twin else self._life,
                     inflight=self._inflight,
                     timeout_s=self._config.timeout_s,
                     notify=self._on_message,
                 )
-            request = types.CallToolRequest(params=params)
-            return await self._send(request, types.CallToolResult, progress, upstream, per_client=self._per_client)  # type: ignore[no-any-return]
+            request, per_client = types.CallToolRequest(params=params), self._per_client
+            return await self._send(request, types.CallToolResult, progress, upstream, per_client=per_client, on=on)  # type: ignore[no-any-return]
         request = types.CallToolRequest(params=with_round(params, upstream.round))
-        result = await self._send(request, CALL_OR_INPUT, progress, upstream, per_client=False, on=self._twin.session)
+        result = await self._send(request, CALL_OR_INPUT, progress, upstream, per_client=False, on=on)
         return completed(result, backend=self._name, local=tool)  # type: ignore[no-any-return]
 
     async def request(
@@ -260,14 +258,12 @@ class McpBackend(BackendBase):
     ) -> Any:
         """Forward any client request (resources, prompts, completion, a task's, ...) to this backend. Raises
         ``BackendError``: it is not ready, or failed to answer (a JSON-RPC error is ``BackendRpcError``)."""
-        era = MODERN if self._twin.names(request.method, request.params) else self._era_for(upstream)
+        era, on = await self._route(upstream, request.method, request.params)
         if era != MODERN or request.method not in ("prompts/get", "resources/read"):
-            twin = request.method.startswith("tasks/") or self._twin.names(request.method, request.params)
-            lane = self._twin.session if era == MODERN and twin else None  # a task's, or what the twin alone lists
-            return await self._send(request, result_type, progress, upstream, per_client=False, on=lane)
+            return await self._send(request, result_type, progress, upstream, per_client=False, on=on)
         request = request.model_copy(update={"params": with_round(request.params, upstream.round)})
         either = PROMPT_OR_INPUT if request.method == "prompts/get" else READ_OR_INPUT
-        result = await self._send(request, either, progress, upstream, per_client=False, on=self._twin.session)
+        result = await self._send(request, either, progress, upstream, per_client=False, on=on)
         local = request.params.name if request.method == "prompts/get" else request.params.uri
         return completed(result, backend=self._name, local=local)
 
@@ -281,7 +277,7 @@ class McpBackend(BackendBase):
         per_client: bool,
         on: ClientSession | None = None,
     ) -> Any:
-        """Send ``request`` on the shared session, the caller's or client's own, or ``on`` (the stateless lane)."""
+        """Send ``request`` on the shared session, the caller's or client's own, or ``on`` (the twin's)."""
         life = self._life
         session = self._require_session()
         inflight = self._inflight
@@ -389,7 +385,10 @@ class McpBackend(BackendBase):
                         lane = self._connect(
                             life, recorder, stderr, inflight=self._inflight, message_handler=self._on_message
                         )
-                        await self._twin.open(lanes, lane, opened.discovered)
+                        await self._twin.open_stateless(lanes, lane, opened.discovered)
+                    elif opened.deferred and opened.discovered is not None:  # a handshake twin, if ever needed
+                        relisted = functools.partial(self._refresh, LIST_KINDS)
+                        self._twin.defer(opened.discovered, self._open_handshake, relisted)
                     with anyio.fail_after(self._config.connect_timeout_s):
                         lists = await list_each(session, LIST_KINDS, opened.init.capabilities, self._config)
                         lists = await self._twin.merged(lists, self._life)
@@ -405,7 +404,7 @@ class McpBackend(BackendBase):
                 failure = exc
             self._session = None
             self._twin.close()
-            self._tools = self._resources = self._templates = self._prompts = ()
+            self._lists = dict.fromkeys(LIST_KINDS, ())
             proc = self._proc
             exit_code = proc.returncode if proc is not None else None
             stderr_tail = proc.stderr_tail() if proc is not None else ""
@@ -442,11 +441,19 @@ class McpBackend(BackendBase):
         """Open the shared session in its era (learnt, unless ``protocol:`` names one; eras.py)."""
         config, both, probe_s = self._config, isinstance(self._config, HttpServer), self._config.connect_timeout_s / 3
         protocol = config.protocol if config.protocol != "auto" else (self._learnt or "auto")
-        opened = await open_session(session, protocol=protocol, backend=self._name, both=both, probe_s=probe_s)
+        opened = await open_session(
+            session, protocol=protocol, backend=self._name, both=both, probe_s=probe_s, lazy=self._lazy
+        )
         self._init, self._era, self._eras = opened.init, opened.era, opened.eras
         if self._fast is not None:
             self._fast.version = opened.init.protocol_version
         return opened
+
+    @property
+    def _lazy(self) -> bool:
+        """Is the handshake session opened only when needed? Not where callers have sessions of their own (opened
+        in the shared session's era, learnt at connect)."""
+        return self._credentials is None and not self._per_client
 
     async def _open_lane(self, session: ClientSession) -> types.InitializeResult:
         """A caller's or client's own session, opened in the shared session's era."""
@@ -464,10 +471,12 @@ class McpBackend(BackendBase):
         headers: Mapping[str, str] | None = None,
         message_handler: MessageHandlerFnT | None = None,
         shared: bool = False,
+        twin: bool = False,
     ) -> AsyncIterator[ClientSession]:
         """A ``ClientSession`` over a transport of its own, not yet opened, its receive stream watched (``life`` is
         marked lost when it ends), its back-channel relayed for ``inflight`` (offering ``offered``, or all three).
-        ``headers``: the gateway's own by default. ``shared``: the shared session (its process and direct lane)."""
+        ``headers``: the gateway's own by default. ``shared``: the shared session (its process and direct lane);
+        ``twin``: the handshake twin (its direct lane)."""
         if headers is None and self._credentials is not None:
             headers = self._credentials.gateway_headers()
         async with open_transport(
@@ -477,10 +486,12 @@ class McpBackend(BackendBase):
             recorder=recorder,
             stderr=stderr,
             on_failure=functools.partial(self._transport_failed, life),
-            direct=shared,
+            direct=shared or twin,
         ) as transport:
             if shared:
                 self._proc, self._fast = transport.process, transport.lane
+            if twin:
+                self._twin.fast = transport.lane
             try:
                 lost = functools.partial(life.mark_lost, "the connection closed")
                 watched = WatchedReceiveStream(transport.read, lost, screen_lists(self._config))
@@ -495,11 +506,13 @@ class McpBackend(BackendBase):
             finally:
                 if shared:
                     self._fast = None
+                if twin:
+                    self._twin.fast = None
 
     async def _become_ready(self, session: ClientSession, lists: dict[str, tuple[Any, ...]]) -> None:
         """The shared session is open and listed: serve from it."""
         self._session = session
-        self._tools, self._resources, self._templates, self._prompts = (lists[kind] for kind in LIST_KINDS)
+        self._lists = dict(lists)
         await self._held.restore(session, self.capabilities, listening=self._era == MODERN)  # held.py
         self._ready()
 
@@ -508,8 +521,9 @@ class McpBackend(BackendBase):
         announces them nowhere else) until it is lost."""
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._ping_loop, session)
-            if self._era == MODERN or self._twin.session is not None:
-                tg.start_soon(self._listen, self._twin.session or session)
+            listened = session if self._era == MODERN else self._twin.session  # a stateless session or twin
+            if listened is not None:
+                tg.start_soon(self._listen, listened)
             await life.lost.wait()
             tg.cancel_scope.cancel()
 
@@ -558,18 +572,11 @@ class McpBackend(BackendBase):
             lists = await self._twin.merged(lists, self._life)
         if lists is None or session is not self._session:
             return  # not listed, or the session went away meanwhile (the next one lists afresh)
-        unchanged = all(lists[kind] == self._listed(kind) for kind in kinds)
-        self._tools = lists.get("tools", self._tools)
-        self._resources = lists.get("resources", self._resources)
-        self._templates = lists.get("resource_templates", self._templates)
-        self._prompts = lists.get("prompts", self._prompts)
+        unchanged = all(lists[kind] == self._lists[kind] for kind in kinds)
+        self._lists.update(lists)
         self._ready(since=self._status.since)
         if unchanged and announced is not None and self._on_notification is not None:
             await self._on_notification(self, announced, None, None)
-
-    def _listed(self, kind: str) -> Sequence[Any]:
-        held = (self._tools, self._resources, self._templates, self._prompts)
-        return dict(zip(("tools", "resources", "resource_templates", "prompts"), held, strict=True))[kind]
 
     def _transport_failed(self, life: Life, reason: str) -> None:
         """The transport gave up on a live session (a stdio server stopped reading its stdin): the backend is
@@ -580,9 +587,12 @@ class McpBackend(BackendBase):
             self._fail(reason)
 
     def _ready(self, since: float | None = None) -> None:
-        self._twin.learn(self._tools)  # the lane sends the Mcp-Param-* headers of the tools listed (SEP-2243)
+        self._twin.learn(self._lists["tools"])  # the lane sends the Mcp-Param-* headers of the tools listed (SEP-2243)
         last = self._status.last_error
-        ready = BackendStatus(BackendState.READY, None, tool_count=len(self._tools), last_error=last, eras=self._eras)
+        eras = self._twin.eras(self._eras)
+        ready = BackendStatus(
+            BackendState.READY, None, tool_count=len(self._lists["tools"]), last_error=last, eras=eras
+        )
         self._set_status(ready if since is None else replace(ready, since=since))
 
     def _fail(self, reason: str) -> None:
