@@ -3,7 +3,8 @@
 By default (``auto``) ``open_session`` learns the eras at connect, without configuration: over streamable HTTP it
 asks ``server/discover`` (a stateless POST); a downstream that answers it gets a stateless shared session, and its
 handshake session is opened only when a handshake-era client needs one (``lazy``, twin.py). Where the server's
-callers have sessions of their own (opened in the shared session's era), the handshake is asked at connect too and
+callers have sessions of their own (opened in the shared session's era), or it signs in (OAuth: its challenges are
+read off the shared session), the handshake is asked at connect too and
 each that was answered is recorded; the shared session is then a handshake-era one when the handshake was answered as
 a handshake-era server answers it (not, say, naming 2026-07-28), else a stateless one. Over stdio and SSE a
 connection speaks one era, chosen by its first request: the handshake is tried, and a server that refuses it is

@@ -270,6 +270,11 @@ class OAuthBackend(McpBackend):
             twin=twin,
         )
 
+    @property
+    def _lazy(self) -> bool:
+        """No handshake session opened later: a call's 403 challenge is read off the shared session's answers."""
+        return False
+
     async def _serve(self, session: ClientSession, life: Life) -> None:
         with anyio.move_on_after(self._lifetime if self._lifetime is not None else math.inf):
             await super()._serve(session, life)

@@ -320,7 +320,7 @@ class McpBackend(BackendBase):
         """Ask the downstream to send log messages from ``level`` up (kept and re-applied after a reconnect);
         ``None`` forgets the level (the downstream keeps the last one it was given until it reconnects)."""
         session = self._session if self._status.state is BackendState.READY else None
-        await self._held.set_log_level(level, session, self.capabilities)
+        await self._held.set_log_level(level, self._twin.handshake or session, self.capabilities)  # 2025 clients
 
     async def subscribe_resource(self, uri: str) -> None:
         """Subscribe to updates of the downstream's ``uri`` (counted: the downstream is asked once).

@@ -98,6 +98,11 @@ class Twin:
         self._keys, self._only, self._templates = {}, {}, ()
 
     @property
+    def handshake(self) -> ClientSession | None:
+        """A handshake twin's session, when open (where a 2025 client's log level is asked for)."""
+        return self.session if self.era == HANDSHAKE else None
+
+    @property
     def life(self) -> Life:
         """A handshake twin's session's life (the cause of its calls' failures when it is lost)."""
         return self._lane.life if self._lane is not None else Life()
