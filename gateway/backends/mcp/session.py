@@ -310,8 +310,7 @@ class McpBackend(BackendBase):
         return session
 
     async def roots_changed(self, client: ClientLink) -> None:
-        """``client`` says its roots changed: tell its own session, if it has one (the shared session's roots are
-        whoever's call is in flight, so nothing there to tell)."""
+        """``client`` says its roots changed: tell its own session, if it has one (the shared one has no roots)."""
         await self._lanes.roots_changed(client)
 
     # -- logging and subscriptions (held.py) -------------------------------------------------------------------
@@ -323,18 +322,19 @@ class McpBackend(BackendBase):
         await self._held.set_log_level(level, self._twin.handshake or session, self.capabilities)  # 2025 clients
 
     async def subscribe_resource(self, uri: str) -> None:
-        """Subscribe to updates of the downstream's ``uri`` (counted: the downstream is asked once).
-
-        Raises:
-            BackendError: the backend is not ready or refused the subscription."""
+        """Subscribe to updates of the downstream's ``uri`` (counted: asked once). Raises ``BackendError``."""
+        twin = await self._twin.handshake_open()  # a dual-era server's subscriptions are its handshake session's
+        self._held.listening = self._era == MODERN and twin is None
         await self._held.subscribe(uri)
 
     async def unsubscribe_resource(self, uri: str) -> None:
         """Drop one subscription to ``uri``; the downstream is told when the last one goes. Never raises."""
         await self._held.unsubscribe(uri, connected=self._session is not None)
 
-    async def _send_empty(self, request: Any) -> object:
-        return await self._send(request, types.EmptyResult, None, NO_UPSTREAM, per_client=False)
+    async def _send_empty(self, request: Any) -> object:  # on a dual-era server's handshake session, if open
+        return await self._send(
+            request, types.EmptyResult, None, NO_UPSTREAM, per_client=False, on=self._twin.handshake
+        )
 
     # -- supervision ---------------------------------------------------------------------------------------------
 

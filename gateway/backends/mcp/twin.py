@@ -9,13 +9,13 @@ Two kinds, by what the downstream said at connect (eras.py ``open_session``):
 
 * a **stateless twin** (``open_stateless``) beside a handshake session, adopting the ``server/discover`` answer (no
   wire traffic), taught the tools listed so that a call on it mirrors their ``x-mcp-header`` arguments into
-  ``Mcp-Param-*`` headers (SEP-2243). Kept for servers whose callers have sessions of their own.
+  ``Mcp-Param-*`` headers (SEP-2243). Kept for servers whose callers have sessions of their own, or that sign in.
 * a **handshake twin** (``defer``) beside a stateless shared session: nothing is sent for it at connect, so every
-  request the downstream sees until a handshake-era client comes is one of the 2026-07-28 era. The first request of
-  such a client opens it (once, shared by all of them; again after it was lost); when it cannot be opened, the
-  reason is kept and logged, those clients are served over the stateless session as a 2026-only downstream's are,
-  and it is not asked again until the backend reconnects. ``eras`` tells which of this is the truth: the handshake
-  era spoken, offered by the discover answer, not yet tried, or refused.
+  request the downstream sees until a handshake-era client comes is one of the 2026-07-28 era. The first request of such
+  a client, or a resource subscription (held there: ``handshake_open``), opens it (once, shared by all of them; again
+  after it was lost); when it cannot be opened, the reason is kept and logged, those clients are served over the
+  stateless session as a 2026-only downstream's are, and it is not asked again until the backend reconnects. ``eras``
+  tells which of this is the truth: the handshake era spoken, offered by the discover answer, not yet tried, or refused.
 """
 
 from __future__ import annotations
@@ -101,6 +101,10 @@ class Twin:
     def handshake(self) -> ClientSession | None:
         """A handshake twin's session, when open (where a 2025 client's log level is asked for)."""
         return self.session if self.era == HANDSHAKE else None
+
+    async def handshake_open(self) -> ClientSession | None:
+        """A handshake twin's session, opened if need be (None: no handshake twin, or it was refused)."""
+        return await self._opened() if self.era == HANDSHAKE else None
 
     @property
     def life(self) -> Life:
