@@ -127,7 +127,7 @@ class ArgumentValidator:
         InvalidSchema: ``schema`` is not a valid JSON Schema.
     """
 
-    __slots__ = ("_defaults", "_integers", "_lenient", "_validator", "schema")
+    __slots__ = ("_defaults", "_integers", "_lenient", "_nullable", "_optional", "_validator", "schema")
 
     def __init__(self, schema: Mapping[str, Any], *, lenient: bool = False) -> None:
         cls = jsonschema_validators.validator_for(schema, default=jsonschema_validators.Draft202012Validator)
@@ -143,9 +143,27 @@ class ArgumentValidator:
         subs = {key: sub for key, sub in properties.items() if isinstance(sub, Mapping)}
         self._defaults = {key: sub["default"] for key, sub in subs.items() if "default" in sub}
         self._integers = frozenset(key for key, sub in subs.items() if sub.get("type") == "integer")
+        required = schema.get("required")
+        required = frozenset(required) if isinstance(required, list) else frozenset()
+        self._optional = frozenset(key for key in properties if key not in required)
+        self._nullable = frozenset(key for key in self._optional if key in subs and self._accepts_null(subs[key]))
+
+    def _accepts_null(self, sub: Mapping[str, Any]) -> bool:
+        try:
+            return bool(self._validator.evolve(schema=sub).is_valid(None))
+        except referencing.exceptions.Unresolvable:
+            return False
+
+    def _settled(self, arguments: Mapping[str, Any]) -> Mapping[str, Any]:
+        """``arguments`` less each ``null`` sent for an optional property whose schema does not take null: such a
+        null stands for "not given" (models often send one), as a server that reads it so would take it."""
+        if not any(arguments.get(key, 0) is None for key in self._optional):
+            return arguments
+        return {k: v for k, v in arguments.items() if v is not None or k not in self._optional or k in self._nullable}
 
     def check(self, tool: str, arguments: object) -> None:
-        """Refuse ``arguments`` unless they are an object the schema accepts.
+        """Refuse ``arguments`` unless they are an object the schema accepts, ``null`` for an optional property
+        taken as absent (the provider sees it as sent and judges it, as it would without the gateway).
 
         Raises:
             InvalidArguments: naming the offending argument (a dotted path, "" for the whole) and what it must be.
@@ -153,7 +171,7 @@ class ArgumentValidator:
         if not isinstance(arguments, Mapping):
             raise InvalidArguments(tool, "", f"must be an object, got {_described(arguments)}")
         try:
-            error = jsonschema_errors.best_match(self._validator.iter_errors(arguments), key=_RELEVANCE)
+            error = jsonschema_errors.best_match(self._validator.iter_errors(self._settled(arguments)), key=_RELEVANCE)
         except referencing.exceptions.Unresolvable as exc:
             if self._lenient:
                 return
@@ -163,16 +181,17 @@ class ArgumentValidator:
             raise InvalidArguments(tool, *_explained(error))
 
     def prepare(self, tool: str, arguments: object) -> dict[str, Any]:
-        """``check``, then the arguments a provider that acts on them itself receives: a copy with each absent
-        top-level property's ``default`` filled in, and an integral number an ``integer`` property was sent as a
-        float (``10.0``: JSON does not tell it from ``10``) as an int.
+        """``check``, then the arguments a provider that acts on them itself receives: a copy without the ``null``
+        of an optional property whose schema does not take null, each absent top-level property's ``default`` filled
+        in, and an integral number an ``integer`` property was sent as a float (``10.0``: JSON does not tell it from
+        ``10``) as an int.
 
         Raises:
             InvalidArguments: as ``check``.
         """
         self.check(tool, arguments)
         assert isinstance(arguments, Mapping)
-        prepared = dict(arguments)
+        prepared = dict(self._settled(arguments))
         for key, default in self._defaults.items():
             if key not in prepared:
                 prepared[key] = copy.deepcopy(default)

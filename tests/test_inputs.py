@@ -46,7 +46,7 @@ def refusal(arguments: object, validator: ArgumentValidator = VALIDATOR) -> tupl
             "unknown argument (expected: query, limit, offset, tags, mode, filter, exact, id)",
         ),
         ({"query": 3}, "query", "must be a string, got integer 3"),
-        ({"query": "x", "limit": None}, "limit", "must be an integer, got null"),
+        ({"query": None}, "query", "must be a string, got null"),
         ({"query": "x", "limit": 1.5}, "limit", "must be an integer, got number 1.5"),
         ({"query": "x", "limit": 0}, "limit", "must be between 1 and 50, got 0"),
         ({"query": "x", "offset": -1}, "offset", "must be at least 0, got -1"),
@@ -57,7 +57,7 @@ def refusal(arguments: object, validator: ArgumentValidator = VALIDATOR) -> tupl
         ({"query": "x", "tags": ["a", 2]}, "tags.1", "must be a string, got integer 2"),
         ({"query": "x", "mode": "deep"}, "mode", 'must be one of "keyword", "vector"; got "deep"'),
         ({"query": "x", "filter": {"foldr": "a"}}, "filter.foldr", "unknown key; did you mean 'folder'?"),
-        ({"query": "x", "exact": None}, "exact", "must be true, got null"),
+        ({"query": "x", "filter": {"folder": None}}, "filter.folder", "must be a string, got null"),
         ({"query": "x", "id": "abc"}, "id", '"abc" is not valid under any of the given schemas'),  # jsonschema's words
         (["query"], "", 'must be an object, got array ["query"]'),
     ],
@@ -85,6 +85,18 @@ def test_arguments_the_schema_accepts_pass_and_prepare_fills_defaults_on_a_copy(
     assert arguments == {"query": "x", "offset": 2.0}
     prepared["tags"].append("mine")
     assert VALIDATOR.prepare("t", {"query": "x"})["tags"] == []  # each call gets its own copy of a default
+
+
+def test_null_for_an_optional_argument_is_taken_as_not_given_and_a_required_one_is_refused_by_name() -> None:
+    """Models often send null for what they leave out: the check does not refuse it (the provider, which receives it
+    as sent, judges it as without the gateway); the gateway's own tools take it as absent (their default), unless
+    the property's schema takes null itself. A required argument's null is refused, naming it."""
+    sent = {"query": "x", "limit": None, "exact": None, "mode": None, "id": None}
+    VALIDATOR.check("t", sent)
+    assert PublishedSchemas().problem("t", SCHEMA, sent) is None
+    assert VALIDATOR.prepare("t", sent) == {"query": "x", "id": None, "limit": 10, "tags": []}
+    assert sent["limit"] is None  # the caller's own arguments are left as they came
+    assert refusal({"query": None, "limit": None}) == ("query", "must be a string, got null")
 
 
 def test_an_invalid_schema_is_refused_once_when_compiled() -> None:

@@ -189,6 +189,11 @@ class Backend(Protocol):
 
     def prompts(self) -> Sequence[types.Prompt]: ...
 
+    def list_ttl_ms(self, kind: str) -> int | None:
+        """The ``ttlMs`` (SEP-2549) the downstream gave its list ``kind`` (``tools``, ``resources``,
+        ``resource_templates``, ``prompts``) when last listed; None when it gave none."""
+        ...
+
     def last_known_tools(self) -> Sequence[types.Tool]:
         """The tools it offered when it was last ready (its current ones while ready); empty if it never was. The
         catalog keeps these listed while the backend reconnects, so clients' cached lists stay true."""
@@ -353,6 +358,9 @@ class BackendBase:
 
     def prompts(self) -> Sequence[types.Prompt]:
         return ()
+
+    def list_ttl_ms(self, kind: str) -> int | None:
+        return None
 
     async def request(
         self, request: Any, result_type: Any, *, progress: ProgressFn | None = None, upstream: Upstream = NO_UPSTREAM

@@ -176,7 +176,9 @@ def _bound_socket(host: str, port: int) -> socket.socket:
     Raises:
         GatewayError: the address cannot be bound, in one sentence naming it and the cause.
     """
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP named: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on accepted sockets of that protocol;
+    # with it on, every response after the first on a kept-alive connection waited for the client's delayed ACK.
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))

@@ -34,6 +34,7 @@ from enum import StrEnum
 from types import TracebackType
 
 from gateway.backends.base import Backend, BackendState
+from gateway.errors import BackendError
 
 __all__ = ["Admission", "Breaker", "BreakerState", "Breakers"]
 
@@ -117,6 +118,17 @@ class Breaker:
         self.failures += 1
         if self.state is BreakerState.CLOSED and self.failures >= self.failure_threshold:
             self._open(self.cooldown_s)
+
+    def judge(self, failure: BackendError | None, reason: str | None, *, abandoned: bool = False) -> None:
+        """A step's verdict: an answer (even an error, thin or too large) is a sign of life; a step that never reached
+        the backend (saturated) is none, and hands a trial back; so is a step whose backend was waiting for the
+        caller's own answer (``abandoned``: a bridged call its client left)."""
+        if failure is not None and (not failure.verdict or abandoned):
+            self.abstain()
+        elif failure is None or failure.answered:
+            self.success()
+        else:
+            self.failure(reason or failure.outcome, cause=failure.cause)
 
     def abstain(self) -> None:
         """A call that says nothing of the backend (it was never sent): a half-open trial is handed back."""

@@ -1,15 +1,27 @@
-"""The answers the router makes itself: every provider failed, a fault of the gateway's, and a provider's refusal of
-its arguments told in the client's terms."""
+"""The answers the router makes itself: every provider failed, a fault of the gateway's, a provider's refusal of
+its arguments told in the client's terms, and a request no backend answered (``Unanswered``)."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import mcp_types as types
 
 from gateway.core.catalog import Provider
-from gateway.errors import InvalidArguments, quote
+from gateway.errors import BackendError, InvalidArguments, quote
 from gateway.ledger.records import AuditStep
 
-__all__ = ["failure_result", "fault", "refusal", "refused"]
+__all__ = ["Unanswered", "failure_result", "fault", "refusal", "refused"]
+
+
+class Unanswered(Exception):
+    """No backend answered a request (``Router.request``). ``failures`` are the backends' failures in the order
+    they were asked (a skipped open circuit is a ``BackendUnavailable``); empty when none of the origins' backends
+    serves requests."""
+
+    def __init__(self, failures: Sequence[BackendError]) -> None:
+        super().__init__("; ".join(str(f) for f in failures) or "no backend serves this request")
+        self.failures = tuple(failures)
 
 
 def failure_result(name: str, steps: list[AuditStep]) -> types.CallToolResult:

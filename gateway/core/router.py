@@ -40,6 +40,7 @@ from gateway.core.breakers import Breakers
 from gateway.core.budget import CallDeadline
 from gateway.core.catalog import Catalog, CatalogEntry, Provider
 from gateway.core.drain import Drain
+from gateway.core.failures import Unanswered
 from gateway.core.failures import failure_result as _failure_result
 from gateway.core.failures import fault as _fault
 from gateway.core.failures import refusal as _refusal
@@ -81,16 +82,6 @@ class Startup(Protocol):
     started: bool
 
     async def wait_started(self) -> None: ...
-
-
-class Unanswered(Exception):
-    """No backend answered a request (``Router.request``). ``failures`` are the backends' failures in the order
-    they were asked (a skipped open circuit is a ``BackendUnavailable``); empty when none of the origins' backends
-    serves requests."""
-
-    def __init__(self, failures: Sequence[BackendError]) -> None:
-        super().__init__("; ".join(str(f) for f in failures) or "no backend serves this request")
-        self.failures = tuple(failures)
 
 
 class _Exhausted(Exception):
@@ -225,11 +216,7 @@ class Router:
         arguments = dict(arguments or {})
         record = self._record("tools/call", entry.name, ctx, arguments=arguments, audit=entry.audit)
         with record.open():
-            if ctx.visible is not None and name not in ctx.visible:  # answered as an unknown tool: no existence leak
-                record.add("gateway", "refused", "not in the caller's policy")
-                record.audit = {}
-                await record.finish("refused")
-                raise ToolNotFound(name)
+            await self._policy(record, name)
             invalid = ctx.withheld or argument_problem(arguments, self._max_depth())
             if invalid is not None:
                 refusal = InvalidArguments(name, *invalid)
@@ -252,6 +239,20 @@ class Router:
             result = record.with_meta(result, status, entry.tool.output_schema)
             await record.finish(status, result)
             return result
+
+    async def _policy(self, record: CallRecord, tool: str) -> None:
+        """A request for ``tool`` outside the caller's policy (``ctx.visible``) ends here, told as an unknown tool (no
+        existence leak): recorded ``refused``, no argument previewed.
+
+        Raises:
+            ToolNotFound: ``tool`` is hidden from the caller.
+        """
+        if record.ctx.visible is None or tool in record.ctx.visible:
+            return
+        record.add("gateway", "refused", "not in the caller's policy")
+        record.name, record.audit = ledger_name(record.name), {}
+        await record.finish("refused")
+        raise ToolNotFound(tool)
 
     def _max_depth(self) -> int:
         return self._edge().max_argument_depth if self._edge is not None else MAX_DEPTH
@@ -329,7 +330,7 @@ class Router:
                         record, backend, provider, provider_args, variant, progress, deadline, final
                     )
                 record.steps.append(taken)
-                _judge(breaker, taken, failure, record.ctx)
+                breaker.judge(failure, taken.reason, abandoned=_abandoned(record.ctx))
                 if failure is not None:
                     log.warning(
                         "tool.step_failed",
@@ -401,11 +402,7 @@ class Router:
             "tools/call", name, ctx, arguments=arguments, audit=entry.audit if entry is not None else {}
         )
         with record.open():
-            if ctx.visible is not None and name not in ctx.visible:  # the policy changed since the first round
-                record.add("gateway", "refused", "not in the caller's policy")
-                record.name, record.arguments, record.audit = ledger_name(name), {}, {}
-                await record.finish("refused")
-                raise ToolNotFound(name)
+            await self._policy(record, name)  # the policy may have changed since the first round
             listed = entry.providers if entry is not None else ()
             provider = next(
                 (p for p in listed if (p.backend, p.tool) == (backend_name, tool)), Provider(backend_name, tool)
@@ -469,23 +466,30 @@ class Router:
         *,
         arguments: Mapping[str, Any] | None = None,
         ctx: CallContext = NO_CONTEXT,
+        tool: str | None = None,
+        recorded: Callable[[T], str | None] | None = None,
     ) -> tuple[Origin, T]:
         """Serve one request that is not a ``tools/call``: ``send`` it to the first of ``origins`` whose backend
-        answers, and return that origin with the answer.
+        answers, and return that origin with the answer. ``tool``: the published tool the request acts for (a
+        task's), held to the caller's policy as a call to it is.
 
         Each origin is a step: skipped when its backend serves no requests (it is no downstream MCP session) or its
         circuit is open; a failure moves on to the next origin and, unless the backend answered (a JSON-RPC error),
         counts against its breaker. One record of kind ``method`` names ``name`` and keeps only the hash of
-        ``arguments``.
+        ``arguments``; answered, its status is ``recorded(answer)`` (default ``ok``; None: no record, e.g. a poll
+        that found nothing new).
 
         Raises:
             Unanswered: no origin answered; its ``failures`` say why (status ``timeout`` when the last one timed
                 out, else ``error``; ``cancelled`` when the gateway stopped).
             InputRequired: the backend asked for input (status ``input_required``); not a failure.
+            ToolNotFound: ``tool`` is outside the caller's policy (status ``refused``); no backend asked.
         """
         record = self._record(method, ledger_name(name), ctx, arguments=dict(arguments or {}))
         failures: list[BackendError] = []
         with record.open():
+            if tool is not None:
+                await self._policy(record, tool)
             async with self._boundary(record):
                 try:
                     found = (
@@ -498,7 +502,9 @@ class Router:
                     await record.finish("internal_error")
                     raise
             if found is not None:
-                await record.finish("ok")
+                verdict = recorded(found[1]) if recorded is not None else "ok"
+                if verdict is not None:
+                    await record.finish(verdict)
                 return found
             status = "error"
             if self.drain.closing is not None:  # cut short by the shutdown (or it had begun)
@@ -534,7 +540,7 @@ class Router:
                         record, backend, backend.name, None, partial(send, backend, origin), refusable=False
                     )
                 record.steps.append(taken)
-                _judge(breaker, taken, failure, record.ctx)
+                breaker.judge(failure, taken.reason, abandoned=_abandoned(record.ctx))
                 if failure is not None:
                     failures.append(failure)
                     continue
@@ -585,13 +591,6 @@ class Router:
 _WAITING = "while waiting for backends still starting"
 
 
-def _judge(breaker: Any, taken: AuditStep, failure: BackendError | None, ctx: CallContext = NO_CONTEXT) -> None:
-    """A step's verdict on its backend's circuit: an answer (even an error, thin or too large) is a sign of life; a
-    step that never reached the backend (saturated) is none, and hands a trial back; so is a step whose backend was
-    waiting for the caller's own answer (a bridged call its client abandoned: front/bridges.py ``unanswered``)."""
-    if failure is not None and (not failure.verdict or getattr(ctx.upstream.channel, "unanswered", False)):
-        breaker.abstain()
-    elif failure is None or failure.answered:
-        breaker.success()
-    else:
-        breaker.failure(taken.reason or failure.outcome, cause=failure.cause)
+def _abandoned(ctx: CallContext) -> bool:
+    """Whether the call's backend waited on its caller's own answer, which never came (front/bridges.py)."""
+    return bool(getattr(ctx.upstream.channel, "unanswered", False))

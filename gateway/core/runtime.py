@@ -496,14 +496,16 @@ class Gateway:
             raise RuntimeError("the gateway is not running")
         self._tg.start_soon(fn, name=name)
 
-    def list_ttl_ms(self) -> int:
-        """The ``ttlMs`` a list answer carries: ``LIST_TTL_MS`` while every backend is settled and ready (or
-        disabled), 0 ("ask again") while one is starting, reconnecting or failed, whose tools may come or go at any
-        moment. Clients holding a listen stream hear of a change at once either way."""
+    def list_ttl_ms(self, kind: str) -> int:
+        """The ``ttlMs`` an answer of list ``kind`` (``tools``, ``resources``, ``resource_templates``, ``prompts``)
+        carries: ``LIST_TTL_MS`` while every backend is settled and ready (or disabled), 0 ("ask again") while one is
+        starting, reconnecting or failed, whose tools may come or go at any moment; never longer than a downstream
+        gave its own list of that kind. Clients holding a listen stream hear of a change at once either way."""
         settled = (BackendState.READY, BackendState.DISABLED)
         if self.sessions_starting() or any(b.status.state not in settled for b in self._backends.values()):
             return 0
-        return LIST_TTL_MS
+        hinted = (backend.list_ttl_ms(kind) for backend in self._backends.values())
+        return min([LIST_TTL_MS, *(ttl for ttl in hinted if ttl is not None)])
 
     def sessions_starting(self) -> bool:
         """Whether a downstream MCP session has not had its first outcome yet: what it will offer (resources,

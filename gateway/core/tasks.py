@@ -3,27 +3,28 @@ backends offer, the requests that reach the backend owning a task, and the task'
 
 A task-augmented ``tools/call`` is routed as every call is (core/router.py): the backend's answer, a task, ends it as
 ``TaskCreated`` and its row's status is ``task`` (the creation). ``tasks/get``, ``tasks/update`` and ``tasks/cancel``
-name a task the front already traced to its backend (front/tasks.py): ``TaskRelay.ask`` sends each there, as the
-calling client's request (its capabilities, its caller), and translates a failure as the router does (a JSON-RPC
-error answer passes through). Their rows: a ``tasks/get`` that first finds a task ended writes one row of kind
-``tasks/get`` whose status is the task's end (``ok``, ``error`` for a tool error or a failed task, ``cancelled``),
-once per task in this process (``ENDED_KEPT`` remembered; another replica that sees the end writes its own); each
-``tasks/cancel`` writes one row of kind ``tasks/cancel``. Polls that find a task still running write nothing.
+name a task the front already traced to its backend and tool (front/tasks.py): ``TaskRelay.ask`` routes each as
+every other request is (``Router.request``: the caller's policy for the task's tool, the backend's circuit breaker,
+the shutdown), as the calling client's request (its capabilities, its caller). Their rows: a ``tasks/get`` that
+first finds a task ended writes one row of kind ``tasks/get`` whose status is the task's end (``ok``, ``error`` for a
+tool error or a failed task, ``cancelled``), once per task in this process (``ENDED_KEPT`` remembered; another
+replica that sees the end writes its own); each ``tasks/cancel`` writes one row of kind ``tasks/cancel``; a request
+refused or unanswered writes its row as any request does. Polls that find a task still running write nothing.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from functools import partial
 from typing import Any, ClassVar
 
 import mcp_types as types
 from pydantic import TypeAdapter
 
 from gateway.backends.base import Backend, BackendState
-from gateway.calls import CallContext
-from gateway.core.record import CallRecord, Instruments, ledger_name
-from gateway.errors import BackendError, BackendRpcError, BackendUnavailable
+from gateway.calls import CallContext, Origin
+from gateway.core.router import Router
 
 __all__ = ["RELAYED", "TASKS", "TERMINAL", "TaskRelay", "TaskRequest", "offered_extensions"]
 
@@ -74,46 +75,42 @@ def _end_status(answer: Mapping[str, Any]) -> str:
 class TaskRelay:
     """Sends the ``tasks/*`` requests of a task to the backend that owns it, and writes the task's rows."""
 
-    def __init__(self, backends: Callable[[], Mapping[str, Backend]], instruments: Instruments) -> None:
-        self._backends = backends
-        self._instruments = instruments
+    def __init__(self, router: Router) -> None:
+        self._router = router
         self._ended: OrderedDict[str, None] = OrderedDict()
 
     async def ask(
         self, method: str, params: dict[str, Any], *, backend: str, tool: str, task: str, ctx: CallContext
     ) -> dict[str, Any]:
         """``method`` with ``params`` (the downstream's own task id in them) to ``backend``; its answer as it came.
-        ``tool`` (the published name) and ``task`` (the client's task id) name the rows.
+        ``tool`` (the published name, held to the caller's policy in ``ctx.visible``) and ``task`` (the client's
+        task id) name the rows.
 
         Raises:
-            BackendRpcError: the backend answered with a JSON-RPC error (an unknown task's -32602 among them).
-            BackendError: the backend is gone, not ready, or failed to answer.
+            ToolNotFound: ``tool`` is outside the caller's policy; nothing was sent.
+            Unanswered: the backend did not answer: its failure says why (its circuit open, a timeout), a JSON-RPC
+                error answer among them (an unknown task's -32602); no failure when it serves no requests.
         """
-        found = self._backends().get(backend)
-        if found is None:
-            raise BackendUnavailable(backend, "it is no longer configured")
         request = TaskRequest(method=method, params=params)
-        record = CallRecord(self._instruments, method, ledger_name(tool), ctx)
-        try:
+
+        async def send(found: Backend, origin: Origin) -> dict[str, Any]:
             answer: dict[str, Any] = await found.request(request, _ANSWER, upstream=ctx.upstream)
-        except BackendRpcError:
-            raise
-        except BackendError as exc:
-            if method == "tasks/cancel":
-                with record.open(span=False):
-                    record.add(backend, exc.outcome, str(exc))
-                    await record.finish("error", measured=False)
-            raise
+            return answer
+
+        origin = Origin(backend, str(params.get("taskId")))
+        recorded = partial(self._status, method, task)
+        found: tuple[Origin, dict[str, Any]] = await self._router.request(
+            method, tool, (origin,), send, ctx=ctx, tool=tool, recorded=recorded
+        )
+        return found[1]
+
+    def _status(self, method: str, task: str, answer: Mapping[str, Any]) -> str | None:
+        """The status of the row ``answer`` makes (see the module docstring); None: no row."""
         if method == "tasks/cancel":
-            with record.open(span=False):
-                record.add(backend, "ok", None)
-                await record.finish("ok", measured=False)
-        elif method == "tasks/get" and answer.get("status") in TERMINAL and task not in self._ended:
-            self._ended[task] = None
-            if len(self._ended) > ENDED_KEPT:
-                self._ended.popitem(last=False)
-            status = _end_status(answer)
-            with record.open(span=False):
-                record.add(backend, status, f"task {answer.get('status')}")
-                await record.finish(status, measured=False)
-        return answer
+            return "ok"
+        if method != "tasks/get" or answer.get("status") not in TERMINAL or task in self._ended:
+            return None
+        self._ended[task] = None
+        if len(self._ended) > ENDED_KEPT:
+            self._ended.popitem(last=False)
+        return _end_status(answer)

@@ -218,13 +218,13 @@ class Face:
 
     # -- tools -----------------------------------------------------------------------------------------------------
 
-    def envelope(self, ctx: ServerRequestContext[Any], listed: Mapping[str, Any]) -> Mapping[str, Any]:
+    def envelope(self, ctx: ServerRequestContext[Any], listed: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
         self.clients.served(ctx, self.gateway.catalog)
-        return enveloped(ctx, listed, self.gateway.list_ttl_ms())  # the era's envelope and cache hints
+        return enveloped(ctx, listed, self.gateway.list_ttl_ms(kind))  # the era's envelope and cache hints
 
     async def list_tools(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
         await self.gateway.wait_started()
-        return self.envelope(ctx, self.listing(ctx))
+        return self.envelope(ctx, self.listing(ctx), "tools")
 
     def input_schema(self, name: str) -> Mapping[str, Any] | None:
         """The schema the ``Mcp-Param-*`` check compares a stateless ``tools/call`` with: None for a hidden tool."""

@@ -44,7 +44,7 @@ class Face(Protocol):
     def view(self, ctx: ServerRequestContext[Any]) -> View | None: ...
     def context(self, ctx: ServerRequestContext[Any]) -> CallContext: ...
     def channel(self, ctx: ServerRequestContext[Any]) -> BackChannel: ...
-    def envelope(self, ctx: ServerRequestContext[Any], listed: Mapping[str, Any]) -> Mapping[str, Any]: ...
+    def envelope(self, ctx: ServerRequestContext[Any], listed: Mapping[str, Any], kind: str) -> Mapping[str, Any]: ...
 
 
 class Named:
@@ -95,7 +95,9 @@ class Named:
         seen = self.face.view(ctx)
         listed = seen.resources_result if seen is not None else self.gateway.catalog.lists.resources_result
         kept = self.gateway.answers.resources(self.face.context(ctx))  # the caller's own cut answers (core/answers.py)
-        return self.face.envelope(ctx, {**listed, "resources": [*listed["resources"], *kept]} if kept else listed)
+        return self.face.envelope(
+            ctx, {**listed, "resources": [*listed["resources"], *kept]} if kept else listed, "resources"
+        )
 
     async def list_resource_templates(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
@@ -103,7 +105,8 @@ class Named:
         await self.gateway.wait_started()
         seen = self.face.view(ctx)
         lists = self.gateway.catalog.lists
-        return self.face.envelope(ctx, seen.templates_result if seen is not None else lists.templates_result)
+        templates = seen.templates_result if seen is not None else lists.templates_result
+        return self.face.envelope(ctx, templates, "resource_templates")
 
     async def read_resource(self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams) -> Any:
         call = self.face.context(ctx)
@@ -208,9 +211,8 @@ class Named:
     async def list_prompts(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
         await self.gateway.wait_started()
         seen = self.face.view(ctx)
-        return self.face.envelope(
-            ctx, seen.prompts_result if seen is not None else self.gateway.catalog.lists.prompts_result
-        )
+        prompts = seen.prompts_result if seen is not None else self.gateway.catalog.lists.prompts_result
+        return self.face.envelope(ctx, prompts, "prompts")
 
     async def get_prompt(self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams) -> Any:
         call = self.face.context(ctx)

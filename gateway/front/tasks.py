@@ -2,22 +2,26 @@
 ``tools/call`` is answered with a task of the gateway's, and ``tasks/get``, ``tasks/update`` and ``tasks/cancel``
 reach the backend that runs it. Part of the face (front/face.py), which registers these handlers.
 
-The task id a client gets is the gateway's own: a token sealed (AES-256-GCM, the SDK's codec, under the key of
-front/continuation.py's ``requestState``) that carries the backend, the downstream's own task id, the published tool
-and a digest of the caller, so any replica holding the key routes it, with no shared state. The downstream's id
-never reaches the client, nor the client's the downstream. A ``tasks/*`` request is checked as a server of the
-extension checks it: the client must declare the extension (else -32021, whatever the id), its ``Mcp-Name`` header
-must be the ``taskId`` (else -32020, SEP-2243). A task id that does not unseal, or was minted for another caller,
-is answered exactly as an unknown task (-32602 "Unknown task"), so another caller cannot tell a task exists.
+The task id a client gets is the gateway's own: a token sealed (AES-256-GCM, the SDK's codec, under a key derived for
+task ids alone from the key of front/continuation.py's ``requestState``) that carries the backend, the downstream's
+own task id, the published tool and a digest of the caller, so any replica holding the key routes it, with no shared
+state. The downstream's id never reaches the client, nor the client's the downstream. A ``tasks/*`` request is
+checked as a server of the extension checks it: the client must declare the extension (else -32021, whatever the
+id), its ``Mcp-Name`` header must be the ``taskId`` (else -32020, SEP-2243). Then it goes as a call goes: it waits
+for a startup under way, and the router holds it to the caller's policy as it is now and to the backend's circuit
+breaker (core/tasks.py). A task id that does not unseal, was minted for another caller, or whose tool the caller's
+policy hides, is answered exactly as an unknown task (-32602 "Unknown task"), so another caller cannot tell a task
+exists; a backend that does not answer is told as for any request (front/server.py ``refusal``).
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 import mcp_types as types
@@ -30,10 +34,13 @@ from pydantic import Field
 
 from gateway.calls import CallContext
 from gateway.config import environ
+from gateway.core.policies import View
+from gateway.core.router import Unanswered
 from gateway.core.runtime import Gateway
 from gateway.core.tasks import TASKS, TaskRelay
-from gateway.errors import BackendError, BackendRpcError, TaskCreated
+from gateway.errors import BackendRpcError, TaskCreated, ToolNotFound
 from gateway.front.continuation import load_key
+from gateway.front.server import refusal
 
 __all__ = ["Tasks"]
 
@@ -42,6 +49,9 @@ log = structlog.get_logger("gateway.tasks")
 _VERSION = 1
 _SERVER_INFO = "io.modelcontextprotocol/serverInfo"
 _PRINCIPAL_LABEL = b"mcp-gateway/task/caller:"
+_KEY_LABEL = b"mcp-gateway/task-id/v1:"
+"""Prefixed to the state key before the codec derives its own (HKDF-SHA256): a task id and a ``requestState`` or a
+session id (front/http/seal.py) never stand in for each other."""
 _LONGEST_S = 7 * 24 * 3600.0
 """The longest a task id of the gateway's stays valid when the downstream gave its task no ``ttlMs``."""
 
@@ -62,6 +72,7 @@ class Face(Protocol):
     gateway: Gateway
 
     def context(self, ctx: ServerRequestContext[Any]) -> CallContext: ...
+    def view(self, ctx: ServerRequestContext[Any]) -> View | None: ...
 
 
 def _principal(caller: str | None) -> str | None:
@@ -86,14 +97,20 @@ def _unknown(task_id: str) -> MCPError:
 
 
 class TaskIds:
-    """Seals and opens the gateway's task ids (see the module docstring)."""
+    """Seals and opens the gateway's task ids (see the module docstring) under the state ``keys`` (the first seals,
+    every one opens), each derived for task ids alone."""
 
-    def __init__(self, gateway: Gateway, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, keys: Sequence[bytes], *, clock: Callable[[], float] = time.time) -> None:
+        self._codec = AESGCMRequestStateCodec([_KEY_LABEL + key for key in keys])
+        self._clock = clock
+
+    @classmethod
+    def of(cls, gateway: Gateway) -> TaskIds:
+        """The task ids of ``gateway``, under its ``gateway.continuation`` key (the one replicas share)."""
         settings, audit = gateway.config.gateway.continuation, gateway.config.gateway.audit
         ledger = audit.path if audit.enabled else None
         keys, _ = load_key(settings.key_env, environ(settings.key_env), ledger, file=str(gateway.config.source or ""))
-        self._codec = AESGCMRequestStateCodec(keys)
-        self._clock = clock
+        return cls(keys)
 
     def seal(self, *, backend: str, task: str, tool: str, caller: str | None, ttl_ms: object) -> str:
         ttl_s = ttl_ms / 1000 if isinstance(ttl_ms, int | float) and not isinstance(ttl_ms, bool) else _LONGEST_S
@@ -134,8 +151,8 @@ class Tasks:
     def __init__(self, face: Face) -> None:
         self.face = face
         gateway = face.gateway
-        self.ids = TaskIds(gateway)
-        self.relay = TaskRelay(lambda: gateway.backends, gateway.router.instruments)
+        self.ids = TaskIds.of(gateway)
+        self.relay = TaskRelay(gateway.router)
 
     def register(self, server: Server[Any]) -> None:
         server.add_request_handler("tasks/get", TaskParams, self.get)
@@ -185,19 +202,25 @@ class Tasks:
             raise MCPError(types.HEADER_MISMATCH, "Mcp-Name header does not match the request's taskId")
         call = self.face.context(ctx)
         backend, task, tool = self.ids.open(params.task_id, call.caller.name)
-        if backend not in self.face.gateway.backends:
+        gateway = self.face.gateway
+        if backend not in gateway.backends:
             log.info("task.unknown", reason="the backend that runs it is no longer configured", backend=backend)
             raise _unknown(params.task_id)
+        await gateway.router.wait_started(method, tool, ctx=call)  # as a call waits for a backend still starting
+        seen = self.face.view(ctx)  # the caller's policy now, which the router holds the task's tool to
+        call = dataclasses.replace(call, visible=seen.tools) if seen is not None else call
         try:
             answer = await self.relay.ask(
                 method, {"taskId": task, **more}, backend=backend, tool=tool, task=params.task_id, ctx=call
             )
-        except BackendRpcError as exc:
-            if exc.code == types.INVALID_PARAMS:
+        except ToolNotFound:
+            log.info("task.unknown", reason="its tool is not in the caller's policy")
+            raise _unknown(params.task_id) from None
+        except Unanswered as exc:
+            failure = exc.failures[-1] if exc.failures else None
+            if failure is None or (isinstance(failure, BackendRpcError) and failure.code == types.INVALID_PARAMS):
                 raise _unknown(params.task_id) from None  # the downstream's words would name its own id
-            raise MCPError(exc.code, exc.message, exc.data) from None
-        except BackendError as exc:
-            raise MCPError(types.INTERNAL_ERROR, str(exc)) from None
+            raise refusal(exc, None) from None
         answer = _relayed(answer)
         if "taskId" in answer:
             answer["taskId"] = params.task_id

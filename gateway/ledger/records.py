@@ -45,10 +45,12 @@ KINDS: Final = (
     "pins/pending",
     "pins/approve",
     "tasks/get",
+    "tasks/update",
     "tasks/cancel",
 )
 """What a row can be: the MCP method of the request that reached a backend (``tasks/get`` only the one that first
-found a task ended, its status the task's end; ``tasks/cancel`` each cancellation asked); or ``pins/pending`` (a
+found a task ended, its status the task's end; ``tasks/cancel`` each cancellation asked; any ``tasks/*`` refused or
+unanswered); or ``pins/pending`` (a
 server's tool seen new or changed since approval: ``tool`` is ``server/tool``) and ``pins/approve`` (its approval:
 ``caller`` is who approved)."""
 

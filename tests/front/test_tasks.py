@@ -1,6 +1,7 @@
 """Tasks (the tasks extension, SEP-2663) through a real ``gateway serve``, over real processes: the task id a client
 gets is the gateway's own, bound to the caller who created it, routed by any replica holding the key, and the
-ledger keeps the task's creation and its end.
+ledger keeps the task's creation and its end. A ``tasks/*`` request meets what a call meets: the caller's policy
+as it is now, the backend's circuit breaker, the wait for a backend still starting.
 
 The downstream is tests/fixtures/tasks_server.py (its ``GET /tasks`` says what it holds); the client speaks raw
 JSON-RPC of the 2026-07-28 era over HTTP, as the conformance suite does.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -182,3 +184,77 @@ def test_a_task_made_through_the_call_tool_is_named_after_the_real_tool(target: 
         ("tools/call", "slow_compute", "task", "alice"),
         ("tasks/get", "slow_compute", "ok", "alice"),
     ]
+
+
+def _chains(folder: Path) -> list[tuple[str, str, list[str]]]:
+    with sqlite3.connect(folder / "audit.db") as conn:
+        found = conn.execute("SELECT kind, status, chain FROM calls ORDER BY id").fetchall()
+    return [
+        (kind, status, [f"{s['provider']}:{s['outcome']}" for s in json.loads(chain)]) for kind, status, chain in found
+    ]
+
+
+def test_a_task_whose_tool_the_callers_policy_now_hides_is_an_unknown_task(
+    target: RunningServer, tmp_path: Path
+) -> None:
+    """The policy is read at every task request, not when the task was made: a reload that hides the tool from its
+    caller makes the task unknown to that caller (and its cancel is not sent on)."""
+    policy = "policies:\n  team:\n    callers: [alice]\n    tools: {exclude: [%s]}\n"
+    with run_gateway(policy % "greet" + _config(target), tmp_path, tokens=TOKENS, env={"GATEWAY_STATE_KEY": KEY}) as gw:
+        url = gw.url()
+        task = rpc(url, "tok-alice", "tools/call", {"name": "slow_compute", "arguments": {"seconds": 60}})["taskId"]
+        assert rpc(url, "tok-alice", "tasks/get", {"taskId": task})["status"] == "working"
+        (tmp_path / "federation.yaml").write_text(policy % "slow_compute" + _config(target))
+        deadline = time.monotonic() + 20  # the reload applies when the watcher sees the file: asked as a client would
+        while "slow_compute" in {t["name"] for t in rpc(url, "tok-alice", "tools/list", {})["tools"]}:
+            assert time.monotonic() < deadline
+        unknown = {"code": -32602, "message": f"Unknown task: {task[:120]}"}
+        for method, more in (("tasks/get", {}), ("tasks/update", {"inputResponses": {}}), ("tasks/cancel", {})):
+            assert rpc(url, "tok-alice", method, {"taskId": task, **more})["error"] == unknown
+    assert {status for _, status in _held(target).values()} >= {"working"}  # the cancel never reached it
+    assert _chains(tmp_path)[-3:] == [
+        (m, "refused", ["gateway:refused"]) for m in ("tasks/get", "tasks/update", "tasks/cancel")
+    ]
+
+
+def test_a_task_request_to_a_backend_whose_circuit_is_open_is_not_sent(target: RunningServer, tmp_path: Path) -> None:
+    config = _config(target).replace("gateway:", "gateway:\n  circuit_breaker: {failure_threshold: 1, cooldown_s: 600}")
+    with run_gateway(config + "    timeout_s: 1\n", tmp_path, tokens=TOKENS, env={"GATEWAY_STATE_KEY": KEY}) as gw:
+        url = gw.url()
+        task = rpc(url, "tok-alice", "tools/call", {"name": "slow_compute", "arguments": {"seconds": 60}})["taskId"]
+        slow = {"name": "slow_compute", "arguments": {"seconds": 5}}  # without the extension: a call that times out
+        assert "timed out" in rpc(url, "tok-alice", "tools/call", slow, declared=False)["content"][0]["text"]
+        skipped = rpc(url, "tok-alice", "tools/call", {"name": "greet", "arguments": {"name": "a"}})
+        assert (
+            skipped["isError"]
+            and "circuit_open (circuit open after 1 consecutive failure" in (skipped["content"][0]["text"])
+        )
+        refused = rpc(url, "tok-alice", "tasks/get", {"taskId": task})["error"]
+        assert refused["code"] == -32603 and "circuit open after 1 consecutive failure" in refused["message"]
+    assert _chains(tmp_path)[-1] == ("tasks/get", "error", ["target:circuit_open"])
+
+
+def test_a_task_request_that_races_startup_waits_for_its_backend(tmp_path: Path) -> None:
+    """A replica that has just started, its backend still connecting (the downstream holds every request), holds
+    a ``tasks/get`` until the backend is ready, as it holds a call, instead of answering that it is not ready."""
+    port = free_port()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    env = {"GATEWAY_STATE_KEY": KEY}
+    with start_http_server(tasks_server_argv(port), port) as server:
+        with run_gateway(_config(server), tmp_path / "a", tokens=TOKENS, env=env) as first:
+            created = {"name": "slow_compute", "arguments": {"seconds": 60}}
+            task = rpc(first.url(), "tok-alice", "tools/call", created)["taskId"]
+        httpx2.post(server.url("/hold"))
+        with run_gateway(_config(server), tmp_path / "b", tokens=TOKENS, env=env, started=False) as second:
+            answers: list[dict[str, Any]] = []
+            asking = threading.Thread(
+                target=lambda: answers.append(rpc(second.url(), "tok-alice", "tasks/get", {"taskId": task}))
+            )
+            asking.start()
+            deadline = time.monotonic() + 10
+            while "request.waiting_for_startup" not in second.output():
+                assert time.monotonic() < deadline and asking.is_alive(), answers
+            httpx2.post(server.url("/release"))
+            asking.join(timeout=20)
+    assert answers and answers[0]["status"] == "working", answers

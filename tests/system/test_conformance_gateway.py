@@ -297,6 +297,7 @@ CLIENT_SCENARIOS_2026 = {
     "json-schema-2020-12-preservation": 9,
     "request-metadata": 8,
     "http-standard-headers": 10,
+    "http-custom-headers": 18,
     **{f"auth/{name}": 15 for name in ("metadata-default", "metadata-var1", "metadata-var2", "metadata-var3")},
     **{
         f"auth/{name}": 11
@@ -321,8 +322,7 @@ CLIENT_SCENARIOS_2026 = {
     "auth/authorization-server-migration": 23,
 }
 """The 0.2.x pre-release's client scenarios held to 2026-07-28 (`--spec-version 2026-07-28`): their servers speak
-that era alone, so the gateway's downstream session is a stateless one. Not here (docs/conformance.md says why):
-`http-custom-headers` (17 of 18: the gateway refuses `verbose: null` for a boolean parameter before it leaves)."""
+that era alone, so the gateway's downstream session is a stateless one."""
 
 REFUSED_2026 = {
     "auth/resource-mismatch",

@@ -10,11 +10,13 @@ clients subscribed to (``Watch``; re-opened when they change), calling ``relist`
 replays nothing) and leaving each event to the session's message handler (the SDK tees listen frames to it); a
 stream that breaks or is refused is reopened with backoff (``LISTEN_BACKOFF_S``), which starts again from its first
 step after a stream that stayed up ``min_uptime_s``. The backend's health stays its discover check: a lost stream
-never fails the backend.
+never fails the backend. ``listed_ttl_ms`` is the shortest ``ttlMs`` (SEP-2549) the pages of a session's last listing
+of a kind carried, which bounds the gateway's own for the merged list.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -41,6 +43,7 @@ __all__ = [
     "changed_lists",
     "hold_listen",
     "list_each",
+    "listed_ttl_ms",
     "relist",
     "screen_lists",
 ]
@@ -60,6 +63,22 @@ the limit applies at once)."""
 
 Relist = Callable[[Sequence[str]], Awaitable[None]]
 """Re-read the lists named and tell the listeners."""
+
+_TTLS: weakref.WeakKeyDictionary[ClientSession, dict[str, int]] = weakref.WeakKeyDictionary()
+"""Per session, per kind: the shortest ``ttlMs`` its last listing's pages carried (a kind absent: none did)."""
+
+
+def listed_ttl_ms(session: ClientSession | None, kind: str) -> int | None:
+    """The shortest ``ttlMs`` the pages of ``session``'s last listing of ``kind`` carried; None when none did."""
+    return _TTLS.get(session, {}).get(kind) if session is not None else None
+
+
+def _note_ttl(session: ClientSession, kind: str, ttl_ms: int | None) -> None:
+    kept = _TTLS.setdefault(session, {})
+    if ttl_ms is None:
+        kept.pop(kind, None)
+    else:
+        kept[kind] = ttl_ms
 
 
 class _ListenLost(Exception):
@@ -143,15 +162,19 @@ async def _list(
     cursor: str | None = None
     seen: set[str] = set()
     size = 0
+    ttls: list[int] = []
     while True:
         before = len(items)
         params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
+        page: Any
         if kind == "tools":
-            tools = await session.list_tools(params=params)
+            page = tools = await session.list_tools(params=params)
             items.extend(tools.tools)
             cursor = tools.next_cursor
         elif kind == "resources":
-            resources = await session.send_request(types.ListResourcesRequest(params=params), types.ListResourcesResult)
+            page = resources = await session.send_request(
+                types.ListResourcesRequest(params=params), types.ListResourcesResult
+            )
             items.extend(resources.resources)
             cursor = resources.next_cursor
         elif kind == "resource_templates":
@@ -165,14 +188,20 @@ async def _list(
                 # Resources without templates: an SDK server lacking the handler answers "Method not found"
                 # (over stateless HTTP, with a 404) though it declared ``resources``; it has no templates.
                 return tuple(items)
+            page = templates
             items.extend(templates.resource_templates)
             cursor = templates.next_cursor
         else:
-            prompts = await session.send_request(types.ListPromptsRequest(params=params), types.ListPromptsResult)
+            page = prompts = await session.send_request(
+                types.ListPromptsRequest(params=params), types.ListPromptsResult
+            )
             items.extend(prompts.prompts)
             cursor = prompts.next_cursor
+        if "ttl_ms" in page.model_fields_set:  # a page without one reads as 0: only one the server sent counts
+            ttls.append(max(0, page.ttl_ms))
         size = _check_size(kind, items, items[before:], size, config)
         if not cursor or cursor in seen:  # a server that hands out the same cursor again would loop forever
+            _note_ttl(session, kind, min(ttls, default=None))
             return tuple(items)
         seen.add(cursor)
 

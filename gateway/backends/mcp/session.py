@@ -80,7 +80,7 @@ from gateway.backends.mcp.relay import InFlight, attribute, back_channel, servin
 from gateway.backends.mcp.slots import SlotStatistics
 from gateway.backends.mcp.stdio import StdioProcess
 from gateway.backends.mcp.transports import open_transport
-from gateway.backends.mcp.twin import Twin
+from gateway.backends.mcp.twin import ListedHints, Twin
 from gateway.backends.mcp.watch import WatchedReceiveStream
 from gateway.calls import NO_UPSTREAM, ClientLink, Upstream
 from gateway.config import HttpServer, ServerConfig, SseServer
@@ -104,7 +104,7 @@ NotificationHook = Callable[
 None)``."""
 
 
-class McpBackend(BackendBase):
+class McpBackend(ListedHints, BackendBase):
     """A downstream MCP server behind one long-lived, supervised client session."""
 
     def __init__(

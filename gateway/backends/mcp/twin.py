@@ -16,6 +16,8 @@ Two kinds, by what the downstream said at connect (eras.py ``open_session``):
   after it was lost); when it cannot be opened, the reason is kept and logged, those clients are served over the
   stateless session as a 2026-only downstream's are, and it is not asked again until the backend reconnects. ``eras``
   tells which of this is the truth: the handshake era spoken, offered by the discover answer, not yet tried, or refused.
+
+``ListedHints`` gives a backend the shorter ``ttlMs`` (SEP-2549) of its shared session's and its twin's last listings.
 """
 
 from __future__ import annotations
@@ -35,10 +37,10 @@ from gateway.backends.mcp.eras import HANDSHAKE, MODERN, stateless
 from gateway.backends.mcp.failures import Life
 from gateway.backends.mcp.fastpath import DirectLane
 from gateway.backends.mcp.lanes import Lane
-from gateway.backends.mcp.lists import relist
+from gateway.backends.mcp.lists import listed_ttl_ms, relist
 from gateway.config import ServerConfig
 
-__all__ = ["LIST_KEYS", "NOT_YET_TRIED", "Twin"]
+__all__ = ["LIST_KEYS", "NOT_YET_TRIED", "ListedHints", "Twin"]
 
 log = structlog.get_logger("gateway.backend")
 
@@ -216,6 +218,18 @@ class Twin:
         if matched:
             return "alone" if all(matched) else "listed"
         return "unlisted"
+
+
+class ListedHints:
+    """The ``list_ttl_ms`` of the Backend protocol (backends/base.py) for a backend whose lists come from its shared
+    ``_session`` and, beside it, the session of a dual-era server's other era (``_twin``): the shorter one's."""
+
+    _session: ClientSession | None
+    _twin: Twin
+
+    def list_ttl_ms(self, kind: str) -> int | None:
+        found = (listed_ttl_ms(session, kind) for session in (self._session, self._twin.session))
+        return min((ttl for ttl in found if ttl is not None), default=None)
 
 
 LIST_KEYS: dict[str, Callable[[Any], str]] = {

@@ -329,10 +329,10 @@ async def test_schema_errors_name_the_argument_and_spawn_nothing(arguments: dict
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        ({"query": "q", "limit": None}, "must be an integer, got null"),
+        ({"query": None}, "must be a string, got null"),
         ({"query": "q", "limit": True}, "must be an integer, got boolean true"),
         ({"query": "q", "limit": "ten"}, 'must be an integer, got string "ten"'),
-        ({"query": "q", "mode": None}, 'must be one of "keyword", "vector", "deep"; got null'),
+        ({"query": "q", "mode": "fast"}, 'must be one of "keyword", "vector", "deep"; got "fast"'),
     ],
 )
 async def test_a_schema_error_shows_the_value_as_the_client_wrote_it_in_json(
@@ -343,6 +343,15 @@ async def test_a_schema_error_shows_the_value_as_the_client_wrote_it_in_json(
     with pytest.raises(InvalidArguments) as caught:
         await backend.call_tool("files_search", arguments)
     assert caught.value.message == message
+
+
+@pytest.mark.anyio
+async def test_null_for_an_optional_argument_runs_the_tool_with_its_default() -> None:
+    """Models often send null for what they leave out: the adapter takes it as not given."""
+    spawner = FakeSpawner()
+    backend = CliBackend("qmd", search_adapter(), spawn=spawner)
+    await backend.call_tool("files_search", {"query": "q", "limit": None, "mode": None})
+    assert spawner.calls[0][0][1:] == ["vsearch", "--json", "-n", "10", "--", "q"]
 
 
 @pytest.mark.anyio

@@ -782,15 +782,16 @@ async def test_integral_floats_are_accepted_as_integers(root: Path) -> None:
     assert "first 10 of" in text(result)
 
 
-async def test_null_for_an_optional_argument_is_refused_as_its_published_schema_says(root: Path) -> None:
-    # The schema publishes `limit` as an integer (one type per node: no nullable list type), so null is not one: the
-    # wiki holds arguments to its published schema, as every other provider and the gateway's edge do.
+async def test_null_for_an_optional_argument_is_taken_as_not_given(root: Path) -> None:
+    # Models often send null for what they leave out; `limit` publishes no null type, so null stands for "not given"
+    # (its default), as for every provider that acts on its arguments itself (inputs.ArgumentValidator.prepare).
     async with wiki_at(root) as backend:
-        with pytest.raises(InvalidArguments) as caught:
-            await call(backend, "wiki_search", query="kiwi", limit=None)
+        nulled = await call(backend, "wiki_search", query="kiwi", limit=None)
         search = await call(backend, "wiki_search", query="kiwi")
-    assert (caught.value.argument, caught.value.message) == ("limit", "must be an integer, got null")
-    assert not search.is_error
+        with pytest.raises(InvalidArguments) as caught:
+            await call(backend, "wiki_search", query=None)
+    assert not nulled.is_error and text(nulled) == text(search)
+    assert (caught.value.argument, caught.value.message) == ("query", "must be a string, got null")
 
 
 # --------------------------------------------------------------------------------------------------- freshness
