@@ -38,9 +38,9 @@ def _backend(
         ),
         server_info=types.Implementation(name=name, version="1"),
     )
-    backend._prompts = tuple(types.Prompt(name=p, description=f"{p} of {name}") for p in prompts)
-    backend._resources = tuple(types.Resource(uri=u, name=u) for u in resources)
-    backend._templates = tuple(types.ResourceTemplate(uri_template=t, name=t) for t in templates)
+    backend._lists["prompts"] = tuple(types.Prompt(name=p, description=f"{p} of {name}") for p in prompts)
+    backend._lists["resources"] = tuple(types.Resource(uri=u, name=u) for u in resources)
+    backend._lists["resource_templates"] = tuple(types.ResourceTemplate(uri_template=t, name=t) for t in templates)
     return backend
 
 

@@ -73,13 +73,25 @@ servers:
 """
 
 
+UNTRIED = [MODERN, "handshake: not yet tried"]
+REFUSED = [MODERN, "handshake: refused"]
+
+
 @pytest.mark.parametrize(
-    ("era", "speaks"),
-    [("both", ["handshake", MODERN]), ("handshake", ["handshake"]), (MODERN, [MODERN]), ("2026-answers", [MODERN])],
+    ("era", "speaks", "at_connect", "after"),
+    [
+        ("both", ["handshake", MODERN], UNTRIED, ["handshake", MODERN]),
+        ("handshake", ["handshake"], ["handshake"], ["handshake"]),
+        (MODERN, [MODERN], UNTRIED, REFUSED),
+        ("2026-answers", [MODERN], UNTRIED, REFUSED),
+    ],
 )
 async def test_each_client_is_served_in_its_own_era_where_the_downstream_speaks_it(
-    downstream: Downstreams, tmp_path: Path, era: str, speaks: list[str]
+    downstream: Downstreams, tmp_path: Path, era: str, speaks: list[str], at_connect: list[str], after: list[str]
 ) -> None:
+    # A server that answers server/discover is asked no handshake at connect (its discover answer, the SDK's, names
+    # no handshake-era version): /status says the handshake is not yet tried until a handshake-era client needs it,
+    # and then whether it was answered (that client served over it) or refused (served in the 2026-07-28 era).
     server = downstream("conformance", "streamable_http", "--era", era)
     with anyio.fail_after(60):
         direct = {}
@@ -95,9 +107,11 @@ async def test_each_client_is_served_in_its_own_era_where_the_downstream_speaks_
             async with httpx2.AsyncClient(headers={"Authorization": "Bearer tok-alice"}) as http:
                 await eventually(lambda: _ready(http, gateway.url("/healthz")), within=20)
                 status = (await http.get(gateway.url("/status"))).json()
-            through = {mode: await _answers(gateway.url(), mode, "tok-alice") for mode in (HANDSHAKE, MODERN)}
-    [backend] = status["backends"]
-    assert (backend["state"], backend["eras"]) == ("ready", speaks)
+                through = {mode: await _answers(gateway.url(), mode, "tok-alice") for mode in (HANDSHAKE, MODERN)}
+                later = (await http.get(gateway.url("/status"))).json()
+    [backend], [now] = status["backends"], later["backends"]
+    assert (backend["state"], backend["eras"]) == ("ready", at_connect)
+    assert [e.split(" (")[0] for e in now["eras"]] == after, now  # a refusal says why, in brackets
     assert through == expected, json.dumps({"through": through, "expected": expected}, indent=1)
 
 
@@ -158,3 +172,34 @@ async def test_a_tool_listed_in_the_2026_era_alone_is_served_to_clients_of_both(
             through = {mode: await _answers(gateway.url(), mode, "tok-alice") for mode in (HANDSHAKE, MODERN)}
     assert through[MODERN] == direct
     assert through[HANDSHAKE][2] == direct[2] == (False, "Hello, Ada, Ada, ada!")
+
+
+async def _prompt(url: str, mode: str, token: str | None = None) -> tuple[bool, str]:
+    """Whether a client in ``mode`` finds the input-required prompt listed, and the text it gets for it."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(20)) as http,
+        Client(streamable_http_client(url, http_client=http), mode=mode, elicitation_callback=_elicit, cache=None) as c,
+    ):
+        listed = PROMPT in [prompt.name for prompt in (await c.list_prompts()).prompts]
+        result = await c.get_prompt(PROMPT)
+    return listed, "".join(getattr(m.content, "text", "") for m in result.messages)
+
+
+PROMPT = "test_input_required_result_prompt"
+
+
+async def test_a_prompt_listed_in_the_2026_era_alone_is_served_to_clients_of_both(
+    downstream: Downstreams, tmp_path: Path
+) -> None:
+    # As its tools, the reference server lists its input-required prompt to 2026-07-28 requests only: the gateway
+    # lists it (from the session of that era) and gets it there, a 2025 client's input requests asked on its stream.
+    server = downstream("conformance", "streamable_http", "--era-tools")
+    with anyio.fail_after(60):
+        direct = await _prompt(server.url(), MODERN)
+        with run_gateway(_config(server.url()), tmp_path, tokens=TOKENS, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
+            async with httpx2.AsyncClient(headers={"Authorization": "Bearer tok-alice"}) as http:
+                await eventually(lambda: _ready(http, gateway.url("/healthz")), within=20)
+            through = {mode: await _prompt(gateway.url(), mode, "tok-alice") for mode in (HANDSHAKE, MODERN)}
+    assert direct == (True, "Answer with this context in mind: Ada, Ada, ada")
+    assert through == {HANDSHAKE: direct, MODERN: direct}

@@ -1,10 +1,11 @@
 """A stateless (2026-07-28) client's `subscriptions/listen` for a resource, served by a handshake-era downstream.
 
 That era has no `resources/subscribe`: a client names the resources it watches in its listen stream's
-`resourceSubscriptions`. The gateway subscribes the downstream that serves each one with `resources/subscribe`,
-relays its `notifications/resources/updated` onto the stream, and unsubscribes when the stream ends. The downstream
-is tests/fixtures/conformance_server.py over streamable HTTP in the handshake era: its `test_update_watched_resource`
-changes `test://watched-resource` and tells how many subscribers it notified.
+`resourceSubscriptions`. The gateway subscribes the downstream that serves each one with `resources/subscribe`, relays
+its `notifications/resources/updated` onto the stream, and unsubscribes when the stream ends. The downstream is
+tests/fixtures/conformance_server.py over streamable HTTP, declared `protocol: handshake` (undeclared, a 2026 client is
+served in its own era): its `test_update_watched_resource` changes `test://watched-resource` and tells how many
+subscribers it notified.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ WATCHED = "test://watched-resource"
 async def test_a_listen_streams_resource_subscription_subscribes_a_handshake_era_downstream(tmp_path: Path) -> None:
     port = free_port()
     with start_http_server(conformance_server_argv(port), port) as downstream:
-        config = one_backend_config("listen-resources", "classic", transport="streamable_http", url=downstream.url())
+        config = one_backend_config(
+            "listen-resources", "classic", transport="streamable_http", url=downstream.url(), protocol="handshake"
+        )
         with run_gateway(config, tmp_path, tokens=TOKENS, env={"GATEWAY_STATE_KEY": KEY}) as gateway:
             async with client(gateway.url()) as c:
                 with anyio.fail_after(30):

@@ -334,12 +334,6 @@ REFUSED_2026 = {
 """The 2026 auth scenarios whose server is never called with a token the gateway holds (they count no
 valid-bearer-token check)."""
 
-DECLARED_2026 = {"request-metadata", "http-standard-headers"}
-"""Run with the server's `protocol: "2026-07-28"` declared: with the default the gateway, after `server/discover`,
-also tries the handshake at connect (to learn whether a handshake session can serve handshake-era clients), and that
-`initialize`, a request of the handshake era, carries none of the 2026-07-28 headers and `_meta` these scenarios
-check on every POST (3 checks fail, 1 warns)."""
-
 
 @pytest.mark.parametrize(
     ("suite", "scenario"),
@@ -352,10 +346,9 @@ def test_the_gateway_as_a_client_passes_the_client_scenarios(suite: str, scenari
     command = f"{PYTHON} {FIXTURES / 'gateway_as_client.py'}"
     assert " " not in PYTHON and " " not in str(FIXTURES), "the suite splits --command on spaces"
     era = ["--spec-version", "2026-07-28"] if suite == "next-2026-07-28" else []
-    declared = {"GATEWAY_AS_CLIENT_PROTOCOL": "2026-07-28"} if scenario in DECLARED_2026 and era else {}
     completed = subprocess.run(
         [launcher, "client", "--command", command, "--scenario", scenario, *era, "-o", str(tmp_path)],
-        env={**os.environ, **declared},
+        env=os.environ,
         capture_output=True,
         text=True,
         timeout=SUITE_TIMEOUT,

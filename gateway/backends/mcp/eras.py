@@ -1,9 +1,12 @@
 """How a downstream session speaks its protocol era, and which eras a downstream speaks (``protocol:`` of a server).
 
 By default (``auto``) ``open_session`` learns the eras at connect, without configuration: over streamable HTTP it
-asks ``server/discover`` (a stateless POST) and then the handshake, and records each that was answered; the shared
-session is a handshake-era one when the handshake was answered as a handshake-era server answers it (not, say, naming
-2026-07-28), else a stateless one. Over stdio and SSE a
+asks ``server/discover`` (a stateless POST); a downstream that answers it gets a stateless shared session, and its
+handshake session is opened only when a handshake-era client needs one (``lazy``, twin.py). Where the server's
+callers have sessions of their own (opened in the shared session's era), or it signs in (OAuth: its challenges are
+read off the shared session), the handshake is asked at connect too and
+each that was answered is recorded; the shared session is then a handshake-era one when the handshake was answered as
+a handshake-era server answers it (not, say, naming 2026-07-28), else a stateless one. Over stdio and SSE a
 connection speaks one era, chosen by its first request: the handshake is tried, and a server that refuses it is
 reconnected in the stateless era (``HandshakeRefused``). ``protocol: handshake`` or ``2026-07-28`` (``MODERN``)
 declares the one era to speak. A handshake-era session runs ``initialize`` and ``probe`` pings; a stateless one runs
@@ -19,7 +22,6 @@ input responses and the downstream's own state back into the request.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -31,11 +33,8 @@ from mcp_types import methods as _methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
-from gateway.backends.mcp.failures import Life
-from gateway.backends.mcp.lists import relist
 from gateway.backends.mcp.relay import SERVING
 from gateway.calls import Round
-from gateway.config import ServerConfig
 from gateway.errors import InputRequired, TaskCreated
 
 __all__ = [
@@ -49,9 +48,6 @@ __all__ = [
     "READ_OR_INPUT",
     "call_result",
     "completed",
-    "lane_tools",
-    "learn_tools",
-    "merge_tools",
     "open_session",
     "probe",
     "stateless",
@@ -95,20 +91,30 @@ class HandshakeRefused(Exception):
 class Opened:
     """What a session's opening learnt: ``init``, the server's offer told as a handshake's answer; ``era``, the one
     this session speaks (``HANDSHAKE`` or ``MODERN``); ``eras``, every era the downstream answered in; ``discovered``,
-    its ``server/discover`` answer when it gave one (what a stateless lane beside a handshake session adopts)."""
+    its ``server/discover`` answer when it gave one (what a stateless lane beside a handshake session adopts);
+    ``deferred``, the handshake was not asked (``lazy``)."""
 
     init: types.InitializeResult
     era: str
     eras: tuple[str, ...]
     discovered: types.DiscoverResult | None = None
+    deferred: bool = False
 
 
 async def open_session(
-    session: ClientSession, *, protocol: str, backend: str, both: bool = False, probe_s: float = 5.0
+    session: ClientSession,
+    *,
+    protocol: str,
+    backend: str,
+    both: bool = False,
+    probe_s: float = 5.0,
+    lazy: bool = False,
 ) -> Opened:
     """Open ``session`` in the era ``protocol`` names (``auto``: learn it; see the module docstring). ``both``: the
     transport carries each request on its own (streamable HTTP), so both eras may be asked on this one session, the
     ``server/discover`` probe for at most ``probe_s`` (a server that leaves it unanswered keeps time for the handshake).
+    ``lazy``: a downstream that answers the probe is not asked the handshake here (its handshake session, if any, is
+    opened when a client of that era needs it: twin.py).
 
     Raises:
         HandshakeRefused: ``auto`` over a one-era connection whose server refused the handshake.
@@ -121,6 +127,9 @@ async def open_session(
     if both:
         with anyio.move_on_after(probe_s):
             found = await _discover_or_none(session)
+    if found is not None and lazy:
+        session.adopt(found)
+        return Opened(await _discovered(session, backend), MODERN, (MODERN,), found, deferred=True)
     try:
         init = await session.initialize()
     except (MCPError, RuntimeError, ValidationError) as exc:  # refused, or answered as no handshake-era server does
@@ -149,33 +158,6 @@ def stateless(session: ClientSession, found: types.DiscoverResult) -> None:
     session.adopt(found)
     _complete_by_default(session)
     _forward_capabilities(session)
-
-
-def learn_tools(session: ClientSession, tools: Sequence[types.Tool]) -> None:
-    """Teach a stateless lane the tools its handshake session listed, as if it had listed them itself: a call on it
-    then mirrors the arguments its tool annotates with ``x-mcp-header`` into ``Mcp-Param-*`` headers (SEP-2243)."""
-    session._absorb_tool_listing(types.ListToolsResult(tools=list(tools)), complete=True)
-
-
-async def lane_tools(
-    lane: ClientSession | None, config: ServerConfig, backend: str, life: Life
-) -> tuple[types.Tool, ...]:
-    """The tools a stateless lane lists (a downstream may offer some in the 2026-07-28 era alone); none without a
-    lane, or when its listing failed (``relist`` logs why)."""
-    found = lane.discover_result if lane is not None else None
-    if lane is None or found is None:
-        return ()
-    listed = await relist(lane, ("tools",), found.capabilities, config, backend=backend, life=life)
-    return listed["tools"] if listed is not None else ()
-
-
-def merge_tools(
-    shared: Sequence[types.Tool], lane: Sequence[types.Tool]
-) -> tuple[tuple[types.Tool, ...], frozenset[str]]:
-    """The handshake session's tools and, after them, those only the stateless lane lists; and the latter's names."""
-    names = {tool.name for tool in shared}
-    more = tuple(tool for tool in lane if tool.name not in names)
-    return (*shared, *more), frozenset(tool.name for tool in more)
 
 
 async def _discover_or_none(session: ClientSession) -> types.DiscoverResult | None:

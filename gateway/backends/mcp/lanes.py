@@ -1,4 +1,4 @@
-"""A downstream server's sessions that belong to one upstream client or one caller, beside its shared session.
+"""A downstream server's sessions beside its shared session: one client's, one caller's, or its handshake era's.
 
 With ``session: per_client``, a client that can answer a downstream's requests (sampling, elicitation, roots) gets a
 session of its own (``Lanes.for_client``), offering the downstream what that client offers; it opens at the
@@ -13,6 +13,9 @@ own credentials (``Lanes.for_caller``; auth/credentials.py), opened on its first
 and its credentials hold (an exchanged token's lifetime); past ``MAX_CALLER_SESSIONS`` a new caller's session closes
 the least recently used idle one. A caller's session that says its tools changed is listed again (``list_caller``).
 A caller that cannot have one gets ``BackendUnavailable`` saying why (never a header value).
+
+A dual-era server's one handshake-era session beside its stateless shared session (``Lanes.for_handshake``) is
+opened when the first handshake-era client needs it and shared by all of them (twin.py decides when).
 
 Each session is owned by its own task in the task group of ``Lanes.running``; each keeps its own ``InFlight``
 (relay.py), so a downstream's request on it reaches the client it belongs to.
@@ -72,6 +75,7 @@ class Connect(Protocol):
         offered: types.ClientCapabilities | None = None,
         headers: Mapping[str, str] | None = None,
         message_handler: MessageHandlerFnT | None = None,
+        twin: bool = False,
     ) -> AbstractAsyncContextManager[ClientSession]: ...
 
 
@@ -115,6 +119,7 @@ class Lanes:
         self._notify = notify
         self._clients: weakref.WeakKeyDictionary[Any, Lane] = weakref.WeakKeyDictionary()
         self._callers: dict[str, Lane] = {}
+        self._handshake_lane: Lane | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self.list_caller: Callable[[str, ClientSession], Awaitable[None]] | None = None
         """Lists what a caller's session offers: once its handshake is done, before any request of the caller's goes
@@ -228,6 +233,41 @@ class Lanes:
             await lane.session.send_notification(types.RootsListChangedNotification())
         except FOREIGN as exc:
             log.debug("backend.roots_changed_failed", backend=self._name, error=str(exc) or type(exc).__name__)
+
+    # -- the handshake session of a dual-era downstream -----------------------------------------------------------
+
+    async def for_handshake(self, inflight: InFlight, on_message: MessageHandlerFnT) -> Lane:
+        """The downstream's one handshake-era session beside its stateless shared session, opened on the first
+        request of a handshake-era client and shared by all of them (its requests on ``inflight``, its messages to
+        ``on_message``); opened again after it was lost. Its ``session`` is None when it could not be opened
+        (``failure`` says why)."""
+        lane = self._handshake_lane
+        if lane is None or (lane.closed.is_set() and lane.ready.is_set()):
+            lane = self._handshake_lane = Lane("handshake", inflight)
+            self._start(self._handshake_lifetime, lane, on_message)
+        await lane.ready.wait()  # set within the opening's deadline, whatever happens (_opening)
+        return lane
+
+    async def _handshake_lifetime(self, lane: Lane, on_message: MessageHandlerFnT) -> None:
+        try:
+            with self._opening(lane) as opening:
+                async with self._connect(
+                    lane.life,
+                    opening.recorder,
+                    opening.stderr,
+                    inflight=lane.inflight,
+                    message_handler=on_message,
+                    twin=True,
+                ) as session:
+                    await session.initialize()
+                    opening.opened(lane, session)
+                    log.info("backend.handshake_session", backend=self._name, state="open")
+                    await lane.closed.wait()
+        finally:
+            lane.session = None
+            lane.life.mark_lost(lane.failure or "closed")
+            lane.ready.set()
+            log.info("backend.handshake_session", backend=self._name, state="closed", reason=lane.failure)
 
     # -- per caller -------------------------------------------------------------------------------------------------
 

@@ -39,7 +39,6 @@ __all__ = [
     "LIST_KINDS",
     "LIST_TOO_LARGE",
     "OVER_LIMIT_RETRY_S",
-    "ListedHints",
     "Watch",
     "changed_lists",
     "hold_listen",
@@ -72,18 +71,6 @@ _TTLS: weakref.WeakKeyDictionary[ClientSession, dict[str, int]] = weakref.WeakKe
 def listed_ttl_ms(session: ClientSession | None, kind: str) -> int | None:
     """The shortest ``ttlMs`` the pages of ``session``'s last listing of ``kind`` carried; None when none did."""
     return _TTLS.get(session, {}).get(kind) if session is not None else None
-
-
-class ListedHints:
-    """The ``list_ttl_ms`` of the Backend protocol (backends/base.py) for a backend whose lists come from its shared
-    ``_session`` and, beside a handshake session, its stateless lane (``_stateless``): the shorter one's."""
-
-    _session: ClientSession | None
-    _stateless: ClientSession | None
-
-    def list_ttl_ms(self, kind: str) -> int | None:
-        found = (listed_ttl_ms(session, kind) for session in (self._session, self._stateless))
-        return min((ttl for ttl in found if ttl is not None), default=None)
 
 
 def _note_ttl(session: ClientSession, kind: str, ttl_ms: int | None) -> None:

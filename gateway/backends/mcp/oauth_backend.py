@@ -254,8 +254,9 @@ class OAuthBackend(McpBackend):
         headers: Mapping[str, str] | None = None,
         message_handler: MessageHandlerFnT | None = None,
         shared: bool = False,
+        twin: bool = False,
     ) -> _AsyncGeneratorContextManager[ClientSession]:
-        """The base's, with the shared session's headers carrying its token, on its stateless lane too (a
+        """The base's, with the shared session's headers carrying its token, on its twin too (a
         connection with no headers of its own: a caller's own session brings theirs)."""
         if shared:
             self._shared_recorder = recorder  # its calls' 403 challenges (call_tool)
@@ -268,7 +269,13 @@ class OAuthBackend(McpBackend):
             headers=self._shared_headers if shared or headers is None else headers,
             message_handler=message_handler,
             shared=shared,
+            twin=twin,
         )
+
+    @property
+    def _lazy(self) -> bool:
+        """No handshake session opened later: a call's 403 challenge is read off the shared session's answers."""
+        return False
 
     async def _serve(self, session: ClientSession, life: Life) -> None:
         with anyio.move_on_after(self._lifetime if self._lifetime is not None else math.inf):

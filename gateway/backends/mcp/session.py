@@ -1,24 +1,21 @@
 """One supervised session to one downstream MCP server (stdio, streamable HTTP or SSE): ``McpBackend``.
 
 ``McpBackend.run`` is the only owner of the shared session: in its own task it opens the transport (transports.py) and
-the ``ClientSession``, opens the session in its era, learning which eras the downstream speaks (eras.py; beside a
-handshake session to a dual-era downstream, a stateless lane serves the 2026-07-28 clients), lists what it offers
-(lists.py), restores the log level and subscriptions clients hold (held.py), marks itself ready and waits until the
-connection ends (process exit, broken stream, failed ping, stdin no longer read). It then fails with the reason in plain
-words and reconnects with exponential backoff and jitter, restarted only after a session that stayed up
-``min_uptime_s``. A backend that never connects still reports ``task_status.started()`` after its first failure, so it
-never blocks startup. Faults stay with their cause. An answer over ``max_answer_bytes`` fails its call alone
-(``BackendAnswerTooLarge``). Every call's failure that comes from losing the session carries that session's ``Life`` as
-its ``cause``, so the circuit breaker counts a crash with eight calls in flight once. No foreign error leaves this
-package: calls go through failures.py's ``map_call_errors``, connection failures through its ``classify_failure``.
+the ``ClientSession`` in its era, learning which eras the downstream speaks (eras.py; the session of a dual-era
+downstream's other era: twin.py), lists what it offers (lists.py), restores what clients hold (held.py), marks itself
+ready and waits until the connection ends (process exit, broken stream, failed ping, stdin no longer read). It then
+fails with the reason in plain words and reconnects with exponential backoff and jitter, restarted only after a session
+that stayed up ``min_uptime_s``. A backend that never connects still reports ``task_status.started()`` after its first
+failure, so it never blocks startup. An answer over ``max_answer_bytes`` fails its call alone. Every call's failure
+that comes from losing the session carries that session's ``Life`` as its ``cause``, so the circuit breaker counts a
+crash with eight calls in flight once. No foreign error leaves this package (failures.py).
 
-While it runs, a downstream's list changes re-read that list (and the listeners rebuild the catalog), its log
-messages and resource updates go to the ``on_notification`` hook, and its own requests to its client (sampling,
-elicitation, roots) are relayed to the gateway's client whose call caused them (relay.py). A handshake-era
-``tools/call`` on the shared session goes straight on it (direct.py) when the transport offers a direct lane; with
-``session: per_client`` or per-caller credentials, requests go on sessions of their own (lanes.py). A stateless-era
-request may be answered with an input-required result, raised as ``InputRequired`` (eras.py); the client's retry
-comes back with the round in its ``Upstream``.
+While it runs, a downstream's list changes re-read that list, its log messages and resource updates go to the
+``on_notification`` hook, and its own requests to its client (sampling, elicitation, roots) are relayed to the
+gateway's client whose call caused them (relay.py). A handshake-era ``tools/call`` on the shared session goes straight
+on it (direct.py) when the transport offers a direct lane; with ``session: per_client`` or per-caller credentials,
+requests go on sessions of their own (lanes.py). A stateless-era request may be answered with an input-required
+result, raised as ``InputRequired`` (eras.py); the client's retry comes back with the round in its ``Upstream``.
 """
 
 from __future__ import annotations
@@ -51,12 +48,8 @@ from gateway.backends.mcp.eras import (
     HandshakeRefused,
     Opened,
     completed,
-    lane_tools,
-    learn_tools,
-    merge_tools,
     open_session,
     probe,
-    stateless,
     with_round,
 )
 from gateway.backends.mcp.failures import (
@@ -76,7 +69,6 @@ from gateway.backends.mcp.lanes import Lanes
 from gateway.backends.mcp.lists import (
     LIST_KINDS,
     OVER_LIMIT_RETRY_S,
-    ListedHints,
     changed_lists,
     hold_listen,
     list_each,
@@ -88,6 +80,7 @@ from gateway.backends.mcp.relay import InFlight, attribute, back_channel, servin
 from gateway.backends.mcp.slots import SlotStatistics
 from gateway.backends.mcp.stdio import StdioProcess
 from gateway.backends.mcp.transports import open_transport
+from gateway.backends.mcp.twin import ListedHints, Twin
 from gateway.backends.mcp.watch import WatchedReceiveStream
 from gateway.calls import NO_UPSTREAM, ClientLink, Upstream
 from gateway.config import HttpServer, ServerConfig, SseServer
@@ -139,18 +132,14 @@ class McpBackend(ListedHints, BackendBase):
         self._client_info = client_info or types.Implementation(name="mcp-gateway", version=VERSION)
         self._on_notification = on_notification
         self._session: ClientSession | None = None
-        self._tools: tuple[types.Tool, ...] = ()
-        self._resources: tuple[types.Resource, ...] = ()
-        self._templates: tuple[types.ResourceTemplate, ...] = ()
-        self._prompts: tuple[types.Prompt, ...] = ()
+        self._lists: dict[str, tuple[Any, ...]] = dict.fromkeys(LIST_KINDS, ())  # what it offers, by kind
         self._init: types.InitializeResult | None = None
         # The shared session's era, the eras answered in at the last connect, the era a one-era connection tries
-        # next, and the stateless lane of the 2026-07-28 clients beside a handshake session (eras.py).
+        # next, and the session of the other era beside a dual-era downstream's shared one (twin.py).
         self._era = MODERN if config.protocol == MODERN else HANDSHAKE
         self._eras: tuple[str, ...] = ()
         self._learnt: str | None = None
-        self._stateless: ClientSession | None = None
-        self._lane_only: frozenset[str] = frozenset()  # tools the downstream lists in the 2026-07-28 era alone
+        self._twin = Twin(name, config)
         self._life = Life()
         self._probe_now: anyio.Event = anyio.Event()
         self._proc: StdioProcess | None = None
@@ -164,7 +153,7 @@ class McpBackend(ListedHints, BackendBase):
         # ${caller.secret:NAME} in the headers, or token_exchange: each caller gets a session of its own, with its
         # own credentials (auth/credentials.py).
         self._credentials = credentials or CallerCredentials.for_server(config, secrets)  # or OAuth's (signin.py)
-        self._lanes = Lanes(
+        self._lanes = lanes = Lanes(
             name,
             config,
             self._credentials,
@@ -172,6 +161,7 @@ class McpBackend(ListedHints, BackendBase):
             handshake=self._open_lane,
             notify=functools.partial(on_notification, self) if on_notification is not None else None,
         )
+        self._open_handshake = functools.partial(lanes.for_handshake, self._inflight, self._on_message)
 
     # -- the Backend protocol (name, kind, status, ladder, subscribe: BackendBase) ---------------------------------
 
@@ -195,29 +185,30 @@ class McpBackend(ListedHints, BackendBase):
     @property
     def asks_mid_call(self) -> bool:
         """May a stateless client's request be asked mid-request (so bridged)? Not where it is served in its era."""
-        return self._era != MODERN and (self._stateless is None or self._credentials is not None)
+        return self._era != MODERN and (self._twin.session is None or self._credentials is not None)
 
-    def _era_for(self, upstream: Upstream) -> str:
-        """The era ``upstream``'s request is sent in: the client's own where the downstream speaks it."""
-        if self._era == MODERN or (upstream.modern and not self.asks_mid_call):
-            return MODERN
-        return HANDSHAKE
+    async def _route(self, upstream: Upstream, method: str, params: Any) -> tuple[str, ClientSession | None]:
+        """The era ``upstream``'s request is sent in (the client's own where the downstream speaks it), and the
+        session it goes on: the twin's (twin.py), or None for the shared session (or the caller's own)."""
+        bridged = self._credentials is not None and self._era != MODERN  # its callers' sessions are handshake ones
+        on = await self._twin.route(method, params, MODERN if upstream.modern and not bridged else HANDSHAKE)
+        return (self._twin.era or self._era, on) if on is not None else (self._era, None)
 
     def tools(self) -> Sequence[types.Tool]:
-        return self._tools
+        return self._lists["tools"]
 
     def pool_statistics(self) -> SlotStatistics | None:
         """Its calls' connections (HTTP only): how many are busy, waiting, and the limits (pool.py)."""
         return self._http.slots.statistics() if self._http is not None else None
 
     def resources(self) -> Sequence[types.Resource]:
-        return self._resources
+        return self._lists["resources"]
 
     def resource_templates(self) -> Sequence[types.ResourceTemplate]:
-        return self._templates
+        return self._lists["resource_templates"]
 
     def prompts(self) -> Sequence[types.Prompt]:
-        return self._prompts
+        return self._lists["prompts"]
 
     async def call_tool(
         self,
@@ -230,10 +221,12 @@ class McpBackend(ListedHints, BackendBase):
     ) -> types.CallToolResult:
         meta = dict(upstream.meta) if upstream.meta else None
         params = types.CallToolRequestParams(name=tool, arguments=arguments, _meta=meta)  # type: ignore[arg-type]
-        if self._era_for(upstream) != MODERN and tool not in self._lane_only:
-            lane = self._fast
-            # Only on the shared session (stdio or streamable HTTP): a per-client server's and a per-caller-credentials
-            # server's calls go on the caller's own session (_send), through the SDK.
+        era, on = await self._route(upstream, "tools/call", params)
+        if era != MODERN:
+            twin = on is not None  # the handshake twin's session (twin.py), else the shared one
+            lane = self._twin.fast if twin else self._fast
+            # Only on the shared session or twin (stdio or streamable HTTP): a per-client server's and a
+            # per-caller-credentials server's calls go on the caller's own session (_send), through the SDK.
             if lane is not None and lane.ready and not self._per_client and self._credentials is None:
                 self._require_session()
                 return await call_direct(
@@ -244,15 +237,15 @@ class McpBackend(ListedHints, BackendBase):
                     progress=progress,
                     upstream=upstream,
                     backend=self._name,
-                    life=self._life,
+                    life=self._twin.life if twin else self._life,
                     inflight=self._inflight,
                     timeout_s=self._config.timeout_s,
                     notify=self._on_message,
                 )
-            request = types.CallToolRequest(params=params)
-            return await self._send(request, types.CallToolResult, progress, upstream, per_client=self._per_client)  # type: ignore[no-any-return]
+            request, per_client = types.CallToolRequest(params=params), self._per_client
+            return await self._send(request, types.CallToolResult, progress, upstream, per_client=per_client, on=on)  # type: ignore[no-any-return]
         request = types.CallToolRequest(params=with_round(params, upstream.round))
-        result = await self._send(request, CALL_OR_INPUT, progress, upstream, per_client=False, on=self._stateless)
+        result = await self._send(request, CALL_OR_INPUT, progress, upstream, per_client=False, on=on)
         return completed(result, backend=self._name, local=tool)  # type: ignore[no-any-return]
 
     async def request(
@@ -265,13 +258,12 @@ class McpBackend(ListedHints, BackendBase):
     ) -> Any:
         """Forward any client request (resources, prompts, completion, a task's, ...) to this backend. Raises
         ``BackendError``: it is not ready, or failed to answer (a JSON-RPC error is ``BackendRpcError``)."""
-        era = self._era_for(upstream)
+        era, on = await self._route(upstream, request.method, request.params)
         if era != MODERN or request.method not in ("prompts/get", "resources/read"):
-            lane = self._stateless if era == MODERN and request.method.startswith("tasks/") else None  # the task's
-            return await self._send(request, result_type, progress, upstream, per_client=False, on=lane)
+            return await self._send(request, result_type, progress, upstream, per_client=False, on=on)
         request = request.model_copy(update={"params": with_round(request.params, upstream.round)})
         either = PROMPT_OR_INPUT if request.method == "prompts/get" else READ_OR_INPUT
-        result = await self._send(request, either, progress, upstream, per_client=False, on=self._stateless)
+        result = await self._send(request, either, progress, upstream, per_client=False, on=on)
         local = request.params.name if request.method == "prompts/get" else request.params.uri
         return completed(result, backend=self._name, local=local)
 
@@ -285,7 +277,7 @@ class McpBackend(ListedHints, BackendBase):
         per_client: bool,
         on: ClientSession | None = None,
     ) -> Any:
-        """Send ``request`` on the shared session, the caller's or client's own, or ``on`` (the stateless lane)."""
+        """Send ``request`` on the shared session, the caller's or client's own, or ``on`` (the twin's)."""
         life = self._life
         session = self._require_session()
         inflight = self._inflight
@@ -318,8 +310,7 @@ class McpBackend(ListedHints, BackendBase):
         return session
 
     async def roots_changed(self, client: ClientLink) -> None:
-        """``client`` says its roots changed: tell its own session, if it has one (the shared session's roots are
-        whoever's call is in flight, so nothing there to tell)."""
+        """``client`` says its roots changed: tell its own session, if it has one (the shared one has no roots)."""
         await self._lanes.roots_changed(client)
 
     # -- logging and subscriptions (held.py) -------------------------------------------------------------------
@@ -328,21 +319,22 @@ class McpBackend(ListedHints, BackendBase):
         """Ask the downstream to send log messages from ``level`` up (kept and re-applied after a reconnect);
         ``None`` forgets the level (the downstream keeps the last one it was given until it reconnects)."""
         session = self._session if self._status.state is BackendState.READY else None
-        await self._held.set_log_level(level, session, self.capabilities)
+        await self._held.set_log_level(level, self._twin.handshake or session, self.capabilities)  # 2025 clients
 
     async def subscribe_resource(self, uri: str) -> None:
-        """Subscribe to updates of the downstream's ``uri`` (counted: the downstream is asked once).
-
-        Raises:
-            BackendError: the backend is not ready or refused the subscription."""
+        """Subscribe to updates of the downstream's ``uri`` (counted: asked once). Raises ``BackendError``."""
+        twin = await self._twin.handshake_open()  # a dual-era server's subscriptions are its handshake session's
+        self._held.listening = self._era == MODERN and twin is None
         await self._held.subscribe(uri)
 
     async def unsubscribe_resource(self, uri: str) -> None:
         """Drop one subscription to ``uri``; the downstream is told when the last one goes. Never raises."""
         await self._held.unsubscribe(uri, connected=self._session is not None)
 
-    async def _send_empty(self, request: Any) -> object:
-        return await self._send(request, types.EmptyResult, None, NO_UPSTREAM, per_client=False)
+    async def _send_empty(self, request: Any) -> object:  # on a dual-era server's handshake session, if open
+        return await self._send(
+            request, types.EmptyResult, None, NO_UPSTREAM, per_client=False, on=self._twin.handshake
+        )
 
     # -- supervision ---------------------------------------------------------------------------------------------
 
@@ -393,22 +385,26 @@ class McpBackend(ListedHints, BackendBase):
                         lane = self._connect(
                             life, recorder, stderr, inflight=self._inflight, message_handler=self._on_message
                         )
-                        self._stateless = await lanes.enter_async_context(lane)
-                        stateless(self._stateless, opened.discovered)
+                        await self._twin.open_stateless(lanes, lane, opened.discovered)
+                    elif opened.deferred and opened.discovered is not None:  # a handshake twin, if ever needed
+                        relisted = functools.partial(self._refresh, LIST_KINDS)
+                        self._twin.defer(opened.discovered, self._open_handshake, relisted)
                     with anyio.fail_after(self._config.connect_timeout_s):
                         lists = await list_each(session, LIST_KINDS, opened.init.capabilities, self._config)
-                        lists["tools"] = await self._with_lane_tools(lists["tools"])
+                        lists = await self._twin.merged(lists, self._life)
                     ready_at = anyio.current_time()
                     await self._become_ready(session, lists)
                     on_first_outcome()
                     await self._serve(session, life)
             except anyio.get_cancelled_exc_class():
-                self._session = self._stateless = None
+                self._session = None
+                self._twin.close()
                 raise
             except Exception as exc:  # translated into a reason below; nothing foreign escapes
                 failure = exc
-            self._session = self._stateless = None
-            self._tools = self._resources = self._templates = self._prompts = ()
+            self._session = None
+            self._twin.close()
+            self._lists = dict.fromkeys(LIST_KINDS, ())
             proc = self._proc
             exit_code = proc.returncode if proc is not None else None
             stderr_tail = proc.stderr_tail() if proc is not None else ""
@@ -445,11 +441,19 @@ class McpBackend(ListedHints, BackendBase):
         """Open the shared session in its era (learnt, unless ``protocol:`` names one; eras.py)."""
         config, both, probe_s = self._config, isinstance(self._config, HttpServer), self._config.connect_timeout_s / 3
         protocol = config.protocol if config.protocol != "auto" else (self._learnt or "auto")
-        opened = await open_session(session, protocol=protocol, backend=self._name, both=both, probe_s=probe_s)
+        opened = await open_session(
+            session, protocol=protocol, backend=self._name, both=both, probe_s=probe_s, lazy=self._lazy
+        )
         self._init, self._era, self._eras = opened.init, opened.era, opened.eras
         if self._fast is not None:
             self._fast.version = opened.init.protocol_version
         return opened
+
+    @property
+    def _lazy(self) -> bool:
+        """Is the handshake session opened only when needed? Not where callers have sessions of their own (opened
+        in the shared session's era, learnt at connect)."""
+        return self._credentials is None and not self._per_client
 
     async def _open_lane(self, session: ClientSession) -> types.InitializeResult:
         """A caller's or client's own session, opened in the shared session's era."""
@@ -467,10 +471,12 @@ class McpBackend(ListedHints, BackendBase):
         headers: Mapping[str, str] | None = None,
         message_handler: MessageHandlerFnT | None = None,
         shared: bool = False,
+        twin: bool = False,
     ) -> AsyncIterator[ClientSession]:
         """A ``ClientSession`` over a transport of its own, not yet opened, its receive stream watched (``life`` is
         marked lost when it ends), its back-channel relayed for ``inflight`` (offering ``offered``, or all three).
-        ``headers``: the gateway's own by default. ``shared``: the shared session (its process and direct lane)."""
+        ``headers``: the gateway's own by default. ``shared``: the shared session (its process and direct lane);
+        ``twin``: the handshake twin (its direct lane)."""
         if headers is None and self._credentials is not None:
             headers = self._credentials.gateway_headers()
         async with open_transport(
@@ -480,10 +486,12 @@ class McpBackend(ListedHints, BackendBase):
             recorder=recorder,
             stderr=stderr,
             on_failure=functools.partial(self._transport_failed, life),
-            direct=shared,
+            direct=shared or twin,
         ) as transport:
             if shared:
                 self._proc, self._fast = transport.process, transport.lane
+            if twin:
+                self._twin.fast = transport.lane
             try:
                 lost = functools.partial(life.mark_lost, "the connection closed")
                 watched = WatchedReceiveStream(transport.read, lost, screen_lists(self._config))
@@ -498,11 +506,13 @@ class McpBackend(ListedHints, BackendBase):
             finally:
                 if shared:
                     self._fast = None
+                if twin:
+                    self._twin.fast = None
 
     async def _become_ready(self, session: ClientSession, lists: dict[str, tuple[Any, ...]]) -> None:
         """The shared session is open and listed: serve from it."""
         self._session = session
-        self._tools, self._resources, self._templates, self._prompts = (lists[kind] for kind in LIST_KINDS)
+        self._lists = dict(lists)
         await self._held.restore(session, self.capabilities, listening=self._era == MODERN)  # held.py
         self._ready()
 
@@ -511,8 +521,9 @@ class McpBackend(ListedHints, BackendBase):
         announces them nowhere else) until it is lost."""
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._ping_loop, session)
-            if self._era == MODERN or self._stateless is not None:
-                tg.start_soon(self._listen, self._stateless or session)
+            listened = session if self._era == MODERN else self._twin.session  # a stateless session or twin
+            if listened is not None:
+                tg.start_soon(self._listen, listened)
             await life.lost.wait()
             tg.cancel_scope.cancel()
 
@@ -557,29 +568,15 @@ class McpBackend(ListedHints, BackendBase):
         if session is None:
             return
         lists = await relist(session, kinds, self.capabilities, self._config, backend=self._name, life=self._life)
-        if lists is not None and "tools" in lists:
-            lists["tools"] = await self._with_lane_tools(lists["tools"])
+        if lists is not None:
+            lists = await self._twin.merged(lists, self._life)
         if lists is None or session is not self._session:
             return  # not listed, or the session went away meanwhile (the next one lists afresh)
-        unchanged = all(lists[kind] == self._listed(kind) for kind in kinds)
-        self._tools = lists.get("tools", self._tools)
-        self._resources = lists.get("resources", self._resources)
-        self._templates = lists.get("resource_templates", self._templates)
-        self._prompts = lists.get("prompts", self._prompts)
+        unchanged = all(lists[kind] == self._lists[kind] for kind in kinds)
+        self._lists.update(lists)
         self._ready(since=self._status.since)
         if unchanged and announced is not None and self._on_notification is not None:
             await self._on_notification(self, announced, None, None)
-
-    async def _with_lane_tools(self, tools: tuple[Any, ...]) -> tuple[Any, ...]:
-        """``tools`` and those the stateless lane lists besides (the 2026-07-28 era's alone, called on the lane)."""
-        tools, self._lane_only = merge_tools(
-            tools, await lane_tools(self._stateless, self._config, self._name, self._life)
-        )
-        return tools
-
-    def _listed(self, kind: str) -> Sequence[Any]:
-        held = (self._tools, self._resources, self._templates, self._prompts)
-        return dict(zip(("tools", "resources", "resource_templates", "prompts"), held, strict=True))[kind]
 
     def _transport_failed(self, life: Life, reason: str) -> None:
         """The transport gave up on a live session (a stdio server stopped reading its stdin): the backend is
@@ -590,10 +587,12 @@ class McpBackend(ListedHints, BackendBase):
             self._fail(reason)
 
     def _ready(self, since: float | None = None) -> None:
-        if self._stateless is not None:  # the lane sends the Mcp-Param-* headers of the tools listed (SEP-2243)
-            learn_tools(self._stateless, self._tools)
+        self._twin.learn(self._lists["tools"])  # the lane sends the Mcp-Param-* headers of the tools listed (SEP-2243)
         last = self._status.last_error
-        ready = BackendStatus(BackendState.READY, None, tool_count=len(self._tools), last_error=last, eras=self._eras)
+        eras = self._twin.eras(self._eras)
+        ready = BackendStatus(
+            BackendState.READY, None, tool_count=len(self._lists["tools"]), last_error=last, eras=eras
+        )
         self._set_status(ready if since is None else replace(ready, since=since))
 
     def _fail(self, reason: str) -> None:
