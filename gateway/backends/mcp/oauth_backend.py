@@ -206,10 +206,12 @@ class OAuthBackend(McpBackend):
         presenting it again."""
         if not await self._take_token(on_first_outcome):
             return
+        # a 401 counts against this lifetime's token alone: never one an earlier session's recorder kept
+        self._shared_recorder, caller = None, self._listing_as
         try:
             await super()._session_lifetime(on_first_outcome)
         finally:
-            recorder, caller = self._shared_recorder, self._listing_as
+            recorder = self._shared_recorder
             if recorder is not None and recorder.status == 401 and caller is not None:
                 recorder.clear()
                 with anyio.CancelScope(shield=True):

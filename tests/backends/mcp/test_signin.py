@@ -406,7 +406,7 @@ async def test_replicas_on_postgresql_share_sign_ins_and_revocations(tmp_path: P
             return error and "/ui/connect/remote" in said
 
         await eventually(signed_out_on_b, within=3 * WATCH_S)
-        assert (await whoami(b, "tok-bob-0123456789")) == (False, "account: bob-account")
+        assert (await whoami(b, "tok-bob-0123456789")) == (False, "account: bob-account"), b.output()[-3000:]
         with anyio.fail_after(WAIT):  # the operator's command reads the same database
             listed = await anyio.run_process(
                 [PYTHON, "-m", "gateway", "connections", "-c", str(tmp_path / "a" / "federation.yaml")],
