@@ -25,7 +25,7 @@ from mcp_types import URL_ELICITATION_REQUIRED
 from gateway.auth.connections import WATCH_S, Connections
 from gateway.auth.keys import load_key
 from tests.fixtures.gateway_proc import FIXTURES, PYTHON, answer_elicitation, first_text, mcp_session, run_gateway
-from tests.fixtures.identity import IdentityProvider, start_identity_provider
+from tests.fixtures.identity import IdentityProvider, holds_jwt, start_identity_provider
 from tests.fixtures.procs import RunningServer, free_port, start_http_server
 from tests.fixtures.waiting import eventually
 
@@ -101,9 +101,9 @@ async def sign_in(gw: RunningServer, caller_token: str, account: str) -> httpx2.
         return await browser.get(location)
 
 
-def holding(folder: Path, needle: bytes) -> list[str]:
-    """The ledger's files (the database, its journal) that hold ``needle``."""
-    return [file.name for file in folder.glob("audit.db*") if needle in file.read_bytes()]
+def holding_jwt(folder: Path) -> list[str]:
+    """The ledger's files (the database, its journal) that hold a JWT."""
+    return [file.name for file in folder.glob("audit.db*") if holds_jwt(file.read_bytes())]
 
 
 async def whoami(gw: RunningServer, token: str) -> tuple[bool, str]:
@@ -157,9 +157,9 @@ async def test_two_callers_sign_in_with_two_accounts_and_each_gets_their_own(tmp
     rows = db.execute("SELECT caller, sealed FROM downstream_tokens").fetchall()
     assert sorted(caller for caller, _ in rows if caller) == ["alice", "bob"]
     for _caller, sealed in rows:
-        assert b"eyJ" not in bytes(sealed)
-    assert holding(tmp_path, b"eyJ") == []  # the ledger's rows of the calls, its journal: no JWT anywhere
-    assert "eyJ" not in log, "a JWT reached the gateway's log"
+        assert not holds_jwt(bytes(sealed))
+    assert holding_jwt(tmp_path) == []  # the ledger's rows of the calls, its journal: no JWT anywhere
+    assert not holds_jwt(log), "a JWT reached the gateway's log"
 
 
 async def test_each_caller_lists_the_tools_their_own_account_lists(tmp_path: Path) -> None:
@@ -195,13 +195,13 @@ async def test_a_restart_keeps_the_sign_in_and_revocation_ends_it(tmp_path: Path
             )
         said = listed.stdout.decode() + listed.stderr.decode()
         assert said.startswith("alice\tremote\ttoken expires in "), said
-        assert "refreshable" in said and "eyJ" not in said
+        assert "refreshable" in said and not holds_jwt(said)
         with gateway(tmp_path, server, port) as gw:  # a new process: the tokens come from the ledger's file
             await ready(gw)
             assert (await whoami(gw, "tok-alice-0123456789")) == (False, "account: alice-account")
             async with httpx2.AsyncClient(headers={"Authorization": "Bearer tok-alice-0123456789"}) as http:
                 listing = await http.get(gw.url("/ui/connections"))
-                assert "alice -&gt; remote" in listing.text and "eyJ" not in listing.text, listing.text
+                assert "alice -&gt; remote" in listing.text and not holds_jwt(listing.text), listing.text
                 revoked = await http.post(
                     gw.url("/ui/connections"),
                     data={"backend": "remote", "caller": "alice"},
@@ -216,7 +216,7 @@ async def test_a_restart_keeps_the_sign_in_and_revocation_ends_it(tmp_path: Path
             log = gw.output()
     assert status.status_code == metrics.status_code == ui.status_code == 200
     for text in (status.text, metrics.text, ui.text, log):
-        assert "eyJ" not in text  # no JWT (every token the provider issues is one)
+        assert not holds_jwt(text)  # no JWT (every token the provider issues is one)
 
 
 async def test_revoking_a_connection_revokes_its_tokens_at_the_authorization_server(tmp_path: Path) -> None:
@@ -245,7 +245,7 @@ async def test_revoking_a_connection_revokes_its_tokens_at_the_authorization_ser
         log = gw.output()
     assert answer.status_code == 400 and answer.json()["error"] == "invalid_grant", answer.text
     assert '"event": "signin.revoked_at_server"' in log and '"refused": null' in log, log[-3000:]
-    assert "eyJ" not in log
+    assert not holds_jwt(log)
 
 
 async def test_a_callback_from_another_browser_completes_nothing(tmp_path: Path) -> None:
@@ -270,7 +270,7 @@ async def test_a_token_about_to_expire_is_refreshed_before_the_call(tmp_path: Pa
         assert (await whoami(gw, "tok-alice-0123456789")) == (False, "account: alice-account")
         log = gw.output()
     assert "signin.refreshed" in log
-    assert "eyJ" not in log
+    assert not holds_jwt(log)
 
 
 async def test_per_gateway_serves_every_caller_with_the_gateways_own_identity(tmp_path: Path) -> None:
@@ -285,7 +285,7 @@ async def test_per_gateway_serves_every_caller_with_the_gateways_own_identity(tm
                 # a stateless client: the server speaks both eras, so on the shared session's stateless lane
                 assert (await modern_whoami(gw, caller)) == (False, "account: alpha")
             log = gw.output()
-    assert "alpha-secret" not in log and "eyJ" not in log
+    assert "alpha-secret" not in log and not holds_jwt(log)
 
 
 async def call(gw: RunningServer, token: str, tool: str) -> tuple[bool, str]:
@@ -310,7 +310,7 @@ async def test_more_scope_wanted_of_the_gateways_identity_is_taken_at_once(tmp_p
             await eventually(served, within=WAIT)  # the shared session opened again with the wider token
             assert (await whoami(gw, "tok-alice-0123456789")) == (False, "account: alpha")
             log = gw.output()
-    assert '"wanted": "mcp:read"' in log and "alpha-secret" not in log and "eyJ" not in log
+    assert '"wanted": "mcp:read"' in log and "alpha-secret" not in log and not holds_jwt(log)
 
 
 async def test_more_scope_wanted_of_a_caller_asks_them_to_sign_in_again(tmp_path: Path) -> None:
@@ -326,7 +326,7 @@ async def test_more_scope_wanted_of_a_caller_asks_them_to_sign_in_again(tmp_path
         assert page.status_code == 400 and "invalid_scope" in page.text, page.text
         assert (await whoami(gw, "tok-alice-0123456789")) == (False, "account: alice-account")  # still signed in
         log = gw.output()
-    assert '"wanted": "mcp:read"' in log and "eyJ" not in log
+    assert '"wanted": "mcp:read"' in log and not holds_jwt(log)
 
 
 @pytest.mark.parametrize(
@@ -420,7 +420,7 @@ async def test_replicas_on_postgresql_share_sign_ins_and_revocations(tmp_path: P
         [tokens] = db.execute("SELECT string_agg(encode(sealed, 'escape'), '') FROM downstream_tokens").fetchone()
         [calls] = db.execute("SELECT string_agg(c::text, '') FROM calls c").fetchone()
     assert callers == ["bob"]
-    assert "eyJ" not in tokens and "eyJ" not in calls and "eyJ" not in logs
+    assert not holds_jwt(tokens) and not holds_jwt(calls) and not holds_jwt(logs)
 
 
 async def modern_whoami(gw: RunningServer, token: str) -> tuple[bool, str]:
