@@ -40,7 +40,6 @@ from gateway.backends.cli.checks import PROBE_TIMEOUT_S
 from gateway.backends.mcp.oauth_backend import OAuthBackend
 from gateway.backends.mcp.session import HttpPool, McpBackend, NotificationHook
 from gateway.backends.mcp.signin import SignIn
-from gateway.backends.wiki.backend import WikiBackend
 from gateway.calls import ClientLink, Upstream
 from gateway.config import Federation, HttpServer
 from gateway.core.answers import Answers
@@ -139,6 +138,8 @@ def build_backends(
     if config.wiki is not None and not config.wiki.enabled:
         backends[config.wiki.name] = DisabledBackend(config.wiki.name, "wiki", config.wiki.disabled_reason)
     elif config.wiki is not None:
+        from gateway.backends.wiki.backend import WikiBackend  # its index and ranking (numpy) only for a wiki
+
         wiki = config.wiki
         backends[wiki.name] = WikiBackend(
             wiki.name,

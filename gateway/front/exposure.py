@@ -35,7 +35,7 @@ import json
 import threading
 import weakref
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
@@ -50,9 +50,11 @@ from gateway.core.costs import BYTES_PER_TOKEN, Cost
 from gateway.core.gate import note_without
 from gateway.core.policies import View, Views
 from gateway.errors import InvalidArguments
-from gateway.search.learning import UseMemory
-from gateway.search.ranking import Embedder, SemanticUnavailable, Vectors, load_embedder
-from gateway.search.tools import Ranking, ToolDoc, ToolIndex
+
+if TYPE_CHECKING:  # the search engine (numpy, the models) is imported when a search-mode client first needs it
+    from gateway.search.learning import UseMemory
+    from gateway.search.ranking import Embedder, Vectors
+    from gateway.search.tools import Ranking, ToolDoc, ToolIndex
 
 __all__ = ["INDEX_WAIT_S", "Disclosure", "cost_band", "meta_tools"]
 
@@ -151,7 +153,7 @@ class Disclosure:
         config: Callable[[], Federation],
         catalog: Callable[[], Catalog],
         backends: Callable[[], Mapping[str, Backend]],
-        load_model: Callable[[], Embedder] = load_embedder,
+        load_model: Callable[[], Embedder] | None = None,
     ) -> None:
         self._config = config
         self._catalog = catalog
@@ -164,10 +166,19 @@ class Disclosure:
         self._lock = threading.Lock()
         self._searching: weakref.WeakSet[Any] = weakref.WeakSet()
         self._sizes: dict[int, tuple[Catalog, int]] = {}
-        self.memory = UseMemory()
+        self._memory: UseMemory | None = None
         self._last: weakref.WeakKeyDictionary[Any, tuple[str | None, Vectors, frozenset[str]]] = (
             weakref.WeakKeyDictionary()
         )
+
+    @property
+    def memory(self) -> UseMemory:
+        """What each team chose after its searches (search/learning.py), made at the first search."""
+        if self._memory is None:
+            from gateway.search.learning import UseMemory
+
+            self._memory = UseMemory()
+        return self._memory
 
     @property
     def exposure(self) -> Exposure:
@@ -302,6 +313,8 @@ class Disclosure:
         """The search index of the current catalog, built once per catalog in a thread of its own (embedding a
         large catalog takes a while: up to ``INDEX_WAIT_S`` is waited for, then searches rank by keywords and say so
         until the build is done)."""
+        from gateway.search.tools import ToolIndex
+
         catalog = self._catalog()
         with self._lock:
             if self._index is not None and self._index[0] is catalog:
@@ -333,8 +346,11 @@ class Disclosure:
                     self._building[1].set()
 
     def _build(self, docs: list[ToolDoc]) -> ToolIndex:
+        from gateway.search.ranking import SemanticUnavailable, load_embedder
+        from gateway.search.tools import ToolIndex
+
         try:
-            embedder: Embedder | None = self._load_model()
+            embedder: Embedder | None = (self._load_model or load_embedder)()
             reason = None
         except SemanticUnavailable as exc:
             embedder, reason = None, exc.reason
@@ -471,6 +487,8 @@ def _int(value: Any, tool: str) -> int:
 
 
 def _doc(entry: CatalogEntry) -> ToolDoc:
+    from gateway.search.tools import ToolDoc
+
     annotations = entry.tool.annotations
     dumped = annotations.model_dump(by_alias=True, exclude_none=True) if annotations is not None else {}
     backends: Sequence[str] = tuple(dict.fromkeys(p.backend for p in entry.providers))

