@@ -2,11 +2,11 @@
 chat tokens, private keys, JWTs, connection strings with a password), found without keeping their values.
 
 Each pattern starts from a literal marker (``AKIA``, ``ghp_``, ``-----BEGIN``, ``://``...), so a text holding none
-of them costs a few substring checks and no regular expression; a 100 KB answer is scanned in about a millisecond
-(bench/secrets_scan.py). A ``Finding`` is a kind and a location (a JSON path such as ``arguments.note`` or
-``content[0].text``), never the value: ``redact`` replaces each match (a connection string's password only) with
-``[redacted KIND]``. detect-secrets was measured and left out: 3.7 s for 100 KB per call, and its entropy rules flag
-every hex id.
+of them costs one scan for all the markers at once and no pattern's regular expression; a 100 KB answer is scanned in
+about a millisecond (bench/secrets_scan.py). A ``Finding`` is a kind and a location (a JSON path such as
+``arguments.note`` or ``content[0].text``), never the value: ``redact`` replaces each match (a connection string's
+password only) with ``[redacted KIND]``. detect-secrets was measured and left out: 3.7 s for 100 KB per call, and its
+entropy rules flag every hex id.
 """
 
 from __future__ import annotations
@@ -67,6 +67,8 @@ _PATTERNS: Final = (
 )
 # Each regex starts with its literal, so the engine skips to it; a leading ``\b`` would make it try every position
 # (100 times slower): a ``word`` match glued to a word before it is dropped in ``_matches`` instead.
+_ANY_MARKER: Final = re.compile("|".join(re.escape(m) for p in _PATTERNS for m in p.markers))
+"""Every marker at once: one scan in C tells most texts (a log line's fields, an ordinary answer) hold none."""
 KINDS: Final = tuple(dict.fromkeys(p.kind for p in _PATTERNS))
 """The kinds of credential found."""
 
@@ -83,6 +85,8 @@ class Finding:
 
 
 def _matches(text: str) -> Iterator[tuple[str, int, int]]:
+    if _ANY_MARKER.search(text) is None:
+        return
     for pattern in _PATTERNS:
         if not any(marker in text for marker in pattern.markers):
             continue

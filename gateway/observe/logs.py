@@ -29,6 +29,7 @@ warning for a line that reports an error, else info.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import sys
@@ -55,6 +56,7 @@ _SECRET_NAME = re.compile(
 )
 
 
+@functools.lru_cache(maxsize=4096)  # asked of every key of every log line: the names are few, the answer fixed
 def is_secret_name(name: str) -> bool:
     """Whether a header, environment variable or log key named ``name`` holds a secret by its name alone.
 
