@@ -222,7 +222,8 @@ class EdgeSettings(Model):
     """Bytes of recent events kept for any one stream; an event larger than this is sent but not kept."""
     client_buffer_bytes: int = Field(default=1024 * 1024, ge=1024)
     """Bytes of a request's log messages waiting for a client that does not read its stream (its progress is
-    coalesced to the latest meanwhile); beyond them the request is given up for that client (front/outbox.py)."""
+    coalesced to the latest meanwhile), and of its progress coalesced away while the client takes nothing (a
+    downstream flooding it); beyond either the request is given up for that client (front/outbox.py)."""
     client_stall_s: float = Field(default=30.0, gt=0)
     """How long a client may leave a notification of its request unread while more come; then the request is given
     up for that client, and its downstream work cancelled."""

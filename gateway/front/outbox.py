@@ -6,10 +6,13 @@ caller's calls and the health pings behind it), or make the gateway keep everyth
 So a notification is put here without waiting, and delivered by a task of its own, in order. While the client does
 not keep up (half of ``gateway.edge.client_buffer_bytes`` waits, or a send to it has been under way for ``SLOW_S``),
 its progress is coalesced to the latest; its log messages wait, at most ``client_buffer_bytes`` of them. A client
-that leaves a notification unread for ``client_stall_s`` while more come, or that has more log messages waiting than
-that, is shed: the request's work is cancelled (its downstream call too, which is told) and the request is answered
-as given up, for that client alone. When the request ends, what is waiting is delivered first (bounded by
-``FLUSH_S``), so a client that reads gets every notification before the answer.
+that leaves a notification unread for ``client_stall_s`` while more come, that has more log messages waiting than
+``client_buffer_bytes``, or that takes nothing while more than that of progress is coalesced away (a downstream
+flooding it: a direct client that stopped reading would hold the downstream back within its socket's buffers; the
+gateway, which never holds a shared downstream back, stops the work instead) is shed: the request's work is
+cancelled (its downstream call too, which is told) and the request is answered as given up, for that client alone.
+When the request ends, what is waiting is delivered first (bounded by ``FLUSH_S``), so a client that reads gets every
+notification before the answer.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ class Outbox:
         "_busy_since",
         "_bytes",
         "_log_bytes",
+        "_unread",
         "_delivering",
         "_drained",
         "_pending",
@@ -89,6 +93,7 @@ class Outbox:
         self._pending: list[Any] | None = None  # the last progress waiting in the queue: [progress, total, message]
         self._bytes = 0  # everything waiting
         self._log_bytes = 0  # the log messages waiting (what cannot be coalesced)
+        self._unread = 0  # bytes of progress coalesced away while a send has been stuck for SLOW_S
         self._wake = anyio.Event()
         self._drained: anyio.Event | None = None
         self._busy_since: float | None = None
@@ -112,6 +117,8 @@ class Outbox:
         slow = busy is not None and time.monotonic() - busy > SLOW_S
         if pending is not None and (slow or self._bytes > self._limit // 2):
             pending[:] = (progress, total, message)  # the client is not keeping up: only the latest will do
+            if slow:  # and takes nothing: what it leaves unread is work done for no one
+                self._unread += _PROGRESS_BYTES + len(message or "")
         else:
             size = _PROGRESS_BYTES + len(message or "")
             self._pending = [progress, total, message]
@@ -129,11 +136,13 @@ class Outbox:
         self._pushed()
 
     def _pushed(self) -> None:
-        if self._log_bytes > self._limit:
-            self._shed(
-                f"{self._log_bytes:,} bytes of its log messages were waiting for it, over "
-                f"gateway.edge.client_buffer_bytes ({self._limit:,})"
+        if self._log_bytes > self._limit or self._unread > self._limit:
+            what = (
+                f"{self._log_bytes:,} bytes of its log messages were waiting for it"
+                if self._log_bytes > self._limit
+                else f"{self._unread:,} bytes of its progress went unread while it took nothing for over {SLOW_S:g} s"
             )
+            self._shed(f"{what}, over gateway.edge.client_buffer_bytes ({self._limit:,})")
             return
         busy = self._busy_since
         if busy is not None and time.monotonic() - busy > self._stall_s:
@@ -151,7 +160,7 @@ class Outbox:
         self.shed = reason
         self._open = False
         self._queue.clear()
-        self._pending, self._bytes, self._log_bytes = None, 0, 0
+        self._pending, self._bytes, self._log_bytes, self._unread = None, 0, 0, 0
         log.warning("client.shed", caller=self.caller, reason=reason)
         self.scope.cancel()
         if self._delivering is not None:
@@ -180,7 +189,7 @@ class Outbox:
                         self._open = False  # the client is gone: nothing more reaches it
                         self._queue.clear()
                     finally:
-                        self._busy_since = None
+                        self._busy_since, self._unread = None, 0  # it took one: it reads again
                 if self._drained is not None:
                     self._drained.set()
                 await self._wake.wait()

@@ -93,3 +93,51 @@ async def test_log_messages_waiting_beyond_the_limit_shed_the_client_alone() -> 
         box.send(client.say("fourth"), 600)  # and nothing more is kept for it
         assert not box._queue
     assert client.sent == []
+
+
+async def test_progress_flooding_a_client_that_takes_nothing_sheds_it_once_its_unread_bytes_pass_the_limit() -> None:
+    # What a client leaves unread of a flood costs the downstream's work, and everyone else's CPU, even though the
+    # gateway keeps only the latest: once a send has been stuck for SLOW_S, the progress coalesced away is counted
+    # against limit_bytes like waiting log messages, and the client is shed long before client_stall_s.
+    client = Client(reading=False)
+    async with outbox(client, limit_bytes=4096) as box:
+        progress = box.progress
+        assert progress is not None
+        await progress(1, None, None)
+        with anyio.fail_after(5):
+            await client.stuck.wait()
+        for step in range(2, 200):  # before a second has passed, only coalesced
+            await progress(step, None, None)
+        assert box.shed is None
+        await anyio.sleep(1.1)  # a stall of over SLOW_S: time itself is the condition here, not a synchronisation
+        step = 200
+        while box.shed is None and step < 1_000:
+            await progress(step, None, None)
+            step += 1
+        assert box.shed is not None and "progress" in box.shed and "(4,096)" in box.shed
+        assert step - 200 <= 4096 // 96 + 2  # shed at the limit, not later
+        assert box.scope.cancel_called
+
+
+async def test_a_slow_client_that_keeps_reading_is_never_shed_for_the_progress_it_misses() -> None:
+    # A client that takes each notification in under SLOW_S is behind, not stalled: its progress is coalesced, and
+    # however much is coalesced away, its call goes on.
+    sent: list[float] = []
+
+    async def slow_report(progress: float, total: float | None, message: str | None) -> None:
+        await anyio.sleep(0.01)
+        sent.append(progress)
+
+    async with anyio.create_task_group() as tg:
+        box = Outbox(slow_report, lambda deliver: tg.start_soon(deliver), limit_bytes=1024, stall_s=60, caller="c")
+        progress = box.progress
+        assert progress is not None
+        with anyio.fail_after(10):
+            for step in range(20_000):
+                await progress(step, None, None)
+                if step % 100 == 0:
+                    await anyio.sleep(0.005)
+        assert box.shed is None
+        with anyio.fail_after(5):
+            await box.close()
+    assert sent and sent[-1] == 19_999 and len(sent) < 20_000
