@@ -240,7 +240,10 @@ async def test_a_log_level_set_before_the_handshake_session_opens_is_applied_to_
                 await eventually(lambda: _ready(http, gateway.url("/healthz")), within=20)
                 status = (await http.get(gateway.url("/status"))).json()
             through = await _levels_heard(gateway.url(), "tok-alice")
+            output = gateway.output()
     [backend] = status["backends"]
     assert backend["eras"] == UNTRIED  # the handshake session was deferred
     assert direct == ["warning", "error"]
     assert through == direct
+    # The stateless session was not asked: that era has no logging/setLevel (a request says its level in _meta).
+    assert "backend.set_log_level_failed" not in output
