@@ -305,8 +305,9 @@ class McpBackend(Listed, BackendBase):
 
     async def set_log_level(self, level: types.LoggingLevel | None) -> None:
         """Ask the downstream to send log messages from ``level`` up (kept and re-applied after a reconnect);
-        ``None`` forgets the level (the downstream keeps the last one it was given until it reconnects)."""
-        session = self._session if self._status.state is BackendState.READY else None
+        ``None`` forgets the level (the downstream keeps the last one it was given until it reconnects). A stateless
+        session is not asked: each request says its level (eras.py ``_forward_capabilities``)."""
+        session = self._session if self._status.state is BackendState.READY and self._era != MODERN else None
         twin = self._twin.handshake  # a dual-era server's handshake session, where 2025 clients' level goes, if open
         await self._held.set_log_level(level, twin or session, self._twin.capabilities if twin else self.capabilities)
 
