@@ -5,7 +5,8 @@ Real processes: tests/fixtures/conformance_server.py over streamable HTTP speaki
 or the 2026-07-28 era only (``--era``, tests/fixtures/one_era.py), behind a real ``gateway serve`` with a default
 configuration; the clients are the SDK's ``Client`` in each era (``legacy`` and ``2026-07-28``). Each answer through
 the gateway equals the one the client gets directly from the server in its own era, or, where the server does not
-speak the client's era, the one a client of the server's era gets directly.
+speak the client's era, the one a client of the server's era gets directly. A client's log level is heard through
+tests/fixtures/fidelity_server.py, a dual-era server whose ``log`` tool honours it.
 """
 
 from __future__ import annotations
@@ -203,3 +204,46 @@ async def test_a_prompt_listed_in_the_2026_era_alone_is_served_to_clients_of_bot
             through = {mode: await _prompt(gateway.url(), mode, "tok-alice") for mode in (HANDSHAKE, MODERN)}
     assert direct == (True, "Answer with this context in mind: Ada, Ada, ada")
     assert through == {HANDSHAKE: direct, MODERN: direct}
+
+
+async def _levels_heard(url: str, token: str | None = None) -> list[str]:
+    """The log messages a handshake-era client hears from ``log`` at four levels, having set ``warning`` as its first
+    request."""
+    heard: list[str] = []
+
+    async def hear(params: types.LoggingMessageNotificationParams) -> None:
+        heard.append(str(params.data))
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(20)) as http,
+        Client(streamable_http_client(url, http_client=http), mode=HANDSHAKE, logging_callback=hear, cache=None) as c,
+    ):
+        level = types.SetLevelRequest(params=types.SetLevelRequestParams(level="warning"))
+        await c.session.send_request(level, types.EmptyResult)  # the Client's own method warns (2026)
+        for name in ("debug", "info", "warning", "error"):
+            await c.call_tool("log", {"level": name, "message": name})
+    return heard
+
+
+async def test_a_log_level_set_before_the_handshake_session_opens_is_applied_to_it(
+    downstream: Downstreams, tmp_path: Path
+) -> None:
+    # A server that answers server/discover gets its handshake session when a 2025 client first needs it (here its
+    # tools/call, after its logging/setLevel): the level goes on that session as it opens. This server sends a
+    # session no log message before it sets a level, then only from that level up (as a server may choose).
+    server = downstream("fidelity", "streamable_http", "--quiet-logs", own=True)
+    with anyio.fail_after(60):
+        direct = await _levels_heard(server.url())
+        with run_gateway(_config(server.url()), tmp_path, tokens=TOKENS) as gateway:
+            async with httpx2.AsyncClient(headers={"Authorization": "Bearer tok-alice"}) as http:
+                await eventually(lambda: _ready(http, gateway.url("/healthz")), within=20)
+                status = (await http.get(gateway.url("/status"))).json()
+            through = await _levels_heard(gateway.url(), "tok-alice")
+            output = gateway.output()
+    [backend] = status["backends"]
+    assert backend["eras"] == UNTRIED  # the handshake session was deferred
+    assert direct == ["warning", "error"]
+    assert through == direct
+    # The stateless session was not asked: that era has no logging/setLevel (a request says its level in _meta).
+    assert "backend.set_log_level_failed" not in output

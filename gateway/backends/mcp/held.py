@@ -1,8 +1,10 @@
 """What the gateway's clients hold on one downstream across its sessions: the log level and resource subscriptions.
 
-``Held`` keeps them and restores them on each new handshake-era session (``restore``). A subscription is counted:
-the downstream is asked once for a URI however many clients subscribe, and told when the last one goes. Setting the
-log level or restoring either never raises (a failure is logged); a first subscription raises the backend's error.
+``Held`` keeps them and restores them on each new handshake-era session (``restore``), and the level alone on a
+dual-era downstream's handshake twin as it opens (``restore_log_level``: subscriptions are made on it from the first).
+A subscription is counted: the downstream is asked once for a URI however many clients subscribe, and told when the
+last one goes. Setting the log level or restoring either never raises (a failure is logged); a first subscription
+raises the backend's error.
 
 A stateless-era (2026-07-28) downstream has no ``resources/subscribe``: its session is ``listening``, and the URIs
 subscribed are the ``resourceSubscriptions`` of its ``subscriptions/listen`` stream (lists.py ``hold_listen``, which
@@ -97,11 +99,15 @@ class Held:
         self.listening = listening
         if listening:
             return
-        if self._log_level is not None:
-            await self._apply_log_level(session, caps, self._log_level)
+        await self.restore_log_level(session, caps)
         for uri in list(self._subscribed):
             request = types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri))
             await self._send_or_log(session, request, "backend.resubscribe_failed", uri=uri)
+
+    async def restore_log_level(self, session: ClientSession, caps: types.ServerCapabilities | None) -> None:
+        """The level kept (if any) on ``session``, a handshake session opened since the level was set."""
+        if self._log_level is not None:
+            await self._apply_log_level(session, caps, self._log_level)
 
     # -- a stateless-era downstream: the listen stream's resourceSubscriptions ------------------------------------
 

@@ -80,7 +80,7 @@ from gateway.backends.mcp.relay import InFlight, attribute, back_channel, servin
 from gateway.backends.mcp.slots import SlotStatistics
 from gateway.backends.mcp.stdio import StdioProcess
 from gateway.backends.mcp.transports import open_transport
-from gateway.backends.mcp.twin import ListedHints, Twin
+from gateway.backends.mcp.twin import Listed, Twin
 from gateway.backends.mcp.watch import WatchedReceiveStream
 from gateway.calls import NO_UPSTREAM, ClientLink, Upstream
 from gateway.config import HttpServer, ServerConfig, SseServer
@@ -104,7 +104,7 @@ NotificationHook = Callable[
 None)``."""
 
 
-class McpBackend(ListedHints, BackendBase):
+class McpBackend(Listed, BackendBase):
     """A downstream MCP server behind one long-lived, supervised client session."""
 
     def __init__(
@@ -194,21 +194,9 @@ class McpBackend(ListedHints, BackendBase):
         on = await self._twin.route(method, params, MODERN if upstream.modern and not bridged else HANDSHAKE)
         return (self._twin.era or self._era, on) if on is not None else (self._era, None)
 
-    def tools(self) -> Sequence[types.Tool]:
-        return self._lists["tools"]
-
     def pool_statistics(self) -> SlotStatistics | None:
         """Its calls' connections (HTTP only): how many are busy, waiting, and the limits (pool.py)."""
         return self._http.slots.statistics() if self._http is not None else None
-
-    def resources(self) -> Sequence[types.Resource]:
-        return self._lists["resources"]
-
-    def resource_templates(self) -> Sequence[types.ResourceTemplate]:
-        return self._lists["resource_templates"]
-
-    def prompts(self) -> Sequence[types.Prompt]:
-        return self._lists["prompts"]
 
     async def call_tool(
         self,
@@ -317,9 +305,11 @@ class McpBackend(ListedHints, BackendBase):
 
     async def set_log_level(self, level: types.LoggingLevel | None) -> None:
         """Ask the downstream to send log messages from ``level`` up (kept and re-applied after a reconnect);
-        ``None`` forgets the level (the downstream keeps the last one it was given until it reconnects)."""
-        session = self._session if self._status.state is BackendState.READY else None
-        await self._held.set_log_level(level, self._twin.handshake or session, self.capabilities)  # 2025 clients
+        ``None`` forgets the level (the downstream keeps the last one it was given until it reconnects). A stateless
+        session is not asked: each request says its level (eras.py ``_forward_capabilities``)."""
+        session = self._session if self._status.state is BackendState.READY and self._era != MODERN else None
+        twin = self._twin.handshake  # a dual-era server's handshake session, where 2025 clients' level goes, if open
+        await self._held.set_log_level(level, twin or session, self._twin.capabilities if twin else self.capabilities)
 
     async def subscribe_resource(self, uri: str) -> None:
         """Subscribe to updates of the downstream's ``uri`` (counted: asked once). Raises ``BackendError``."""
@@ -330,6 +320,12 @@ class McpBackend(ListedHints, BackendBase):
     async def unsubscribe_resource(self, uri: str) -> None:
         """Drop one subscription to ``uri``; the downstream is told when the last one goes. Never raises."""
         await self._held.unsubscribe(uri, connected=self._session is not None)
+
+    async def _twin_changed(self) -> None:
+        """The handshake twin opened (the level its clients keep goes on it) or was refused: list it afresh."""
+        if (twin := self._twin.handshake) is not None:
+            await self._held.restore_log_level(twin, self._twin.capabilities)
+        await self._refresh(LIST_KINDS)
 
     async def _send_empty(self, request: Any) -> object:  # on a dual-era server's handshake session, if open
         return await self._send(
@@ -387,8 +383,7 @@ class McpBackend(ListedHints, BackendBase):
                         )
                         await self._twin.open_stateless(lanes, lane, opened.discovered)
                     elif opened.deferred and opened.discovered is not None:  # a handshake twin, if ever needed
-                        relisted = functools.partial(self._refresh, LIST_KINDS)
-                        self._twin.defer(opened.discovered, self._open_handshake, relisted)
+                        self._twin.defer(opened.discovered, self._open_handshake, self._twin_changed)
                     with anyio.fail_after(self._config.connect_timeout_s):
                         lists = await list_each(session, LIST_KINDS, opened.init.capabilities, self._config)
                         lists = await self._twin.merged(lists, self._life)

@@ -16,8 +16,10 @@ Two kinds, by what the downstream said at connect (eras.py ``open_session``):
   after it was lost); when it cannot be opened, the reason is kept and logged, those clients are served over the
   stateless session as a 2026-only downstream's are, and it is not asked again until the backend reconnects. ``eras``
   tells which of this is the truth: the handshake era spoken, offered by the discover answer, not yet tried, or refused.
+  As it opens, the backend sets on it the log level its clients keep (held.py ``restore_log_level``).
 
-``ListedHints`` gives a backend the shorter ``ttlMs`` (SEP-2549) of its shared session's and its twin's last listings.
+``Listed`` gives a backend its lists (its shared session's, merged with its twin's) and the shorter ``ttlMs``
+(SEP-2549) of the two sessions' last listings.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from gateway.backends.mcp.lanes import Lane
 from gateway.backends.mcp.lists import listed_ttl_ms, relist
 from gateway.config import ServerConfig
 
-__all__ = ["LIST_KEYS", "NOT_YET_TRIED", "ListedHints", "Twin"]
+__all__ = ["LIST_KEYS", "NOT_YET_TRIED", "Listed", "Twin"]
 
 log = structlog.get_logger("gateway.backend")
 
@@ -50,7 +52,7 @@ NOT_YET_TRIED = f"{HANDSHAKE}: not yet tried"
 OpenHandshake = Callable[[], Awaitable[Lane]]
 """Open (or find open) the downstream's handshake session (lanes.py ``Lanes.for_handshake``)."""
 Changed = Callable[[], Awaitable[None]]
-"""Re-read the lists (the twin's among them) and tell the listeners: the twin opened, or was refused."""
+"""The twin opened (set on it what its clients hold) or was refused: re-read the lists, the twin's among them."""
 
 
 class Twin:
@@ -103,6 +105,11 @@ class Twin:
     def handshake(self) -> ClientSession | None:
         """A handshake twin's session, when open (where a 2025 client's log level is asked for)."""
         return self.session if self.era == HANDSHAKE else None
+
+    @property
+    def capabilities(self) -> types.ServerCapabilities | None:
+        """What the twin's session offered (None while a handshake twin is not open)."""
+        return self._caps
 
     async def handshake_open(self) -> ClientSession | None:
         """A handshake twin's session, opened if need be (None: no handshake twin, or it was refused)."""
@@ -220,12 +227,26 @@ class Twin:
         return "unlisted"
 
 
-class ListedHints:
-    """The ``list_ttl_ms`` of the Backend protocol (backends/base.py) for a backend whose lists come from its shared
-    ``_session`` and, beside it, the session of a dual-era server's other era (``_twin``): the shorter one's."""
+class Listed:
+    """The lists of the Backend protocol (backends/base.py) for a backend whose lists (``_lists``, by kind) come from
+    its shared ``_session`` and, beside it, the session of a dual-era server's other era (``_twin``), and their
+    ``list_ttl_ms``: the shorter one's."""
 
     _session: ClientSession | None
     _twin: Twin
+    _lists: dict[str, tuple[Any, ...]]
+
+    def tools(self) -> Sequence[types.Tool]:
+        return self._lists["tools"]
+
+    def resources(self) -> Sequence[types.Resource]:
+        return self._lists["resources"]
+
+    def resource_templates(self) -> Sequence[types.ResourceTemplate]:
+        return self._lists["resource_templates"]
+
+    def prompts(self) -> Sequence[types.Prompt]:
+        return self._lists["prompts"]
 
     def list_ttl_ms(self, kind: str) -> int | None:
         found = (listed_ttl_ms(session, kind) for session in (self._session, self._twin.session))
