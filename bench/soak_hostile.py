@@ -1,6 +1,6 @@
 """One hostile caller against one bystander: do the bystander's calls on every backend keep their speed?
 
-    .venv/bin/python bench/soak_hostile.py [--quick] [--json OUT] [--keep DIR]
+    .venv/bin/python bench/soak_hostile.py [--quick] [--json OUT] [--keep DIR] [--direct]
 
 Everything runs on loopback and stops by itself. The gateway measured is the one in this checkout (``python -m
 gateway serve``, ``PYTHONPATH`` at the project root) in front of three backends, every tool prefixed with its
@@ -20,6 +20,9 @@ whatever the figures say, 2 only when the harness itself failed.
         ``Plan.abandoned`` times on each;
       - never reads (item 6): a handshake-era ``f__progress`` and ``s__progress`` of ``Plan.progress`` steps, each
         with a progress token, POSTed on a socket that is never read from.
+``--direct`` runs the same attack with no gateway: each client straight to each server, ``s`` a second fidelity server
+over streamable HTTP (each client's own session, as a client's own process would be), alice's abandoned bridges left
+out (a 2026-07-28 client cannot call a handshake-era server directly): what the attack costs the bystander by itself.
 Reported: bob's p50 and p99 per backend, quiet and under attack, and his failed calls (an error, an ``isError``
 result, or no answer within ``CALL_TIMEOUT_S``) with their reasons; alice's flood answers by HTTP status; the
 gateway's VmRSS (quiet, peak under attack, end); every backend's state and last error at the end (/status).
@@ -57,7 +60,21 @@ MODERN = "2026-07-28"
 READY_TIMEOUT_S = 60.0
 CALL_TIMEOUT_S = 30.0
 SAMPLE_S = 0.2
-BYSTANDER_TOOLS = {"h": ("h__echo", {"text": "bob"}), "f": ("f__pid", {}), "s": ("s__pid", {})}
+BYSTANDER_TOOLS = {"h": ("echo", {"text": "bob"}), "f": ("pid", {}), "s": ("pid", {})}
+"""Bob's call on each backend (through the gateway, prefixed with the backend's name)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where calls to one backend go: the gateway (``prefix``: the backend's name and the separator) or, with
+    ``--direct``, the server itself."""
+
+    port: int
+    prefix: str
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}/mcp"
 
 
 @dataclass(frozen=True)
@@ -151,12 +168,16 @@ class Phase:
     failures: dict[str, list[str]]
 
 
-async def bystander(http: httpx2.AsyncClient, url: str, session: str, plan: Plan) -> Phase:
+async def bystander(
+    http: httpx2.AsyncClient, targets: dict[str, Target], sessions: dict[str, str], plan: Plan
+) -> Phase:
     """Bob's calls, one backend after another in turn, each timed."""
     phase = Phase({b: [] for b in BYSTANDER_TOOLS}, {b: [] for b in BYSTANDER_TOOLS})
     rid = 1000
     for _ in range(plan.calls):
         for backend, (tool, arguments) in BYSTANDER_TOOLS.items():
+            target, session = targets[backend], sessions[backend]
+            url, tool = target.url, target.prefix + tool
             rid += 1
             started = time.monotonic()
             failure = None
@@ -194,15 +215,14 @@ class Attack:
     never_read: int = 0
 
 
-async def flood(port: int, session: str, plan: Plan, attack: Attack, sent: anyio.Event) -> None:
+async def flood(target: Target, session: str, plan: Plan, attack: Attack, sent: anyio.Event) -> None:
     """Item 1: h__sleep calls, each on a socket closed after the response head (``sent`` once all are)."""
 
     async def one(n: int) -> None:
         try:
             with anyio.fail_after(CALL_TIMEOUT_S):
-                stream = await _raw_post(
-                    port, "tok-alice", session, _tool_call(5000 + n, "h__sleep", {"seconds": plan.flood_sleep_s})
-                )
+                call = _tool_call(5000 + n, target.prefix + "sleep", {"seconds": plan.flood_sleep_s})
+                stream = await _raw_post(target.port, "tok-alice", session, call)
                 async with stream:
                     received = b""
                     while b"\r\n\r\n" not in received:
@@ -251,12 +271,12 @@ async def _never_answered(context: object, params: object) -> Any:
     raise AssertionError("an input-required result is taken raw (allow_input_required), never answered")
 
 
-async def never_read(port: int, session: str, plan: Plan, attack: Attack, stop: anyio.Event) -> None:
-    """Item 6: progress calls whose answers are never read."""
+async def never_read(targets: list[tuple[Target, str]], plan: Plan, attack: Attack, stop: anyio.Event) -> None:
+    """Item 6: progress calls whose answers are never read (on each of ``targets``: where, alice's session)."""
     streams = []
-    for n, tool in enumerate(("f__progress", "s__progress")):
-        body = _tool_call(9000 + n, tool, {"steps": plan.progress}, progress=True)
-        streams.append(await _raw_post(port, "tok-alice", session, body))
+    for n, (target, session) in enumerate(targets):
+        body = _tool_call(9000 + n, target.prefix + "progress", {"steps": plan.progress}, progress=True)
+        streams.append(await _raw_post(target.port, "tok-alice", session, body))
         attack.never_read += 1
     await stop.wait()
     for stream in streams:
@@ -271,54 +291,71 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000 if ordered else float("nan")
 
 
-async def run(plan: Plan, workdir: Path) -> dict[str, Any]:
+async def run(plan: Plan, workdir: Path, direct: bool = False) -> dict[str, Any]:
     procs = Procs(workdir)
     try:
         h_port, f_port, g_port = free_port(), free_port(), free_port()
         procs.start("h", [PY, str(FAULTS), "--http", str(h_port)], h_port)
         procs.start("f", [PY, str(FIDELITY), "--http", str(f_port), "--name", "f"], f_port)
-        (workdir / "federation.yaml").write_text(
-            _config(f"http://{LOOPBACK}:{h_port}/mcp", f"http://{LOOPBACK}:{f_port}/mcp")
-        )
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "GATEWAY_TOKENS": TOKENS, "GATEWAY_STATE_KEY": STATE_KEY}
-        argv = [PY, "-m", "gateway", "serve", "-c", str(workdir / "federation.yaml"), "--port", str(g_port)]
-        gateway = procs.start("gateway", argv, g_port, env=env)
-        url = f"http://{LOOPBACK}:{g_port}/mcp"
+        gateway = None
+        if direct:  # each client straight to each server (s over HTTP too: its own sessions, as a client's own)
+            s_port = free_port()
+            procs.start("s", [PY, str(FIDELITY), "--http", str(s_port), "--name", "s"], s_port)
+            targets = {"h": Target(h_port, ""), "f": Target(f_port, ""), "s": Target(s_port, "")}
+        else:
+            (workdir / "federation.yaml").write_text(
+                _config(f"http://{LOOPBACK}:{h_port}/mcp", f"http://{LOOPBACK}:{f_port}/mcp")
+            )
+            env = {**os.environ, "PYTHONPATH": str(ROOT), "GATEWAY_TOKENS": TOKENS, "GATEWAY_STATE_KEY": STATE_KEY}
+            argv = [PY, "-m", "gateway", "serve", "-c", str(workdir / "federation.yaml"), "--port", str(g_port)]
+            gateway = procs.start("gateway", argv, g_port, env=env)
+            targets = {name: Target(g_port, f"{name}__") for name in BYSTANDER_TOOLS}
         async with httpx2.AsyncClient(timeout=CALL_TIMEOUT_S) as http:
-            await _wait_ready(http, g_port, gateway)
-            pid = gateway.serving_pid
-            bobs = await _open_session(http, url, "tok-bob")
-            alices = await _open_session(http, url, "tok-alice")
-            for tool, arguments in BYSTANDER_TOOLS.values():  # warm-up, not timed
-                await http.post(url, json=_tool_call(1, tool, arguments), headers=_headers("tok-bob", bobs))
+            if gateway is not None:
+                await _wait_ready(http, g_port, gateway)
+            else:
+                for target in targets.values():
+                    await _wait_listening(target.port)
+            pid = gateway.serving_pid if gateway is not None else None
+            bobs = {name: await _open_session(http, t.url, "tok-bob") for name, t in targets.items()}
+            alices = {name: await _open_session(http, t.url, "tok-alice") for name, t in targets.items()}
+            for name, (tool, arguments) in BYSTANDER_TOOLS.items():  # warm-up, not timed
+                call = _tool_call(1, targets[name].prefix + tool, arguments)
+                await http.post(targets[name].url, json=call, headers=_headers("tok-bob", bobs[name]))
             say("quiet phase")
-            quiet = await bystander(http, url, bobs, plan)
-            rss_quiet = vm_kb(pid).get("VmRSS", 0)
+            quiet = await bystander(http, targets, bobs, plan)
+            rss_quiet = vm_kb(pid).get("VmRSS", 0) if pid is not None else 0
             say("attack phase")
             attack = Attack(collections.Counter(), collections.Counter())
             stop, sent = anyio.Event(), anyio.Event()
             peak = [rss_quiet]
 
             async def sample() -> None:
-                while not stop.is_set():
+                while pid is not None and not stop.is_set():
                     peak[0] = max(peak[0], vm_kb(pid).get("VmRSS", 0))
                     with anyio.move_on_after(SAMPLE_S):
                         await stop.wait()
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(sample)
-                tg.start_soon(never_read, g_port, alices, plan, attack, stop)
-                tg.start_soon(flood, g_port, alices, plan, attack, sent)
-                tg.start_soon(abandon, url, plan, attack)
+                tg.start_soon(never_read, [(targets[n], alices[n]) for n in ("f", "s")], plan, attack, stop)
+                tg.start_soon(flood, targets["h"], alices["h"], plan, attack, sent)
+                if not direct:  # a bridge is the gateway's: a direct 2026 client cannot call these servers at all
+                    tg.start_soon(abandon, targets["h"].url, plan, attack)
                 await sent.wait()  # bob's calls go while every part of the attack is under way
-                under_attack = await bystander(http, url, bobs, plan)
+                under_attack = await bystander(http, targets, bobs, plan)
                 stop.set()
-            rss_end = vm_kb(pid).get("VmRSS", 0)
-            status = (await http.get(f"http://{LOOPBACK}:{g_port}/status", headers=_headers("tok-bob"))).json()
+            rss_end = vm_kb(pid).get("VmRSS", 0) if pid is not None else 0
+            status = (
+                (await http.get(f"http://{LOOPBACK}:{g_port}/status", headers=_headers("tok-bob"))).json()
+                if gateway is not None
+                else {"backends": []}
+            )
     finally:
         procs.stop_all(grace_s=5.0)
     return {
         "plan": asdict(plan),
+        "direct": direct,
         "quiet": asdict(quiet),
         "attack": asdict(under_attack),
         "attacker": {
@@ -329,6 +366,17 @@ async def run(plan: Plan, workdir: Path) -> dict[str, Any]:
         "rss_kb": {"quiet": rss_quiet, "peak_under_attack": peak[0], "end": rss_end},
         "backends": {b["name"]: {"state": b["state"], "last_error": b["last_error"]} for b in status["backends"]},
     }
+
+
+async def _wait_listening(port: int) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            await (await anyio.connect_tcp(LOOPBACK, port)).aclose()
+            return
+        except OSError:
+            await anyio.sleep(0.1)
+    raise HarnessError(f"nothing listened on port {port} within {READY_TIMEOUT_S:g} s")
 
 
 async def _wait_ready(http: httpx2.AsyncClient, port: int, gateway: Any) -> None:
@@ -347,7 +395,8 @@ async def _wait_ready(http: httpx2.AsyncClient, port: int, gateway: Any) -> None
 
 def report(result: dict[str, Any], env: dict[str, Any]) -> str:
     lines = [
-        "## Hostile caller: the bystander's calls, quiet and under attack",
+        "## Hostile caller: the bystander's calls, quiet and under attack"
+        + (" (direct: no gateway)" if result.get("direct") else ""),
         "",
         f"Gateway {env['gateway']}, {env['cpus']} CPUs, Python {env['python']}, load {env['load_before']} before and "
         f"{result['load_after']} after. Plan: {result['plan']}.",
@@ -387,16 +436,21 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--keep", type=Path, help="run in this directory and keep it (logs, federation.yaml)")
+    parser.add_argument(
+        "--direct",
+        action="store_true",
+        help="no gateway: each caller straight to each server (s over HTTP), the same attack but the bridges",
+    )
     args = parser.parse_args()
     plan = QUICK if args.quick else FULL
     env = environment()
     try:
         if args.keep is not None:
             args.keep.mkdir(parents=True, exist_ok=True)
-            result = anyio.run(run, plan, args.keep)
+            result = anyio.run(run, plan, args.keep, args.direct)
         else:
             with tempfile.TemporaryDirectory(prefix="soak-hostile-") as folder:
-                result = anyio.run(run, plan, Path(folder))
+                result = anyio.run(run, plan, Path(folder), args.direct)
     except HarnessError as exc:
         say(f"harness failed: {exc}")
         return 2
