@@ -50,6 +50,16 @@ async def outbox(client: Client, *, limit_bytes: int = 4096) -> AsyncIterator[Ou
             await box.close()
 
 
+async def stuck(box: Outbox, client: Client) -> Any:
+    """``box``'s progress function, once a first progress is being sent to ``client`` (who never takes it)."""
+    progress = box.progress
+    assert progress is not None
+    await progress(1, None, None)
+    with anyio.fail_after(5):
+        await client.stuck.wait()  # the first is being sent, and never taken
+    return progress
+
+
 async def test_a_reading_client_gets_every_notification_in_order_before_the_request_ends() -> None:
     client = Client(reading=True)
     async with outbox(client) as box:
@@ -66,11 +76,7 @@ async def test_a_reading_client_gets_every_notification_in_order_before_the_requ
 async def test_progress_for_a_client_that_does_not_read_is_coalesced_to_the_latest() -> None:
     client = Client(reading=False)
     async with outbox(client, limit_bytes=1024) as box:
-        progress = box.progress
-        assert progress is not None
-        await progress(1, None, None)
-        with anyio.fail_after(5):
-            await client.stuck.wait()  # the first is being sent, and never taken
+        progress = await stuck(box, client)
         for step in range(2, 100_000):  # nothing waits for the client
             await progress(step, None, None)
         waiting = list(box._queue)  # up to half the limit in bytes, then only the latest is kept
@@ -101,11 +107,7 @@ async def test_progress_flooding_a_client_that_takes_nothing_sheds_it_once_its_u
     # against limit_bytes like waiting log messages, and the client is shed long before client_stall_s.
     client = Client(reading=False)
     async with outbox(client, limit_bytes=4096) as box:
-        progress = box.progress
-        assert progress is not None
-        await progress(1, None, None)
-        with anyio.fail_after(5):
-            await client.stuck.wait()
+        progress = await stuck(box, client)
         for step in range(2, 200):  # before a second has passed, only coalesced
             await progress(step, None, None)
         assert box.shed is None
