@@ -127,7 +127,7 @@ async def _serve(config: Federation, args: argparse.Namespace) -> int:
     max_connections = effective_max_connections(limits, raise_open_files_limit())
     quiet_edge_logs(asyncio.get_running_loop())
     # Bound before any backend starts: a port in use is one sentence, not a traceback after the backends' start.
-    with _bound_socket(host, port) as listening:
+    with _bound_socket(host, port, config.gateway.edge.send_buffer_bytes) as listening:
         async with Gateway(config).running() as gateway:
             app = build_app(gateway, host=host, tokens=tokens)
             server = _Uvicorn(
@@ -170,8 +170,9 @@ _BIND_FAILURES = {
 }
 
 
-def _bound_socket(host: str, port: int) -> socket.socket:
-    """The listening address, bound as uvicorn binds it (its own failure is a log line and ``sys.exit(3)``).
+def _bound_socket(host: str, port: int, send_buffer_bytes: int | None = None) -> socket.socket:
+    """The listening address, bound as uvicorn binds it (its own failure is a log line and ``sys.exit(3)``); every
+    connection accepted on it inherits its send buffer (``gateway.edge.send_buffer_bytes``).
 
     Raises:
         GatewayError: the address cannot be bound, in one sentence naming it and the cause.
@@ -181,6 +182,8 @@ def _bound_socket(host: str, port: int) -> socket.socket:
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if send_buffer_bytes is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer_bytes)
         sock.bind((host, port))
     except OSError as exc:
         sock.close()

@@ -222,8 +222,12 @@ class EdgeSettings(Model):
     """Bytes of recent events kept for any one stream; an event larger than this is sent but not kept."""
     client_buffer_bytes: int = Field(default=1024 * 1024, ge=1024)
     """Bytes of a request's log messages waiting for a client that does not read its stream (its progress is
-    coalesced to the latest meanwhile), and of its progress coalesced away while the client takes nothing (a
-    downstream flooding it); beyond either the request is given up for that client (front/outbox.py)."""
+    coalesced to the latest meanwhile); beyond them the request is given up for that client (front/outbox.py)."""
+    send_buffer_bytes: int | None = Field(default=256 * 1024, ge=4096)
+    """The kernel's send buffer of each client connection (``SO_SNDBUF``; Linux keeps twice this for its own
+    bookkeeping); None leaves it to the kernel, which grows it to 4 MiB. What it holds is what a client that stops
+    reading can make the gateway send before the gateway knows (front/outbox.py): bounded, a never-read flood of
+    progress is given up in seconds, not tens of them. A client 100 ms away still gets about 5 MB/s."""
     client_stall_s: float = Field(default=30.0, gt=0)
     """How long a client may leave a notification of its request unread while more come; then the request is given
     up for that client, and its downstream work cancelled."""

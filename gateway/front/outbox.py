@@ -7,9 +7,9 @@ So a notification is put here without waiting, and delivered by a task of its ow
 not keep up (half of ``gateway.edge.client_buffer_bytes`` waits, or a send to it has been under way for ``SLOW_S``),
 its progress is coalesced to the latest; its log messages wait, at most ``client_buffer_bytes`` of them. A client
 that leaves a notification unread for ``client_stall_s`` while more come, that has more log messages waiting than
-``client_buffer_bytes``, or that takes nothing while more than that of progress is coalesced away (a downstream
-flooding it: a direct client that stopped reading would hold the downstream back within its socket's buffers; the
-gateway, which never holds a shared downstream back, stops the work instead) is shed: the request's work is
+``client_buffer_bytes``, or that takes nothing while more than ``FLOOD_BYTES`` of progress is coalesced away (a
+downstream flooding it: a direct client that stopped reading would hold the downstream back within its socket's
+buffers; the gateway, which never holds a shared downstream back, stops the work instead) is shed: the request's work is
 cancelled (its downstream call too, which is told) and the request is answered as given up, for that client alone.
 When the request ends, what is waiting is delivered first (bounded by ``FLUSH_S``), so a client that reads gets every
 notification before the answer.
@@ -32,7 +32,7 @@ from mcp.shared.exceptions import MCPError
 from gateway.backends.base import ProgressFn
 from gateway.config.settings import EdgeSettings
 
-__all__ = ["FLUSH_S", "Outbox", "Outboxes", "size_of"]
+__all__ = ["FLOOD_BYTES", "FLUSH_S", "Outbox", "Outboxes", "size_of"]
 
 T = TypeVar("T")
 
@@ -42,6 +42,9 @@ FLUSH_S = 1.0
 """How long a request's end waits for its waiting notifications to reach its client before the answer goes."""
 SLOW_S = 1.0
 """A send to the client under way this long means it does not keep up: its progress is coalesced from then on."""
+FLOOD_BYTES = 64 * 1024
+"""Progress coalesced away while a send has been stuck for ``SLOW_S`` beyond this (about 600 notifications, where a
+progress bar needs a few a second) is a flood its client does not read: the request is given up."""
 
 Send = Callable[[], Awaitable[object]]
 Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], None]
@@ -136,13 +139,17 @@ class Outbox:
         self._pushed()
 
     def _pushed(self) -> None:
-        if self._log_bytes > self._limit or self._unread > self._limit:
-            what = (
-                f"{self._log_bytes:,} bytes of its log messages were waiting for it"
-                if self._log_bytes > self._limit
-                else f"{self._unread:,} bytes of its progress went unread while it took nothing for over {SLOW_S:g} s"
+        if self._log_bytes > self._limit:
+            self._shed(
+                f"{self._log_bytes:,} bytes of its log messages were waiting for it, over "
+                f"gateway.edge.client_buffer_bytes ({self._limit:,})"
             )
-            self._shed(f"{what}, over gateway.edge.client_buffer_bytes ({self._limit:,})")
+            return
+        if self._unread > FLOOD_BYTES:
+            self._shed(
+                f"{self._unread:,} bytes of its progress went unread while it took nothing for over {SLOW_S:g} s "
+                f"(over {FLOOD_BYTES:,})"
+            )
             return
         busy = self._busy_since
         if busy is not None and time.monotonic() - busy > self._stall_s:
