@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import errno
 import functools
+import gc
 import importlib.util
 import json
 import math
@@ -43,7 +44,7 @@ from gateway.errors import ConfigError, GatewayError
 from gateway.front.face import Face
 from gateway.search.tokens import counter
 
-__all__ = ["run"]
+__all__ = ["run", "settle_heap"]
 
 log = structlog.get_logger("gateway.cli")
 
@@ -126,6 +127,7 @@ async def _serve(config: Federation, args: argparse.Namespace) -> int:
     limits = config.gateway.limits  # read at start: a reload does not change them
     max_connections = effective_max_connections(limits, raise_open_files_limit())
     quiet_edge_logs(asyncio.get_running_loop())
+    settle_heap()
     # Bound before any backend starts: a port in use is one sentence, not a traceback after the backends' start.
     with _bound_socket(host, port, config.gateway.edge.send_buffer_bytes) as listening:
         async with Gateway(config).running() as gateway:
@@ -160,6 +162,19 @@ async def _serve(config: Federation, args: argparse.Namespace) -> int:
                 tg.cancel_scope.cancel()
     log.info("gateway.stopped")
     return EXIT_OK
+
+
+def settle_heap() -> None:
+    """Take what start-up made out of the cyclic garbage collector's sight, once everything serving needs is imported.
+
+    Modules, classes, functions and the SDK's schemas (about 115,000 objects, all of them for the process's life)
+    were walked by every full collection: 36 ms on a quiet machine, up to 80 ms under load, a pause every call in
+    flight waited out. Frozen (``gc.freeze``, after one collection so no garbage is kept), a full collection walks
+    only what serving made since. Frozen objects are still freed when nothing refers to them; only a cycle among
+    them would stay, and these live as long as the process.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 _BIND_FAILURES = {
@@ -226,6 +241,7 @@ async def _stop_http(server: Any, gateway: Gateway, hurry: anyio.Event) -> None:
 async def _serve_stdio(config: Federation) -> int:
     from gateway.front.stdio import stdio_edge  # the SDK's stdio_server() where stdin/stdout are not pipes
 
+    settle_heap()
     async with Gateway(config).running() as gateway:
         server = Face(gateway).server()
         async with anyio.create_task_group() as tg:
