@@ -67,7 +67,7 @@ _PATTERNS: Final = (
 )
 # Each regex starts with its literal, so the engine skips to it; a leading ``\b`` would make it try every position
 # (100 times slower): a ``word`` match glued to a word before it is dropped in ``_matches`` instead.
-_ANY_MARKER: Final = re.compile("|".join(re.escape(m) for p in _PATTERNS for m in p.markers))
+ANY_MARKER: Final = re.compile("|".join(re.escape(m) for p in _PATTERNS for m in p.markers))
 """Every marker at once: one scan in C tells most texts (a log line's fields, an ordinary answer) hold none."""
 KINDS: Final = tuple(dict.fromkeys(p.kind for p in _PATTERNS))
 """The kinds of credential found."""
@@ -85,7 +85,7 @@ class Finding:
 
 
 def _matches(text: str) -> Iterator[tuple[str, int, int]]:
-    if _ANY_MARKER.search(text) is None:
+    if ANY_MARKER.search(text) is None:
         return
     for pattern in _PATTERNS:
         if not any(marker in text for marker in pattern.markers):

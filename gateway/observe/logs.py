@@ -39,7 +39,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 import structlog
 
-from gateway.observe.credentials import redact
+from gateway.observe.credentials import ANY_MARKER, redact
 
 if TYPE_CHECKING:  # configuring the logs (every command) needs no configuration module: it is imported when read
     from gateway.config import Federation
@@ -74,6 +74,7 @@ class Redactor:
     def __init__(self) -> None:
         self._secrets: set[str] = set()
         self._pattern: re.Pattern[str] | None = None
+        self._suspect = ANY_MARKER  # a string holding no match of it is left as it is: one scan in C
 
     def add(self, values: Iterable[str]) -> None:
         """Register secret values (those shorter than ``MIN_SECRET_LENGTH`` are ignored)."""
@@ -84,12 +85,16 @@ class Redactor:
         # One alternation, longest first: at each position the longest secret wins, so an overlapping shorter
         # secret can never cut a longer one in half and leave its remainder in the log.
         ordered = sorted(self._secrets, key=len, reverse=True)
-        self._pattern = re.compile("|".join(re.escape(s) for s in ordered))
+        alternation = "|".join(re.escape(s) for s in ordered)
+        self._pattern = re.compile(alternation)
+        self._suspect = re.compile(f"{alternation}|{ANY_MARKER.pattern}")
 
     def scrub(self, value: Any) -> Any:
         """``value`` with every registered secret replaced by ``MASK`` and every credential the pattern set knows
         redacted (observe/credentials.py), recursing into dicts, lists and tuples."""
         if isinstance(value, str):
+            if self._suspect.search(value) is None:  # no registered secret, no credential's marker: most strings
+                return value
             return redact(value if self._pattern is None else self._pattern.sub(MASK, value))
         if isinstance(value, dict):
             return {k: self._masked(str(k), v) for k, v in value.items()}
@@ -98,9 +103,9 @@ class Redactor:
         return value
 
     def _masked(self, key: str, value: Any) -> Any:
-        if value is None or isinstance(value, bool | int | float) or not is_secret_name(key):
-            return self.scrub(value)
-        return MASK
+        if value is None or isinstance(value, bool | int | float):
+            return value
+        return MASK if is_secret_name(key) else self.scrub(value)
 
     def __call__(self, logger: Any, method_name: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
         for key, value in list(event_dict.items()):
