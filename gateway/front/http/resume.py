@@ -88,6 +88,14 @@ class RecentEvents(EventStore):
         session produces."""
         return SessionEvents(self, f"s{next(self._sessions)}/", session_id, on_answer)
 
+    def text(self, event_id: EventId) -> str | None:
+        """The JSON text kept for event ``event_id`` (None: not kept, or a priming event)."""
+        try:
+            kept = self._events.get(int(event_id))
+        except ValueError:
+            return None
+        return kept[1] if kept is not None else None
+
     def statistics(self) -> tuple[int, int]:
         """(events kept, bytes counted)."""
         return len(self._events), self._bytes
@@ -191,6 +199,16 @@ class SessionEvents(EventStore):
         ):
             self._on_answer(coerce_request_id(message.id))
         return event_id
+
+    def event_data(self, event_message: EventMessage) -> dict[str, Any]:
+        """What the session's transport sends for ``event_message`` (it stands in for the transport's own
+        ``_create_event_data``): the JSON ``store_event`` made of the message a moment before, not made again. A
+        2.4 MB ``tools/list`` was serialized twice per answer, once here and once for the wire."""
+        event_id = event_message.event_id
+        data = self._store.text(event_id) if event_id else None
+        if data is None:  # not kept (too large for its stream's budget, or evicted already): made as the SDK does
+            data = event_message.message.model_dump_json(by_alias=True, exclude_unset=True)
+        return {"event": "message", "data": data, "id": event_id} if event_id else {"event": "message", "data": data}
 
     async def replay_events_after(self, last_event_id: EventId, send_callback: EventCallback) -> StreamId | None:
         stream = await self._store.replay_events_after(last_event_id, send_callback, prefix=self._prefix)

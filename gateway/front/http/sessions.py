@@ -374,7 +374,8 @@ class CallerSessions(SealedSessions):
             # view, so a resume never replays another session's stream of the same id (resume.py).
             in_flight, session = self.in_flight, transport.mcp_session_id
             answered = partial(in_flight.answered, session) if in_flight is not None and session is not None else None
-            transport._event_store = self.event_store.for_session(session, answered)
+            view = transport._event_store = self.event_store.for_session(session, answered)
+            transport._create_event_data = view.event_data  # type: ignore[method-assign]  # the store's JSON, once
         return transport
 
     async def _discard_session(self, session_id: str, transport: StreamableHTTPServerTransport) -> None:
