@@ -200,15 +200,17 @@ class SessionEvents(EventStore):
             self._on_answer(coerce_request_id(message.id))
         return event_id
 
-    def event_data(self, event_message: EventMessage) -> dict[str, Any]:
+    def event_data(self, event_message: EventMessage) -> bytes:
         """What the session's transport sends for ``event_message`` (it stands in for the transport's own
-        ``_create_event_data``): the JSON ``store_event`` made of the message a moment before, not made again. A
-        2.4 MB ``tools/list`` was serialized twice per answer, once here and once for the wire."""
+        ``_create_event_data``), framed: the JSON ``store_event`` made of the message a moment before, not made again
+        (a 2.4 MB ``tools/list`` was serialized twice per answer), in the bytes sse-starlette would frame it in, which
+        it sends as they are. JSON text holds no line break, so it is one ``data`` line."""
         event_id = event_message.event_id
         data = self._store.text(event_id) if event_id else None
         if data is None:  # not kept (too large for its stream's budget, or evicted already): made as the SDK does
             data = event_message.message.model_dump_json(by_alias=True, exclude_unset=True)
-        return {"event": "message", "data": data, "id": event_id} if event_id else {"event": "message", "data": data}
+        head = f"id: {event_id}\r\n" if event_id else ""
+        return f"{head}event: message\r\ndata: {data}\r\n\r\n".encode()
 
     async def replay_events_after(self, last_event_id: EventId, send_callback: EventCallback) -> StreamId | None:
         stream = await self._store.replay_events_after(last_event_id, send_callback, prefix=self._prefix)

@@ -375,7 +375,8 @@ class CallerSessions(SealedSessions):
             in_flight, session = self.in_flight, transport.mcp_session_id
             answered = partial(in_flight.answered, session) if in_flight is not None and session is not None else None
             view = transport._event_store = self.event_store.for_session(session, answered)
-            transport._create_event_data = view.event_data  # type: ignore[method-assign]  # the store's JSON, once
+            # Each event's JSON made once, by the store, and framed once (sse-starlette sends bytes as they are).
+            transport._create_event_data = view.event_data  # type: ignore[method-assign,assignment]
         return transport
 
     async def _discard_session(self, session_id: str, transport: StreamableHTTPServerTransport) -> None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import anyio
 import mcp_types as types
 import pytest
-from mcp.server.streamable_http import EventMessage, EventStore
+from mcp.server.streamable_http import EventMessage, EventStore, StreamableHTTPServerTransport
+from sse_starlette.event import ensure_bytes
 
 from gateway.front.http.resume import RecentEvents
 
@@ -112,23 +113,23 @@ async def test_a_sessions_view_tells_of_every_answer_it_stores_by_the_id_the_sdk
     assert told == [7, 7, "x"]  # "07" is 7 to the SDK's dispatcher (coerce_request_id)
 
 
-async def test_what_a_session_sends_is_the_json_its_store_made_not_a_second_serialisation() -> None:
+async def test_what_a_session_sends_is_the_json_its_store_made_framed_as_sse_starlette_frames_it() -> None:
     """The SDK's transport serialized each message again for the wire after the store had (a 2.4 MB ``tools/list``,
-    twice per answer); a session's view now hands over the store's own text, the very bytes the SDK would send."""
+    twice per answer); a session's view now hands over the store's own text, framed in the very bytes the SDK and
+    sse-starlette would have sent."""
     store = RecentEvents(max_stream_bytes=100 * KB)
     view = store.for_session("sid")
-    listing = answer(7, "tool " * 4000)
+
+    def framed_by_the_sdk(event: EventMessage) -> bytes:
+        return ensure_bytes(StreamableHTTPServerTransport._create_event_data(None, event), "\r\n")  # type: ignore[arg-type]
+
+    listing = answer(7, "tool " * 4000 + "line\nbreak")
     event_id = await view.store_event("7", listing)
-    sent = view.event_data(EventMessage(listing, event_id))
-    assert sent == {
-        "event": "message",
-        "data": listing.model_dump_json(by_alias=True, exclude_unset=True),
-        "id": event_id,
-    }
-    assert sent["data"] is store.text(event_id)  # the store's string itself: not made again
+    assert view.event_data(EventMessage(listing, event_id)) == framed_by_the_sdk(EventMessage(listing, event_id))
+    kept = store.text(event_id)
+    assert kept is not None and kept.encode() in view.event_data(EventMessage(listing, event_id))
     too_large = answer(8, "z" * (200 * KB))  # sent, not kept: made as the SDK makes it
     large_id = await view.store_event("8", too_large)
     assert store.text(large_id) is None
-    assert view.event_data(EventMessage(too_large, large_id))["data"] == too_large.model_dump_json(
-        by_alias=True, exclude_unset=True
-    )
+    assert view.event_data(EventMessage(too_large, large_id)) == framed_by_the_sdk(EventMessage(too_large, large_id))
+    assert view.event_data(EventMessage(listing, None)) == framed_by_the_sdk(EventMessage(listing, None))
