@@ -76,7 +76,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--url", required=True, help="the downstream's streamable HTTP endpoint")
     parser.add_argument("--prefix", default="", help="stripped from a tools/call's tool name")
-    parser.add_argument("--uvloop", action="store_true", help="uvloop and httptools instead of asyncio and h11")
+    parser.add_argument("--uvloop", action="store_true", help="uvloop instead of asyncio")
     args = parser.parse_args()
     import uvicorn
 
@@ -88,7 +88,7 @@ def main() -> None:
         log_level="warning",
         access_log=False,
         loop="uvloop" if args.uvloop else "asyncio",
-        http="httptools" if args.uvloop else "h11",
+        http="httptools",  # uvicorn's own choice when httptools is installed, and the gateway's edge's parser
         lifespan="on",
     )
 

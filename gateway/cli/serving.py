@@ -65,8 +65,10 @@ def run(config: Federation, args: argparse.Namespace) -> int:
     if tools is not None:
         log.info("gateway.tools_path", folder=tools, message="the project's tools are first on PATH")
     if args.command == "serve":
-        # GATEWAY_UVLOOP=1: serve on uvloop, a measurement switch (docs/benchmarks.md, section 8): 3-13% less
-        # CPU per call in interleaved runs, not yet the default.
+        # GATEWAY_UVLOOP=1: serve on uvloop, a measurement switch (docs/benchmarks.md): 3-13% less CPU per call,
+        # and not fit to spawn the gateway's children: libuv has no close_fds, so each child keeps, at other
+        # numbers, the copies of its stdio uvloop made inheritable for it (and a CLI's daemon that closed 0-2 still
+        # holds the call's output open: the call waits for its timeout).
         uvloop = environ("GATEWAY_UVLOOP") == "1"
         if uvloop and importlib.util.find_spec("uvloop") is None:
             print("gateway: GATEWAY_UVLOOP=1 needs the uvloop package (pip install uvloop)", file=sys.stderr)
@@ -120,7 +122,7 @@ async def _serve(config: Federation, args: argparse.Namespace) -> int:
             # their child processes) are stopped; the gateway handles the signals itself instead.
             yield
 
-    parser = environ("GATEWAY_HTTP_PARSER") or "h11"
+    parser = environ("GATEWAY_HTTP_PARSER") or "httptools"
     if parser not in PARSERS:
         print(f"gateway: GATEWAY_HTTP_PARSER must be one of {', '.join(PARSERS)}, not {parser!r}", file=sys.stderr)
         return EXIT_USAGE
@@ -140,7 +142,7 @@ async def _serve(config: Federation, args: argparse.Namespace) -> int:
                     log_level="warning",
                     lifespan="on",
                     access_log=False,
-                    # deadlines and the cap (connections.py), on h11 unless GATEWAY_HTTP_PARSER=httptools
+                    # deadlines and the cap (connections.py), on httptools unless GATEWAY_HTTP_PARSER=h11
                     http=edge_protocol(limits, max_connections=max_connections, parser=parser),
                     backlog=max_connections,  # one accept burst opens at most this many sockets (connections.py)
                     timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]  # uvicorn takes any number here

@@ -273,7 +273,7 @@ class _EdgeHttpTools(_Edge, HttpToolsProtocol):
 PARSERS: dict[str, type[_Edge]] = {"httptools": _EdgeHttpTools, "h11": _EdgeH11}
 
 
-def edge_protocol(limits: Limits, *, max_connections: int | None = None, parser: str = "h11") -> type[Any]:
+def edge_protocol(limits: Limits, *, max_connections: int | None = None, parser: str = "httptools") -> type[Any]:
     """uvicorn's HTTP protocol (``parser``: httptools or h11, the same rules on both) with ``limits`` applied (pass it
     as ``uvicorn.Config(http=...)``):
 

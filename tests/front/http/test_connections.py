@@ -41,7 +41,7 @@ servers:
 
 @pytest.fixture(params=sorted(PARSERS))
 def parser(request: pytest.FixtureRequest) -> str:
-    """Each of uvicorn's HTTP parsers the edge runs on (GATEWAY_HTTP_PARSER; h11 unless told)."""
+    """Each of uvicorn's HTTP parsers the edge runs on (GATEWAY_HTTP_PARSER; httptools unless told)."""
     return str(request.param)
 
 
