@@ -246,7 +246,8 @@ class WikiBackend(BackendBase):
     async def _serve_semantic(self) -> None:
         """Load the model (worker thread), build the semantic index, then follow every keyword index build."""
         try:
-            # abandon_on_cancel: loading and embedding touch nothing shared, so shutdown need not wait for them.
+            # abandon_on_cancel: loading touches nothing shared, so shutdown need not wait for it (the interpreter's
+            # exit does, for the second or so a load takes).
             self._embedder = await anyio.to_thread.run_sync(self._load_model, abandon_on_cancel=True)
         except SemanticUnavailable as exc:
             self._semantic_state, self._semantic_reason = "disabled", exc.reason
@@ -293,8 +294,11 @@ class WikiBackend(BackendBase):
             embedder = self._embedder
             assert embedder is not None
             generation = self._generation
+            # Abandoned on cancel, and the thread itself stops at its next chunk: an abandoned worker thread still
+            # holds the interpreter's exit (threading's shutdown joins it), so a stopping gateway would otherwise
+            # linger, embedding, until the whole wiki was done.
             semantic = await anyio.to_thread.run_sync(
-                build_semantic, embedder, newest, previous, abandon_on_cancel=True
+                build_semantic, embedder, newest, previous, anyio.from_thread.check_cancelled, abandon_on_cancel=True
             )
             self._semantic, self._semantic_generation = semantic, generation
             self._semantic_state = "ready"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +47,8 @@ __all__ = [
 
 SECTION_WORDS = 200
 """A section longer than this many words is cut into windows at paragraph boundaries (static vectors blur when long)."""
+EMBED_CHUNK = 64
+"""Sections embedded between two checks that the build should go on (a tenth of a second or so on 2 cores)."""
 _FUSION_DEPTH = 50  # how far down each ranking hybrid search looks before fusing
 _MAX_SECTIONS_PER_PAGE = 2_000  # a pathological page cannot flood the index
 _SNIPPET_CHARS = 300
@@ -187,8 +189,17 @@ class SemanticIndex:
                 "snippet": snippet}  # fmt: skip
 
 
-def build_semantic(embedder: Embedder, index: _Index, previous: SemanticIndex | None = None) -> SemanticIndex:
-    """The semantic snapshot of ``index``; pages whose parse is unchanged keep their vectors. Blocking."""
+def build_semantic(
+    embedder: Embedder,
+    index: _Index,
+    previous: SemanticIndex | None = None,
+    checkpoint: Callable[[], None] = lambda: None,
+) -> SemanticIndex:
+    """The semantic snapshot of ``index``; pages whose parse is unchanged keep their vectors. Blocking.
+
+    The sections are embedded ``EMBED_CHUNK`` at a time, ``checkpoint()`` called before each chunk: it raises to
+    stop the build (in a worker thread, ``anyio.from_thread.check_cancelled``), so a stopping gateway waits for one
+    chunk, not for a whole wiki's embedding."""
     began = time.perf_counter()
     old = previous.pages if previous is not None else {}
     pages: dict[str, _PageVectors] = {}
@@ -200,7 +211,11 @@ def build_semantic(embedder: Embedder, index: _Index, previous: SemanticIndex | 
         else:
             todo.append((path, parsed, sections_of(path, parsed.page.title, parsed.text)))
     texts = [_embedding_text(s) for _, _, sections in todo for s in sections]
-    vectors = embedder.embed(texts) if texts else np.zeros((0, embedder.dimensions), dtype=np.float32)
+    chunks = []
+    for start in range(0, len(texts), EMBED_CHUNK):
+        checkpoint()
+        chunks.append(embedder.embed(texts[start : start + EMBED_CHUNK]))
+    vectors = np.concatenate(chunks) if chunks else np.zeros((0, embedder.dimensions), dtype=np.float32)
     at = 0
     for path, parsed, sections in todo:
         counts = tuple(Counter(_tokens(_embedding_text(s))) for s in sections)

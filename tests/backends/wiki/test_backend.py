@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from typing import Any
 import anyio
 import jsonschema  # type: ignore[import-untyped]
 import mcp_types as types
+import numpy
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -24,6 +27,7 @@ from gateway.backends.wiki import semantic as wiki_semantic
 from gateway.backends.wiki.backend import TOOL_NAMES, WikiBackend
 from gateway.backends.wiki.schemas import INDEX_FULL_LISTING_MAX_PAGES
 from gateway.errors import BackendThinResult, BackendUnavailable, InvalidArguments, ToolNotFound
+from tests.fixtures.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -713,6 +717,57 @@ async def test_semantic_search_is_thin_while_the_model_loads_and_never_blocks_st
             assert top(await call(backend, "wiki_hybrid_search", query="bake a loaf"))[0] == ("cooking.md", 2)
     finally:
         release.set()
+
+
+class _SlowEmbedder:
+    """A model that takes ``per_text_s`` of wall time per text (the real one's pace on a busy machine, roughly), with
+    constant unit vectors; ``started`` is set as the first embedding begins."""
+
+    dimensions = 4
+    source = "slow"
+    load_s = 0.0
+
+    def __init__(self, per_text_s: float) -> None:
+        self.per_text_s = per_text_s
+        self.started = threading.Event()
+
+    def embed(self, texts: Sequence[str]) -> Any:
+        self.started.set()
+        time.sleep(self.per_text_s * len(texts))
+        return numpy.full((len(texts), self.dimensions), 0.5, dtype=numpy.float32)
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split())
+
+
+def _embedding_threads() -> int:
+    """Threads running ``build_semantic`` now."""
+    code = wiki_semantic.build_semantic.__code__
+    count = 0
+    for frame in sys._current_frames().values():
+        walked: Any = frame
+        while walked is not None and walked.f_code is not code:
+            walked = walked.f_back
+        count += walked is not None
+    return count
+
+
+async def test_a_stopped_wiki_stops_embedding_within_a_chunk_not_after_the_whole_wiki(tmp_path: Path) -> None:
+    """An abandoned worker thread still holds the interpreter's exit (threading joins it): a gateway stopped while
+    its wiki was being embedded lingered until every section was (seconds on the docs/ folder, minutes on a big
+    wiki). The build checks between chunks of ``EMBED_CHUNK`` sections that its wiki still runs."""
+    for n in range(40):
+        write(
+            tmp_path / "big",
+            f"p{n}.md",
+            "\n\n".join(f"# Part {k}\nWords about topic {n}, part {k}." for k in range(32)),
+        )
+    embedder = _SlowEmbedder(per_text_s=0.003)  # 1,280 sections: about 4 s in all, a chunk about 0.2 s
+    backend = WikiBackend("wiki", tmp_path / "big", load_model=lambda: embedder)
+    async with running(backend):
+        assert await anyio.to_thread.run_sync(embedder.started.wait, WAIT_S)
+        assert _embedding_threads() == 1
+    await eventually(lambda: _embedding_threads() == 0, within=1.5)
 
 
 def test_the_model_loads_from_the_installed_package_without_opening_a_socket(monkeypatch: pytest.MonkeyPatch) -> None:
