@@ -47,7 +47,11 @@ from mcp.shared.exceptions import MCPError
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind
 
-__all__ = ["CONNECTION_CLOSED", "DirectCall", "DirectLane", "HttpLane", "answer_of", "progress_of"]
+__all__ = ["CONNECTION_CLOSED", "LANE_ID_PREFIX", "DirectCall", "DirectLane", "HttpLane", "answer_of", "progress_of"]
+
+LANE_ID_PREFIX = "gw-"
+"""A direct request's id (and progress token) is this and a number: never one of the SDK session's (integer) ids on
+the same session, so a line is known to be a direct call's by its id alone."""
 
 REQUEST_TIMEOUT = -32001  # the SDK's code for a request that timed out (mcp.shared.exceptions.REQUEST_TIMEOUT)
 CONNECTION_CLOSED = -32000  # the SDK's code for a request whose answer can no longer come
@@ -125,7 +129,7 @@ class DirectLane:
         notify: NotifyFn,
     ) -> dict[str, Any]:
         """Send one request, return its result (the JSON object); raise ``MCPError`` for its error."""
-        rid = f"gw-{next(self._ids)}"  # never one of the SDK session's (integer) ids on the same session
+        rid = f"{LANE_ID_PREFIX}{next(self._ids)}"
         meta = dict(params.get("_meta") or {})
         if progress is not None:
             meta["progressToken"] = rid

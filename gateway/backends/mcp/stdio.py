@@ -18,7 +18,9 @@ hands the lines that belong to it (the answer to its ``gw-N`` id, progress for t
 never knew) to the waiting caller instead of the read stream. Every other line reaches the SDK session as before,
 so the server's own requests during such a call (elicitation, sampling, roots, ping), its cancellations of them and
 its notifications are handled by the session's own handlers, exactly as during one of the session's calls. A line
-is only looked at when a direct call waits and it holds ``"gw-``; the others are parsed as before. The writer task
+is only looked at when it holds ``"gw-``; the others are parsed as before. What the server still says for a
+direct call that has ended (progress already in the pipe when it was cancelled, a late answer) is dropped: it is no
+one's, and the session, which never knew those ids, would spend a validation and a task on each. The writer task
 and direct callers write whole lines onto the same pipe: on asyncio a write is handed to the pipe's transport at
 once, so lines never interleave, and a direct write that the server does not take within ``write_timeout_s`` ends
 the session as the writer's does.
@@ -46,6 +48,7 @@ from gateway.backends import processes
 from gateway.backends.mcp.answers import LineLimit, replace_line
 from gateway.backends.mcp.fastpath import (
     CONNECTION_CLOSED,
+    LANE_ID_PREFIX,
     AnswerFn,
     DirectCall,
     DirectLane,
@@ -56,6 +59,9 @@ from gateway.backends.mcp.fastpath import (
 )
 
 __all__ = ["StdioLane", "StdioProcess", "open_stdio", "stderr_tail"]
+
+_LANE_MARK = f'"{LANE_ID_PREFIX}'.encode()
+"""What a line holds when it may be a direct call's (its id or token as a JSON string)."""
 
 EXIT_GRACE_S = 2.0
 """Time for the server to exit on its own after its stdin closes (the spec's first shutdown step)."""
@@ -110,10 +116,13 @@ class StdioLane(DirectLane):
         if not taken:
             raise MCPError(CONNECTION_CLOSED, "Connection closed")
 
-    def claim(self, line: bytes) -> tuple[_Waiter, dict[str, Any]] | None:
-        """The direct call ``line`` belongs to, with the message; None when it belongs to none (it goes to the
+    def claim(self, line: bytes) -> tuple[_Waiter | None, dict[str, Any]] | None:
+        """The direct call ``line`` belongs to, with the message: the call is None when the line is a direct call's
+        (its answer, or progress for its token) but that call has ended (what the server still says for a call that
+        was cancelled or shed is dropped: the session never knew its id, and on the one read of the shared pipe each
+        such line would cost it a validation and a task). None when the line is not a direct call's (it goes to the
         session)."""
-        if not self.waiting or b'"gw-' not in line:
+        if _LANE_MARK not in line:
             return None
         try:
             message = json.loads(line)
@@ -128,8 +137,9 @@ class StdioLane(DirectLane):
             key = params.get("progressToken")
         else:
             key = message.get("id")
-        waiter = self.waiting.get(key) if isinstance(key, str) else None
-        return (waiter, message) if waiter is not None else None
+        if not isinstance(key, str) or not key.startswith(LANE_ID_PREFIX):
+            return None
+        return self.waiting.get(key), message
 
     def close(self) -> None:
         """The pipes are gone: every direct call waiting for its answer fails with ``CONNECTION_CLOSED``."""
@@ -290,6 +300,8 @@ class _Pipes:
             await self._read_send.send(parsed)
             self._passed = True
             return
+        if claimed[0] is None:
+            return  # a direct call's, and that call has ended
         if self._passed:
             # The session dispatches what came before first, as its own receive loop would: a log message is
             # attributed to the call in flight, a cancelled request of the server's is cancelled, before the call's
