@@ -28,7 +28,7 @@ import httpx2
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.procs import LOOPBACK, Procs, free_port, say  # noqa: E402
+from bench.procs import LOOPBACK, Procs, cpu_s, free_port, say  # noqa: E402
 from bench.run_env import environment, load_average  # noqa: E402
 from bench.soak_hostile import (  # noqa: E402
     FAULTS,
@@ -46,8 +46,7 @@ PROBE = Path(__file__).resolve().parent / "gc_pauses"
 
 
 def _cpu_ms(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+    return cpu_s(pid) * 1000
 
 
 async def one_round(tree: Path, calls: int, sessions: int, workdir: Path) -> dict[str, Any]:

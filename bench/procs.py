@@ -92,6 +92,16 @@ def vm_kb(pid: int) -> dict[str, int]:
     return out
 
 
+def cpu_s(pid: int) -> float:
+    """A process's CPU time so far (utime + stime from /proc/PID/stat, threads that exited included), in seconds;
+    0.0 when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 # ----------------------------------------------------------------------------------------------- processes
 
 

@@ -1,6 +1,6 @@
 """One hostile caller against one bystander: do the bystander's calls on every backend keep their speed?
 
-    .venv/bin/python bench/soak_hostile.py [--quick] [--json OUT] [--keep DIR] [--direct]
+    .venv/bin/python bench/soak_hostile.py [--quick] [--json OUT] [--keep DIR] [--direct] [--attack PART ...]
 
 Everything runs on loopback and stops by itself. The gateway measured is the one in this checkout (``python -m
 gateway serve``, ``PYTHONPATH`` at the project root) in front of three backends, every tool prefixed with its
@@ -23,9 +23,11 @@ whatever the figures say, 2 only when the harness itself failed.
 ``--direct`` runs the same attack with no gateway: each client straight to each server, ``s`` a second fidelity server
 over streamable HTTP (each client's own session, as a client's own process would be), alice's abandoned bridges left
 out (a 2026-07-28 client cannot call a handshake-era server directly): what the attack costs the bystander by itself.
-Reported: bob's p50 and p99 per backend, quiet and under attack, and his failed calls (an error, an ``isError``
-result, or no answer within ``CALL_TIMEOUT_S``) with their reasons; alice's flood answers by HTTP status; the
-gateway's VmRSS (quiet, peak under attack, end); every backend's state and last error at the end (/status).
+``--attack`` runs only the parts named (``flood``, ``abandon``, ``progress-f``, ``progress-s``; all by default), to
+see what each costs the bystander by itself. Reported: bob's p50 and p99 per backend, quiet and under attack, and his
+failed calls (an error, an ``isError`` result, or no answer within ``CALL_TIMEOUT_S``) with their reasons; alice's
+flood answers by HTTP status; the gateway's VmRSS (quiet, peak under attack, end); every backend's state and last
+error at the end (/status).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ import httpx2
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.procs import LOOPBACK, Procs, free_port, say, vm_kb  # noqa: E402
+from bench.procs import LOOPBACK, Procs, cmdline, cpu_s, descendants, free_port, say, vm_kb  # noqa: E402
 from bench.run_env import environment, load_average  # noqa: E402
 
 FAULTS = ROOT / "tests" / "fixtures" / "faults_server.py"
@@ -75,6 +77,10 @@ class Target:
     @property
     def url(self) -> str:
         return f"http://{LOOPBACK}:{self.port}/mcp"
+
+
+PARTS = ("flood", "abandon", "progress-f", "progress-s")
+"""The parts of alice's attack (``--attack``)."""
 
 
 @dataclass(frozen=True)
@@ -291,7 +297,7 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000 if ordered else float("nan")
 
 
-async def run(plan: Plan, workdir: Path, direct: bool = False) -> dict[str, Any]:
+async def run(plan: Plan, workdir: Path, direct: bool = False, parts: tuple[str, ...] = PARTS) -> dict[str, Any]:
     procs = Procs(workdir)
     try:
         h_port, f_port, g_port = free_port(), free_port(), free_port()
@@ -326,6 +332,8 @@ async def run(plan: Plan, workdir: Path, direct: bool = False) -> dict[str, Any]
             quiet = await bystander(http, targets, bobs, plan)
             rss_quiet = vm_kb(pid).get("VmRSS", 0) if pid is not None else 0
             say("attack phase")
+            burners = _burners(procs, pid)
+            cpu_before = {name: cpu_s(p) for name, p in burners.items()}
             attack = Attack(collections.Counter(), collections.Counter())
             stop, sent = anyio.Event(), anyio.Event()
             peak = [rss_quiet]
@@ -338,12 +346,17 @@ async def run(plan: Plan, workdir: Path, direct: bool = False) -> dict[str, Any]
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(sample)
-                tg.start_soon(never_read, [(targets[n], alices[n]) for n in ("f", "s")], plan, attack, stop)
-                tg.start_soon(flood, targets["h"], alices["h"], plan, attack, sent)
-                if not direct:  # a bridge is the gateway's: a direct 2026 client cannot call these servers at all
-                    tg.start_soon(abandon, targets["h"].url, plan, attack)
+                readless = [(targets[n], alices[n]) for n in ("f", "s") if f"progress-{n}" in parts]
+                tg.start_soon(never_read, readless, plan, attack, stop)
+                if "flood" in parts:
+                    tg.start_soon(flood, targets["h"], alices["h"], plan, attack, sent)
+                else:
+                    sent.set()
+                if not direct and "abandon" in parts:  # a bridge is the gateway's: a direct 2026 client cannot
+                    tg.start_soon(abandon, targets["h"].url, plan, attack)  # call these servers at all
                 await sent.wait()  # bob's calls go while every part of the attack is under way
                 under_attack = await bystander(http, targets, bobs, plan)
+                cpu_attack = {name: cpu_s(p) - cpu_before[name] for name, p in burners.items()}
                 stop.set()
             rss_end = vm_kb(pid).get("VmRSS", 0) if pid is not None else 0
             status = (
@@ -356,6 +369,7 @@ async def run(plan: Plan, workdir: Path, direct: bool = False) -> dict[str, Any]
     return {
         "plan": asdict(plan),
         "direct": direct,
+        "attack_parts": list(parts),
         "quiet": asdict(quiet),
         "attack": asdict(under_attack),
         "attacker": {
@@ -364,8 +378,21 @@ async def run(plan: Plan, workdir: Path, direct: bool = False) -> dict[str, Any]
             "never_read": attack.never_read,
         },
         "rss_kb": {"quiet": rss_quiet, "peak_under_attack": peak[0], "end": rss_end},
+        "cpu_s_under_attack": cpu_attack,
         "backends": {b["name"]: {"state": b["state"], "last_error": b["last_error"]} for b in status["backends"]},
     }
+
+
+def _burners(procs: Procs, gateway: int | None) -> dict[str, int]:
+    """The processes whose CPU time the attack costs: the gateway proper, and each server by its backend's name (a
+    stdio server is the gateway's child)."""
+    found = {proc.name: proc.pid for proc in procs.procs if proc.name != "gateway"}
+    if gateway is not None:
+        found["gateway"] = gateway
+        stdio = [child for child in descendants(gateway) if "fidelity_server" in cmdline(child)]
+        if stdio:
+            found["s"] = stdio[0]
+    return found
 
 
 async def _wait_listening(port: int) -> None:
@@ -399,7 +426,7 @@ def report(result: dict[str, Any], env: dict[str, Any]) -> str:
         + (" (direct: no gateway)" if result.get("direct") else ""),
         "",
         f"Gateway {env['gateway']}, {env['cpus']} CPUs, Python {env['python']}, load {env['load_before']} before and "
-        f"{result['load_after']} after. Plan: {result['plan']}.",
+        f"{result['load_after']} after. Plan: {result['plan']}. Attack: {', '.join(result['attack_parts'])}.",
         "",
         "| backend | quiet p50 ms | quiet p99 ms | attack p50 ms | attack p99 ms | p99 ratio | failed quiet | failed "
         "under attack |",
@@ -422,6 +449,8 @@ def report(result: dict[str, Any], env: dict[str, Any]) -> str:
         f"{result['attacker']['abandoned']}; {result['attacker']['never_read']} calls never read.",
         f"Gateway VmRSS: quiet {result['rss_kb']['quiet'] / 1024:.0f} MB, peak under attack "
         f"{result['rss_kb']['peak_under_attack'] / 1024:.0f} MB, end {result['rss_kb']['end'] / 1024:.0f} MB.",
+        "CPU seconds while bob was timed under attack: "
+        + ", ".join(f"{name} {cpu:.1f}" for name, cpu in sorted(result["cpu_s_under_attack"].items())),
         "Backends at the end: "
         + "; ".join(
             f"{n}: {b['state']}" + (f" ({b['last_error']})" if b["last_error"] else "")
@@ -441,16 +470,20 @@ def main() -> int:
         action="store_true",
         help="no gateway: each caller straight to each server (s over HTTP), the same attack but the bridges",
     )
+    parser.add_argument(
+        "--attack", action="append", choices=PARTS, help="run only this part of the attack (repeatable; default all)"
+    )
     args = parser.parse_args()
     plan = QUICK if args.quick else FULL
+    parts = tuple(args.attack or PARTS)
     env = environment()
     try:
         if args.keep is not None:
             args.keep.mkdir(parents=True, exist_ok=True)
-            result = anyio.run(run, plan, args.keep, args.direct)
+            result = anyio.run(run, plan, args.keep, args.direct, parts)
         else:
             with tempfile.TemporaryDirectory(prefix="soak-hostile-") as folder:
-                result = anyio.run(run, plan, Path(folder), args.direct)
+                result = anyio.run(run, plan, Path(folder), args.direct, parts)
     except HarnessError as exc:
         say(f"harness failed: {exc}")
         return 2
