@@ -428,16 +428,17 @@ def report(result: dict[str, Any], env: dict[str, Any]) -> str:
         f"Gateway {env['gateway']}, {env['cpus']} CPUs, Python {env['python']}, load {env['load_before']} before and "
         f"{result['load_after']} after. Plan: {result['plan']}. Attack: {', '.join(result['attack_parts'])}.",
         "",
-        "| backend | quiet p50 ms | quiet p99 ms | attack p50 ms | attack p99 ms | p99 ratio | failed quiet | failed "
-        "under attack |",
-        "|---|---|---|---|---|---|---|---|",
+        "| backend | quiet p50 ms | quiet p99 ms | attack p50 ms | attack p99 ms | p99 ratio | calls over 2x quiet p99 "
+        "| failed quiet | failed under attack |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for backend in BYSTANDER_TOOLS:
         q, a = result["quiet"]["latencies"][backend], result["attack"]["latencies"][backend]
         ratio = _pct(a, 0.99) / _pct(q, 0.99) if q and a else float("nan")
+        slow = sum(1 for latency in a if latency * 1000 > 2 * _pct(q, 0.99))
         lines.append(
             f"| {backend} | {_pct(q, 0.5):.1f} | {_pct(q, 0.99):.1f} | {_pct(a, 0.5):.1f} | {_pct(a, 0.99):.1f} | "
-            f"{ratio:.2f}x | {len(result['quiet']['failures'][backend])}/{len(q)} | "
+            f"{ratio:.2f}x | {slow}/{len(a)} | {len(result['quiet']['failures'][backend])}/{len(q)} | "
             f"{len(result['attack']['failures'][backend])}/{len(a)} |"
         )
     failures = collections.Counter(

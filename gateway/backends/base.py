@@ -94,6 +94,28 @@ class BackendStatus:
 ProgressFn = ProgressFnT
 """Progress relay: ``async (progress, total, message) -> None``."""
 
+
+class Paced:
+    """A client's progress relay in two forms. Called, it never waits for the client (what a shared downstream
+    session needs: its read goes on for every caller); ``paced`` waits while the client has not taken what it was
+    sent, for a downstream session of the caller's own, which may be held back as the caller's own connection to the
+    server would hold it (backends/mcp/own.py)."""
+
+    __slots__ = ("paced", "relay")
+
+    def __init__(self, relay: ProgressFn, paced: ProgressFn) -> None:
+        self.relay = relay
+        self.paced = paced
+
+    async def __call__(self, progress: float, total: float | None, message: str | None) -> None:
+        await self.relay(progress, total, message)
+
+
+def paced(progress: ProgressFn | None) -> ProgressFn | None:
+    """The form of ``progress`` that waits for its client; None when it has none (or there is no progress)."""
+    return progress.paced if isinstance(progress, Paced) else None
+
+
 ChangeListener = Callable[[], None]
 """Called (synchronously, cheaply) whenever a backend's state or tool list changes."""
 

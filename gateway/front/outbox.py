@@ -13,6 +13,11 @@ buffers; the gateway, which never holds a shared downstream back, stops the work
 cancelled (its downstream call too, which is told) and the request is answered as given up, for that client alone.
 When the request ends, what is waiting is delivered first (bounded by ``FLUSH_S``), so a client that reads gets every
 notification before the answer.
+
+A downstream session of the caller's own (backends/mcp/own.py) may be held back instead, as the caller's own
+connection to the server would hold it: its progress comes through ``Paced.paced``, which waits while the last
+progress has not been taken for delivery (at most ``client_stall_s``: then the client is shed as above). Nothing of
+it is coalesced, and the downstream produces no more than the client takes.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import structlog
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
-from gateway.backends.base import ProgressFn
+from gateway.backends.base import Paced, ProgressFn
 from gateway.config.settings import EdgeSettings
 
 __all__ = ["FLOOD_BYTES", "FLUSH_S", "Outbox", "Outboxes", "size_of"]
@@ -78,6 +83,7 @@ class Outbox:
         "_report",
         "_spawn",
         "_stall_s",
+        "_taken",
         "_wake",
         "caller",
         "scope",
@@ -98,6 +104,7 @@ class Outbox:
         self._log_bytes = 0  # the log messages waiting (what cannot be coalesced)
         self._unread = 0  # bytes of progress coalesced away while a send has been stuck for SLOW_S
         self._wake = anyio.Event()
+        self._taken: anyio.Event | None = None  # set when the progress waiting in the queue is taken (``_paced``)
         self._drained: anyio.Event | None = None
         self._busy_since: float | None = None
         self._delivering: anyio.CancelScope | None = None
@@ -108,9 +115,20 @@ class Outbox:
         """Why the client was shed (None while it was not)."""
 
     @property
-    def progress(self) -> ProgressFn | None:
-        """The request's progress function for the backends (None when the client asked for none): never waits."""
-        return self._progress if self._report is not None else None
+    def progress(self) -> Paced | None:
+        """The request's progress function for the backends (None when the client asked for none): never waits;
+        its ``paced`` form waits for the client."""
+        return Paced(self._progress, self._paced) if self._report is not None else None
+
+    async def _paced(self, progress: float, total: float | None, message: str | None) -> None:
+        if self._pending is not None and self._open:
+            taken = self._taken = self._taken or anyio.Event()
+            with anyio.move_on_after(self._stall_s) as waited:
+                await taken.wait()
+            if waited.cancelled_caught:
+                self._shed(f"it took no progress for more than gateway.edge.client_stall_s ({self._stall_s:g} s)")
+                return
+        await self._progress(progress, total, message)
 
     async def _progress(self, progress: float, total: float | None, message: str | None) -> None:
         if not self._open:
@@ -163,11 +181,18 @@ class Outbox:
             self._spawn(self._deliver)
         self._wake.set()
 
+    def _release(self) -> None:
+        """Wake a ``_paced`` relay waiting for the progress in the queue to be taken."""
+        if self._taken is not None:
+            self._taken.set()
+            self._taken = None
+
     def _shed(self, reason: str) -> None:
         self.shed = reason
         self._open = False
         self._queue.clear()
         self._pending, self._bytes, self._log_bytes, self._unread = None, 0, 0, 0
+        self._release()
         log.warning("client.shed", caller=self.caller, reason=reason)
         self.scope.cancel()
         if self._delivering is not None:
@@ -185,6 +210,7 @@ class Outbox:
                     else:
                         if progress is self._pending:
                             self._pending = None
+                            self._release()
                         if self._report is None:
                             continue
                         send = partial(self._report, *progress)
@@ -195,6 +221,8 @@ class Outbox:
                     except (anyio.BrokenResourceError, anyio.ClosedResourceError, MCPError, OSError):
                         self._open = False  # the client is gone: nothing more reaches it
                         self._queue.clear()
+                        self._pending = None
+                        self._release()
                     finally:
                         self._busy_since, self._unread = None, 0  # it took one: it reads again
                 if self._drained is not None:
@@ -215,6 +243,7 @@ class Outbox:
                     await self._drained.wait()
         finally:
             self._open = False
+            self._release()
             self._delivering.cancel()
 
     def refusal(self) -> MCPError:

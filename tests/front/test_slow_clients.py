@@ -1,9 +1,11 @@
-"""A client that stops reading its call's stream costs the gateway a bounded amount and nobody else anything: a
-downstream flooding that call with progress is read as fast as it writes (the shared session is never held up), the
-progress is coalesced to the latest while the client does not take it, and the call is given up for that client alone
-once it has taken nothing while more than ``gateway.edge.client_buffer_bytes`` of progress went unread (seconds, not
-``client_stall_s``). Over a real gateway process, a real downstream over a stdio pipe and over loopback HTTP, and a
-raw socket that never reads."""
+"""A client that stops reading its call's stream costs the gateway a bounded amount and nobody else anything. Over
+stdio, a downstream flooding that call with progress is read as fast as it writes (the shared session is never held
+up), the progress is coalesced to the latest while the client does not take it, and the call is given up for that
+client alone once it has taken nothing while more than ``gateway.edge.client_buffer_bytes`` of progress went unread
+(seconds, not ``client_stall_s``). Over streamable HTTP the call goes on a session of the caller's own, which is held
+back while the client does not read, as its own connection to the server would be: nothing is coalesced, a client
+that reads again gets every notification, and one that never does is given up after ``client_stall_s``. Over a real
+gateway process, a real downstream over a stdio pipe and over loopback HTTP, and a raw socket that never reads."""
 
 from __future__ import annotations
 
@@ -18,16 +20,19 @@ import anyio
 import httpx2
 import pytest
 
+from gateway.front.outbox import SLOW_S
 from tests.fixtures import FIXTURES
 from tests.fixtures.downstreams import Downstreams
 from tests.fixtures.gateway_proc import PYTHON, first_text, mcp_session, run_gateway
 from tests.fixtures.procs import LOOPBACK, RunningServer
-from tests.fixtures.raw_http import ACCEPT, open_session
+from tests.fixtures.raw_http import ACCEPT, headers, open_session
 from tests.fixtures.waiting import eventually
 
 pytestmark = [pytest.mark.anyio, pytest.mark.spawns]
 
 TOKENS = "mallory=tok-mallory-0123,bob=tok-bob-4567"
+STALL_S = 6
+"""``gateway.edge.client_stall_s`` here (30 s by default)."""
 FLOOD = {"count": 60_000, "size": 2_000, "then_s": 30}
 """120 MB of progress, far more than every buffer between the downstream and the client holds, then more for half
 a minute: long past ``client_stall_s``."""
@@ -91,6 +96,7 @@ def config(transport: str, notes: Path, downstream: Downstreams) -> str:
     return f"""
 gateway:
   audit: {{enabled: false}}
+  edge: {{client_stall_s: {STALL_S}}}
 servers:
   f: {json.dumps(server)}
 """
@@ -123,12 +129,54 @@ async def test_a_client_that_stops_reading_a_flood_of_progress_costs_nobody_else
                 assert slowest < 5, f"another caller's call took {slowest:.1f} s"
                 assert grown < 60, f"the gateway grew {grown:.0f} MB while a client did not read"
                 assert "flood stopped" in notes.read_text()  # the gateway gave the call up, and told the downstream
-                # within seconds of the client's last read, not after client_stall_s (30 s): the flood is work for
-                # no one, on the CPUs everyone shares
+                # within seconds: over stdio as soon as it is clear the client takes nothing (the flood is work for no
+                # one, on the CPUs everyone shares), over HTTP after client_stall_s (the flood was held back)
                 lasted = (ended or time.monotonic()) - flooded
-                assert lasted < 15, f"the flood went on {lasted:.1f} s"
+                assert lasted < STALL_S + 9, f"the flood went on {lasted:.1f} s"
             with anyio.fail_after(10):  # and the backend serves on
                 assert first_text(await bob.call_tool("echo", {"text": "after"})) == "after"
         log = gateway.output()
     shed = next(json.loads(line) for line in log.splitlines() if '"client.shed"' in line)
-    assert shed["caller"] == "mallory" and "of its progress went unread while it took nothing" in shed["reason"]
+    assert shed["caller"] == "mallory"
+    if transport == "stdio":
+        assert "of its progress went unread while it took nothing" in shed["reason"]
+    else:
+        assert "it took no progress for more than gateway.edge.client_stall_s (6 s)" in shed["reason"]
+
+
+async def test_over_http_a_client_that_pauses_holds_back_its_own_session_and_then_gets_every_notification(
+    tmp_path: Path, downstream: Downstreams
+) -> None:
+    """Its call's downstream waits for it, not the other callers: nothing is coalesced or given up."""
+    notes, count = tmp_path / "notes", 20_000  # about 5 MB of progress: far more than the buffers on the way hold
+    with run_gateway(config("streamable_http", notes, downstream), tmp_path, tokens=TOKENS) as gateway:
+        async with mcp_session(gateway.url(), token="tok-bob-4567") as bob, httpx2.AsyncClient(timeout=60) as http:
+            session = await open_session(http, gateway.url(), "tok-mallory-0123")
+            call = {
+                "jsonrpc": "2.0",
+                "id": 9,
+                "method": "tools/call",
+                "params": {"name": "flood", "arguments": {"count": count}, "_meta": {"progressToken": "p"}},
+            }
+            before = rss_mb(gateway)
+            async with http.stream(
+                "POST", gateway.url(), json=call, headers=headers("tok-mallory-0123", session)
+            ) as reply:
+                assert reply.status_code == 200
+                await eventually(lambda: notes.exists() and "flood started" in notes.read_text(), within=20)
+                paused, index = time.monotonic(), 0
+                while time.monotonic() - paused < 3 * SLOW_S:  # she reads nothing; bob's calls go on meanwhile
+                    with anyio.fail_after(5):
+                        assert first_text(await bob.call_tool("echo", {"text": f"b{index}"})) == f"b{index}"
+                    index += 1
+                grown = rss_mb(gateway) - before
+                with anyio.fail_after(60):
+                    body = await reply.aread()
+        assert grown < 30, f"the gateway grew {grown:.0f} MB while a client paused"
+        said = [json.loads(line[5:]) for line in body.decode().splitlines() if line.startswith("data:") and line[5:]]
+        progress = [m["params"]["progress"] for m in said if m.get("method") == "notifications/progress"]
+        assert progress == list(range(1, count + 1))  # every one, in order: nothing coalesced
+        assert said[-1]["result"]["content"][0]["text"] == f"flooded {count}"
+        assert "flood done" in notes.read_text()
+        log = gateway.output()
+    assert '"client.shed"' not in log

@@ -1,6 +1,8 @@
 """A handshake-era ``tools/call`` sent straight on the shared session's direct lane (fastpath.py; over stdio,
 stdio.py's ``StdioLane``): the same request, errors and back-channel as a call through the SDK session
-(session.py ``_send``), without the SDK session's round trip. ``caller_of`` says whose call takes a connection."""
+(session.py ``_send``), without the SDK session's round trip. Over streamable HTTP, a caller's call whose client
+asked for progress goes on that caller's own session beside it (own.py). ``caller_of`` says whose call takes a
+connection."""
 
 from __future__ import annotations
 
@@ -9,10 +11,10 @@ from typing import Any
 
 import mcp_types as types
 
-from gateway.backends.base import ProgressFn
+from gateway.backends.base import ProgressFn, paced
 from gateway.backends.mcp.eras import call_result
 from gateway.backends.mcp.failures import Life, map_call_errors
-from gateway.backends.mcp.fastpath import DirectLane
+from gateway.backends.mcp.fastpath import DirectLane, HttpLane
 from gateway.backends.mcp.pool import calls_for
 from gateway.backends.mcp.relay import InFlight, relay_request, serving
 from gateway.calls import NO_UPSTREAM, Upstream
@@ -43,10 +45,24 @@ async def call_direct(
     async def answer(request: Any) -> Any:
         return await relay_request(request, inflight, backend)
 
-    with serving(inflight, upstream), calls_for(caller_of(upstream)), map_call_errors(backend, timeout_s, life):
-        raw = await lane.request(
-            "tools/call", params, timeout_s=timeout_s, progress=progress, answer=answer, notify=notify
-        )
+    caller, held = caller_of(upstream), paced(progress)
+    with serving(inflight, upstream), calls_for(caller), map_call_errors(backend, timeout_s, life):
+        if held is not None and progress is not None and caller is not None and isinstance(lane, HttpLane):
+            raw = await lane.own.request(
+                caller,
+                "tools/call",
+                params,
+                backend=backend,
+                timeout_s=timeout_s,
+                progress=held,
+                relay=progress,
+                answer=answer,
+                notify=notify,
+            )
+        else:
+            raw = await lane.request(
+                "tools/call", params, timeout_s=timeout_s, progress=progress, answer=answer, notify=notify
+            )
     return call_result(raw, lane.version or "")
 
 

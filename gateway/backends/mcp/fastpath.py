@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -47,7 +47,19 @@ from mcp.shared.exceptions import MCPError
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind
 
-__all__ = ["CONNECTION_CLOSED", "LANE_ID_PREFIX", "DirectCall", "DirectLane", "HttpLane", "answer_of", "progress_of"]
+if TYPE_CHECKING:
+    from gateway.backends.mcp.own import OwnSessions
+
+__all__ = [
+    "CONNECTION_CLOSED",
+    "LANE_ID_PREFIX",
+    "DirectCall",
+    "DirectLane",
+    "HttpLane",
+    "SessionGone",
+    "answer_of",
+    "progress_of",
+]
 
 LANE_ID_PREFIX = "gw-"
 """A direct request's id (and progress token) is this and a number: never one of the SDK session's (integer) ids on
@@ -59,6 +71,8 @@ CANCEL_NOTICE_S = 2.0
 """Bound on telling the downstream that a call was cancelled (the caller is not kept waiting longer)."""
 RESUME_ATTEMPTS = 2  # as the SDK's transport (MAX_RECONNECTION_ATTEMPTS)
 RESUME_DELAY_MS = 1000  # its default when the server names no retry interval
+END_S = 2.0
+"""Bound on ending a session at the server (its DELETE)."""
 DRAIN_LIMIT_S = 0.05  # how long the rest of an answered stream is read (as backends/mcp/pool.py drains a body)
 
 ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
@@ -79,6 +93,10 @@ def _adapters() -> tuple[Any, Any]:
         _SERVER_REQUEST = TypeAdapter(types.ServerRequest)
         _SERVER_NOTIFICATION = TypeAdapter(types.ServerNotification)
     return _SERVER_REQUEST, _SERVER_NOTIFICATION
+
+
+class SessionGone(MCPError):
+    """The server answered 404: it no longer knows the session (the SDK's ``Session terminated``)."""
 
 
 class DirectCall:
@@ -189,7 +207,8 @@ class HttpLane(DirectLane):
     """One streamable HTTP session to a downstream, for requests sent straight on it.
 
     ``client`` is the backend's own client (shared pool, answer limit); the session id is taken from the
-    downstream's answers (``see``, an httpx2 response hook).
+    downstream's answers (``see``, an httpx2 response hook, on the shared session), with the ``initialize`` that
+    opened it (``hello``): a caller's own session (own.py, ``own``) is opened with the same.
     """
 
     def __init__(self, client: httpx2.AsyncClient, url: str, *, max_event_size: int) -> None:
@@ -198,18 +217,36 @@ class HttpLane(DirectLane):
         self.url = url
         self.max_event_size = max_event_size
         self.session_id: str | None = None
+        self.hello: bytes | None = None
         self.closer: anyio.abc.TaskGroup | None = None  # where a read response is closed, off the caller's path
+        self._own: OwnSessions | None = None
+
+    @property
+    def own(self) -> OwnSessions:
+        """The callers' own sessions beside this one (own.py)."""
+        if self._own is None:
+            from gateway.backends.mcp.own import OwnSessions
+
+            self._own = OwnSessions(self)
+        return self._own
+
+    async def aclose(self) -> None:
+        """End the callers' own sessions beside this one (the SDK's transport ends this one)."""
+        if self._own is not None:
+            await self._own.aclose()
 
     @property
     def ready(self) -> bool:
         return self.session_id is not None and self.version is not None
 
     async def see(self, response: httpx2.Response) -> None:
-        """Response hook: remember the session id the downstream assigned (on its answer to ``initialize``)."""
+        """Response hook: remember the session id the downstream assigned (on its answer to ``initialize``), and
+        that ``initialize``."""
         if self.session_id is None:
             found = response.headers.get("mcp-session-id")
             if found:
                 self.session_id = found
+                self.hello = response.request.content
 
     def _headers(self) -> dict[str, str]:
         headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
@@ -227,6 +264,24 @@ class HttpLane(DirectLane):
             await self._post_message(message)
         except (httpx2.HTTPError, OSError):
             pass  # the downstream is gone or unreachable: nothing is left to tell there
+
+    async def notice(self, message: Mapping[str, Any]) -> None:
+        await self._notice(message)
+
+    async def end(self) -> None:
+        """End the session at the server (DELETE), bounded; a server that cannot be reached is left as it is."""
+        headers = self._headers()
+        headers.pop("content-type", None)
+        with anyio.move_on_after(END_S):
+            try:
+                await (await self.client.delete(self.url, headers=headers)).aclose()
+            except (httpx2.HTTPError, OSError):
+                pass
+
+    def closer_soon(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run ``work`` in the session's closing task group (dropped when the session is closing)."""
+        if self.closer is not None:
+            self.closer.start_soon(work)
 
     async def _post_message(self, message: Mapping[str, Any]) -> None:
         """POST a notification or a response (answered 202, or an error status that nobody waits for)."""
@@ -255,6 +310,8 @@ class _Exchange(DirectCall):
         request = lane.client.build_request("POST", lane.url, content=self.body, headers=lane._headers())
         self.sent = True
         response = await lane.client.send(request, stream=True)
+        if lane.session_id is None:  # an own session's initialize (own.py)
+            lane.session_id = response.headers.get("mcp-session-id")
         try:
             outcome = await self._read(response)
         except BaseException:
@@ -281,9 +338,12 @@ class _Exchange(DirectCall):
                 except (ValueError, httpx2.StreamError):
                     parsed = None
                 if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
-                    raise _error(parsed["error"])
+                    error = _error(parsed["error"])
+                    raise (
+                        SessionGone(error.error.code, error.error.message, error.error.data) if status == 404 else error
+                    )
             if status == 404:
-                raise MCPError(types.INVALID_REQUEST, "Session terminated")
+                raise SessionGone(types.INVALID_REQUEST, "Session terminated")
             raise MCPError(types.INTERNAL_ERROR, "Server returned an error response")
         if 300 <= status < 400:
             raise MCPError(types.INVALID_REQUEST, f"the server redirected the request (HTTP {status}); not followed")

@@ -131,6 +131,8 @@ async def _streamable_http(
         try:
             yield Transport(streams[0], streams[1], lane=lane)
         finally:
+            if lane is not None:
+                await lane.aclose()  # the callers' own sessions beside it (own.py)
             closer.cancel_scope.cancel()
 
 

@@ -1,0 +1,84 @@
+"""A caller's calls that stream progress go on a session of its own beside a streamable HTTP server's shared session
+(backends/mcp/own.py): one per caller, opened at its first such call and kept; another caller's are their own; a
+call without progress stays on the shared session; a session the server no longer knows is opened again and the
+call answered; the sessions end at the server with the gateway. Over a real gateway process and the real fidelity
+server on loopback, which notes the session of every call it receives."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import anyio
+import httpx2
+import pytest
+
+from tests.fixtures.downstreams import Downstreams
+from tests.fixtures.gateway_proc import first_text, mcp_session, run_gateway
+
+pytestmark = [pytest.mark.anyio, pytest.mark.spawns]
+
+TOKENS = "alice=tok-alice-0123,bob=tok-bob-4567"
+WAIT = 20
+
+
+def sessions(text: str, tool: str) -> list[str]:
+    """The session of each ``tool`` call the server noted, in order."""
+    return re.findall(rf"tools/call {tool} id=\S+ session=(\S+)", text)
+
+
+async def test_progress_calls_go_on_their_callers_own_sessions(tmp_path: Path, downstream: Downstreams) -> None:
+    served = downstream("fidelity", "streamable_http", "--name", "f", own=True)
+    config = f"""
+gateway:
+  audit: {{enabled: false}}
+servers:
+  f: {{transport: streamable_http, url: "{served.url()}"}}
+"""
+    with run_gateway(config, tmp_path, tokens=TOKENS) as gateway:
+        seen: dict[str, list[float]] = {"alice": [], "bob": []}
+
+        def relay(who: str):  # type: ignore[no-untyped-def]
+            async def progress(value: float, total: float | None, message: str | None) -> None:
+                seen[who].append(value)
+
+            return progress
+
+        async with (
+            mcp_session(gateway.url(), token="tok-alice-0123") as alice,
+            mcp_session(gateway.url(), token="tok-bob-4567") as bob,
+        ):
+            with anyio.fail_after(WAIT):
+                await bob.call_tool("pid", {})  # no progress: the shared session
+                for _ in range(2):
+                    done = await alice.call_tool("progress", {"steps": 3}, progress_callback=relay("alice"))
+                    assert first_text(done) == "done"
+                assert first_text(await bob.call_tool("progress", {"steps": 3}, progress_callback=relay("bob")))
+            assert seen == {"alice": [1, 2, 3, 1, 2, 3], "bob": [1, 2, 3]}
+            shared, (own_a, again_a, own_b) = sessions(served.output(), "pid")[0], sessions(served.output(), "progress")
+            assert own_a == again_a  # one session per caller, kept
+            assert len({shared, own_a, own_b}) == 3  # each caller's own, and neither the shared one
+
+            # The server forgets alice's session (it expired there): her next call opens another and is answered.
+            async with httpx2.AsyncClient(timeout=WAIT) as http:
+                ended = await http.delete(
+                    served.url(),
+                    headers={"mcp-session-id": own_a, "mcp-protocol-version": "2025-06-18"},
+                )
+                assert ended.status_code == 200
+            with anyio.fail_after(WAIT):
+                done = await alice.call_tool("progress", {"steps": 2}, progress_callback=relay("alice"))
+            assert first_text(done) == "done" and seen["alice"][-2:] == [1, 2]
+            reopened = sessions(served.output(), "progress")[-1]
+            assert reopened not in (own_a, own_b, shared)
+
+    # The gateway stopped: the sessions it opened for its callers were ended at the server, not left to expire there.
+    async with httpx2.AsyncClient(timeout=WAIT) as http:
+        for session in (own_b, reopened):
+            ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+            headers = {
+                "mcp-session-id": session,
+                "mcp-protocol-version": "2025-06-18",
+                "accept": "application/json, text/event-stream",
+            }
+            assert (await http.post(served.url(), json=ping, headers=headers)).status_code == 404
