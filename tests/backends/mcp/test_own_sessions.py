@@ -13,8 +13,12 @@ import anyio
 import httpx2
 import pytest
 
+from gateway.backends.mcp import own
+from gateway.backends.mcp.fastpath import HttpLane
 from tests.fixtures.downstreams import Downstreams
 from tests.fixtures.gateway_proc import first_text, mcp_session, run_gateway
+from tests.fixtures.raw_http import ACCEPT, INITIALIZE
+from tests.fixtures.waiting import eventually
 
 pytestmark = [pytest.mark.anyio, pytest.mark.spawns]
 
@@ -82,3 +86,62 @@ servers:
                 "accept": "application/json, text/event-stream",
             }
             assert (await http.post(served.url(), json=ping, headers=headers)).status_code == 404
+
+
+async def test_past_the_limit_the_least_recently_used_idle_session_is_ended(
+    downstream: Downstreams, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three callers' own sessions where two may be kept: the first caller's is ended at the server (it answers 404),
+    and that caller's next call opens another."""
+    served = downstream("fidelity", "streamable_http", "--name", "f", own=True)
+    monkeypatch.setattr(own, "MAX_OWN", 2)
+    seen: list[float] = []
+
+    async def progress(value: float, total: float | None, message: str | None) -> None:
+        seen.append(value)
+
+    async def answer(request: object) -> object:
+        raise AssertionError("the fidelity server's progress tool asks nothing")
+
+    async def notify(notification: object) -> None:
+        return None
+
+    async with httpx2.AsyncClient(timeout=WAIT) as http, anyio.create_task_group() as closer:
+        shared = HttpLane(http, served.url(), max_event_size=1 << 20)
+        shared.closer = closer
+        hello = await http.post(
+            served.url(), json=INITIALIZE, headers={"accept": "application/json, text/event-stream"}
+        )
+        await shared.see(hello)
+        shared.version = "2025-06-18"
+
+        async def call(caller: str) -> str:
+            with anyio.fail_after(WAIT):
+                raw = await shared.own.request(
+                    caller,
+                    "tools/call",
+                    {"name": "progress", "arguments": {"steps": 1}},
+                    backend="f",
+                    timeout_s=WAIT,
+                    progress=progress,
+                    relay=progress,
+                    answer=answer,
+                    notify=notify,
+                )
+            assert raw["content"][0]["text"] == "done"
+            return sessions(served.output(), "progress")[-1]
+
+        first = await call("a")
+        await call("b")
+        await call("c")  # past the limit: a's session, the least recently used, is ended
+        ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+        headers = {"mcp-session-id": first, "mcp-protocol-version": "2025-06-18", "accept": ACCEPT}
+
+        async def ended() -> bool:
+            return (await http.post(served.url(), json=ping, headers=headers)).status_code == 404
+
+        await eventually(ended, within=WAIT)
+        assert await call("a") != first
+        await shared.aclose()
+        closer.cancel_scope.cancel()
+    assert seen == [1, 1, 1, 1]
