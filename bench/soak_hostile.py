@@ -384,9 +384,9 @@ async def run(plan: Plan, workdir: Path, direct: bool = False, parts: tuple[str,
 
 
 def _burners(procs: Procs, gateway: int | None) -> dict[str, int]:
-    """The processes whose CPU time the attack costs: the gateway proper, and each server by its backend's name (a
-    stdio server is the gateway's child)."""
-    found = {proc.name: proc.pid for proc in procs.procs if proc.name != "gateway"}
+    """The processes whose CPU time the attack costs: the gateway proper, each server by its backend's name (a
+    stdio server is the gateway's child), and this process (bob and alice)."""
+    found = {proc.name: proc.pid for proc in procs.procs if proc.name != "gateway"} | {"harness": os.getpid()}
     if gateway is not None:
         found["gateway"] = gateway
         stdio = [child for child in descendants(gateway) if "fidelity_server" in cmdline(child)]
