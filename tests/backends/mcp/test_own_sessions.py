@@ -145,3 +145,44 @@ async def test_past_the_limit_the_least_recently_used_idle_session_is_ended(
         await shared.aclose()
         closer.cancel_scope.cancel()
     assert seen == [1, 1, 1, 1]
+
+
+async def test_a_caller_whose_own_session_cannot_be_opened_is_served_on_the_shared_one(downstream: Downstreams) -> None:
+    """The server refuses the own session's handshake: the call goes on the shared session, its progress relayed
+    by the form that never waits."""
+    served = downstream("fidelity", "streamable_http", "--name", "f", own=True)
+    relayed: list[float] = []
+
+    async def paced(value: float, total: float | None, message: str | None) -> None:
+        raise AssertionError("the shared session's progress is never paced")
+
+    async def relay(value: float, total: float | None, message: str | None) -> None:
+        relayed.append(value)
+
+    async def answer(request: object) -> object:
+        raise AssertionError("the fidelity server's progress tool asks nothing")
+
+    async def notify(notification: object) -> None:
+        return None
+
+    async with httpx2.AsyncClient(timeout=WAIT) as http:
+        shared = HttpLane(http, served.url(), max_event_size=1 << 20)
+        hello = await http.post(served.url(), json=INITIALIZE, headers={"accept": ACCEPT})
+        await shared.see(hello)
+        shared.version = "2025-06-18"
+        assert shared.session_id is not None
+        shared.hello = b'{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 7}}'
+        with anyio.fail_after(WAIT):
+            raw = await shared.own.request(
+                "alice",
+                "tools/call",
+                {"name": "progress", "arguments": {"steps": 2}},
+                backend="f",
+                timeout_s=WAIT,
+                progress=paced,
+                relay=relay,
+                answer=answer,
+                notify=notify,
+            )
+        assert raw["content"][0]["text"] == "done" and relayed == [1, 2]
+        assert sessions(served.output(), "progress")[-1] == shared.session_id
