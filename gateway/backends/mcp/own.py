@@ -14,7 +14,8 @@ its progress (``Paced.paced``), so a client that stops reading holds back its ow
 cancellation and errors are the shared lane's (fastpath.py), and the session's notifications go where the shared
 session's go. At most ``MAX_OWN`` per server; past it the least recently used idle one is closed. A call whose own
 session could not be opened goes on the shared session (its progress coalesced as before); one the server no longer
-knows (404) is opened again, once. They are closed (DELETE) with the shared session.
+knows (404) is opened again, once. One unused for ``IDLE_S`` is closed (DELETE), and all of them with the shared
+session.
 """
 
 from __future__ import annotations
@@ -37,15 +38,18 @@ log = structlog.get_logger("gateway.backend")
 
 MAX_OWN = 64
 """Callers' own sessions one server keeps open; past it the least recently used idle one is closed."""
+IDLE_S = 600.0
+"""An own session no call used for this long is closed (when the next caller's call comes: no timer runs)."""
 
 
 class _Own:
-    __slots__ = ("busy", "lane", "opened")
+    __slots__ = ("busy", "lane", "opened", "used")
 
     def __init__(self, lane: HttpLane) -> None:
         self.lane = lane
         self.busy = 0  # its calls in flight
         self.opened = anyio.Event()  # set once its handshake ended (``lane.ready`` says how)
+        self.used = anyio.current_time()  # when its last call ended
 
 
 class OwnSessions:
@@ -87,6 +91,7 @@ class OwnSessions:
                     raise
             finally:
                 own.busy -= 1
+                own.used = anyio.current_time()
         return await self._shared.request(
             method, params, timeout_s=timeout_s, progress=relay, answer=answer, notify=notify
         )
@@ -99,7 +104,7 @@ class OwnSessions:
                 return None
             shared = self._shared
             own = self._owns[caller] = _Own(HttpLane(shared.client, shared.url, max_event_size=shared.max_event_size))
-            self._evict()
+            self._evict(caller)
             try:
                 failure = await self._open(own.lane, timeout_s)
                 if failure is None:
@@ -112,6 +117,7 @@ class OwnSessions:
                     del self._owns[caller]
         else:
             self._owns.move_to_end(caller)
+            self._evict(caller)
             await own.opened.wait()
         return own if own.lane.ready else None
 
@@ -134,12 +140,14 @@ class OwnSessions:
             return str(exc) or type(exc).__name__
         return None
 
-    def _evict(self) -> None:
-        while len(self._owns) > MAX_OWN:
-            idle = next((caller for caller, own in self._owns.items() if not own.busy and own.opened.is_set()), None)
-            if idle is None:
-                return
-            self._shared.closer_soon(self._owns.pop(idle).lane.end)
+    def _evict(self, keep: str) -> None:
+        """Close the sessions idle for ``IDLE_S``, and the least recently used idle ones past ``MAX_OWN`` (never
+        ``keep``'s, about to be used)."""
+        stale = anyio.current_time() - IDLE_S
+        idle = [c for c, own in self._owns.items() if c != keep and not own.busy and own.opened.is_set()]
+        for caller in idle:
+            if self._owns[caller].used < stale or len(self._owns) > MAX_OWN:
+                self._shared.closer_soon(self._owns.pop(caller).lane.end)
 
     async def aclose(self) -> None:
         """End every own session at the server, all at once, within fastpath.py's ``END_S``."""

@@ -7,15 +7,18 @@ server on loopback, which notes the session of every call it receives."""
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
+import anyio.abc
 import httpx2
 import pytest
 
 from gateway.backends.mcp import own
 from gateway.backends.mcp.fastpath import HttpLane
-from tests.fixtures.downstreams import Downstreams
+from tests.fixtures.downstreams import Downstream, Downstreams
 from tests.fixtures.gateway_proc import first_text, mcp_session, run_gateway
 from tests.fixtures.raw_http import ACCEPT, INITIALIZE
 from tests.fixtures.waiting import eventually
@@ -88,95 +91,41 @@ servers:
             assert (await http.post(served.url(), json=ping, headers=headers)).status_code == 404
 
 
-async def test_past_the_limit_the_least_recently_used_idle_session_is_ended(
-    downstream: Downstreams, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Three callers' own sessions where two may be kept: the first caller's is ended at the server (it answers 404),
-    and that caller's next call opens another."""
-    served = downstream("fidelity", "streamable_http", "--name", "f", own=True)
-    monkeypatch.setattr(own, "MAX_OWN", 2)
-    seen: list[float] = []
+class Beside:
+    """A shared session's direct lane to a real server, opened by hand, and calls on its callers' own sessions."""
 
-    async def progress(value: float, total: float | None, message: str | None) -> None:
-        seen.append(value)
+    def __init__(self, http: httpx2.AsyncClient, served: Downstream, closer: anyio.abc.TaskGroup | None) -> None:
+        self.http, self.served = http, served
+        self.shared = HttpLane(http, served.url(), max_event_size=1 << 20)
+        self.shared.closer = closer
+        self.paced: list[float] = []
+        self.relayed: list[float] = []
 
-    async def answer(request: object) -> object:
-        raise AssertionError("the fidelity server's progress tool asks nothing")
+    async def open(self) -> None:
+        await self.shared.see(await self.http.post(self.served.url(), json=INITIALIZE, headers={"accept": ACCEPT}))
+        self.shared.version = "2025-06-18"
+        assert self.shared.session_id is not None
 
-    async def notify(notification: object) -> None:
-        return None
+    async def call(self, caller: str, steps: int = 1) -> str:
+        """``caller``'s progress call; the session it went on (as the server noted it)."""
 
-    async with httpx2.AsyncClient(timeout=WAIT) as http, anyio.create_task_group() as closer:
-        shared = HttpLane(http, served.url(), max_event_size=1 << 20)
-        shared.closer = closer
-        hello = await http.post(
-            served.url(), json=INITIALIZE, headers={"accept": "application/json, text/event-stream"}
-        )
-        await shared.see(hello)
-        shared.version = "2025-06-18"
+        async def paced(value: float, total: float | None, message: str | None) -> None:
+            self.paced.append(value)
 
-        async def call(caller: str) -> str:
-            with anyio.fail_after(WAIT):
-                raw = await shared.own.request(
-                    caller,
-                    "tools/call",
-                    {"name": "progress", "arguments": {"steps": 1}},
-                    backend="f",
-                    timeout_s=WAIT,
-                    progress=progress,
-                    relay=progress,
-                    answer=answer,
-                    notify=notify,
-                )
-            assert raw["content"][0]["text"] == "done"
-            return sessions(served.output(), "progress")[-1]
+        async def relay(value: float, total: float | None, message: str | None) -> None:
+            self.relayed.append(value)
 
-        first = await call("a")
-        await call("b")
-        await call("c")  # past the limit: a's session, the least recently used, is ended
-        ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
-        headers = {"mcp-session-id": first, "mcp-protocol-version": "2025-06-18", "accept": ACCEPT}
+        async def answer(request: object) -> object:
+            raise AssertionError("the fidelity server's progress tool asks nothing")
 
-        async def ended() -> bool:
-            return (await http.post(served.url(), json=ping, headers=headers)).status_code == 404
+        async def notify(notification: object) -> None:
+            return None
 
-        await eventually(ended, within=WAIT)
-        assert await call("a") != first
-        await shared.aclose()
-        closer.cancel_scope.cancel()
-    assert seen == [1, 1, 1, 1]
-
-
-async def test_a_caller_whose_own_session_cannot_be_opened_is_served_on_the_shared_one(downstream: Downstreams) -> None:
-    """The server refuses the own session's handshake: the call goes on the shared session, its progress relayed
-    by the form that never waits."""
-    served = downstream("fidelity", "streamable_http", "--name", "f", own=True)
-    relayed: list[float] = []
-
-    async def paced(value: float, total: float | None, message: str | None) -> None:
-        raise AssertionError("the shared session's progress is never paced")
-
-    async def relay(value: float, total: float | None, message: str | None) -> None:
-        relayed.append(value)
-
-    async def answer(request: object) -> object:
-        raise AssertionError("the fidelity server's progress tool asks nothing")
-
-    async def notify(notification: object) -> None:
-        return None
-
-    async with httpx2.AsyncClient(timeout=WAIT) as http:
-        shared = HttpLane(http, served.url(), max_event_size=1 << 20)
-        hello = await http.post(served.url(), json=INITIALIZE, headers={"accept": ACCEPT})
-        await shared.see(hello)
-        shared.version = "2025-06-18"
-        assert shared.session_id is not None
-        shared.hello = b'{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 7}}'
         with anyio.fail_after(WAIT):
-            raw = await shared.own.request(
-                "alice",
+            raw = await self.shared.own.request(
+                caller,
                 "tools/call",
-                {"name": "progress", "arguments": {"steps": 2}},
+                {"name": "progress", "arguments": {"steps": steps}},
                 backend="f",
                 timeout_s=WAIT,
                 progress=paced,
@@ -184,5 +133,61 @@ async def test_a_caller_whose_own_session_cannot_be_opened_is_served_on_the_shar
                 answer=answer,
                 notify=notify,
             )
-        assert raw["content"][0]["text"] == "done" and relayed == [1, 2]
-        assert sessions(served.output(), "progress")[-1] == shared.session_id
+        assert raw["content"][0]["text"] == "done"
+        return sessions(self.served.output(), "progress")[-1]
+
+    async def ended(self, session: str) -> None:
+        """Wait until the server no longer knows ``session`` (it answers 404)."""
+        ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+        headers = {"mcp-session-id": session, "mcp-protocol-version": "2025-06-18", "accept": ACCEPT}
+
+        async def gone() -> bool:
+            return (await self.http.post(self.served.url(), json=ping, headers=headers)).status_code == 404
+
+        await eventually(gone, within=WAIT)
+
+
+@asynccontextmanager
+async def beside(served: Downstream) -> AsyncIterator[Beside]:
+    async with httpx2.AsyncClient(timeout=WAIT) as http, anyio.create_task_group() as closer:
+        lane = Beside(http, served, closer)
+        await lane.open()
+        yield lane
+        await lane.shared.aclose()
+        closer.cancel_scope.cancel()
+
+
+async def test_past_the_limit_the_least_recently_used_idle_session_is_ended(
+    downstream: Downstreams, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three callers' own sessions where two may be kept: the first caller's is ended at the server, and that
+    caller's next call opens another."""
+    monkeypatch.setattr(own, "MAX_OWN", 2)
+    async with beside(downstream("fidelity", "streamable_http", "--name", "f", own=True)) as lane:
+        first = await lane.call("a")
+        await lane.call("b")
+        await lane.call("c")  # past the limit: a's session, the least recently used, is ended
+        await lane.ended(first)
+        assert await lane.call("a") != first
+    assert lane.paced == [1, 1, 1, 1] and lane.relayed == []
+
+
+async def test_a_session_unused_for_its_idle_time_is_ended(
+    downstream: Downstreams, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the next caller's call comes, a session unused for ``IDLE_S`` is ended at the server."""
+    async with beside(downstream("fidelity", "streamable_http", "--name", "f", own=True)) as lane:
+        first = await lane.call("a")
+        assert await lane.call("a") == first  # kept while it is used
+        monkeypatch.setattr(own, "IDLE_S", 0.0)
+        await lane.call("b")
+        await lane.ended(first)
+
+
+async def test_a_caller_whose_own_session_cannot_be_opened_is_served_on_the_shared_one(downstream: Downstreams) -> None:
+    """The server refuses the own session's handshake: the call goes on the shared session, its progress relayed
+    by the form that never waits."""
+    async with beside(downstream("fidelity", "streamable_http", "--name", "f", own=True)) as lane:
+        lane.shared.hello = b'{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 7}}'
+        assert await lane.call("alice", steps=2) == lane.shared.session_id
+    assert lane.relayed == [1, 2] and lane.paced == []
