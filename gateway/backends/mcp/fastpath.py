@@ -37,7 +37,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -46,9 +46,6 @@ import mcp_types as types
 from mcp.shared.exceptions import MCPError
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind
-
-if TYPE_CHECKING:
-    from gateway.backends.mcp.own import OwnSessions
 
 __all__ = [
     "CONNECTION_CLOSED",
@@ -208,7 +205,7 @@ class HttpLane(DirectLane):
 
     ``client`` is the backend's own client (shared pool, answer limit); the session id is taken from the
     downstream's answers (``see``, an httpx2 response hook, on the shared session), with the ``initialize`` that
-    opened it (``hello``): a caller's own session (own.py, ``own``) is opened with the same.
+    opened it (``hello``): a caller's own session (own.py) is opened with the same.
     """
 
     def __init__(self, client: httpx2.AsyncClient, url: str, *, max_event_size: int) -> None:
@@ -219,21 +216,6 @@ class HttpLane(DirectLane):
         self.session_id: str | None = None
         self.hello: bytes | None = None
         self.closer: anyio.abc.TaskGroup | None = None  # where a read response is closed, off the caller's path
-        self._own: OwnSessions | None = None
-
-    @property
-    def own(self) -> OwnSessions:
-        """The callers' own sessions beside this one (own.py)."""
-        if self._own is None:
-            from gateway.backends.mcp.own import OwnSessions
-
-            self._own = OwnSessions(self)
-        return self._own
-
-    async def aclose(self) -> None:
-        """End the callers' own sessions beside this one (the SDK's transport ends this one)."""
-        if self._own is not None:
-            await self._own.aclose()
 
     @property
     def ready(self) -> bool:

@@ -32,7 +32,7 @@ from mcp.shared.exceptions import MCPError
 
 from gateway.backends.mcp.fastpath import END_S, AnswerFn, HttpLane, NotifyFn, ProgressFn, SessionGone
 
-__all__ = ["MAX_OWN", "OwnSessions"]
+__all__ = ["MAX_OWN", "OwnSessions", "SharedLane"]
 
 log = structlog.get_logger("gateway.backend")
 
@@ -167,3 +167,15 @@ async def _refuse(request: Any) -> Any:
 
 async def _drop(notification: Any) -> None:
     return None
+
+
+class SharedLane(HttpLane):
+    """A streamable HTTP server's shared session's direct lane, with its callers' own sessions beside it (``own``)."""
+
+    def __init__(self, client: httpx2.AsyncClient, url: str, *, max_event_size: int) -> None:
+        super().__init__(client, url, max_event_size=max_event_size)
+        self.own = OwnSessions(self)
+
+    async def aclose(self) -> None:
+        """End the callers' own sessions (the SDK's transport ends the shared one)."""
+        await self.own.aclose()

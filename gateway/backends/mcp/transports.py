@@ -23,7 +23,8 @@ from mcp.client.streamable_http import streamable_http_client
 
 from gateway.backends.mcp.eras import HANDSHAKE
 from gateway.backends.mcp.failures import ResponseRecorder
-from gateway.backends.mcp.fastpath import DirectLane, HttpLane
+from gateway.backends.mcp.fastpath import DirectLane
+from gateway.backends.mcp.own import SharedLane
 from gateway.backends.mcp.pool import BackendPool
 from gateway.backends.mcp.stdio import StdioProcess, open_stdio
 from gateway.config import HttpServer, ServerConfig, SseServer, StdioServer, passed_environment
@@ -119,7 +120,7 @@ async def _streamable_http(
         json_lines=config.protocol != HANDSHAKE,  # the stateless era's servers stream JSON lines too
         allow_private=config.allow_private,
     )
-    lane = HttpLane(client, config.url, max_event_size=limit + SSE_EVENT_MARGIN) if direct else None
+    lane = SharedLane(client, config.url, max_event_size=limit + SSE_EVENT_MARGIN) if direct else None
     if lane is not None:
         client.event_hooks["response"].append(lane.see)
     async with (
