@@ -3,9 +3,11 @@ gateway replicas sharing a real PostgreSQL ledger and a real Redis (the per-call
 a session-era client goes without an answer when the replica serving it is SIGKILLed (tests/replicas.py starts all
 of it on loopback; the engines are Debian's postgresql, redis-server and haproxy).
 
-Run ``python -m bench.bench_replicas [--seconds S] [--clients N] [--rounds R]`` from the project root. ``--clients``
-session-era clients and as many stateless (2026-07-28) ones call in a closed loop (each waits for its answer).
-Prints one JSON line per measurement.
+Run ``python -m bench.bench_replicas [--seconds S] [--clients N] [--rounds R] [--kept]`` from the project root.
+``--clients`` session-era clients and as many stateless (2026-07-28) ones call in a closed loop (each waits for its
+answer). ``--kept`` measures instead 3 replicas with the deployed settings (a fresh connection to a replica per
+request, ``option http-server-close``) against the same with HAProxy's default, connections to replicas kept and
+reused, in the same rounds. Prints one JSON line per measurement.
 """
 
 from __future__ import annotations
@@ -78,12 +80,24 @@ async def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--kept", action="store_true", help="3 replicas: fresh connections against kept ones")
     args = parser.parse_args()
     bindir = postgres_bindir()
     redis_binary = find_binary("redis-server", folders=[Path("/usr/bin")])
     assert bindir is not None and redis_binary is not None, "needs the Debian packages postgresql and redis-server"
     with started(PostgresServer(bindir, durable=True)) as postgres, started(RedisServer(redis_binary)) as redis:
         for round_ in range(args.rounds):
+            if args.kept:
+                for kept in (False, True):
+                    pg_url = postgres.create_database(f"bench_{round_}_{kept}")
+                    balance = "balance roundrobin" + ("\n    no option http-server-close" if kept else "")
+                    with (
+                        tempfile.TemporaryDirectory() as root,
+                        deployment(Path(root), 3, pg_url=pg_url, redis_url=redis.url, balance=balance) as (_, balancer),
+                    ):
+                        figures = await measure(balancer.url(), args.clients, args.seconds)
+                        print(json.dumps({"round": round_, "replicas": 3, "kept": kept, **figures}), flush=True)
+                continue
             for replicas in (1, 3):
                 pg_url = postgres.create_database(f"bench_{round_}_{replicas}")
                 with (

@@ -482,6 +482,9 @@ defaults
     retries 2
     # a request that found its server dead (connect refused) goes to another one; never one that was sent
     option redispatch 1
+    # a fresh connection to a replica per request: one kept from an earlier request may lead to a replica that just
+    # died, and a request sent on it is lost (HAProxy closes the client's connection and never resends it)
+    option http-server-close
 frontend mcp
     bind 127.0.0.1:{port}
     default_backend replicas
