@@ -15,7 +15,7 @@ cancellation and errors are the shared lane's (fastpath.py), and the session's n
 session's go. At most ``MAX_OWN`` per server; past it the least recently used idle one is closed. A call whose own
 session could not be opened goes on the shared session (its progress coalesced as before); one the server no longer
 knows (404) is opened again, once. One unused for ``IDLE_S`` is closed (DELETE), and all of them with the shared
-session.
+session. ``SharedLane`` is the shared session's lane with its callers' own sessions beside it (``own``).
 """
 
 from __future__ import annotations
