@@ -215,6 +215,7 @@ class HttpLane(DirectLane):
         self.max_event_size = max_event_size
         self.session_id: str | None = None
         self.hello: bytes | None = None
+        self.said: str | None = None  # the version its client's requests carry after the handshake (for ``end``)
         self.closer: anyio.abc.TaskGroup | None = None  # where a read response is closed, off the caller's path
 
     @property
@@ -229,6 +230,8 @@ class HttpLane(DirectLane):
             if found:
                 self.session_id = found
                 self.hello = response.request.content
+        elif self.said is None:
+            self.said = response.request.headers.get("mcp-protocol-version")
 
     def _headers(self) -> dict[str, str]:
         headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
@@ -254,6 +257,8 @@ class HttpLane(DirectLane):
         """End the session at the server (DELETE), bounded; a server that cannot be reached is left as it is."""
         headers = self._headers()
         headers.pop("content-type", None)
+        if self.said is not None:
+            headers.setdefault("mcp-protocol-version", self.said)
         with anyio.move_on_after(END_S):
             try:
                 await (await self.client.delete(self.url, headers=headers)).aclose()

@@ -15,7 +15,7 @@ cancellation and errors are the shared lane's (fastpath.py), and the session's n
 session's go. At most ``MAX_OWN`` per server; past it the least recently used idle one is closed. A call whose own
 session could not be opened goes on the shared session (its progress coalesced as before); one the server no longer
 knows (404) is opened again, once. One unused for ``IDLE_S`` is closed (DELETE), and all of them with the shared
-session. ``SharedLane`` is the shared session's lane with its callers' own sessions beside it (``own``).
+session. ``SharedLane`` is a session's lane with its callers' own sessions beside it (``own``); it ends them all.
 """
 
 from __future__ import annotations
@@ -170,12 +170,18 @@ async def _drop(notification: Any) -> None:
 
 
 class SharedLane(HttpLane):
-    """A streamable HTTP server's shared session's direct lane, with its callers' own sessions beside it (``own``)."""
+    """A streamable HTTP session's direct lane, with its callers' own sessions beside it (``own``)."""
 
     def __init__(self, client: httpx2.AsyncClient, url: str, *, max_event_size: int) -> None:
         super().__init__(client, url, max_event_size=max_event_size)
         self.own = OwnSessions(self)
 
     async def aclose(self) -> None:
-        """End the callers' own sessions (the SDK's transport ends the shared one)."""
-        await self.own.aclose()
+        """End the session and its callers' own sessions at the server, all at once, within ``END_S``, even when
+        the gateway is being cancelled (stopping): the SDK's transport would send its DELETE in the cancelled scope,
+        where it never leaves, and the server would keep the session until it expires there."""
+        with anyio.move_on_after(END_S, shield=True):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self.own.aclose)
+                if self.session_id is not None:
+                    tg.start_soon(self.end)

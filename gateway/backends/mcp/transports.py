@@ -120,20 +120,21 @@ async def _streamable_http(
         json_lines=config.protocol != HANDSHAKE,  # the stateless era's servers stream JSON lines too
         allow_private=config.allow_private,
     )
-    lane = SharedLane(client, config.url, max_event_size=limit + SSE_EVENT_MARGIN) if direct else None
-    if lane is not None:
-        client.event_hooks["response"].append(lane.see)
+    # Every session has a lane, which learns its id and ends it (own.py: the SDK's DELETE would not leave when the
+    # gateway stops); only the shared session and the twin send requests on theirs (``direct``).
+    lane = SharedLane(client, config.url, max_event_size=limit + SSE_EVENT_MARGIN)
+    client.event_hooks["response"].append(lane.see)
     async with (
-        streamable_http_client(config.url, http_client=client, max_sse_event_size=limit + SSE_EVENT_MARGIN) as streams,
+        streamable_http_client(
+            config.url, http_client=client, terminate_on_close=False, max_sse_event_size=limit + SSE_EVENT_MARGIN
+        ) as streams,
         anyio.create_task_group() as closer,
     ):
-        if lane is not None:
-            lane.closer = closer
+        lane.closer = closer
         try:
-            yield Transport(streams[0], streams[1], lane=lane)
+            yield Transport(streams[0], streams[1], lane=lane if direct else None)
         finally:
-            if lane is not None:
-                await lane.aclose()  # the callers' own sessions beside it (own.py)
+            await lane.aclose()
             closer.cancel_scope.cancel()
 
 

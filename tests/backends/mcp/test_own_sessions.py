@@ -79,9 +79,10 @@ servers:
             reopened = sessions(served.output(), "progress")[-1]
             assert reopened not in (own_a, own_b, shared)
 
-    # The gateway stopped: the sessions it opened for its callers were ended at the server, not left to expire there.
+    # The gateway stopped: the sessions it opened, the shared one and its callers' own, were ended at the server, not
+    # left to expire there.
     async with httpx2.AsyncClient(timeout=WAIT) as http:
-        for session in (own_b, reopened):
+        for session in (shared, own_b, reopened):
             ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
             headers = {
                 "mcp-session-id": session,
