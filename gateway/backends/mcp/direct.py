@@ -15,7 +15,7 @@ from gateway.backends.base import ProgressFn, paced
 from gateway.backends.mcp.eras import call_result
 from gateway.backends.mcp.failures import Life, map_call_errors
 from gateway.backends.mcp.fastpath import DirectLane
-from gateway.backends.mcp.own import SharedLane
+from gateway.backends.mcp.own import SessionLane
 from gateway.backends.mcp.pool import calls_for
 from gateway.backends.mcp.relay import InFlight, relay_request, serving
 from gateway.calls import NO_UPSTREAM, Upstream
@@ -48,7 +48,7 @@ async def call_direct(
 
     caller, held = caller_of(upstream), paced(progress)
     with serving(inflight, upstream), calls_for(caller), map_call_errors(backend, timeout_s, life):
-        if held is not None and progress is not None and caller is not None and isinstance(lane, SharedLane):
+        if held is not None and progress is not None and caller is not None and isinstance(lane, SessionLane):
             raw = await lane.own.request(
                 caller,
                 "tools/call",

@@ -15,7 +15,7 @@ cancellation and errors are the shared lane's (fastpath.py), and the session's n
 session's go. At most ``MAX_OWN`` per server; past it the least recently used idle one is closed. A call whose own
 session could not be opened goes on the shared session (its progress coalesced as before); one the server no longer
 knows (404) is opened again, once. One unused for ``IDLE_S`` is closed (DELETE), and all of them with the shared
-session. ``SharedLane`` is a session's lane with its callers' own sessions beside it (``own``); it ends them all.
+session. ``SessionLane`` is a session's lane with its callers' own sessions beside it (``own``); it ends them all.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from mcp.shared.exceptions import MCPError
 
 from gateway.backends.mcp.fastpath import END_S, AnswerFn, HttpLane, NotifyFn, ProgressFn, SessionGone
 
-__all__ = ["MAX_OWN", "OwnSessions", "SharedLane"]
+__all__ = ["MAX_OWN", "OwnSessions", "SessionLane"]
 
 log = structlog.get_logger("gateway.backend")
 
@@ -169,7 +169,7 @@ async def _drop(notification: Any) -> None:
     return None
 
 
-class SharedLane(HttpLane):
+class SessionLane(HttpLane):
     """A streamable HTTP session's direct lane, with its callers' own sessions beside it (``own``)."""
 
     def __init__(self, client: httpx2.AsyncClient, url: str, *, max_event_size: int) -> None:

@@ -24,7 +24,7 @@ from mcp.client.streamable_http import streamable_http_client
 from gateway.backends.mcp.eras import HANDSHAKE
 from gateway.backends.mcp.failures import ResponseRecorder
 from gateway.backends.mcp.fastpath import DirectLane
-from gateway.backends.mcp.own import SharedLane
+from gateway.backends.mcp.own import SessionLane
 from gateway.backends.mcp.pool import BackendPool
 from gateway.backends.mcp.stdio import StdioProcess, open_stdio
 from gateway.config import HttpServer, ServerConfig, SseServer, StdioServer, passed_environment
@@ -122,7 +122,7 @@ async def _streamable_http(
     )
     # Every session has a lane, which learns its id and ends it (own.py: the SDK's DELETE would not leave when the
     # gateway stops); only the shared session and the twin send requests on theirs (``direct``).
-    lane = SharedLane(client, config.url, max_event_size=limit + SSE_EVENT_MARGIN)
+    lane = SessionLane(client, config.url, max_event_size=limit + SSE_EVENT_MARGIN)
     client.event_hooks["response"].append(lane.see)
     async with (
         streamable_http_client(

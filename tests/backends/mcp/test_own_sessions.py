@@ -17,7 +17,7 @@ import httpx2
 import pytest
 
 from gateway.backends.mcp import own
-from gateway.backends.mcp.own import SharedLane
+from gateway.backends.mcp.own import SessionLane
 from tests.fixtures.downstreams import Downstream, Downstreams
 from tests.fixtures.gateway_proc import first_text, mcp_session, run_gateway
 from tests.fixtures.raw_http import ACCEPT, INITIALIZE
@@ -97,7 +97,7 @@ class Beside:
 
     def __init__(self, http: httpx2.AsyncClient, served: Downstream, closer: anyio.abc.TaskGroup | None) -> None:
         self.http, self.served = http, served
-        self.shared = SharedLane(http, served.url(), max_event_size=1 << 20)
+        self.shared = SessionLane(http, served.url(), max_event_size=1 << 20)
         self.shared.closer = closer
         self.paced: list[float] = []
         self.relayed: list[float] = []
