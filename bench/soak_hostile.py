@@ -7,7 +7,8 @@ gateway serve``, ``PYTHONPATH`` at the project root) in front of three backends,
 backend's name: ``h`` (tests/fixtures/faults_server.py over streamable HTTP: echo, sleep), ``f`` and ``s``
 (tests/fixtures/fidelity_server.py over streamable HTTP and over stdio: pid, elicit, progress; both serve either
 era, so they are declared ``protocol: handshake``: a 2026-07-28 client's call to them is then bridged). Two callers:
-``bob`` (the bystander) and ``alice`` (hostile). Markdown goes to stdout, progress to stderr; the exit status is 0
+``bob`` (the bystander, in this process) and ``alice`` (hostile, in a process of her own, as another client is: her
+client's work never waits in bob's event loop, nor his in hers). Markdown goes to stdout, progress to stderr; the exit status is 0
 whatever the figures say, 2 only when the harness itself failed.
 
   * quiet: bob calls ``h__echo``, ``f__pid`` and ``s__pid`` in turn (``Plan.calls`` each, one call at a time on
@@ -45,6 +46,7 @@ from typing import Any
 
 import anyio
 import httpx2
+from anyio.streams.buffered import BufferedByteReceiveStream
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -289,6 +291,36 @@ async def never_read(targets: list[tuple[Target, str]], plan: Plan, attack: Atta
         await stream.aclose()
 
 
+async def attacker(order: dict[str, Any]) -> None:
+    """Alice, in a process of her own (``--alice``), as a hostile client is: her client's work never delays bob's
+    in one event loop. Says ``sent`` on stdout once her flood is sent, attacks until a line on stdin, then prints what
+    she got (one JSON line)."""
+    plan, parts, direct = Plan(**order["plan"]), tuple(order["parts"]), order["direct"]
+    targets = {name: Target(**target) for name, target in order["targets"].items()}
+    sessions = order["sessions"]
+    attack = Attack(collections.Counter(), collections.Counter())
+    stop, sent = anyio.Event(), anyio.Event()
+    async with anyio.create_task_group() as tg:
+        readless = [(targets[n], sessions[n]) for n in ("f", "s") if f"progress-{n}" in parts]
+        tg.start_soon(never_read, readless, plan, attack, stop)
+        if "flood" in parts:
+            tg.start_soon(flood, targets["h"], sessions["h"], plan, attack, sent)
+        else:
+            sent.set()
+        if not direct and "abandon" in parts:  # a bridge is the gateway's: a direct 2026 client cannot
+            tg.start_soon(abandon, targets["h"].url, plan, attack)  # call these servers at all
+        await sent.wait()
+        print("sent", flush=True)
+        await anyio.to_thread.run_sync(sys.stdin.readline)
+        stop.set()
+    result = {
+        "flood_statuses": dict(attack.flood_statuses),
+        "abandoned": dict(attack.abandoned),
+        "never_read": attack.never_read,
+    }
+    print(json.dumps(result), flush=True)
+
+
 # ----------------------------------------------------------------------------------------------- the run
 
 
@@ -334,8 +366,7 @@ async def run(plan: Plan, workdir: Path, direct: bool = False, parts: tuple[str,
             say("attack phase")
             burners = _burners(procs, pid)
             cpu_before = {name: cpu_s(p) for name, p in burners.items()}
-            attack = Attack(collections.Counter(), collections.Counter())
-            stop, sent = anyio.Event(), anyio.Event()
+            stop = anyio.Event()
             peak = [rss_quiet]
 
             async def sample() -> None:
@@ -344,20 +375,31 @@ async def run(plan: Plan, workdir: Path, direct: bool = False, parts: tuple[str,
                     with anyio.move_on_after(SAMPLE_S):
                         await stop.wait()
 
-            async with anyio.create_task_group() as tg:
+            order = {
+                "plan": asdict(plan),
+                "parts": list(parts),
+                "direct": direct,
+                "targets": {name: asdict(target) for name, target in targets.items()},
+                "sessions": alices,
+            }
+            async with (
+                await anyio.open_process([PY, __file__, "--alice", json.dumps(order)], stderr=None) as alice,
+                anyio.create_task_group() as tg,
+            ):
+                assert alice.stdin is not None and alice.stdout is not None
+                said = BufferedByteReceiveStream(alice.stdout)
+                burners["alice"] = alice.pid
+                cpu_before["alice"] = cpu_s(alice.pid)
                 tg.start_soon(sample)
-                readless = [(targets[n], alices[n]) for n in ("f", "s") if f"progress-{n}" in parts]
-                tg.start_soon(never_read, readless, plan, attack, stop)
-                if "flood" in parts:
-                    tg.start_soon(flood, targets["h"], alices["h"], plan, attack, sent)
-                else:
-                    sent.set()
-                if not direct and "abandon" in parts:  # a bridge is the gateway's: a direct 2026 client cannot
-                    tg.start_soon(abandon, targets["h"].url, plan, attack)  # call these servers at all
-                await sent.wait()  # bob's calls go while every part of the attack is under way
+                with anyio.fail_after(READY_TIMEOUT_S):  # bob's calls go while every part of the attack is under way
+                    if await said.receive_until(b"\n", 64) != b"sent":
+                        raise HarnessError("alice's process did not start her attack")
                 under_attack = await bystander(http, targets, bobs, plan)
                 cpu_attack = {name: cpu_s(p) - cpu_before[name] for name, p in burners.items()}
                 stop.set()
+                await alice.stdin.send(b"stop\n")
+                with anyio.fail_after(CALL_TIMEOUT_S * 2):
+                    attacker = json.loads(await said.receive_until(b"\n", 1 << 20))
             rss_end = vm_kb(pid).get("VmRSS", 0) if pid is not None else 0
             status = (
                 (await http.get(f"http://{LOOPBACK}:{g_port}/status", headers=_headers("tok-bob"))).json()
@@ -372,11 +414,7 @@ async def run(plan: Plan, workdir: Path, direct: bool = False, parts: tuple[str,
         "attack_parts": list(parts),
         "quiet": asdict(quiet),
         "attack": asdict(under_attack),
-        "attacker": {
-            "flood_statuses": dict(attack.flood_statuses),
-            "abandoned": dict(attack.abandoned),
-            "never_read": attack.never_read,
-        },
+        "attacker": attacker,
         "rss_kb": {"quiet": rss_quiet, "peak_under_attack": peak[0], "end": rss_end},
         "cpu_s_under_attack": cpu_attack,
         "backends": {b["name"]: {"state": b["state"], "last_error": b["last_error"]} for b in status["backends"]},
@@ -385,7 +423,7 @@ async def run(plan: Plan, workdir: Path, direct: bool = False, parts: tuple[str,
 
 def _burners(procs: Procs, gateway: int | None) -> dict[str, int]:
     """The processes whose CPU time the attack costs: the gateway proper, each server by its backend's name (a
-    stdio server is the gateway's child), and this process (bob and alice)."""
+    stdio server is the gateway's child), and this process (bob; alice's process is added when it starts)."""
     found = {proc.name: proc.pid for proc in procs.procs if proc.name != "gateway"} | {"harness": os.getpid()}
     if gateway is not None:
         found["gateway"] = gateway
@@ -474,7 +512,11 @@ def main() -> int:
     parser.add_argument(
         "--attack", action="append", choices=PARTS, help="run only this part of the attack (repeatable; default all)"
     )
+    parser.add_argument("--alice", help=argparse.SUPPRESS)  # the attacker's own process (JSON: what to attack)
     args = parser.parse_args()
+    if args.alice is not None:
+        anyio.run(attacker, json.loads(args.alice))
+        return 0
     plan = QUICK if args.quick else FULL
     parts = tuple(args.attack or PARTS)
     env = environment()
