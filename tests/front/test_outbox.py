@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
+from types import SimpleNamespace
 from typing import Any
 
 import anyio
 import pytest
 
-from gateway.front.outbox import FLOOD_BYTES, Outbox
+import gateway.front.outbox as outbox_module
+from gateway.front.outbox import FLOOD_BYTES, SLOW_S, Outbox
 
 pytestmark = pytest.mark.anyio
 
@@ -101,23 +103,28 @@ async def test_log_messages_waiting_beyond_the_limit_shed_the_client_alone() -> 
     assert client.sent == []
 
 
-async def test_progress_flooding_a_client_that_takes_nothing_sheds_it_once_its_unread_bytes_pass_the_limit() -> None:
+async def test_progress_flooding_a_client_that_takes_nothing_sheds_it_once_its_unread_bytes_pass_the_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # What a client leaves unread of a flood costs the downstream's work, and everyone else's CPU, even though the
     # gateway keeps only the latest: once a send has been stuck for SLOW_S, the progress coalesced away is counted
-    # against FLOOD_BYTES, and the client is shed long before client_stall_s.
+    # against FLOOD_BYTES, and the client is shed long before client_stall_s. The outbox's clock is the test's.
+    now = [1000.0]
+    monkeypatch.setattr(outbox_module, "time", SimpleNamespace(monotonic=lambda: now[0]))
     client = Client(reading=False)
     async with outbox(client, limit_bytes=4096) as box:
         progress = await stuck(box, client)
-        for step in range(2, 200):  # before a second has passed, only coalesced
+        now[0] += SLOW_S * 0.9
+        for step in range(2, 2_000):  # stuck, but not yet for SLOW_S: only coalesced
             await progress(step, None, None)
         assert box.shed is None
-        await anyio.sleep(1.1)  # a stall of over SLOW_S: time itself is the condition here, not a synchronisation
-        step = 200
-        while box.shed is None and step < 2_000:
+        now[0] += SLOW_S * 0.2  # stuck for over SLOW_S
+        step = 2_000
+        while box.shed is None and step < 4_000:
             await progress(step, None, None)
             step += 1
         assert box.shed is not None and "progress" in box.shed and f"(over {FLOOD_BYTES:,})" in box.shed
-        assert step - 200 <= FLOOD_BYTES // 96 + 2  # shed at the bound, not later
+        assert step - 2_000 <= FLOOD_BYTES // 96 + 2  # shed at the bound, not later
         assert box.scope.cancel_called
 
 
