@@ -8,8 +8,8 @@ backend's name: ``h`` (tests/fixtures/faults_server.py over streamable HTTP: ech
 (tests/fixtures/fidelity_server.py over streamable HTTP and over stdio: pid, elicit, progress; both serve either
 era, so they are declared ``protocol: handshake``: a 2026-07-28 client's call to them is then bridged). Two callers:
 ``bob`` (the bystander, in this process) and ``alice`` (hostile, in a process of her own, as another client is: her
-client's work never waits in bob's event loop, nor his in hers). Markdown goes to stdout, progress to stderr; the exit status is 0
-whatever the figures say, 2 only when the harness itself failed.
+client's work never waits in bob's event loop, nor his in hers). Markdown goes to stdout, progress to stderr; the
+exit status is 0 whatever the figures say, 2 only when the harness itself failed.
 
   * quiet: bob calls ``h__echo``, ``f__pid`` and ``s__pid`` in turn (``Plan.calls`` each, one call at a time on
     one handshake-era session), each call timed;

@@ -22,7 +22,7 @@ import pytest
 
 from gateway.front.outbox import SLOW_S
 from tests.fixtures import FIXTURES
-from tests.fixtures.downstreams import Downstreams
+from tests.fixtures.downstreams import Downstream, Downstreams
 from tests.fixtures.gateway_proc import PYTHON, first_text, mcp_session, run_gateway
 from tests.fixtures.procs import LOOPBACK, RunningServer
 from tests.fixtures.raw_http import ACCEPT, headers, open_session
@@ -51,8 +51,11 @@ def rss_mb(server: RunningServer) -> float:
 
 
 @contextmanager
-def never_reading(gateway: RunningServer, session: str, arguments: dict[str, int]) -> Iterator[socket.socket]:
-    """A raw connection that POSTs a ``flood`` call with a progress token, then never reads a byte of its answer."""
+def never_reading(
+    port: int, session: str, arguments: dict[str, int], receive_buffer: int | None = 4096
+) -> Iterator[socket.socket]:
+    """A raw connection to ``port`` that POSTs a ``flood`` call with a progress token, then never reads a byte of its
+    answer; its kernel receive buffer is ``receive_buffer`` (None: the kernel's default)."""
     body = json.dumps(
         {
             "jsonrpc": "2.0",
@@ -62,14 +65,15 @@ def never_reading(gateway: RunningServer, session: str, arguments: dict[str, int
         }
     ).encode()
     head = (
-        f"POST /mcp HTTP/1.1\r\nHost: {LOOPBACK}:{gateway.port}\r\nAuthorization: Bearer tok-mallory-0123\r\n"
+        f"POST /mcp HTTP/1.1\r\nHost: {LOOPBACK}:{port}\r\nAuthorization: Bearer tok-mallory-0123\r\n"
         f"Accept: {ACCEPT}\r\nContent-Type: application/json\r\nMcp-Session-Id: {session}\r\n"
         f"Mcp-Protocol-Version: 2025-06-18\r\nContent-Length: {len(body)}\r\n\r\n"
     ).encode()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the kernel holds as little as it may for it
+    if receive_buffer is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
     try:
-        sock.connect((LOOPBACK, gateway.port))
+        sock.connect((LOOPBACK, port))
         sock.sendall(head + body)
         yield sock
     finally:
@@ -114,7 +118,7 @@ async def test_a_client_that_stops_reading_a_flood_of_progress_costs_nobody_else
             before = rss_mb(gateway)
             async with httpx2.AsyncClient(timeout=10) as http:
                 session = await open_session(http, gateway.url(), "tok-mallory-0123")
-            with never_reading(gateway, session, FLOOD):
+            with never_reading(gateway.port, session, FLOOD):
                 await eventually(lambda: notes.exists() and "flood started" in notes.read_text(), within=20)
                 flooded, ended = time.monotonic(), 0.0
                 slowest, index = 0.0, 0
@@ -180,3 +184,43 @@ async def test_over_http_a_client_that_pauses_holds_back_its_own_session_and_the
         assert "flood done" in notes.read_text()
         log = gateway.output()
     assert '"client.shed"' not in log
+
+
+async def held(server: Downstream) -> int:
+    """How many progress notifications ``server``'s floods have sent once it is held back: the count no longer grows
+    (the same over three readings 0.4 s apart)."""
+    readings: list[int] = []
+    async with mcp_session(server.url()) as direct:
+        with anyio.fail_after(60):
+            while len(readings) < 3 or len(set(readings[-3:])) > 1:
+                readings.append(int(first_text(await direct.call_tool("flood_sent", {}))))
+                await anyio.sleep(0.4)  # the count is another process's: read it again a moment later
+    return readings[-1]
+
+
+async def test_over_http_a_server_flooding_a_client_that_never_reads_is_held_back_as_soon_as_by_the_client_itself(
+    tmp_path: Path, downstream: Downstreams
+) -> None:
+    """The gateway's connection to a loopback server keeps the kernel's default receive buffer, as a client's own
+    connection does. Grown (the kernel grows the buffer of a connection read fast, as the gateway reads while the
+    client's buffers fill), the server filled it too before it was held back: 1.5 times what it sends a client that
+    never reads, where the gateway's own buffers towards the client (64 KiB here) add little."""
+    flood = {"count": 1_000_000, "size": 200}  # about 330 bytes each: never all of it
+    direct, through = (downstream("faults", "streamable_http", own=True) for _ in range(2))
+    cfg = f"""
+gateway:
+  audit: {{enabled: false}}
+  edge: {{client_stall_s: 60, send_buffer_bytes: 65536}}
+servers:
+  f: {json.dumps(through.settings())}
+"""
+    with run_gateway(cfg, tmp_path, tokens=TOKENS) as gateway:
+        async with httpx2.AsyncClient(timeout=10) as http:
+            alone = await open_session(http, direct.url(), "tok-mallory-0123")
+            session = await open_session(http, gateway.url(), "tok-mallory-0123")
+        with never_reading(direct.port, alone, flood, receive_buffer=None):
+            sent_direct = await held(direct)
+        with never_reading(gateway.port, session, flood, receive_buffer=None):
+            sent_through = await held(through)
+    assert sent_direct > 1000  # the flood filled the buffers on the way, and was held there
+    assert sent_through <= 1.3 * sent_direct, f"{sent_through} sent through the gateway, {sent_direct} direct"

@@ -8,6 +8,12 @@ Never: link-local (169.254.0.0/16, fe80::/10), the cloud metadata addresses (169
 100.64/10 shared, fc00::/7 unique-local) only for a server with ``allow_private: true``. Loopback stays allowed: local
 servers and every test listen there, and reaching them needs no more than the file already says. A name with one
 refused address among several is refused whole. A connection already open in the pool is reused without a check.
+
+A connection to a loopback address keeps a fixed receive buffer (``LOOPBACK_RECEIVE_BYTES``): the kernel grows the
+buffer of a connection read fast (to ``tcp_rmem``'s maximum, tens of MiB), which across a network keeps a long round
+trip full but on loopback buys nothing; grown, it is what a server flooding a client that stops reading (through its
+session of its own, backends/mcp/own.py) fills before it is held back, where a client's own connection would hold it
+within the kernel's default.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import anyio
 import httpcore2
 import httpx2
 
-__all__ = ["REFUSED", "AddressRefused", "Admitting", "GuardedNetwork", "guard", "refusal"]
+__all__ = ["LOOPBACK_RECEIVE_BYTES", "REFUSED", "AddressRefused", "Admitting", "GuardedNetwork", "guard", "refusal"]
 
 REFUSED = "the gateway does not connect to"
 """How every ``AddressRefused`` message starts (backends/mcp/failures.py shows it as the backend's reason)."""
@@ -35,6 +41,10 @@ METADATA = frozenset(
 )
 """Cloud instance metadata and credential endpoints (AWS, GCP and Azure share the first; AWS IPv6; Alibaba; ECS)."""
 _SHARED = ipaddress.ip_network("100.64.0.0/10")  # carrier-grade NAT: private in all but name
+
+LOOPBACK_RECEIVE_BYTES = 128 * 1024
+"""``SO_RCVBUF`` of a connection to a loopback address: Linux's default (``tcp_rmem``), fixed (Linux doubles it for its
+own bookkeeping)."""
 
 _ALLOW_PRIVATE: ContextVar[bool] = ContextVar("gateway_egress_allow_private", default=False)
 
@@ -102,8 +112,11 @@ class GuardedNetwork(httpcore2.AsyncNetworkBackend):
                 raise AddressRefused(f"{REFUSED} {shown}: {why}")
         last: Exception | None = None
         for address in addresses:
+            options = socket_options
+            if address.is_loopback:
+                options = [*(socket_options or ()), (socket.SOL_SOCKET, socket.SO_RCVBUF, LOOPBACK_RECEIVE_BYTES)]
             try:
-                return await self._inner.connect_tcp(str(address), port, timeout, local_address, socket_options)
+                return await self._inner.connect_tcp(str(address), port, timeout, local_address, options)
             except httpcore2.ConnectError as exc:
                 last = exc
         raise last if last is not None else httpcore2.ConnectError(f"{host} has no address")

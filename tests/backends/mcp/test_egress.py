@@ -16,13 +16,13 @@ import httpcore2
 import httpx2
 import pytest
 
-from gateway.backends.mcp.egress import REFUSED, GuardedNetwork, refusal
+from gateway.backends.mcp.egress import LOOPBACK_RECEIVE_BYTES, REFUSED, GuardedNetwork, refusal
 from gateway.backends.mcp.failures import ResponseRecorder
 from gateway.backends.mcp.pool import HttpPool
 from gateway.config import HttpServer
 from gateway.testing import in_process_gateway
 from tests.fixtures.gateway_proc import echo_argv
-from tests.fixtures.procs import free_port, start_http_server
+from tests.fixtures.procs import LOOPBACK, free_port, start_http_server
 
 
 @pytest.mark.parametrize(
@@ -160,3 +160,19 @@ async def test_a_name_that_does_not_resolve_is_a_connect_error() -> None:
     guarded = GuardedNetwork(httpcore2.AnyIOBackend())
     with anyio.fail_after(10), pytest.raises(httpcore2.ConnectError, match="did not resolve"):
         await guarded.connect_tcp("no-such-host.invalid", 80, timeout=5)
+
+
+@pytest.mark.anyio
+async def test_a_connection_to_loopback_keeps_a_fixed_receive_buffer() -> None:
+    # The kernel would grow it while the gateway reads fast (to tcp_rmem's maximum), and a server flooding a client
+    # that stops reading would fill all of it before it was held back (tests/front/test_slow_clients.py).
+    listener = socket.create_server((LOOPBACK, 0))
+    guarded = GuardedNetwork(httpcore2.AnyIOBackend())
+    try:
+        with anyio.fail_after(10):
+            stream = await guarded.connect_tcp("localhost", listener.getsockname()[1], timeout=5)
+        sock = stream.get_extra_info("socket")
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) == 2 * LOOPBACK_RECEIVE_BYTES  # Linux doubles it
+        await stream.aclose()
+    finally:
+        listener.close()
