@@ -27,6 +27,11 @@ stream is handled as the SDK handles it:
   * a stream that ends without the answer but with an event id is resumed with ``Last-Event-ID`` (SEP-1699), as
     the SDK's transport does; one that cannot be resumed ends the call with the SDK's ``CONNECTION_CLOSED`` error.
 
+A flood (a server streaming progress as fast as it can) arrives in reads of many messages each. A lane hands on at
+most ``MESSAGES_PER_TURN`` of them before it lets the event loop's other tasks run (``Turns``): every other caller's
+request goes on between them, as it would beside a quiet server, and the flood is read at the share of the CPU the
+gateway gives it (its server is then held within its pipe or socket), not in one piece while everyone waits.
+
 Errors are the SDK's (``MCPError`` with its codes, httpx2's errors), so the backend maps them exactly as it maps
 the SDK path's (failures.py ``map_call_errors``). Which requests take a lane is the backend's choice (session.py
 ``McpBackend.call_tool``); everything else goes through the SDK session.
@@ -41,6 +46,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 import httpx2
 import mcp_types as types
 from mcp.shared.exceptions import MCPError
@@ -50,15 +56,20 @@ from opentelemetry.trace import SpanKind
 __all__ = [
     "CONNECTION_CLOSED",
     "LANE_ID_PREFIX",
+    "MESSAGES_PER_TURN",
     "DirectCall",
     "DirectLane",
     "HttpLane",
     "SessionGone",
+    "Turns",
     "answer_of",
     "progress_of",
 ]
 
 LANE_ID_PREFIX = "gw-"
+MESSAGES_PER_TURN = 32
+"""A downstream's messages handed on at most before the other tasks run (tens of microseconds each: a 64 KiB read of a
+flood holds hundreds)."""
 """A direct request's id (and progress token) is this and a number: never one of the SDK session's (integer) ids on
 the same session, so a line is known to be a direct call's by its id alone."""
 
@@ -76,6 +87,23 @@ ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
 AnswerFn = Callable[[Any], Awaitable[Any]]
 """Answer a server's request (a ``types.ServerRequest``): its result model, or an ``ErrorData``."""
 NotifyFn = Callable[[Any], Awaitable[None]]
+
+
+class Turns:
+    """Counts the messages a reader hands on: ``await turns.taken()`` after each lets the other tasks run once every
+    ``MESSAGES_PER_TURN`` (see the module docstring)."""
+
+    __slots__ = ("_left",)
+
+    def __init__(self) -> None:
+        self._left = MESSAGES_PER_TURN
+
+    async def taken(self) -> None:
+        self._left -= 1
+        if not self._left:
+            self._left = MESSAGES_PER_TURN
+            await anyio.lowlevel.checkpoint()
+
 
 _TRACER = trace.get_tracer("mcp-python-sdk")
 _SERVER_REQUEST: Any = None
@@ -395,8 +423,10 @@ class _Exchange(DirectCall):
     async def _consume(self, stream: _Stream, tg: anyio.abc.TaskGroup | None) -> dict[str, Any] | None:
         """Read ``stream`` until the answer or its end; without ``tg``, stop at the first request of the server's
         and return it (the caller opens the task group to answer it in)."""
+        turns = Turns()
         try:
             while True:
+                await turns.taken()
                 try:
                     sse = await anext(stream.events)
                 except StopAsyncIteration:

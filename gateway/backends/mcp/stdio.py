@@ -54,6 +54,7 @@ from gateway.backends.mcp.fastpath import (
     DirectLane,
     NotifyFn,
     ProgressFn,
+    Turns,
     answer_of,
     progress_of,
 )
@@ -190,9 +191,11 @@ class _Waiter(DirectCall):
             raise
 
     async def outcome(self) -> dict[str, Any]:
+        turns = Turns()
         try:
             while True:
                 while self.inbox:
+                    await turns.taken()
                     entry = self.inbox.popleft()
                     message, size = entry
                     self.held -= size
@@ -314,7 +317,7 @@ class _Pipes:
         """Until stdout ends: each line to its reader, an oversized one replaced (see the module docstring)."""
         stdout = self._proc.process.stdout
         assert stdout is not None
-        lines = LineLimit(self._max_line_bytes)
+        lines, turns = LineLimit(self._max_line_bytes), Turns()
         try:
             async with self._read_send:
                 async for chunk in stdout:
@@ -323,6 +326,7 @@ class _Pipes:
                             for line in item.split(b"\n"):
                                 if line.strip():
                                     await self._route(line)
+                                    await turns.taken()
                             continue
                         replacement = replace_line(item, self._max_line_bytes, sse=False)
                         if replacement is not None:

@@ -47,6 +47,7 @@ from tests.fixtures.gateway_proc import (
     run_gateway,
 )
 from tests.fixtures.procs import RunningServer
+from tests.fixtures.turns import Handed
 from tests.fixtures.waiting import eventually
 
 pytestmark = pytest.mark.anyio
@@ -416,3 +417,40 @@ async def test_an_answered_stream_is_read_to_its_end_so_no_async_generator_is_le
         finally:
             sys.set_asyncgen_hooks(first_iter, finalizer)
     assert finalized == []
+
+
+async def test_over_http_a_flood_is_handed_on_a_few_messages_per_turn(downstream: Downstreams) -> None:
+    # As over stdio (test_stdio_lane.py): the events of one read of the call's stream are not handed on in one piece.
+    import httpx2
+
+    from gateway.backends.mcp.fastpath import MESSAGES_PER_TURN, HttpLane
+
+    server = downstream("fidelity", "streamable_http")
+    handed = Handed()
+
+    async def ignore(_: Any) -> None:
+        return None
+
+    headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+    hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    async with httpx2.AsyncClient(trust_env=False) as client:
+        with anyio.fail_after(60):
+            init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}
+            answered = await client.post(server.url(), json=init, headers=headers)
+            lane = HttpLane(client, server.url(), max_event_size=1 << 20)
+            lane.session_id, lane.version = answered.headers["mcp-session-id"], "2025-06-18"
+            done = anyio.Event()
+            async with anyio.create_task_group() as tg:
+                lane.closer = tg
+                tg.start_soon(handed.watch, done)
+                await lane.request(
+                    "tools/call",
+                    {"name": "progress", "arguments": {"steps": 20_000}},
+                    timeout_s=None,
+                    progress=handed.progress,
+                    answer=ignore,
+                    notify=ignore,
+                )
+                done.set()
+    assert handed.count == 20_000
+    assert max(handed.gaps) <= 2 * MESSAGES_PER_TURN, f"{max(handed.gaps)} handed on in one turn"

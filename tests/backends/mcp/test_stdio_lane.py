@@ -19,8 +19,10 @@ import anyio
 import pytest
 from mcp.client.session import ClientSession
 
+from gateway.backends.mcp.fastpath import MESSAGES_PER_TURN
 from gateway.backends.mcp.stdio import open_stdio
 from tests.fixtures.gateway_proc import FIDELITY
+from tests.fixtures.turns import Handed
 
 pytestmark = [pytest.mark.anyio, pytest.mark.spawns]
 
@@ -67,3 +69,31 @@ async def test_progress_for_a_cancelled_direct_call_never_reaches_the_session() 
                 # The server answers in order: whatever it said for the call before this answer has been read.
                 assert (await session.list_tools()).tools
     assert "notifications/progress" not in seen  # before: the progress in the pipe when the call was cancelled
+
+
+async def test_a_flood_is_handed_on_a_few_messages_per_turn_so_every_other_task_runs_between() -> None:
+    # A server flooding progress fills each 64 KiB read with hundreds of lines; handed on in one piece (tens of
+    # microseconds each), every other caller's request waited behind each read, and behind the call's own delivery.
+    handed = Handed()
+    with tempfile.TemporaryFile() as stderr, anyio.fail_after(60):
+        async with open_stdio(sys.executable, [str(FIDELITY), "--stdio"], env=None, cwd=None, stderr=stderr) as (
+            read,
+            write,
+            proc,
+        ):
+            async with ClientSession(read, write) as session:
+                proc.lane.version = (await session.initialize()).protocol_version
+                done = anyio.Event()
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(handed.watch, done)
+                    await proc.lane.request(
+                        "tools/call",
+                        {"name": "progress", "arguments": {"steps": 20_000}},
+                        timeout_s=None,
+                        progress=handed.progress,
+                        answer=_answer,
+                        notify=_answer,
+                    )
+                    done.set()
+    assert handed.count == 20_000
+    assert max(handed.gaps) <= 2 * MESSAGES_PER_TURN, f"{max(handed.gaps)} handed on in one turn"
