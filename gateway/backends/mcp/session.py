@@ -265,17 +265,19 @@ class McpBackend(Listed, BackendBase):
         per_client: bool,
         on: ClientSession | None = None,
     ) -> Any:
-        """Send ``request`` on the shared session, the caller's or client's own, or ``on`` (the twin's)."""
-        life = self._life
-        session = self._require_session()
-        inflight = self._inflight
+        """Send ``request`` on the shared session, the caller's or client's own, or ``on`` (the twin's). With
+        per-caller credentials every request goes on the caller's own session, which serves whatever state the shared
+        one is in (it may be opening again after the caller it listed as was signed out)."""
+        life, inflight = self._life, self._inflight
         if on is not None:
+            self._require_session()
             session = on
         elif self._credentials is not None:
             own = await self._lanes.for_caller(upstream.caller.name, upstream.caller.token)
             session, inflight, life = own.session, own.inflight, own.life  # type: ignore[assignment]
-        elif per_client:
-            lane = await self._lanes.for_client(upstream)
+        else:
+            session = self._require_session()
+            lane = await self._lanes.for_client(upstream) if per_client else None
             if lane is not None and lane.session is not None:
                 session, inflight, life = lane.session, lane.inflight, lane.life
         with (
