@@ -427,10 +427,6 @@ async def test_over_http_a_flood_is_handed_on_a_few_messages_per_turn(downstream
 
     server = downstream("fidelity", "streamable_http")
     handed = Handed()
-
-    async def ignore(_: Any) -> None:
-        return None
-
     headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
     hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
     async with httpx2.AsyncClient(trust_env=False) as client:
@@ -439,18 +435,8 @@ async def test_over_http_a_flood_is_handed_on_a_few_messages_per_turn(downstream
             answered = await client.post(server.url(), json=init, headers=headers)
             lane = HttpLane(client, server.url(), max_event_size=1 << 20)
             lane.session_id, lane.version = answered.headers["mcp-session-id"], "2025-06-18"
-            done = anyio.Event()
-            async with anyio.create_task_group() as tg:
-                lane.closer = tg
-                tg.start_soon(handed.watch, done)
-                await lane.request(
-                    "tools/call",
-                    {"name": "progress", "arguments": {"steps": 20_000}},
-                    timeout_s=None,
-                    progress=handed.progress,
-                    answer=ignore,
-                    notify=ignore,
-                )
-                done.set()
+            async with anyio.create_task_group() as closer:  # its end waits for the answered stream's close
+                lane.closer = closer
+                await handed.flood(lane, 20_000)
     assert handed.count == 20_000
     assert max(handed.gaps) <= 2 * MESSAGES_PER_TURN, f"{max(handed.gaps)} handed on in one turn"

@@ -83,17 +83,6 @@ async def test_a_flood_is_handed_on_a_few_messages_per_turn_so_every_other_task_
         ):
             async with ClientSession(read, write) as session:
                 proc.lane.version = (await session.initialize()).protocol_version
-                done = anyio.Event()
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(handed.watch, done)
-                    await proc.lane.request(
-                        "tools/call",
-                        {"name": "progress", "arguments": {"steps": 20_000}},
-                        timeout_s=None,
-                        progress=handed.progress,
-                        answer=_answer,
-                        notify=_answer,
-                    )
-                    done.set()
+                await handed.flood(proc.lane, 20_000)
     assert handed.count == 20_000
     assert max(handed.gaps) <= 2 * MESSAGES_PER_TURN, f"{max(handed.gaps)} handed on in one turn"
