@@ -67,11 +67,11 @@ __all__ = [
 ]
 
 LANE_ID_PREFIX = "gw-"
+"""A direct request's id (and progress token) is this and a number: never one of the SDK session's (integer) ids on
+the same session, so a line is known to be a direct call's by its id alone."""
 MESSAGES_PER_TURN = 32
 """A downstream's messages handed on at most before the other tasks run (tens of microseconds each: a 64 KiB read of a
 flood holds hundreds)."""
-"""A direct request's id (and progress token) is this and a number: never one of the SDK session's (integer) ids on
-the same session, so a line is known to be a direct call's by its id alone."""
 
 REQUEST_TIMEOUT = -32001  # the SDK's code for a request that timed out (mcp.shared.exceptions.REQUEST_TIMEOUT)
 CONNECTION_CLOSED = -32000  # the SDK's code for a request whose answer can no longer come
