@@ -364,6 +364,20 @@ servers:
     assert send["context"]["trace_id"] == call["context"]["trace_id"]
 
 
+async def opened_lane(client: Any, url: str) -> Any:
+    """An ``HttpLane`` on a handshake-era session of its own with the server at ``url`` (initialized)."""
+    from gateway.backends.mcp.fastpath import HttpLane
+
+    headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+    hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}
+    answered = await client.post(url, json=init, headers=headers)
+    lane = HttpLane(client, url, max_event_size=1 << 20)
+    lane.session_id, lane.version = answered.headers["mcp-session-id"], "2025-06-18"
+    await client.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=lane._headers())
+    return lane
+
+
 async def test_an_answered_stream_is_read_to_its_end_so_no_async_generator_is_left_to_the_garbage_collector(
     echo_http: RunningServer,
 ) -> None:
@@ -374,8 +388,6 @@ async def test_an_answered_stream_is_read_to_its_end_so_no_async_generator_is_le
     import sys
 
     import httpx2
-
-    from gateway.backends.mcp.fastpath import HttpLane
 
     first_iter, finalizer = sys.get_asyncgen_hooks()
     assert finalizer is not None
@@ -388,16 +400,9 @@ async def test_an_answered_stream_is_read_to_its_end_so_no_async_generator_is_le
     async def ignore(_: Any) -> None:
         return None
 
-    headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
-    hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
     async with httpx2.AsyncClient(trust_env=False) as client:
-        init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}
         with anyio.fail_after(WAIT):
-            answered = await client.post(echo_http.url(), json=init, headers=headers)
-        lane = HttpLane(client, echo_http.url(), max_event_size=1 << 20)
-        lane.session_id, lane.version = answered.headers["mcp-session-id"], "2025-06-18"
-        done = {"jsonrpc": "2.0", "method": "notifications/initialized"}
-        await client.post(echo_http.url(), json=done, headers=lane._headers())
+            lane = await opened_lane(client, echo_http.url())
         sys.set_asyncgen_hooks(first_iter, counting)
         try:
             with anyio.fail_after(WAIT):
@@ -423,18 +428,13 @@ async def test_over_http_a_flood_is_handed_on_a_few_messages_per_turn(downstream
     # As over stdio (test_stdio_lane.py): the events of one read of the call's stream are not handed on in one piece.
     import httpx2
 
-    from gateway.backends.mcp.fastpath import MESSAGES_PER_TURN, HttpLane
+    from gateway.backends.mcp.fastpath import MESSAGES_PER_TURN
 
     server = downstream("fidelity", "streamable_http")
     handed = Handed()
-    headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
-    hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
     async with httpx2.AsyncClient(trust_env=False) as client:
         with anyio.fail_after(60):
-            init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}
-            answered = await client.post(server.url(), json=init, headers=headers)
-            lane = HttpLane(client, server.url(), max_event_size=1 << 20)
-            lane.session_id, lane.version = answered.headers["mcp-session-id"], "2025-06-18"
+            lane = await opened_lane(client, server.url())
             async with anyio.create_task_group() as closer:  # its end waits for the answered stream's close
                 lane.closer = closer
                 await handed.flood(lane, 20_000)
