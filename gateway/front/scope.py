@@ -28,17 +28,20 @@ __all__ = [
     "caller_of",
     "hold_of",
     "message_of",
+    "parsed_of",
     "request_caller",
     "session_digest",
     "set_caller",
     "set_hold",
     "set_message",
+    "set_parsed",
     "set_withheld",
     "withheld_of",
 ]
 
 _CALLER = "gateway.caller"
 _MESSAGE = "gateway.message"
+_PARSED = "gateway.parsed"
 _WITHHELD = "gateway.withheld"
 _HOLD = "gateway.hold"
 
@@ -72,6 +75,17 @@ def set_message(scope: MutableMapping[str, Any], message: dict[str, Any]) -> Non
 def message_of(scope: Mapping[str, Any]) -> dict[str, Any] | None:
     """A POST's JSON-RPC message as sent (an object), when the body check could read one."""
     found = scope.get("state", {}).get(_MESSAGE)
+    return found if isinstance(found, dict) else None
+
+
+def set_parsed(scope: MutableMapping[str, Any], message: dict[str, Any]) -> None:
+    _state(scope)[_PARSED] = message
+
+
+def parsed_of(scope: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A POST's JSON-RPC message as the body passed on holds it (rewritten by the body check where it withheld
+    something), parsed once at the edge for the session transport (front/http/transport.py)."""
+    found = scope.get("state", {}).get(_PARSED)
     return found if isinstance(found, dict) else None
 
 

@@ -20,7 +20,7 @@ from gateway.config import EdgeSettings
 from gateway.errors import quote
 from gateway.front.http.replies import reply, rpc_error
 from gateway.front.http.request_ids import InFlight, in_flight_key
-from gateway.front.scope import set_message, set_withheld
+from gateway.front.scope import set_message, set_parsed, set_withheld
 from gateway.inputs import argument_problem, problem
 
 __all__ = ["Edge"]
@@ -77,9 +77,9 @@ class Edge:
                 break
         body = b"".join(chunks)
         try:
-            decoded = json.loads(body)
+            decoded = json.loads(body.decode())  # UTF-8 only, as the transport's own parse (RFC 8259 8.1)
         except (ValueError, RecursionError):
-            decoded = None  # the SDK answers its own parse error
+            decoded = None  # the transport answers its own parse error
         if isinstance(decoded, dict):
             params = decoded.get("params")
             set_message(scope, {**decoded, "params": dict(params) if isinstance(params, dict) else params})
@@ -87,6 +87,7 @@ class Edge:
             if answer is not None:
                 await reply(send, 400, answer)
                 return
+            set_parsed(scope, decoded)  # what ``body`` holds now: the session transport does not parse it again
             key = in_flight_key(decoded, scope, headers)
             if key is not None:
                 if not await self.in_flight.claim(key):
@@ -134,10 +135,10 @@ def _check(decoded: dict[str, Any], scope: Scope, body: bytes, depth: int) -> tu
     if withheld is not None:
         arguments = {}
         set_withheld(scope, withheld)
-    if withheld is None and not rewritten:
-        return None, body
     if arguments is not None:
         params["arguments"] = arguments
+    if withheld is None and not rewritten:
+        return None, body
     return None, json.dumps(decoded).encode()
 
 

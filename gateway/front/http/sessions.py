@@ -19,6 +19,7 @@ import re
 import time
 from functools import partial
 from typing import Any, Protocol
+from uuid import uuid4
 
 import anyio
 import structlog
@@ -40,6 +41,7 @@ from gateway.front.http.replies import reply, rpc_error
 from gateway.front.http.request_ids import InFlight
 from gateway.front.http.resume import RecentEvents
 from gateway.front.http.seal import SealedSession, SessionSeal, owner_digest
+from gateway.front.http.transport import SessionTransport
 from gateway.front.scope import caller_of, message_of, session_digest
 
 __all__ = ["CallerSessions", "SealedSessions", "SessionEnds", "filter_session_ids"]
@@ -188,13 +190,11 @@ class SealedSessions(StreamableHTTPSessionManager):
         return minted
 
     def _admit_session(self, requestor: AuthorizationContext | None) -> StreamableHTTPServerTransport | None:
-        minted = _MINTED.get()
-        if minted is None:
-            return super()._admit_session(requestor)
         if self.max_sessions is not None and len(self._server_instances) >= self.max_sessions:
             return None
-        transport = StreamableHTTPServerTransport(
-            mcp_session_id=minted,
+        session_id = _MINTED.get() or uuid4().hex  # sealed when minted, else the SDK's kind of id (this replica's)
+        transport = SessionTransport(
+            mcp_session_id=session_id,
             is_json_response_enabled=self.json_response,
             event_store=self.event_store,
             security_settings=self.security_settings,
@@ -202,8 +202,8 @@ class SealedSessions(StreamableHTTPSessionManager):
             idle_timeout=self.session_idle_timeout,
         )
         if requestor is not None:
-            self._session_owners[minted] = requestor
-        self._server_instances[minted] = transport
+            self._session_owners[session_id] = requestor
+        self._server_instances[session_id] = transport
         return transport
 
     async def _revive(

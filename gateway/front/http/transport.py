@@ -1,0 +1,274 @@
+"""A handshake-era session's HTTP transport, with the requests' answers written by the gateway: ``SessionTransport``.
+
+The SDK's transport keeps what a session is (its streams by request, the message router, resumable events, the idle
+countdown, termination); this one owns how a request is taken and answered. A POST's JSON-RPC message is the one the
+edge parsed (body.py hands it on in the scope: the body is not parsed twice), validated once, and its answer is written
+to the connection by ``_stream`` directly: each event of the request's stream as it comes, framed once (the event
+store's bytes, resume.py), with one task beside it that notices the client leaving and keeps an idle stream alive.
+The SDK wrote it through a memory stream, a writer task and sse-starlette's response (a task group of five tasks, a
+lock and a timeout scope for every event): a third of what the front spent on a call's answer. The GET stream and a
+resumed stream (``Last-Event-ID``) are written by the same ``_stream``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from functools import partial
+from http import HTTPStatus
+
+import anyio
+import pydantic_core
+from anyio.streams.memory import MemoryObjectReceiveStream
+from mcp.server.streamable_http import (
+    CONTENT_TYPE_SSE,
+    GET_STREAM_KEY,
+    LAST_EVENT_ID_HEADER,
+    MCP_SESSION_ID_HEADER,
+    REQUEST_STREAM_BUFFER_SIZE,
+    EventMessage,
+    SSEEvent,
+    StreamableHTTPServerTransport,
+    check_accept_headers,
+)
+from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
+from mcp.shared.message import SessionMessage
+from mcp_types import (
+    DEFAULT_NEGOTIATED_VERSION,
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    PARSE_ERROR,
+    JSONRPCError,
+    JSONRPCRequest,
+    JSONRPCResponse,
+    jsonrpc_message_adapter,
+)
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.types import Receive, Scope, Send
+
+from gateway.front.scope import parsed_of
+
+__all__ = ["PING_S", "SessionTransport"]
+
+logger = logging.getLogger("mcp.server.streamable_http")  # its lines pass the session-id filter (sessions.py)
+
+PING_S = 15.0
+"""An event stream that sent nothing for this long is sent a comment, so that proxies keep the connection open."""
+
+Emit = Callable[[bytes], Awaitable[None]]
+
+
+def frame(event: SSEEvent | bytes) -> bytes:
+    """One event in the stream's wire form (the event store's are framed already: resume.py ``event_data``)."""
+    if isinstance(event, bytes):
+        return event
+    lines = [f"{field}: {event[field]}" for field in ("id", "event") if field in event]
+    lines += [f"data: {line}" for line in str(event.get("data", "")).splitlines() or [""]]
+    if "retry" in event:
+        lines.append(f"retry: {event['retry']}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+class SessionTransport(StreamableHTTPServerTransport):
+    """The SDK's session transport, its POST, GET and resumed streams answered by the gateway (module docstring)."""
+
+    def _sse_headers(self) -> list[tuple[bytes, bytes]]:
+        headers = [
+            (b"cache-control", b"no-cache, no-transform"),
+            (b"connection", b"keep-alive"),
+            (b"content-type", CONTENT_TYPE_SSE.encode()),
+        ]
+        if self.mcp_session_id:
+            headers.append((MCP_SESSION_ID_HEADER.encode(), self.mcp_session_id.encode()))
+        headers.append((b"x-accel-buffering", b"no"))
+        return headers
+
+    async def _stream(self, receive: Receive, send: Send, produce: Callable[[Emit], Awaitable[None]]) -> None:
+        """Answer with an event stream of what ``produce`` emits, until it returns or the client leaves (``produce``
+        is then cancelled). The stream is sent a comment after every ``PING_S`` without an event."""
+        await send({"type": "http.response.start", "status": 200, "headers": self._sse_headers()})
+        quiet_since = anyio.current_time()
+        left = False
+
+        async def emit(data: bytes) -> None:
+            nonlocal quiet_since
+            quiet_since = anyio.current_time()
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+
+        async def watch() -> None:
+            nonlocal left
+            while True:
+                with anyio.move_on_after(quiet_since + PING_S - anyio.current_time()):
+                    if (await receive())["type"] == "http.disconnect":
+                        left = True
+                        tg.cancel_scope.cancel()
+                        return
+                    continue
+                if anyio.current_time() >= quiet_since + PING_S:
+                    await emit(f": ping - {datetime.now(UTC)}\r\n\r\n".encode())
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch)
+            await produce(emit)
+            tg.cancel_scope.cancel()
+        if not left:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _forward(self, stream_id: str, reader: MemoryObjectReceiveStream[EventMessage], emit: Emit) -> None:
+        """Emit the events of ``stream_id``'s stream until its answer (or until it is closed: ``close_sse_stream``,
+        the session's end), then forget the stream."""
+        try:
+            async with reader:
+                async for event_message in reader:
+                    await emit(frame(self._create_event_data(event_message)))
+                    if isinstance(event_message.message, JSONRPCResponse | JSONRPCError):
+                        break
+        except anyio.ClosedResourceError:
+            logger.debug("SSE stream closed by close_sse_stream()")
+        finally:
+            self._sse_stream_writers.pop(stream_id, None)
+            await self._clean_up_memory_streams(stream_id)
+
+    def _open_stream(self, stream_id: str) -> MemoryObjectReceiveStream[EventMessage]:
+        """Register ``stream_id``'s stream, so the message router hands it its events; its reading end."""
+        self._request_streams[stream_id] = anyio.create_memory_object_stream[EventMessage](REQUEST_STREAM_BUFFER_SIZE)
+        return self._request_streams[stream_id][1]
+
+    async def _handle_post_request(self, scope: Scope, request: Request, receive: Receive, send: Send) -> None:
+        writer = self._read_stream_writer
+        if writer is None:
+            raise ValueError("No read stream writer available. Ensure connect() is called first.")
+        try:
+            if not await self._validate_accept_header(request, scope, send):
+                return
+            if not self._check_content_type(request):
+                text = "Unsupported Media Type: Content-Type must be application/json"
+                await self._create_error_response(text, HTTPStatus.UNSUPPORTED_MEDIA_TYPE)(scope, receive, send)
+                return
+            raw = parsed_of(scope)
+            if raw is None:  # not through the edge's body check (a test's transport, say): parsed here
+                try:
+                    raw = pydantic_core.from_json(await request.body())
+                except ValueError as e:
+                    error = self._create_error_response(f"Parse error: {e}", HTTPStatus.BAD_REQUEST, PARSE_ERROR)
+                    await error(scope, receive, send)
+                    return
+            try:
+                message = jsonrpc_message_adapter.validate_python(raw, by_name=False)
+            except ValidationError as e:
+                error = self._create_error_response(f"Validation error: {e}", HTTPStatus.BAD_REQUEST, INVALID_PARAMS)
+                await error(scope, receive, send)
+                return
+            opening = isinstance(message, JSONRPCRequest) and message.method == "initialize"
+            if opening:
+                asked = self._get_session_id(request)
+                if self.mcp_session_id and asked and asked != self.mcp_session_id:
+                    text = "Not Found: Invalid or expired session ID"
+                    await self._create_error_response(text, HTTPStatus.NOT_FOUND)(scope, receive, send)
+                    return
+            elif not await self._validate_request_headers(request, send):
+                return
+            if not isinstance(message, JSONRPCRequest):  # a notification or a response: accepted, then handed on
+                await self._create_json_response(None, HTTPStatus.ACCEPTED)(scope, receive, send)
+                await writer.send(SessionMessage(message, metadata=self._message_metadata(request)))
+                return
+            request_id = str(message.id)
+            if self.is_json_response_enabled:
+                await self._answer_json(scope, request, receive, send, message, request_id)
+                return
+            version = (
+                str(message.params.get("protocolVersion", DEFAULT_NEGOTIATED_VERSION))
+                if opening and message.params
+                else request.headers.get(MCP_PROTOCOL_VERSION_HEADER, DEFAULT_NEGOTIATED_VERSION)
+            )
+            priming = await self._mint_priming_event(request_id, version)  # stored before anything of the request
+            reader = self._open_stream(request_id)
+            session_message = self._create_session_message(message, request, request_id, version)
+
+            async def produce(emit: Emit) -> None:
+                if priming is not None:
+                    await emit(frame(priming))
+                await writer.send(session_message)
+                await self._forward(request_id, reader, emit)
+
+            try:
+                await self._stream(receive, send, produce)
+            finally:
+                await self._clean_up_memory_streams(request_id)
+        except Exception as err:
+            logger.exception("Error handling POST request")
+            text = "Error handling POST request"
+            await self._create_error_response(text, HTTPStatus.INTERNAL_SERVER_ERROR, INTERNAL_ERROR)(
+                scope, receive, send
+            )
+            await writer.send(Exception(err))
+
+    async def _answer_json(
+        self, scope: Scope, request: Request, receive: Receive, send: Send, message: JSONRPCRequest, request_id: str
+    ) -> None:
+        """A request's answer as one JSON body (``json_response``): its response alone, nothing of its stream."""
+        assert self._read_stream_writer is not None
+        reader = self._open_stream(request_id)
+        unanswered = partial(self._terminate_unanswered_request, message.id)
+        metadata = self._message_metadata(request, on_request_unanswered=unanswered)
+        await self._read_stream_writer.send(SessionMessage(message, metadata=metadata))
+        try:
+            event_message = await reader.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            logger.debug(f"Session terminated with request {request_id} in flight; no response to send")
+            text = "Session terminated before the request completed"
+            response = self._create_error_response(text, HTTPStatus.INTERNAL_SERVER_ERROR, INTERNAL_ERROR)
+        else:
+            response = self._create_json_response(event_message.message)
+        finally:
+            await self._clean_up_memory_streams(request_id)
+        await response(scope, receive, send)
+
+    async def _handle_get_request(self, request: Request, send: Send) -> None:
+        if self._read_stream_writer is None:
+            raise ValueError("No read stream writer available. Ensure connect() is called first.")
+        scope, receive = request.scope, request.receive
+        if not check_accept_headers(request)[1]:
+            text = "Not Acceptable: Client must accept text/event-stream"
+            await self._create_error_response(text, HTTPStatus.NOT_ACCEPTABLE)(scope, receive, send)
+            return
+        if not await self._validate_request_headers(request, send):
+            return
+        if last_event_id := request.headers.get(LAST_EVENT_ID_HEADER):
+            await self._replay_events(last_event_id, request, send)
+            return
+        if GET_STREAM_KEY in self._request_streams:
+            text = "Conflict: Only one SSE stream is allowed per session"
+            await self._create_error_response(text, HTTPStatus.CONFLICT)(scope, receive, send)
+            return
+        reader = self._open_stream(GET_STREAM_KEY)
+        try:
+            await self._stream(receive, send, partial(self._forward, GET_STREAM_KEY, reader))
+        finally:
+            await self._clean_up_memory_streams(GET_STREAM_KEY)
+
+    async def _replay_events(self, last_event_id: str, request: Request, send: Send) -> None:
+        """A resumed stream: what it was sent after ``last_event_id``, then (when it is still open) its next events."""
+        event_store = self._event_store
+        if event_store is None:
+            return
+        version = request.headers.get(MCP_PROTOCOL_VERSION_HEADER, DEFAULT_NEGOTIATED_VERSION)
+
+        async def produce(emit: Emit) -> None:
+            async def replayed(event_message: EventMessage) -> None:
+                await emit(frame(self._create_event_data(event_message)))
+
+            stream_id = await event_store.replay_events_after(last_event_id, replayed)
+            if stream_id and stream_id not in self._request_streams:
+                priming = await self._mint_priming_event(stream_id, version)
+                reader = self._open_stream(stream_id)
+                if priming is not None:
+                    await emit(frame(priming))
+                await self._forward(stream_id, reader, emit)
+
+        try:
+            await self._stream(request.receive, send, produce)
+        except Exception:
+            logger.exception("Error replaying events")

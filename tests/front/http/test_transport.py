@@ -1,0 +1,136 @@
+"""The session transport's own event streams (gateway/front/http/transport.py): framed as sse-starlette framed them,
+kept alive while quiet, ended when the client leaves; and a session's answers over a real gateway on loopback."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+from sse_starlette.event import ensure_bytes
+from starlette.types import Message
+
+from gateway.front.http import transport
+from gateway.front.http.transport import Emit, SessionTransport, frame
+from tests.fixtures.gateway_proc import PYTHON, GatewayProcesses, echo_argv
+from tests.fixtures.raw_http import INITIALIZE, headers, messages, sse_events
+
+pytestmark = pytest.mark.anyio
+
+RESUMABLE = "2025-11-25"
+"""The first version whose streams open with a priming event (SEP-1699)."""
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        {"id": "7", "data": "", "retry": 1000},  # a priming event
+        {"id": "8", "data": ""},
+        {"event": "message", "data": '{"jsonrpc":"2.0","id":1,"result":{}}', "id": "9"},
+        {"event": "message", "data": '{"jsonrpc":"2.0","method":"notifications/progress"}'},
+        {"data": "two\nlines"},
+    ],
+)
+def test_an_event_is_framed_as_sse_starlette_framed_it(event: dict[str, Any]) -> None:
+    assert frame(event) == ensure_bytes(event, "\r\n")
+
+
+class Wire:
+    """An ASGI connection for one response: what was sent, and a client that leaves when told."""
+
+    def __init__(self) -> None:
+        self.sent: list[Message] = []
+        self.leave = anyio.Event()
+        self.pinged = anyio.Event()
+
+    async def receive(self) -> Message:
+        await self.leave.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: Message) -> None:
+        self.sent.append(message)
+        if message.get("body", b"").startswith(b": ping"):
+            self.pinged.set()
+
+    def bodies(self) -> list[bytes]:
+        return [m["body"] for m in self.sent if m["type"] == "http.response.body"]
+
+
+def session_transport() -> SessionTransport:
+    return SessionTransport(mcp_session_id="s1")
+
+
+async def test_a_quiet_stream_is_sent_a_comment_then_its_events_then_its_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(transport, "PING_S", 0.05)
+    wire = Wire()
+
+    async def produce(emit: Emit) -> None:
+        await wire.pinged.wait()  # quiet until the stream was kept alive
+        await emit(b"data: one\r\n\r\n")
+
+    with anyio.fail_after(5):
+        await session_transport()._stream(wire.receive, wire.send, produce)
+    start = wire.sent[0]
+    assert start["type"] == "http.response.start" and start["status"] == 200
+    assert dict(start["headers"]) == {
+        b"cache-control": b"no-cache, no-transform",
+        b"connection": b"keep-alive",
+        b"content-type": b"text/event-stream",
+        b"mcp-session-id": b"s1",
+        b"x-accel-buffering": b"no",
+    }
+    bodies = wire.bodies()
+    assert bodies[0].startswith(b": ping - ") and bodies[0].endswith(b"\r\n\r\n")
+    assert bodies[-2:] == [b"data: one\r\n\r\n", b""]
+    assert wire.sent[-1]["more_body"] is False
+
+
+async def test_a_client_that_leaves_ends_its_stream_and_what_fed_it() -> None:
+    wire = Wire()
+    fed = anyio.Event()
+    cancelled = False
+
+    async def produce(emit: Emit) -> None:
+        nonlocal cancelled
+        await emit(b"data: first\r\n\r\n")
+        fed.set()
+        try:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
+            cancelled = True
+            raise
+
+    async def leave() -> None:
+        await fed.wait()
+        wire.leave.set()
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(leave)
+            await session_transport()._stream(wire.receive, wire.send, produce)
+    assert cancelled
+    assert wire.bodies() == [b"data: first\r\n\r\n"]  # no end written to a client that is gone
+
+
+@pytest.mark.spawns
+async def test_a_call_is_answered_on_its_stream_after_its_priming_event(gateway_process: GatewayProcesses) -> None:
+    config = f"servers:\n  e: {{transport: stdio, command: {PYTHON}, args: {json.dumps(echo_argv()[1:])}}}\n"
+    gateway = gateway_process(config, tokens="alice=tok-alice")
+    url = gateway.url("/mcp")
+    call = {"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "echo", "arguments": {"text": "hi"}}}
+    opening = {**INITIALIZE, "params": {**INITIALIZE["params"], "protocolVersion": RESUMABLE}}
+    async with httpx2.AsyncClient(timeout=30) as http:
+        with anyio.fail_after(60):
+            opened = await http.post(url, json=opening, headers=headers("tok-alice"))
+            session = opened.headers["mcp-session-id"]
+            asked = {**headers("tok-alice", session), "Mcp-Protocol-Version": RESUMABLE}
+            response = await http.post(url, json=call, headers=asked)
+    assert response.status_code == 200 and response.headers["content-type"] == "text/event-stream"
+    priming, answer = sse_events(response.text)
+    assert priming["data"] == "" and priming["retry"] == "1000"
+    assert int(answer["id"]) > int(priming["id"])
+    (message,) = messages(response)
+    assert json.loads(answer["data"]) == message
+    assert message["id"] == 5 and message["result"]["content"][0]["text"] == "hi"
