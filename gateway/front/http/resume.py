@@ -203,8 +203,8 @@ class SessionEvents(EventStore):
     def event_data(self, event_message: EventMessage) -> bytes:
         """What the session's transport sends for ``event_message`` (it stands in for the transport's own
         ``_create_event_data``), framed: the JSON ``store_event`` made of the message a moment before, not made again
-        (a 2.4 MB ``tools/list`` was serialized twice per answer), in the bytes sse-starlette would frame it in, which
-        it sends as they are. JSON text holds no line break, so it is one ``data`` line."""
+        (a 2.4 MB ``tools/list`` was serialized twice per answer), framed as transport.py's ``frame`` frames an
+        event, which the transport sends as they are. JSON text holds no line break, so it is one ``data`` line."""
         event_id = event_message.event_id
         data = self._store.text(event_id) if event_id else None
         if data is None:  # not kept (too large for its stream's budget, or evicted already): made as the SDK does

@@ -375,7 +375,7 @@ class CallerSessions(SealedSessions):
             in_flight, session = self.in_flight, transport.mcp_session_id
             answered = partial(in_flight.answered, session) if in_flight is not None and session is not None else None
             view = transport._event_store = self.event_store.for_session(session, answered)
-            # Each event's JSON made once, by the store, and framed once (sse-starlette sends bytes as they are).
+            # Each event's JSON made once, by the store, and framed once (transport.py sends the bytes as they are).
             transport._create_event_data = view.event_data  # type: ignore[method-assign,assignment]
         return transport
 

@@ -1,22 +1,26 @@
-"""A handshake-era session's HTTP transport, with the requests' answers written by the gateway: ``SessionTransport``.
+"""A handshake-era session's HTTP transport, with the session's messages routed and answered by the gateway:
+``SessionTransport``.
 
-The SDK's transport keeps what a session is (its streams by request, the message router, resumable events, the idle
-countdown, termination); this one owns how a request is taken and answered. A POST's JSON-RPC message is the one the
-edge parsed (body.py hands it on in the scope: the body is not parsed twice), validated once, and its answer is written
-to the connection by ``_stream`` directly: each event of the request's stream as it comes, framed once (the event
-store's bytes, resume.py), with one task beside it that notices the client leaving and keeps an idle stream alive.
-The SDK wrote it through a memory stream, a writer task and sse-starlette's response (a task group of five tasks, a
-lock and a timeout scope for every event): a third of what the front spent on a call's answer. The GET stream and a
-resumed stream (``Last-Event-ID``) are written by the same ``_stream``.
+The SDK's transport keeps what a session is (its streams by request, resumable events, the idle countdown,
+termination); this one owns how a request is taken and answered. A POST's JSON-RPC message is the one the edge parsed
+(body.py hands it on in the scope: the body is not parsed twice), validated once and handed to the session. Each
+message the session sends is routed to its stream as it is sent (``_route``, in the sender's task), and a stream is
+written to its connection by ``_stream`` directly: each event as it comes, framed once (the event store's bytes,
+resume.py), with one task beside it that notices the client leaving and keeps an idle stream alive. The SDK passed
+every message through a router task, a memory stream, a writer task and sse-starlette's response (a task group of
+five tasks, a lock and a timeout scope for every event). The GET stream and a resumed stream (``Last-Event-ID``) are
+written by the same ``_stream``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from functools import partial
 from http import HTTPStatus
+from typing import Any
 
 import anyio
 import pydantic_core
@@ -33,7 +37,7 @@ from mcp.server.streamable_http import (
     check_accept_headers,
 )
 from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
-from mcp.shared.message import SessionMessage
+from mcp.shared.message import ServerMessageMetadata, SessionMessage
 from mcp_types import (
     DEFAULT_NEGOTIATED_VERSION,
     INTERNAL_ERROR,
@@ -71,8 +75,67 @@ def frame(event: SSEEvent | bytes) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
+class _Routed:
+    """The session's outbound stream: each message routed to its request's stream (or the GET stream) as it is
+    sent, in the sender's task (the SDK's transport handed every message to a router task first)."""
+
+    def __init__(self, transport: SessionTransport) -> None:
+        self._transport = transport
+        self._closed = False
+
+    async def send(self, item: SessionMessage, /) -> None:
+        if self._closed:
+            raise anyio.ClosedResourceError
+        await self._transport._route(item)
+
+    def close(self) -> None:
+        self._closed = True
+
+    async def aclose(self) -> None:
+        self._closed = True
+
+    async def __aenter__(self) -> _Routed:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._closed = True
+
+
 class SessionTransport(StreamableHTTPServerTransport):
     """The SDK's session transport, its POST, GET and resumed streams answered by the gateway (module docstring)."""
+
+    @asynccontextmanager
+    async def connect(self) -> AsyncIterator[tuple[Any, _Routed]]:
+        """The session's streams: what its clients send, read by the session's dispatcher, and where the
+        dispatcher's messages go (``_route``, in the writer's own task; the SDK's router task is left idle)."""
+        async with super().connect() as (read_stream, _):
+            routed = _Routed(self)
+            self._write_stream = routed  # type: ignore[assignment]  # what terminate() closes, unanswered requests use
+            try:
+                yield read_stream, routed
+            finally:
+                routed.close()
+
+    async def _route(self, session_message: SessionMessage) -> None:
+        """One outbound message to its stream: a response to its request's, a message about a request to that
+        request's (none in JSON-response mode: a JSON body holds the response alone), any other to the GET stream;
+        stored first, so a client that resumes its stream gets it even when it is not connected now."""
+        message, metadata = session_message.message, session_message.metadata
+        if isinstance(message, JSONRPCResponse | JSONRPCError) and message.id is not None:
+            stream_id = str(message.id)
+        elif isinstance(metadata, ServerMessageMetadata) and metadata.related_request_id is not None:
+            if self.is_json_response_enabled:
+                return
+            stream_id = str(metadata.related_request_id)
+        else:
+            stream_id = GET_STREAM_KEY
+        event_id = await self._event_store.store_event(stream_id, message) if self._event_store else None
+        streams = self._request_streams.get(stream_id)
+        if streams is not None:
+            try:
+                await streams[0].send(EventMessage(message, event_id))
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                self._request_streams.pop(stream_id, None)
 
     def _sse_headers(self) -> list[tuple[bytes, bytes]]:
         headers = [
@@ -132,7 +195,7 @@ class SessionTransport(StreamableHTTPServerTransport):
             await self._clean_up_memory_streams(stream_id)
 
     def _open_stream(self, stream_id: str) -> MemoryObjectReceiveStream[EventMessage]:
-        """Register ``stream_id``'s stream, so the message router hands it its events; its reading end."""
+        """Register ``stream_id``'s stream, so that ``_route`` hands it its events; its reading end."""
         self._request_streams[stream_id] = anyio.create_memory_object_stream[EventMessage](REQUEST_STREAM_BUFFER_SIZE)
         return self._request_streams[stream_id][1]
 
@@ -185,12 +248,12 @@ class SessionTransport(StreamableHTTPServerTransport):
             )
             priming = await self._mint_priming_event(request_id, version)  # stored before anything of the request
             reader = self._open_stream(request_id)
-            session_message = self._create_session_message(message, request, request_id, version)
+            # Handed to the session before the answer starts: it runs on whatever becomes of this connection.
+            await writer.send(self._create_session_message(message, request, request_id, version))
 
             async def produce(emit: Emit) -> None:
                 if priming is not None:
                     await emit(frame(priming))
-                await writer.send(session_message)
                 await self._forward(request_id, reader, emit)
 
             try:
