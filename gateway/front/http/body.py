@@ -1,4 +1,4 @@
-"""The body check at ``/mcp`` (``Edge``): every POST body is read, bounded and checked before the SDK parses it, with
+"""The body check at ``/mcp`` (``Edge``): every POST body is read, bounded, parsed and checked before the session, with
 one rule for both protocol eras (gateway/inputs.py), and a request whose id is already in flight on its session is
 refused (request_ids.py). The SDK's two entries disagree: the session era's pydantic parsing refuses a lone surrogate
 or deep nesting with a bare parse error (no ledger row) and takes an ``id`` of ``1.5``, ``null``, ``{}`` or ``true``
@@ -42,7 +42,8 @@ class Edge:
     * a session-era request whose id is in flight on the same session is answered ``-32600`` with its id, HTTP 400
       (``InFlight``), and never reaches the SDK.
 
-    The cost is one extra ``json.loads`` of each POST body (microseconds for a call; the SDK reads it whole anyway).
+    The message parsed here is the one a session-era request is served from (front/http/transport.py); the
+    2026-07-28 era's entry parses the body again (microseconds for a call).
     """
 
     def __init__(self, app: ASGIApp, settings: Callable[[], EdgeSettings], in_flight: InFlight | None = None) -> None:

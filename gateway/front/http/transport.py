@@ -191,7 +191,6 @@ class SessionTransport(StreamableHTTPServerTransport):
         except anyio.ClosedResourceError:
             logger.debug("SSE stream closed by close_sse_stream()")
         finally:
-            self._sse_stream_writers.pop(stream_id, None)
             await self._clean_up_memory_streams(stream_id)
 
     def _open_stream(self, stream_id: str) -> MemoryObjectReceiveStream[EventMessage]:
