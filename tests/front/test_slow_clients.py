@@ -4,8 +4,9 @@ up), the progress is coalesced to the latest while the client does not take it, 
 client alone once it has taken nothing while more than ``gateway.edge.client_buffer_bytes`` of progress went unread
 (seconds, not ``client_stall_s``). Over streamable HTTP the call goes on a session of the caller's own, which is held
 back while the client does not read, as its own connection to the server would be: nothing is coalesced, a client
-that reads again gets every notification, and one that never does is given up after ``client_stall_s``. Over a real
-gateway process, a real downstream over a stdio pipe and over loopback HTTP, and a raw socket that never reads."""
+that reads again gets every notification, and one that never does is given up after ``client_stall_s``. The stream
+left unread holds up none of its session's other answers either. Over a real gateway process, a real downstream over a
+stdio pipe and over loopback HTTP, and a raw socket that never reads."""
 
 from __future__ import annotations
 
@@ -226,3 +227,30 @@ servers:
             sent_through = await held(through)
     assert sent_direct > 1000  # the flood filled the buffers on the way, and was held there
     assert sent_through <= 1.3 * sent_direct, f"{sent_through} sent through the gateway, {sent_direct} direct"
+
+
+@pytest.mark.parametrize("transport", ["stdio", "streamable_http"])
+async def test_a_stream_its_client_stopped_reading_holds_up_nothing_else_of_its_session(
+    tmp_path: Path, downstream: Downstreams, transport: str
+) -> None:
+    """Every message a session sends passed one router task, which waited with it for room in its request's stream:
+    once a stream its client stopped reading was full, the session's other answers waited behind it, for as long as
+    that connection stayed open."""
+    notes = tmp_path / "notes"
+    with run_gateway(config(transport, notes, downstream), tmp_path, tokens=TOKENS) as gateway:
+        async with httpx2.AsyncClient(timeout=30) as http:
+            session = await open_session(http, gateway.url(), "tok-mallory-0123")
+            with never_reading(gateway.port, session, FLOOD):
+                await eventually(lambda: notes.exists() and "flood started" in notes.read_text(), within=20)
+                for index in range(5):  # the same client's other calls, on the same session, while it holds the flood
+                    call = {
+                        "jsonrpc": "2.0",
+                        "id": 100 + index,
+                        "method": "tools/call",
+                        "params": {"name": "echo", "arguments": {"text": f"m{index}"}},
+                    }
+                    with anyio.fail_after(10):
+                        answered = await http.post(
+                            gateway.url(), json=call, headers=headers("tok-mallory-0123", session)
+                        )
+                    assert answered.status_code == 200 and f'"m{index}"' in answered.text, answered.text
