@@ -1,7 +1,8 @@
 """What the HTTP edge hands on about a request in its ASGI scope, the one way ASGI passes a request's values between
-layers of middleware: who is calling (made once by the guard), the JSON-RPC message as the client sent it and what
-was withheld from its arguments (the body check), and a ``tools/call``'s place in its caller's concurrent calls (the
-limits). One key and one typed accessor each, so nothing reads a scope by hand.
+layers of middleware: who is calling (made once by the guard), the JSON-RPC message as the client sent it, the same
+message as the body passed on holds it (parsed once, for the session transport) and what was withheld from its
+arguments (the body check), and a ``tools/call``'s place in its caller's concurrent calls (the limits). One key and
+one typed accessor each, so nothing reads a scope by hand.
 
 Session ids are bearer credentials: the log, the ledger and spans name a session by ``session_digest`` only.
 
