@@ -7,16 +7,24 @@ answer validated once per catalog and protocol version. A 2026-07-28 list result
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Mapping
 from typing import Any
 
+import anyio
 import mcp_types as types
+from anyio.abc import TaskStatus
 from mcp.server import Server
+from mcp.server.connection import Connection
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.models import InitializationOptions
-from mcp.server.runner import serve_dual_era_loop
+from mcp.server.runner import serve_connection, serve_dual_era_loop
+from mcp.shared.dispatcher import DispatchContext, OnNotify, OnNotifyIntercept, OnRequest
 from mcp.shared.exceptions import MCPError
+from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
+from mcp.shared.message import SessionMessage
+from mcp.shared.transport_context import TransportContext
 from mcp_types import methods as _methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
@@ -28,7 +36,18 @@ from gateway.core.tasks import offered_extensions
 from gateway.errors import BackendRpcError
 from gateway.observe.logs import redactor
 
-__all__ = ["GatewayServer", "ValidatedLists", "enveloped", "quiet", "refusal", "scrubbed"]
+__all__ = [
+    "GatewayServer",
+    "HandshakeDispatcher",
+    "ValidatedLists",
+    "carries_envelope",
+    "enveloped",
+    "opening_request",
+    "quiet",
+    "refusal",
+    "scrubbed",
+    "serve_handshake",
+]
 
 
 class GatewayServer(Server[Any]):
@@ -72,17 +91,27 @@ class GatewayServer(Server[Any]):
         initialization_options: InitializationOptions,
         raise_exceptions: bool = False,
     ) -> None:
-        """Serve one connection (stdio). What is offered follows the ready backends, so it is worked out at the
-        handshake (``create_initialization_options``), not fixed by ``initialization_options`` when the transport
-        starts."""
+        """Serve one connection (stdio) in the era its first request opens. What is offered follows the ready
+        backends, so it is worked out at the handshake (``create_initialization_options``), not fixed by
+        ``initialization_options`` when the transport starts.
+
+        A handshake-era connection (the first request an ``initialize``, or none) is served by ``serve_handshake``,
+        its messages read straight from ``read_stream``; a 2026-07-28 one by the SDK's dual-era loop, which relays
+        every message through a task of its own to the loop it chose (the handshake-era ones save that hop)."""
         async with self.lifespan(self) as lifespan_context:
-            await serve_dual_era_loop(
-                self,
-                read_stream,
-                write_stream,
-                lifespan_state=lifespan_context,
-                init_options=None,
-                raise_exceptions=raise_exceptions,
+            opening, replayed = await opening_request(read_stream)
+            if opening is not None and opening.method != "initialize" and carries_envelope(opening.params):
+                await serve_dual_era_loop(
+                    self,
+                    replayed,
+                    write_stream,
+                    lifespan_state=lifespan_context,
+                    init_options=None,
+                    raise_exceptions=raise_exceptions,
+                )
+                return
+            await serve_handshake(
+                self, replayed, write_stream, lifespan_state=lifespan_context, raise_exceptions=raise_exceptions
             )
 
     def get_capabilities(
@@ -112,6 +141,106 @@ class GatewayServer(Server[Any]):
                 "logging": (caps.logging or types.LoggingCapability()) if offers.logging else None,
             }
         )
+
+
+LEAD_FRAMES = 8
+"""Frames a client sends before its first request that are kept for the session (a bare ``initialized``, say);
+further ones are dropped, as the SDK's era loop drops them."""
+
+
+class Replayed:
+    """A read stream with the frames already read from it in front, then the stream itself (no task between)."""
+
+    def __init__(self, lead: list[SessionMessage | Exception], stream: Any) -> None:
+        self._lead = collections.deque(lead)
+        self._stream = stream
+
+    async def receive(self) -> SessionMessage | Exception:
+        if self._lead:
+            return self._lead.popleft()
+        item: SessionMessage | Exception = await self._stream.receive()
+        return item
+
+    def __aiter__(self) -> Replayed:
+        return self
+
+    async def __anext__(self) -> SessionMessage | Exception:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        self._lead.clear()
+        await self._stream.aclose()
+
+    async def __aenter__(self) -> Replayed:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+async def opening_request(read_stream: Any) -> tuple[types.JSONRPCRequest | None, Replayed]:
+    """The client's first request (None: the stream ended first) and the stream again, from its first frame."""
+    lead: list[SessionMessage | Exception] = []
+    try:
+        async for item in read_stream:
+            if isinstance(item, SessionMessage) and isinstance(item.message, types.JSONRPCRequest):
+                lead.append(item)
+                return item.message, Replayed(lead, read_stream)
+            if len(lead) < LEAD_FRAMES:
+                lead.append(item)
+    except anyio.ClosedResourceError:
+        pass  # closed under us: as at its end
+    return None, Replayed(lead, read_stream)
+
+
+def carries_envelope(params: Mapping[str, Any] | None) -> bool:
+    """Whether a request carries the 2026-07-28 envelope (its protocol version in ``_meta``)."""
+    meta = (params or {}).get("_meta")
+    return isinstance(meta, Mapping) and types.PROTOCOL_VERSION_META_KEY in meta
+
+
+class HandshakeDispatcher(JSONRPCDispatcher[TransportContext]):
+    """The SDK's dispatcher for a handshake-era connection that refuses a request carrying the 2026-07-28 envelope
+    (such a request opens a connection of its own), as the SDK's era loop refuses it."""
+
+    async def run(
+        self,
+        on_request: OnRequest,
+        on_notify: OnNotify,
+        on_notify_intercept: OnNotifyIntercept | None = None,
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        async def handshake_era(
+            dctx: DispatchContext[TransportContext], method: str, params: Mapping[str, Any] | None
+        ) -> dict[str, Any]:
+            if method != "initialize" and carries_envelope(params):
+                raise MCPError(
+                    types.INVALID_REQUEST,
+                    "this connection serves the handshake protocol era; requests carrying the 2026-07-28 envelope "
+                    "are not accepted on it",
+                )
+            return await on_request(dctx, method, params)
+
+        await super().run(handshake_era, on_notify, on_notify_intercept, task_status=task_status)
+
+
+async def serve_handshake(
+    server: Server[Any], read_stream: Any, write_stream: Any, *, lifespan_state: Any, raise_exceptions: bool = False
+) -> None:
+    """Serve a handshake-era connection until its read stream ends: the SDK's dispatcher (``initialize`` handled
+    before the next message is read) and runner, as each HTTP session is served."""
+    dispatcher = HandshakeDispatcher(
+        read_stream,
+        write_stream,
+        raise_handler_exceptions=raise_exceptions,
+        inline_methods=frozenset({"initialize"}),  # a client that pipelines its next request sees it initialized
+    )
+    connection = Connection.for_loop(dispatcher)
+    await serve_connection(server, dispatcher, connection=connection, lifespan_state=lifespan_state)
 
 
 STILL_STARTING = Offers(resources=True, subscribe=True, prompts=True, completions=True, logging=True)

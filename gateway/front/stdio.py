@@ -4,7 +4,9 @@ The SDK's ``mcp.server.stdio.stdio_server()`` reads stdin and writes stdout thro
 read and every flush is a hop to a worker thread and back (a py-spy profile of ``serve --stdio`` put 20% and 14% of
 its samples there, docs/benchmarks.md). When stdin and stdout are pipes or sockets (what a client that
 spawns the gateway hands it), :func:`stdio_edge` serves them as non-blocking pipes on the event loop instead
-(``loop.connect_read_pipe`` / ``connect_write_pipe``) and yields the same pair of memory object streams:
+(``loop.connect_read_pipe`` / ``connect_write_pipe``), with no task between the pipes and the session: the session's
+read loop reads and parses each line as it asks for the next message (``_Input``), and each message the session sends
+is written by the task that sends it (``_Output``):
 
 - one JSON-RPC message per line, UTF-8 (invalid bytes replaced, as the SDK's text layer does); a line that does not
   parse is delivered on the read stream as the exception, and reading goes on; a line may be of any length;
@@ -46,7 +48,8 @@ READ_AHEAD_LINES = 64
 WRITE_HIGH_WATER = 256 * 1024  # stdout bytes queued in the transport before a send waits for the pipe to drain
 FLUSH_ON_EXIT_S = 2.0  # how long the answers already written may take to reach the client on exit (then dropped)
 
-Streams = tuple[MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]]
+Memory = tuple[MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]]
+Streams = Memory | tuple["_Input", "_Output"]
 Linger = Callable[[], Awaitable[None]]
 """At end of input with requests still unanswered: returns when they have had their time (then the input ends)."""
 
@@ -150,7 +153,7 @@ class _Unanswered:
 
 
 @contextlib.asynccontextmanager
-async def _lingering(streams: Streams, linger: Linger) -> AsyncIterator[Streams]:
+async def _lingering(streams: Memory, linger: Linger) -> AsyncIterator[Memory]:
     """The SDK's streams, relayed so that their end of input waits for the answers (as ``_serve`` does inline)."""
     sdk_read, sdk_write = streams
     unanswered = _Unanswered()
@@ -221,6 +224,7 @@ class _LineReader(asyncio.Protocol):
         self.ready = asyncio.Event()
         self.transport: asyncio.ReadTransport | None = None
         self.paused = False
+        self.stopped = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's pipe transports do not derive from asyncio's classes: typed, not checked
@@ -261,10 +265,15 @@ class _LineReader(asyncio.Protocol):
                 self.partial.clear()
             self.ready.set()
 
+    def stop(self) -> None:
+        """Read no more: ``next_line`` answers None from now on."""
+        self.stopped = True
+        self.ready.set()
+
     async def next_line(self) -> bytes | None:
-        """The next line, or None at end of file."""
-        while not self.lines:
-            if self.eof:
+        """The next line, or None at end of file (or once stopped)."""
+        while not self.lines or self.stopped:
+            if self.eof or self.stopped:
                 return None
             self.ready.clear()
             if self.paused and self.transport is not None:
@@ -277,10 +286,11 @@ class _LineReader(asyncio.Protocol):
 class _Writer(asyncio.Protocol):
     """Flow control for stdout: ``pause_writing`` / ``resume_writing`` from the transport, and its loss."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_lost: Callable[[], None]) -> None:
         self.can_write = asyncio.Event()
         self.can_write.set()
         self.lost = asyncio.Event()
+        self._on_lost = on_lost
 
     def pause_writing(self) -> None:
         self.can_write.clear()
@@ -291,6 +301,7 @@ class _Writer(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost.set()
         self.can_write.set()
+        self._on_lost()
 
 
 def _parse(line: bytes) -> SessionMessage | Exception:
@@ -304,11 +315,89 @@ def _parse(line: bytes) -> SessionMessage | Exception:
         return exc
 
 
+class _Input:
+    """The session's read stream: each line of stdin read and parsed when the session's read loop asks for it (no
+    task and no stream between the pipe and the session). It ends at end of file (after ``linger``, while requests
+    read are unanswered) or at once when stdout is lost: no answer can reach the client any more."""
+
+    def __init__(self, reader: _LineReader, unanswered: _Unanswered, linger: Linger | None, lost: anyio.Event) -> None:
+        self._reader = reader
+        self._unanswered = unanswered
+        self._linger = linger
+        self._lost = lost
+        self._ended = False
+
+    async def receive(self) -> SessionMessage | Exception:
+        if not self._ended:
+            line = await self._reader.next_line()
+            if line is not None and not self._lost.is_set():
+                message = _parse(line)
+                self._unanswered.read(message)
+                return message
+            self._ended = True
+            await self._unanswered.wait_answered(self._linger, self._lost)
+        raise anyio.EndOfStream
+
+    def __aiter__(self) -> _Input:
+        return self
+
+    async def __anext__(self) -> SessionMessage | Exception:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        self._ended = True
+
+    async def __aenter__(self) -> _Input:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+class _Output:
+    """The session's write stream: each message written to stdout by the task that sends it, once the pipe has room
+    (``WRITE_HIGH_WATER``); dropped once the client is gone, so that the session can finish."""
+
+    def __init__(self, transport: asyncio.WriteTransport, writer: _Writer, unanswered: _Unanswered) -> None:
+        self._transport = transport
+        self._writer = writer
+        self._unanswered = unanswered
+        self._closed = False
+
+    async def send(self, item: SessionMessage, /) -> None:
+        if self._closed:
+            raise anyio.ClosedResourceError
+        await self._writer.can_write.wait()
+        if self._writer.lost.is_set():
+            return  # the client is gone: what the session still says is dropped
+        data = item.message.model_dump_json(by_alias=True, exclude_unset=True)
+        self._transport.write(data.encode() + b"\n")
+        self._unanswered.wrote(item)
+
+    async def aclose(self) -> None:
+        self._closed = True
+
+    async def __aenter__(self) -> _Output:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
 @contextlib.asynccontextmanager
 async def _serve(wire_in: int, wire_out: int, linger: Linger | None = None) -> AsyncIterator[Streams]:
     loop = asyncio.get_running_loop()
+    lost = anyio.Event()
     reader = _LineReader()
-    writer = _Writer()
+
+    def on_lost() -> None:
+        lost.set()
+        reader.stop()  # ends the session's read loop: no answer can reach the client any more
+
+    writer = _Writer(on_lost)
     # The transports own (and close) these file objects; the descriptors are private duplicates of the wire.
     read_transport, _ = await loop.connect_read_pipe(
         lambda: reader, os.fdopen(wire_in, "rb", buffering=0, closefd=False)
@@ -317,48 +406,9 @@ async def _serve(wire_in: int, wire_out: int, linger: Linger | None = None) -> A
         lambda: writer, os.fdopen(wire_out, "wb", buffering=0, closefd=False)
     )
     write_transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
-    read_send, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
-    write_stream, write_receive = anyio.create_memory_object_stream[SessionMessage](0)
     unanswered = _Unanswered()
-    lost = anyio.Event()
-
-    async def stdin_reader() -> None:
-        async with read_send:
-            while (line := await reader.next_line()) is not None:
-                if writer.lost.is_set():
-                    return
-                message = _parse(line)
-                unanswered.read(message)
-                try:
-                    await read_send.send(message)
-                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                    return
-            await unanswered.wait_answered(linger, lost)
-
-    async def stdout_writer() -> None:
-        async with write_receive:
-            async for session_message in write_receive:
-                if writer.lost.is_set():
-                    continue  # the client is gone: what the session still says is dropped, so it can finish
-                data = session_message.message.model_dump_json(by_alias=True, exclude_unset=True)
-                write_transport.write(data.encode() + b"\n")
-                unanswered.wrote(session_message)
-                await writer.can_write.wait()
-
-    async def watch_stdout() -> None:
-        await writer.lost.wait()
-        lost.set()
-        read_send.close()  # ends the session's read loop: no answer can reach the client any more
-
     try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(stdin_reader)
-            tg.start_soon(stdout_writer)
-            tg.start_soon(watch_stdout)
-            try:
-                yield read_stream, write_stream
-            finally:
-                tg.cancel_scope.cancel()
+        yield _Input(reader, unanswered, linger, lost), _Output(write_transport, writer, unanswered)
     finally:
         read_transport.close()
         write_transport.close()  # writes what is buffered, then reports the connection lost

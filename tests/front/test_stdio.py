@@ -366,3 +366,45 @@ async def test_a_call_still_running_when_stdin_closes_gets_drain_s_then_a_shutdo
     assert found[2]["result"]["isError"] is True
     assert "the gateway is shutting down: its stdin closed (calls had 1 s to finish)" in text_of(found[2])
     assert sorted(ledger(tmp_path)) == [("sleep", "cancelled"), ("sleep", "ok")]
+
+
+MODERN_META = {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+    "io.modelcontextprotocol/clientCapabilities": {},
+}
+
+
+async def test_a_handshake_era_connection_refuses_an_enveloped_request_and_keeps_serving(tmp_path: Path) -> None:
+    """The first request decides the era (front/server.py ``opening_request``); lines before it that are not
+    requests (here ten that do not parse, and a notification) are no request, and a request of the other era is
+    refused on its own."""
+    async with raw_gateway(tmp_path) as gateway:
+        with anyio.fail_after(WAIT):
+            await gateway.stdin.send(b"not json\n" * 10)
+            await gateway.stdin.send(line({"jsonrpc": "2.0", "method": "notifications/roots/list_changed"}))
+            await gateway.handshake()
+            enveloped = {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {"_meta": MODERN_META}}
+            await gateway.stdin.send(line(enveloped))
+            refused = await gateway.answer(2)
+            assert refused["error"]["code"] == -32600
+            assert "handshake protocol era" in refused["error"]["message"]
+            await gateway.stdin.send(echo_call(3, "still served"))
+            assert text_of(await gateway.answer(3)) == "still served"
+
+
+async def test_a_connection_opened_by_an_enveloped_request_is_served_statelessly_and_refuses_initialize(
+    tmp_path: Path,
+) -> None:
+    async with raw_gateway(tmp_path) as gateway:
+        with anyio.fail_after(WAIT):
+            listed = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": MODERN_META}}
+            await gateway.stdin.send(line(listed))
+            assert "echo" in [tool["name"] for tool in (await gateway.answer(1))["result"]["tools"]]
+            call = {"name": "echo", "arguments": {"text": "stateless"}, "_meta": MODERN_META}
+            await gateway.stdin.send(line({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call}))
+            assert text_of(await gateway.answer(2)) == "stateless"
+            await gateway.stdin.send(line({"jsonrpc": "2.0", "id": 3, "method": "initialize", "params": INIT}))
+            refused = await gateway.answer(3)
+            assert refused["error"]["code"] == -32022
+            assert "2026-07-28" in refused["error"]["data"]["supported"]
