@@ -245,6 +245,7 @@ class HttpLane(DirectLane):
         self.hello: bytes | None = None
         self.said: str | None = None  # the version its client's requests carry after the handshake (for ``end``)
         self.closer: anyio.abc.TaskGroup | None = None  # where a read response is closed, off the caller's path
+        self._template: tuple[tuple[str | None, str | None], httpx2.Request] | None = None
 
     @property
     def ready(self) -> bool:
@@ -268,6 +269,23 @@ class HttpLane(DirectLane):
         if self.version is not None:
             headers["mcp-protocol-version"] = self.version
         return headers
+
+    def post(self, body: bytes) -> httpx2.Request:
+        """The POST of one message. The client's URL, headers and timeout are merged with the session's headers once
+        per session (``build_request`` merged them anew for every message: 60-90 us); while the client holds cookies
+        (a balancer's, say), which it merges per request, it builds each request itself."""
+        client = self.client
+        if client.cookies:
+            return client.build_request("POST", self.url, content=body, headers=self._headers())
+        key = (self.session_id, self.version)
+        if self._template is None or self._template[0] != key:
+            template = client.build_request("POST", self.url, headers=self._headers())
+            del template.headers["content-length"]  # the body's own is set for each request
+            self._template = (key, template)
+        template = self._template[1]
+        return httpx2.Request(
+            "POST", template.url, headers=template.headers, content=body, extensions=template.extensions
+        )
 
     def _begin(self, rid: str, progress: ProgressFn | None, answer: AnswerFn, notify: NotifyFn) -> DirectCall:
         return _Exchange(self, rid, progress, answer, notify)
@@ -322,7 +340,7 @@ class _Exchange(DirectCall):
 
     async def outcome(self) -> dict[str, Any]:
         lane = self.lane
-        request = lane.client.build_request("POST", lane.url, content=self.body, headers=lane._headers())
+        request = lane.post(self.body)
         self.sent = True
         response = await lane.client.send(request, stream=True)
         if lane.session_id is None:  # an own session's initialize (own.py)

@@ -440,3 +440,27 @@ async def test_over_http_a_flood_is_handed_on_a_few_messages_per_turn(downstream
                 await handed.flood(lane, 20_000)
     assert handed.count == 20_000
     assert max(handed.gaps) <= 2 * MESSAGES_PER_TURN, f"{max(handed.gaps)} handed on in one turn"
+
+
+async def test_a_downstreams_sticky_cookie_goes_with_every_call(
+    downstream: Downstreams, gateway_process: GatewayProcesses, tmp_path: Path
+) -> None:
+    # A balancer in front of a server's replicas pins a client with a cookie, here set on the answer to its first
+    # call: the direct path builds its requests from a template per session, and must still send what the backend's
+    # client holds now.
+    server = downstream("faults", "streamable_http", "--sticky")
+    config = f"gateway: {{naming: {{mode: always}}}}\nservers:\n  k: {json.dumps(server.settings())}\n"
+    gateway = gateway_process(config, folder=tmp_path)
+
+    async def counted(session: Any) -> tuple[int, int]:
+        with_cookie, without = first_text(await session.call_tool("k__cookies", {})).split()
+        return int(with_cookie), int(without)
+
+    async with mcp_session(gateway.url()) as session:
+        with anyio.fail_after(WAIT):
+            before = await counted(session)
+            for n in range(5):
+                assert first_text(await session.call_tool("k__echo", {"text": f"pinned {n}"})) == f"pinned {n}"
+            after = await counted(session)
+    assert after[1] == before[1], "a call went without the cookie"
+    assert after[0] >= 6  # the five calls and the second count
