@@ -34,6 +34,7 @@ from gateway.core.router import Unanswered
 from gateway.core.runtime import Gateway
 from gateway.core.tasks import offered_extensions
 from gateway.errors import BackendRpcError
+from gateway.front.streams import ReadEnd
 from gateway.observe.logs import redactor
 
 __all__ = [
@@ -148,7 +149,7 @@ LEAD_FRAMES = 8
 further ones are dropped, as the SDK's era loop drops them."""
 
 
-class Replayed:
+class Replayed(ReadEnd[SessionMessage | Exception]):
     """A read stream with the frames already read from it in front, then the stream itself (no task between)."""
 
     def __init__(self, lead: list[SessionMessage | Exception], stream: Any) -> None:
@@ -161,24 +162,9 @@ class Replayed:
         item: SessionMessage | Exception = await self._stream.receive()
         return item
 
-    def __aiter__(self) -> Replayed:
-        return self
-
-    async def __anext__(self) -> SessionMessage | Exception:
-        try:
-            return await self.receive()
-        except anyio.EndOfStream:
-            raise StopAsyncIteration from None
-
     async def aclose(self) -> None:
         self._lead.clear()
         await self._stream.aclose()
-
-    async def __aenter__(self) -> Replayed:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
 
 async def opening_request(read_stream: Any) -> tuple[types.JSONRPCRequest | None, Replayed]:

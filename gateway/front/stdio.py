@@ -43,6 +43,8 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
 
+from gateway.front.streams import ReadEnd, WriteEnd
+
 # Lines parsed but not yet taken by the session before stdin is paused: bounds the memory a fast writer can fill.
 READ_AHEAD_LINES = 64
 WRITE_HIGH_WATER = 256 * 1024  # stdout bytes queued in the transport before a send waits for the pipe to drain
@@ -315,7 +317,7 @@ def _parse(line: bytes) -> SessionMessage | Exception:
         return exc
 
 
-class _Input:
+class _Input(ReadEnd[SessionMessage | Exception]):
     """The session's read stream: each line of stdin read and parsed when the session's read loop asks for it (no
     task and no stream between the pipe and the session). It ends at end of file (after ``linger``, while requests
     read are unanswered) or at once when stdout is lost: no answer can reach the client any more."""
@@ -338,26 +340,11 @@ class _Input:
             await self._unanswered.wait_answered(self._linger, self._lost)
         raise anyio.EndOfStream
 
-    def __aiter__(self) -> _Input:
-        return self
-
-    async def __anext__(self) -> SessionMessage | Exception:
-        try:
-            return await self.receive()
-        except anyio.EndOfStream:
-            raise StopAsyncIteration from None
-
     async def aclose(self) -> None:
         self._ended = True
 
-    async def __aenter__(self) -> _Input:
-        return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-
-class _Output:
+class _Output(WriteEnd[SessionMessage]):
     """The session's write stream: each message written to stdout by the task that sends it, once the pipe has room
     (``WRITE_HIGH_WATER``); dropped once the client is gone, so that the session can finish."""
 
@@ -379,12 +366,6 @@ class _Output:
 
     async def aclose(self) -> None:
         self._closed = True
-
-    async def __aenter__(self) -> _Output:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
 
 @contextlib.asynccontextmanager

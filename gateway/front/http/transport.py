@@ -53,6 +53,7 @@ from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from gateway.front.scope import parsed_of
+from gateway.front.streams import WriteEnd
 
 __all__ = ["PING_S", "SessionTransport"]
 
@@ -75,7 +76,7 @@ def frame(event: SSEEvent | bytes) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
-class _Routed:
+class _Routed(WriteEnd[SessionMessage]):
     """The session's outbound stream: each message routed to its request's stream (or the GET stream) as it is
     sent, in the sender's task (the SDK's transport handed every message to a router task first)."""
 
@@ -92,12 +93,6 @@ class _Routed:
         self._closed = True
 
     async def aclose(self) -> None:
-        self._closed = True
-
-    async def __aenter__(self) -> _Routed:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
         self._closed = True
 
 
