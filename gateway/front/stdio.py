@@ -286,13 +286,14 @@ class _LineReader(asyncio.Protocol):
 
 
 class _Writer(asyncio.Protocol):
-    """Flow control for stdout: ``pause_writing`` / ``resume_writing`` from the transport, and its loss."""
+    """Flow control for stdout: ``pause_writing`` / ``resume_writing`` from the transport, and its loss (which
+    stops ``reader``: no answer can reach the client any more)."""
 
-    def __init__(self, on_lost: Callable[[], None]) -> None:
+    def __init__(self, reader: _LineReader) -> None:
         self.can_write = asyncio.Event()
         self.can_write.set()
-        self.lost = asyncio.Event()
-        self._on_lost = on_lost
+        self.lost = anyio.Event()
+        self._reader = reader
 
     def pause_writing(self) -> None:
         self.can_write.clear()
@@ -303,7 +304,7 @@ class _Writer(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost.set()
         self.can_write.set()
-        self._on_lost()
+        self._reader.stop()
 
 
 def _parse(line: bytes) -> SessionMessage | Exception:
@@ -371,14 +372,8 @@ class _Output(WriteEnd[SessionMessage]):
 @contextlib.asynccontextmanager
 async def _serve(wire_in: int, wire_out: int, linger: Linger | None = None) -> AsyncIterator[Streams]:
     loop = asyncio.get_running_loop()
-    lost = anyio.Event()
     reader = _LineReader()
-
-    def on_lost() -> None:
-        lost.set()
-        reader.stop()  # ends the session's read loop: no answer can reach the client any more
-
-    writer = _Writer(on_lost)
+    writer = _Writer(reader)
     # The transports own (and close) these file objects; the descriptors are private duplicates of the wire.
     read_transport, _ = await loop.connect_read_pipe(
         lambda: reader, os.fdopen(wire_in, "rb", buffering=0, closefd=False)
@@ -389,7 +384,7 @@ async def _serve(wire_in: int, wire_out: int, linger: Linger | None = None) -> A
     write_transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
     unanswered = _Unanswered()
     try:
-        yield _Input(reader, unanswered, linger, lost), _Output(write_transport, writer, unanswered)
+        yield _Input(reader, unanswered, linger, writer.lost), _Output(write_transport, writer, unanswered)
     finally:
         read_transport.close()
         write_transport.close()  # writes what is buffered, then reports the connection lost
