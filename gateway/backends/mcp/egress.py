@@ -29,7 +29,17 @@ import anyio
 import httpcore2
 import httpx2
 
-__all__ = ["LOOPBACK_RECEIVE_BYTES", "REFUSED", "AddressRefused", "Admitting", "GuardedNetwork", "guard", "refusal"]
+__all__ = [
+    "LOOPBACK_RECEIVE_BYTES",
+    "REFUSED",
+    "AddressRefused",
+    "Admitting",
+    "GuardedNetwork",
+    "admitted",
+    "guard",
+    "refusal",
+    "socket_options_for",
+]
 
 REFUSED = "the gateway does not connect to"
 """How every ``AddressRefused`` message starts (backends/mcp/failures.py shows it as the backend's reason)."""
@@ -79,6 +89,33 @@ async def _addresses(host: str, port: int) -> list[IPAddress]:
     return list(dict.fromkeys(ipaddress.ip_address(str(info[4][0]).partition("%")[0]) for info in found))
 
 
+async def admitted(host: str, port: int, timeout: float | None) -> list[IPAddress]:  # noqa: ASYNC109
+    """The addresses ``host`` resolves to, when ``refusal`` allows every one of them (with the ``allow_private`` of
+    the server whose request is being sent: ``Admitting``).
+
+    Raises:
+        AddressRefused: an address ``host`` resolves to is refused.
+        httpcore2.ConnectError: ``host`` did not resolve (within ``timeout``).
+    """
+    allow_private = _ALLOW_PRIVATE.get()
+    try:
+        with anyio.fail_after(timeout):
+            addresses = await _addresses(host, port)
+    except (OSError, TimeoutError) as exc:
+        raise httpcore2.ConnectError(f"{host} did not resolve: {exc}") from exc
+    for address in addresses:
+        why = refusal(address, allow_private)
+        if why is not None:
+            shown = host if host == str(address) else f"{host} ({address})"
+            raise AddressRefused(f"{REFUSED} {shown}: {why}")
+    return addresses
+
+
+def socket_options_for(address: IPAddress) -> list[tuple[int, int, int]]:
+    """The socket options of a connection to ``address`` (a loopback one's fixed receive buffer)."""
+    return [(socket.SOL_SOCKET, socket.SO_RCVBUF, LOOPBACK_RECEIVE_BYTES)] if address.is_loopback else []
+
+
 class GuardedNetwork(httpcore2.AsyncNetworkBackend):
     """httpcore2's network backend, connecting only to addresses ``refusal`` allows (see the module docstring)."""
 
@@ -99,24 +136,12 @@ class GuardedNetwork(httpcore2.AsyncNetworkBackend):
             AddressRefused: an address ``host`` resolves to is refused.
             httpcore2.ConnectError: no address answered (the last failure), or ``host`` did not resolve.
         """
-        allow_private = _ALLOW_PRIVATE.get()
-        try:
-            with anyio.fail_after(timeout):
-                addresses = await _addresses(host, port)
-        except (OSError, TimeoutError) as exc:
-            raise httpcore2.ConnectError(f"{host} did not resolve: {exc}") from exc
-        for address in addresses:
-            why = refusal(address, allow_private)
-            if why is not None:
-                shown = host if host == str(address) else f"{host} ({address})"
-                raise AddressRefused(f"{REFUSED} {shown}: {why}")
+        addresses = await admitted(host, port, timeout)
         last: Exception | None = None
         for address in addresses:
-            options = socket_options
-            if address.is_loopback:
-                options = [*(socket_options or ()), (socket.SOL_SOCKET, socket.SO_RCVBUF, LOOPBACK_RECEIVE_BYTES)]
+            options = [*(socket_options or ()), *socket_options_for(address)]
             try:
-                return await self._inner.connect_tcp(str(address), port, timeout, local_address, options)
+                return await self._inner.connect_tcp(str(address), port, timeout, local_address, options or None)
             except httpcore2.ConnectError as exc:
                 last = exc
         raise last if last is not None else httpcore2.ConnectError(f"{host} has no address")

@@ -36,6 +36,7 @@ from gateway.backends.mcp.framing import JsonLinesTransport
 from gateway.backends.mcp.polling import HeldRetries, HeldRetry, resume_key
 from gateway.backends.mcp.relay import SERVING
 from gateway.backends.mcp.slots import FairSlots
+from gateway.backends.mcp.wire import Http11
 from gateway.config import HttpServer, SseServer
 
 __all__ = ["CALLER", "BackendPool", "HttpPool", "calls_for"]
@@ -120,8 +121,9 @@ class _BackendTransport(httpx2.AsyncBaseTransport):
         self.slots = FairSlots(limit, per_caller or max(1, math.ceil(limit / 2)))
         self._wait_s = min(config.connect_timeout_s, config.timeout_s / 2)
         no_pool_wait = httpx2.Limits(max_connections=limit, max_keepalive_connections=min(limit, 20))
-        # every connection checked (egress.py)
-        self._calls = guard(httpx2.AsyncHTTPTransport(verify=verify, limits=no_pool_wait))
+        # every connection checked (egress.py); the calls' own HTTP/1.1 (wire.py), httpx2's for what it does not carry
+        fallback = guard(httpx2.AsyncHTTPTransport(verify=verify, limits=no_pool_wait))
+        self._calls = Http11(verify, fallback, keep=min(limit, 20))
         self._control = guard(httpx2.AsyncHTTPTransport(verify=verify))
         self._held = HeldRetries()
 
@@ -140,7 +142,7 @@ class _BackendTransport(httpx2.AsyncBaseTransport):
 
     async def _send(
         self,
-        inner: httpx2.AsyncHTTPTransport,
+        inner: httpx2.AsyncBaseTransport,
         request: httpx2.Request,
         release: Callable[[], None] | None = None,
     ) -> httpx2.Response:

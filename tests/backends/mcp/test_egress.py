@@ -57,7 +57,10 @@ def _server(url: str) -> HttpServer:
 def test_the_pool_connects_through_the_guard() -> None:
     """egress.guard reaches into httpx2's transport: this fails first if httpcore2 moves what it reaches."""
     transport = HttpPool().for_backend("s", _server("http://127.0.0.1:1/mcp"))._own()
-    for inner in (transport._calls, transport._control):  # the calls' connections and the control traffic's
+    for inner in (
+        transport._calls._fallback,
+        transport._control,
+    ):  # what the calls' own transport does not carry; control
         assert isinstance(inner._pool._network_backend, GuardedNetwork)
 
 
