@@ -9,11 +9,14 @@ import ssl
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 import anyio.abc
 import httpx2
 import pytest
+import trustme
+from anyio.streams.tls import TLSListener
 
 from gateway.backends.mcp.egress import LOOPBACK_RECEIVE_BYTES, REFUSED
 from gateway.backends.mcp.wire import Http11
@@ -51,7 +54,7 @@ class Server:
     connections: int = 0
     requests: list[bytes] = field(default_factory=list)
 
-    async def serve(self, stream: anyio.abc.SocketStream) -> None:
+    async def serve(self, stream: anyio.abc.ByteStream) -> None:
         self.connections += 1
         buffered = b""
         async with stream:
@@ -83,24 +86,27 @@ class Server:
 
 
 @asynccontextmanager
-async def scripted(steps: Sequence[Step]) -> AsyncIterator[Server]:
+async def scripted(steps: Sequence[Step], tls: ssl.SSLContext | None = None) -> AsyncIterator[Server]:
     server = Server(list(steps))
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
-    server.port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    tcp = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    server.port = tcp.extra(anyio.abc.SocketAttribute.local_port)
+    listener: anyio.abc.Listener[Any] = tcp if tls is None else TLSListener(tcp, tls, standard_compatible=False)
     async with listener, anyio.create_task_group() as tg:
         tg.start_soon(listener.serve, server.serve)
         yield server
         tg.cancel_scope.cancel()
 
 
-def wire() -> Http11:
-    return Http11(ssl.create_default_context(), httpx2.AsyncHTTPTransport(), keep=4)
+def wire(verify: ssl.SSLContext | None = None) -> Http11:
+    return Http11(verify or ssl.create_default_context(), httpx2.AsyncHTTPTransport(), keep=4)
 
 
-async def post(transport: Http11, port: int, *, read_s: float = 5, headers: dict[str, str] | None = None) -> bytes:
+async def post(
+    transport: Http11, port: int, *, read_s: float = 5, headers: dict[str, str] | None = None, scheme: str = "http"
+) -> bytes:
     request = httpx2.Request(
         "POST",
-        f"http://127.0.0.1:{port}/mcp?x=1",
+        f"{scheme}://127.0.0.1:{port}/mcp?x=1",
         content=CALL,
         headers={"content-type": "application/json", **(headers or {})},
         extensions={"timeout": {"connect": 5, "read": read_s, "write": 5, "pool": 5}},
@@ -231,3 +237,40 @@ async def test_a_refused_port_is_a_connect_error() -> None:
     transport = wire()
     with anyio.fail_after(10), pytest.raises(httpx2.ConnectError):
         await post(transport, port)
+
+
+@pytest.fixture(scope="module")
+def authority() -> trustme.CA:
+    return trustme.CA()
+
+
+def server_tls(authority: trustme.CA, *names: str) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    authority.issue_cert(*names).configure_cert(context)
+    return context
+
+
+async def test_a_call_over_tls_is_verified_and_its_connection_kept(authority: trustme.CA) -> None:
+    trusting = ssl.create_default_context()
+    authority.configure_trust(trusting)
+    with anyio.fail_after(10):
+        async with scripted([Step(answer(b"1")), Step(answer(b"2"))], server_tls(authority, "127.0.0.1")) as server:
+            transport = wire(trusting)
+            assert await post(transport, server.port, scheme="https") == b"200 1"
+            assert await post(transport, server.port, scheme="https") == b"200 2"
+            await transport.aclose()
+    assert server.connections == 1
+
+
+@pytest.mark.parametrize("case", ["unknown authority", "another name"])
+async def test_a_certificate_that_does_not_verify_is_a_connect_error(authority: trustme.CA, case: str) -> None:
+    trusting = ssl.create_default_context()
+    if case == "another name":
+        authority.configure_trust(trusting)
+    names = ("127.0.0.1",) if case == "unknown authority" else ("gateway.example",)
+    with anyio.fail_after(10):
+        async with scripted([Step(answer(b"1"))], server_tls(authority, *names)) as server:
+            transport = wire(trusting)
+            with pytest.raises(httpx2.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+                await post(transport, server.port, scheme="https")
+            await transport.aclose()
