@@ -46,7 +46,6 @@ __all__ = ["KEEPALIVE_S", "Http11"]
 KEEPALIVE_S = 5.0
 """How long an idle connection is kept (httpcore2's ``keepalive_expiry``)."""
 READ_BYTES = 64 * 1024
-_FORBIDDEN = (b"\r", b"\n", b"\0")
 
 Key = tuple[str, str, int]
 """A connection's origin: scheme, host, port."""
@@ -275,23 +274,27 @@ class _Body(httpx2.AsyncByteStream):
 
 
 def _head(request: httpx2.Request) -> bytes:
+    raw = request.headers.raw
     lines = [request.method.encode("ascii"), b" ", request.url.raw_path, b" HTTP/1.1\r\n"]
-    for name, value in request.headers.raw:
-        if any(bad in name or bad in value for bad in _FORBIDDEN):
-            raise httpx2.LocalProtocolError("a header name or value holds a line break", request=request)
+    for name, value in raw:
         lines += (name, b": ", value, b"\r\n")
     lines.append(b"\r\n")
-    return b"".join(lines)
+    head = b"".join(lines)
+    ends = len(raw) + 2  # every line ends in CRLF, and no CR, LF or NUL stands anywhere else
+    if head.count(b"\n") != ends or head.count(b"\r") != ends or b"\0" in head:
+        raise httpx2.LocalProtocolError("a header name or value holds a line break", request=request)
+    return head
 
 
 async def _receive(connection: _Connection, read_s: float | None, request: httpx2.Request) -> bytes:
     try:
-        with anyio.fail_after(read_s):
+        if read_s is None:
             return await connection.stream.receive(READ_BYTES)
+        with anyio.CancelScope(deadline=anyio.current_time() + read_s):  # fail_after, without its contextlib
+            return await connection.stream.receive(READ_BYTES)
+        raise httpx2.ReadTimeout("the answer did not come in time", request=request)  # the scope's deadline passed
     except anyio.EndOfStream:
         return b""
-    except TimeoutError:
-        raise httpx2.ReadTimeout("the answer did not come in time", request=request) from None
     except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, ssl.SSLError) as exc:
         raise httpx2.ReadError(str(exc) or type(exc).__name__, request=request) from exc
 
