@@ -2,17 +2,17 @@
 saturation is that backend's alone.
 
 Each backend has two pools. A streamable HTTP server's calls (a JSON-RPC request POSTed for a caller: ``calls_for``
-names the caller) take one of ``max_connections`` slots, shared fairly (slots.py: a caller holds at most
-``max_connections_per_caller``, and a freed slot goes to the waiting caller that holds the fewest); a call no slot came
-for within ``min(connect_timeout_s, timeout_s / 2)`` is answered by the gateway itself with a ``SATURATED`` error, which
-the backend reads as ``BackendSaturated``: not a transport error, never the downstream's failure. Everything else (the
-handshake, health pings, lists, answers to the server's requests, streams) goes on the control pool, which never waits
-behind calls; so does all of a legacy SSE server's traffic (its SDK client sends one message at a time, each answered at
-once). Every session borrows a cheap client view (its own headers, timeouts and answer limit) whose closing leaves the
-pools open; ``HttpPool.aclose`` closes them once, at shutdown. A downstream's closed SSE stream is resumed when the
-gateway's own client resumes (polling.py). A POST's response closed early is drained (bounded) so its connection is
-reused, and each view remembers the last error response, so a failed handshake can be told in plain words
-(backends/mcp/failures.py).
+names the caller) go over the gateway's own HTTP/1.1 (wire.py) and take one of ``max_connections`` slots, shared fairly
+(slots.py: a caller holds at most ``max_connections_per_caller``, and a freed slot goes to the waiting caller that holds
+the fewest); a call no slot came for within ``min(connect_timeout_s, timeout_s / 2)`` is answered by the gateway itself
+with a ``SATURATED`` error, which the backend reads as ``BackendSaturated``: not a transport error, never the
+downstream's failure. Everything else (the handshake, health pings, lists, answers to the server's requests, streams)
+goes on the control pool, which never waits behind calls; so does all of a legacy SSE server's traffic (its SDK client
+sends one message at a time, each answered at once). Every session borrows a cheap client view (its own headers,
+timeouts and answer limit) whose closing leaves the pools open; ``HttpPool.aclose`` closes them once, at shutdown. A
+downstream's closed SSE stream is resumed when the gateway's own client resumes (polling.py). A POST's response closed
+early is drained (bounded) so its connection is reused, and each view remembers the last error response, so a failed
+handshake can be told in plain words (backends/mcp/failures.py).
 """
 
 from __future__ import annotations
