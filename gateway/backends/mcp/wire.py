@@ -76,34 +76,49 @@ class _Connection:
 
 
 class _Answer:
-    """httptools' callbacks for one response on a connection."""
+    """httptools' callbacks for one response on a connection: its interim answers (``100 Continue``) skipped, and
+    anything the server sends after it kept out of it (the connection is then not used again)."""
 
-    __slots__ = ("chunks", "complete", "head", "headers", "keep", "parser")
+    __slots__ = ("chunks", "complete", "extra", "head", "headers", "interim", "keep", "parser", "status")
 
     def __init__(self) -> None:
         self.headers: list[tuple[bytes, bytes]] = []
         self.chunks: list[bytes] = []
         self.head = False
         self.complete = False
+        self.interim = False
+        self.extra = False  # bytes after the answer: another message the connection must not carry to the next call
         self.keep = False  # whether the server keeps the connection after this answer
+        self.status = 0
         self.parser: Any = httptools.HttpResponseParser(self)
 
     def on_message_begin(self) -> None:
-        self.headers = []
-        self.head = self.complete = False
+        if self.interim:  # the answer after an interim one
+            self.headers, self.interim = [], False
+        elif self.head:
+            self.extra = True
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name, value))
+        if not self.extra:
+            self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
-        self.head = True
+        if self.extra:
+            return
+        status = self.parser.get_status_code()
+        if 100 <= status < 200 and status != 101:
+            self.interim = True
+            return
+        self.head, self.status = True, status
         self.keep = self.parser.should_keep_alive()  # llhttp forgets it once the message is complete
 
     def on_body(self, body: bytes) -> None:
-        self.chunks.append(body)
+        if not self.extra:
+            self.chunks.append(body)
 
     def on_message_complete(self) -> None:
-        self.complete = True
+        if self.head and not self.extra:
+            self.complete = True
 
 
 class Http11(httpx2.AsyncBaseTransport):
@@ -139,25 +154,21 @@ class Http11(httpx2.AsyncBaseTransport):
             answer = _Answer()
             parser = answer.parser
             read_s = timeouts.get("read")
-            while True:
-                while not answer.head:
-                    data = await _receive(connection, read_s, request)
-                    if not data:
-                        raise httpx2.RemoteProtocolError(
-                            "Server disconnected without sending a response.", request=request
-                        )
-                    _feed(parser, data, request)
-                status = parser.get_status_code()
-                if not 100 <= status < 200 or status == 101:
-                    break
-                answer.head = False  # an interim answer (100 Continue): the answer follows
-                answer.chunks = []
+            while not answer.head:
+                data = await _receive(connection, read_s, request)
+                if not data:
+                    raise httpx2.RemoteProtocolError("Server disconnected without sending a response.", request=request)
+                _feed(parser, data, request)
         except BaseException:
             await connection.aclose()
             raise
         stream = _Body(self, key, connection, parser, answer, read_s, request)
         return httpx2.Response(
-            status, headers=answer.headers, stream=stream, request=request, extensions={"http_version": b"HTTP/1.1"}
+            answer.status,
+            headers=answer.headers,
+            stream=stream,
+            request=request,
+            extensions={"http_version": b"HTTP/1.1"},
         )
 
     async def _take(self, key: Key, connect_s: float | None, request: httpx2.Request) -> _Connection:
@@ -267,7 +278,8 @@ class _Body(httpx2.AsyncByteStream):
         connection, self._connection = self._connection, None
         if connection is None:
             return
-        if self._answer.complete and not self._answer.chunks and self._answer.keep:
+        answer = self._answer
+        if answer.complete and answer.keep and not answer.chunks and not answer.extra:
             await self._pool._give(self._key, connection)
         else:
             await connection.aclose()

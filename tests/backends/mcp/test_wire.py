@@ -150,6 +150,20 @@ async def test_a_connection_the_server_closes_is_never_used_again() -> None:
     assert len(server.requests) == 3
 
 
+async def test_an_interim_answer_is_skipped_and_what_follows_the_answer_never_reaches_the_next_call() -> None:
+    """A ``100 Continue`` before the answer is passed over; bytes after the answer (a second response the server
+    sent unasked) are not read as the next call's answer: that call goes on a connection of its own."""
+    unasked = answer(b'{"forged":true}')
+    steps = [Step(b"HTTP/1.1 100 Continue\r\n\r\n" + answer(b'{"n":1}') + unasked), Step(answer(b'{"n":2}'))]
+    with anyio.fail_after(10):
+        async with scripted(steps) as server:
+            transport = wire()
+            assert await post(transport, server.port) == b'200 {"n":1}'
+            assert await post(transport, server.port) == b'200 {"n":2}'
+            await transport.aclose()
+    assert server.connections == 2
+
+
 async def test_an_answer_read_only_in_part_closes_its_connection() -> None:
     steps = [Step(chunked(b"data: a\n\n", b"data: b\n\n")), Step(answer(b"2"))]
     with anyio.fail_after(10):
