@@ -15,9 +15,9 @@ httpx2's transport:
   * the request's timeouts (connect, read, write) as httpx2 applies them, and its failures as httpx2's errors
     (``ConnectError``, ``ConnectTimeout``, ``ReadTimeout``, ``ReadError``, ``WriteTimeout``, ``WriteError``,
     ``RemoteProtocolError``, ``LocalProtocolError``), so failures.py maps them as before;
-  * a connection goes back to the pool only when its answer was read to the end and the server keeps it alive; an idle
-    one found readable (the server closed it) or idle longer than ``KEEPALIVE_S`` is dropped, as httpcore2 drops it;
-    at most ``keep`` idle ones are kept. A POST is never sent twice.
+  * a connection goes back to the pool only when its answer was read to the end, nothing followed it, and the server
+    keeps it alive; an idle one found readable (the server closed it) or idle longer than ``KEEPALIVE_S`` is dropped,
+    as httpcore2 drops it; at most ``keep`` idle ones are kept. A POST is never sent twice.
 
 A request it does not carry (a body not read into memory, a scheme other than http and https) goes to ``fallback``,
 httpx2's transport.
