@@ -144,13 +144,7 @@ class Http11(httpx2.AsyncBaseTransport):
         key = (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
         connection = await self._take(key, timeouts.get("connect"), request)
         try:
-            try:
-                with anyio.fail_after(timeouts.get("write")):
-                    await connection.stream.send(head + body)
-            except TimeoutError:
-                raise httpx2.WriteTimeout("the request could not be written in time", request=request) from None
-            except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, ssl.SSLError) as exc:
-                raise httpx2.WriteError(str(exc) or type(exc).__name__, request=request) from exc
+            await _send(connection, head + body, timeouts.get("write"), request)
             answer = _Answer()
             parser = answer.parser
             read_s = timeouts.get("read")
@@ -296,6 +290,19 @@ def _head(request: httpx2.Request) -> bytes:
     if head.count(b"\n") != ends or head.count(b"\r") != ends or b"\0" in head:
         raise httpx2.LocalProtocolError("a header name or value holds a line break", request=request)
     return head
+
+
+async def _send(connection: _Connection, data: bytes, write_s: float | None, request: httpx2.Request) -> None:
+    try:
+        if write_s is None:
+            await connection.stream.send(data)
+            return
+        with anyio.CancelScope(deadline=anyio.current_time() + write_s):  # fail_after, without its contextlib
+            await connection.stream.send(data)
+            return
+        raise httpx2.WriteTimeout("the request could not be written in time", request=request)  # the deadline passed
+    except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, ssl.SSLError) as exc:
+        raise httpx2.WriteError(str(exc) or type(exc).__name__, request=request) from exc
 
 
 async def _receive(connection: _Connection, read_s: float | None, request: httpx2.Request) -> bytes:
