@@ -38,8 +38,8 @@ def chunked(*pieces: bytes) -> bytes:
 
 @dataclass
 class Step:
-    """What the server does with one request: send ``reply`` (all of it, or ``cut`` bytes of it), then close the
-    connection when ``close``, or never answer when ``hold``."""
+    """What the server does with one request: send ``reply``, then close the connection when ``close``; or never
+    answer when ``hold``."""
 
     reply: bytes = b""
     close: bool = False
@@ -101,14 +101,12 @@ def wire(verify: ssl.SSLContext | None = None) -> Http11:
     return Http11(verify or ssl.create_default_context(), httpx2.AsyncHTTPTransport(), keep=4)
 
 
-async def post(
-    transport: Http11, port: int, *, read_s: float = 5, headers: dict[str, str] | None = None, scheme: str = "http"
-) -> bytes:
+async def post(transport: Http11, port: int, *, read_s: float = 5, scheme: str = "http") -> bytes:
     request = httpx2.Request(
         "POST",
         f"{scheme}://127.0.0.1:{port}/mcp?x=1",
         content=CALL,
-        headers={"content-type": "application/json", **(headers or {})},
+        headers={"content-type": "application/json"},
         extensions={"timeout": {"connect": 5, "read": read_s, "write": 5, "pool": 5}},
     )
     response = await transport.handle_async_request(request)
