@@ -156,7 +156,7 @@ class Http11(httpx2.AsyncBaseTransport):
         except BaseException:
             await connection.aclose()
             raise
-        stream = _Body(self, key, connection, parser, answer, read_s, request)
+        stream = _Body(self, key, connection, answer, read_s, request)
         return httpx2.Response(
             answer.status,
             headers=answer.headers,
@@ -232,7 +232,6 @@ class _Body(httpx2.AsyncByteStream):
         pool: Http11,
         key: Key,
         connection: _Connection,
-        parser: Any,
         answer: _Answer,
         read_s: float | None,
         request: httpx2.Request,
@@ -240,7 +239,6 @@ class _Body(httpx2.AsyncByteStream):
         self._pool = pool
         self._key = key
         self._connection: _Connection | None = connection
-        self._parser = parser
         self._answer = answer
         self._read_s = read_s
         self._request = request
@@ -266,7 +264,7 @@ class _Body(httpx2.AsyncByteStream):
                 raise httpx2.RemoteProtocolError(
                     "peer closed connection without sending complete message body", request=self._request
                 )
-            _feed(self._parser, data, self._request)
+            _feed(answer.parser, data, self._request)
 
     async def aclose(self) -> None:
         connection, self._connection = self._connection, None
