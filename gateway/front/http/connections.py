@@ -122,6 +122,12 @@ class _Edge:
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)  # type: ignore[misc]
+        # uvicorn stops its silence timer only when the connection ended cleanly; one the client reset (a client that
+        # closes a response it did not read to the end does) kept it armed, and with it the connection's protocol,
+        # transport, socket and request, for keep_alive_s: hundreds of them for the collector to walk at a busy edge.
+        if self.timeout_keep_alive_task is not None:
+            self.timeout_keep_alive_task.cancel()
+            self.timeout_keep_alive_task = None
 
     def _edge_init(self) -> None:
         self._phase = "head"  # "head": waiting for a request head; "body": for its body; "busy": serving it

@@ -297,3 +297,60 @@ async def test_a_request_with_both_content_length_and_transfer_encoding_is_refus
             async with mcp_session(gw.url(), token=TOKEN) as session:  # and the gateway serves on
                 result = await session.call_tool("echo", {"text": "after"})
                 assert result.content[0].text == "after"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("reset", [False, True], ids=["closed", "reset"])
+async def test_a_connection_the_client_ends_is_let_go_at_once_even_when_reset(parser: str, reset: bool) -> None:
+    # uvicorn stopped a connection's silence timer only when it ended cleanly: one the client reset (a client that
+    # closes a response it did not read to the end does) stayed referenced by that timer for keep_alive_s, protocol,
+    # transport, socket and request, for every full collection of the garbage collector to walk.
+    import asyncio
+    import gc
+    import socket
+    import struct
+    import weakref
+
+    import uvicorn
+    from uvicorn.server import ServerState
+
+    from gateway.config import Limits
+    from gateway.front.http.connections import edge_protocol
+
+    async def app(scope: object, receive: object, send: object) -> None:
+        raise AssertionError("no request is sent")
+
+    edge = edge_protocol(Limits(keep_alive_s=60), parser=parser)
+    lost = anyio.Event()
+    made: list[weakref.ref[object]] = []
+
+    class Watched(edge):  # type: ignore[misc, valid-type]
+        def connection_lost(self, exc: Exception | None) -> None:
+            super().connection_lost(exc)
+            lost.set()
+
+    config = uvicorn.Config(app, lifespan="off", log_level="warning")
+    config.load()
+    state = ServerState()
+    loop = asyncio.get_running_loop()
+
+    def factory() -> object:
+        protocol = Watched(config=config, server_state=state, app_state={}, _loop=loop)
+        made.append(weakref.ref(protocol))
+        return protocol
+
+    server = await loop.create_server(factory, LOOPBACK, 0)
+    try:
+        port = server.sockets[0].getsockname()[1]
+        with anyio.fail_after(10):
+            client = await anyio.connect_tcp(LOOPBACK, port)
+            raw = client.extra(anyio.abc.SocketAttribute.raw_socket)
+            if reset:  # closed with SO_LINGER 0: the kernel sends RST
+                raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            await client.aclose()
+            await lost.wait()
+        await anyio.lowlevel.checkpoint()  # the transport's own close callbacks
+        gc.collect()
+        assert [ref() for ref in made] == [None]
+    finally:
+        server.close()
+        await server.wait_closed()
