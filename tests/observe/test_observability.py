@@ -427,6 +427,26 @@ async def test_a_call_continues_the_clients_trace_when_its_meta_carries_a_tracep
     assert call.parent is not None and format(call.parent.span_id, "016x") == "00f067aa0ba902b7"
 
 
+def test_a_direct_call_hands_on_the_current_trace_and_adds_nothing_without_one() -> None:
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    from gateway.backends.mcp.fastpath import _client_span
+
+    assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)  # tracing off: no provider installed
+    meta: dict[str, Any] = {}
+    with _client_span("tools/call", "echo", "gw-1", meta):
+        assert not trace.get_current_span().get_span_context().is_valid
+    assert meta == {}
+    # A tracer of the gateway's own that is not the process's (``install_global=False``): its step span is current,
+    # and the downstream is handed that trace.
+    trace_id, span_id = 0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7
+    step = NonRecordingSpan(SpanContext(trace_id, span_id, is_remote=False, trace_flags=TraceFlags(1)))
+    with trace.use_span(step), _client_span("tools/call", "echo", "gw-2", meta):
+        pass
+    assert meta["traceparent"] == f"00-{trace_id:032x}-{span_id:016x}-01"
+
+
 async def test_tracing_is_off_by_default_and_then_yields_no_tracer() -> None:
     assert TracingSettings().exporter == "none"
     async with open_tracing(TracingSettings(), service_name="gw", version="0") as tracer:
