@@ -23,7 +23,7 @@ input responses and the downstream's own state back into the request.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, cast
 
 import anyio
 import mcp_types as types
@@ -231,12 +231,21 @@ def completed(result: _Result | types.InputRequiredResult | CreatedTask, *, back
     return result
 
 
+_CALL_RESULTS: dict[str, TypeAdapter[Any]] = {
+    version: TypeAdapter(cast(Any, shape))
+    for (method, version), shape in _methods.SERVER_RESULTS.items()
+    if method == "tools/call"
+}
+"""The ``tools/call`` result's schema in each protocol version (what ``mcp_types.methods.validate_server_result``
+checks)."""
+
+
 def call_result(raw: dict[str, Any], version: str) -> types.CallToolResult:
-    """A ``tools/call`` answer read off the wire, checked as the SDK's session checks it (``send_request``)."""
-    try:
-        _methods.validate_server_result("tools/call", version, raw)
-    except KeyError:
-        pass
+    """A ``tools/call`` answer read off the wire, checked as the SDK's session checks it (``send_request``: against
+    the era's schema, then read as the version-free model), without the dump of the first check it throws away."""
+    surface = _CALL_RESULTS.get(version)
+    if surface is not None:
+        surface.validate_python(raw, by_name=False)
     foreign = _later_revision_fields("tools/call", version)
     if not foreign.isdisjoint(raw):
         raw = {key: value for key, value in raw.items() if key not in foreign}
