@@ -3,10 +3,12 @@ garbage collection's pause in the serving process.
 
 A real ``gateway serve`` (audit ledger on) in front of tests/fixtures/faults_server.py over streamable HTTP; each
 session POSTs ``tools/call`` of ``echo`` one after another on its own kept-alive connection (httpx2, raw JSON-RPC, no
-SDK client). ``--baseline DIR`` serves another checkout's gateway in alternating rounds with this one, so the
-machine's load falls on both alike. Reported per gateway: p50, p99, p99.9 and the slowest call, the serving
-process's CPU per call (/proc), and its generation-2 collections (count, each pause) from bench/gc_pauses/, which
-the gateway loads as its ``sitecustomize``. Markdown to stdout, progress to stderr.
+SDK client); with ``--client sdk`` each session is the MCP SDK's client instead, which hands an answer over as soon as
+its event arrives and drops the connection of a response it did not read to its end (a reset, every few calls).
+``--baseline DIR`` serves another checkout's gateway in alternating rounds with this one, so the machine's load falls
+on both alike. Reported per gateway: p50, p99, p99.9 and the slowest call, the serving process's CPU per call (/proc),
+and its generation-2 collections (count, each pause) from bench/gc_pauses/, which the gateway loads as its
+``sitecustomize``. Markdown to stdout, progress to stderr.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ def _cpu_ms(pid: int) -> float:
     return cpu_s(pid) * 1000
 
 
-async def one_round(tree: Path, calls: int, sessions: int, workdir: Path) -> dict[str, Any]:
+async def one_round(tree: Path, calls: int, sessions: int, workdir: Path, client: str = "raw") -> dict[str, Any]:
     """``calls`` echo calls over ``sessions`` sessions through the gateway of the checkout ``tree``."""
     procs = Procs(workdir)
     try:
@@ -74,7 +76,7 @@ async def one_round(tree: Path, calls: int, sessions: int, workdir: Path) -> dic
         async with httpx2.AsyncClient(timeout=30) as http:
             await _wait_ready(http, g_port, gateway)
             url = f"http://{LOOPBACK}:{g_port}/mcp"
-            ids = [await _open_session(http, url, "tok-bob") for _ in range(sessions)]
+            ids = [await _open_session(http, url, "tok-bob") for _ in range(sessions)] if client == "raw" else []
             pid, mark = gateway.serving_pid, len(log.read_bytes())
             cpu = _cpu_ms(pid)
 
@@ -88,9 +90,26 @@ async def one_round(tree: Path, calls: int, sessions: int, workdir: Path) -> dic
                         raise RuntimeError(f"a call failed: {response.status_code} {response.text[:200]}")
                     latencies.append(time.perf_counter() - started)
 
+            async def sdk_session() -> None:
+                from mcp.client.session import ClientSession
+                from mcp.client.streamable_http import streamable_http_client
+
+                own = httpx2.AsyncClient(headers={"Authorization": "Bearer tok-bob"}, timeout=30)
+                async with own, streamable_http_client(url, http_client=own) as (read, write, *_):
+                    async with ClientSession(read, write) as mcp:
+                        await mcp.initialize()
+                        for _ in range(calls // sessions):
+                            started = time.perf_counter()
+                            result = await mcp.call_tool("echo", {"text": "x"})
+                            if result.is_error:
+                                raise RuntimeError(f"a call failed: {result}")
+                            latencies.append(time.perf_counter() - started)
+
             async with anyio.create_task_group() as tg:
                 for sid in ids:
                     tg.start_soon(session, sid)
+                for _ in range(sessions if client == "sdk" else 0):
+                    tg.start_soon(sdk_session)
             cpu = _cpu_ms(pid) - cpu
             pauses = [float(ms) for ms in re.findall(rb"GC_PAUSE ([0-9.]+)", log.read_bytes()[mark:])]
         return {
@@ -112,7 +131,8 @@ def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace, e
         "## Tail latency: echo calls over several sessions, and the gateway's full collections",
         "",
         f"Gateway {env['gateway']}, {env['cpus']} CPUs, Python {env['python']}, load {env['load_before']} before and "
-        f"{load_average()} after; {args.calls} calls over {args.sessions} sessions a round, {args.rounds} rounds each.",
+        f"{load_average()} after; {args.calls} calls over {args.sessions} sessions a round, {args.rounds} rounds each; "
+        f"client: {args.client}.",
         "",
         "| gateway | round | p50 ms | p99 ms | p99.9 ms | slowest ms | CPU ms/call | full collections: count, "
         "pause ms (median / max) |",
@@ -134,6 +154,9 @@ def main() -> int:
     parser.add_argument("-n", "--calls", type=int, default=4000, help="calls a round (default 4000)")
     parser.add_argument("--sessions", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--client", choices=("raw", "sdk"), default="raw", help="raw JSON-RPC on kept-alive connections, or the SDK's"
+    )
     parser.add_argument("--baseline", type=Path, help="another checkout, served in alternating rounds")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -144,7 +167,7 @@ def main() -> int:
         for name, tree in trees.items():
             say(f"round {n + 1}: {name}")
             with tempfile.TemporaryDirectory(prefix="bench-tail-") as folder:
-                results[name].append(anyio.run(one_round, tree, args.calls, args.sessions, Path(folder)))
+                results[name].append(anyio.run(one_round, tree, args.calls, args.sessions, Path(folder), args.client))
     print(report(results, args, env))
     if args.json is not None:
         args.json.write_text(json.dumps({"environment": env, "results": results}))
