@@ -1,6 +1,7 @@
 """What a benchmark report says about the run it measured: the machine, the load, and the commit of the gateway.
 
-``environment()`` is taken before the run, ``load_average()`` again after it (a busy machine moves every figure).
+``environment()`` is taken before the run, ``load_average()`` again after it (a busy machine moves every figure);
+``cpu_ticks()`` around a phase says how busy the CPUs were in it, and how much of their time the host took.
 """
 
 from __future__ import annotations
@@ -31,6 +32,26 @@ def git_state() -> str:
 def load_average() -> str:
     """The 1, 5 and 15 minute load averages, as "0.12 0.34 0.56"."""
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def cpu_ticks() -> tuple[int, int, int]:
+    """The machine's CPU time so far, in clock ticks summed over its CPUs: (busy, stolen, total). *Stolen* is time a
+    virtual machine's CPU was ready to run and the host ran something else (``steal`` in /proc/stat): a process there
+    waits for the CPU with nothing on the machine itself using it. (0, 0, 0) where /proc/stat cannot be read."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0, 0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle and iowait
+    steal = fields[7] if len(fields) > 7 else 0
+    total = sum(fields[:8])
+    return total - idle - steal, steal, total
+
+
+def cpu_shares(before: tuple[int, int, int], after: tuple[int, int, int]) -> dict[str, float]:
+    """Between two ``cpu_ticks()``: the share of the machine's CPU time that was busy and the share stolen."""
+    total = max(after[2] - before[2], 1)
+    return {"busy": (after[0] - before[0]) / total, "stolen": (after[1] - before[1]) / total}
 
 
 def environment() -> dict[str, Any]:

@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.procs import LOOPBACK, Procs, cmdline, cpu_s, descendants, free_port, say, vm_kb  # noqa: E402
-from bench.run_env import environment, load_average  # noqa: E402
+from bench.run_env import cpu_shares, cpu_ticks, environment, load_average  # noqa: E402
 
 FAULTS = ROOT / "tests" / "fixtures" / "faults_server.py"
 FIDELITY = ROOT / "tests" / "fixtures" / "fidelity_server.py"
@@ -174,14 +174,16 @@ async def _raw_post(port: int, token: str, session: str, body: dict[str, Any]) -
 class Phase:
     latencies: dict[str, list[float]]
     failures: dict[str, list[str]]
+    starts: dict[str, list[float]]  # when each call was sent, seconds after the phase's first call
 
 
 async def bystander(
     http: httpx2.AsyncClient, targets: dict[str, Target], sessions: dict[str, str], plan: Plan
 ) -> Phase:
     """Bob's calls, one backend after another in turn, each timed."""
-    phase = Phase({b: [] for b in BYSTANDER_TOOLS}, {b: [] for b in BYSTANDER_TOOLS})
+    phase = Phase({b: [] for b in BYSTANDER_TOOLS}, {b: [] for b in BYSTANDER_TOOLS}, {b: [] for b in BYSTANDER_TOOLS})
     rid = 1000
+    begun = time.monotonic()
     for _ in range(plan.calls):
         for backend, (tool, arguments) in BYSTANDER_TOOLS.items():
             target, session = targets[backend], sessions[backend]
@@ -207,6 +209,7 @@ async def bystander(
                 failure = f"{type(exc).__name__}: {exc}"[:160]
             elapsed = time.monotonic() - started
             phase.latencies[backend].append(elapsed)
+            phase.starts[backend].append(started - begun)
             if failure is not None:
                 phase.failures[backend].append(failure)
             await anyio.sleep(max(0.0, plan.pace_s - elapsed))
@@ -344,7 +347,8 @@ async def run(plan: Plan, workdir: Path, direct: bool = False, parts: tuple[str,
             (workdir / "federation.yaml").write_text(
                 _config(f"http://{LOOPBACK}:{h_port}/mcp", f"http://{LOOPBACK}:{f_port}/mcp")
             )
-            env = {**os.environ, "PYTHONPATH": str(ROOT), "GATEWAY_TOKENS": TOKENS, "GATEWAY_STATE_KEY": STATE_KEY}
+            path = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT)]))  # a probe's folder first
+            env = {**os.environ, "PYTHONPATH": path, "GATEWAY_TOKENS": TOKENS, "GATEWAY_STATE_KEY": STATE_KEY}
             argv = [PY, "-m", "gateway", "serve", "-c", str(workdir / "federation.yaml"), "--port", str(g_port)]
             gateway = procs.start("gateway", argv, g_port, env=env)
             targets = {name: Target(g_port, f"{name}__") for name in BYSTANDER_TOOLS}
@@ -361,7 +365,9 @@ async def run(plan: Plan, workdir: Path, direct: bool = False, parts: tuple[str,
                 call = _tool_call(1, targets[name].prefix + tool, arguments)
                 await http.post(targets[name].url, json=call, headers=_headers("tok-bob", bobs[name]))
             say("quiet phase")
+            ticks = cpu_ticks()
             quiet = await bystander(http, targets, bobs, plan)
+            machine = {"quiet": cpu_shares(ticks, cpu_ticks())}
             rss_quiet = vm_kb(pid).get("VmRSS", 0) if pid is not None else 0
             say("attack phase")
             burners = _burners(procs, pid)
@@ -394,7 +400,9 @@ async def run(plan: Plan, workdir: Path, direct: bool = False, parts: tuple[str,
                 with anyio.fail_after(READY_TIMEOUT_S):  # bob's calls go while every part of the attack is under way
                     if await said.receive_until(b"\n", 64) != b"sent":
                         raise HarnessError("alice's process did not start her attack")
+                ticks = cpu_ticks()
                 under_attack = await bystander(http, targets, bobs, plan)
+                machine["attack"] = cpu_shares(ticks, cpu_ticks())
                 cpu_attack = {name: cpu_s(p) - cpu_before[name] for name, p in burners.items()}
                 stop.set()
                 await alice.stdin.send(b"stop\n")
@@ -417,6 +425,7 @@ async def run(plan: Plan, workdir: Path, direct: bool = False, parts: tuple[str,
         "attacker": attacker,
         "rss_kb": {"quiet": rss_quiet, "peak_under_attack": peak[0], "end": rss_end},
         "cpu_s_under_attack": cpu_attack,
+        "machine": machine,
         "backends": {b["name"]: {"state": b["state"], "last_error": b["last_error"]} for b in status["backends"]},
     }
 
@@ -458,6 +467,16 @@ async def _wait_ready(http: httpx2.AsyncClient, port: int, gateway: Any) -> None
     raise HarnessError(f"the gateway was not ready within {READY_TIMEOUT_S:g} s: {gateway.output()}")
 
 
+def _slow_calls(result: dict[str, Any]) -> list[tuple[float, str, float]]:
+    """Bob's calls under attack slower than twice his quiet p99: (when sent, backend, ms), in the order sent."""
+    slow = []
+    for backend, latencies in result["attack"]["latencies"].items():
+        bound = 2 * _pct(result["quiet"]["latencies"][backend], 0.99)
+        starts = result["attack"]["starts"][backend]
+        slow += [(at, backend, s * 1000) for at, s in zip(starts, latencies, strict=True) if s * 1000 > bound]
+    return sorted(slow)
+
+
 def report(result: dict[str, Any], env: dict[str, Any]) -> str:
     lines = [
         "## Hostile caller: the bystander's calls, quiet and under attack"
@@ -490,6 +509,13 @@ def report(result: dict[str, Any], env: dict[str, Any]) -> str:
         f"{result['rss_kb']['peak_under_attack'] / 1024:.0f} MB, end {result['rss_kb']['end'] / 1024:.0f} MB.",
         "CPU seconds while bob was timed under attack: "
         + ", ".join(f"{name} {cpu:.1f}" for name, cpu in sorted(result["cpu_s_under_attack"].items())),
+        "The machine's CPUs while bob was timed: "
+        + "; ".join(
+            f"{phase} {shares['busy']:.0%} busy, {shares['stolen']:.0%} taken by the host"
+            for phase, shares in result["machine"].items()
+        ),
+        "Bob's calls over twice his quiet p99 under attack (seconds after his first, and ms): "
+        + (", ".join(f"{b} +{at:.2f} s {ms:.0f}" for at, b, ms in _slow_calls(result)) or "none"),
         "Backends at the end: "
         + "; ".join(
             f"{n}: {b['state']}" + (f" ({b['last_error']})" if b["last_error"] else "")
