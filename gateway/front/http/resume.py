@@ -192,13 +192,19 @@ class SessionEvents(EventStore):
 
     async def store_event(self, stream_id: StreamId, message: types.JSONRPCMessage | None) -> EventId:
         event_id = await self._store.store_event(self._prefix + stream_id, message)
+        if message is not None:
+            self.sent(message)
+        return event_id
+
+    def sent(self, message: types.JSONRPCMessage) -> None:
+        """``message`` goes to its client without being stored (an answer sent as one JSON body, which no client
+        resumes): ``on_answer`` learns of an answer as when it is stored."""
         if (
             self._on_answer is not None
             and isinstance(message, types.JSONRPCResponse | types.JSONRPCError)
             and message.id is not None
         ):
             self._on_answer(coerce_request_id(message.id))
-        return event_id
 
     def event_data(self, event_message: EventMessage) -> bytes:
         """What the session's transport sends for ``event_message`` (it stands in for the transport's own

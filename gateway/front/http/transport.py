@@ -10,6 +10,12 @@ resume.py), with one task beside it that notices the client leaving and keeps an
 every message through a router task, a memory stream, a writer task and sse-starlette's response (a task group of
 five tasks, a lock and a timeout scope for every event). The GET stream and a resumed stream (``Last-Event-ID``) are
 written by the same ``_stream``.
+
+A POST's answer is one JSON body when the first thing the session sends for the request is its response, within
+``HOLD_S`` (most calls: nothing to stream, nothing to resume, and a client reads the body to its end and keeps its
+connection); it is an event stream, primed for resumption, when something else comes first (progress, a request of
+the back-channel, the stream closed for polling) or nothing has come by then (a long call, kept alive by pings). The
+answer's head waits for that choice (``_Pending``).
 """
 
 from __future__ import annotations
@@ -46,21 +52,26 @@ from mcp_types import (
     JSONRPCError,
     JSONRPCRequest,
     JSONRPCResponse,
+    RequestId,
     jsonrpc_message_adapter,
 )
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
+from gateway.front.http.resume import SessionEvents
 from gateway.front.scope import parsed_of
 from gateway.front.streams import WriteEnd
 
-__all__ = ["PING_S", "SessionTransport"]
+__all__ = ["HOLD_S", "PING_S", "SessionTransport"]
 
 logger = logging.getLogger("mcp.server.streamable_http")  # its lines pass the session-id filter (sessions.py)
 
 PING_S = 15.0
 """An event stream that sent nothing for this long is sent a comment, so that proxies keep the connection open."""
+
+HOLD_S = 1.0
+"""How long a POST's answer holds its head for the request's response, to send it as one JSON body."""
 
 Emit = Callable[[bytes], Awaitable[None]]
 
@@ -96,8 +107,51 @@ class _Routed(WriteEnd[SessionMessage]):
         self._closed = True
 
 
+class _Pending:
+    """A POST whose answer has not started: one JSON body if the request's response is the first thing sent for it
+    (``answered``), else an event stream (``stream``), whose priming event is stored before anything else of it."""
+
+    __slots__ = ("_mint", "_primed", "decided", "json", "priming")
+
+    def __init__(self, mint: Callable[[], Awaitable[SSEEvent | None]]) -> None:
+        self._mint = mint
+        self._primed: anyio.Event | None = None
+        self.decided = anyio.Event()
+        self.json: bool | None = None  # undecided
+        self.priming: SSEEvent | None = None
+
+    def answered(self) -> bool:
+        """The response is here: whether it is the answer's one JSON body (nothing made the answer a stream yet)."""
+        if self.json is None:
+            self.json = True
+            self.decided.set()
+        return self.json
+
+    def stream(self) -> None:
+        """The answer is an event stream, unless its JSON body is on its way already."""
+        if self.json is None:
+            self.json = False
+            self.decided.set()
+
+    async def primed(self) -> SSEEvent | None:
+        """The stream's priming event (None for a client before 2025-11-25), stored by the first to ask."""
+        if self._primed is None:
+            self._primed = anyio.Event()
+            try:
+                self.priming = await self._mint()
+            finally:
+                self._primed.set()
+        else:
+            await self._primed.wait()
+        return self.priming
+
+
 class SessionTransport(StreamableHTTPServerTransport):
     """The SDK's session transport, its POST, GET and resumed streams answered by the gateway (module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._pending: dict[str, _Pending] = {}  # by request id: the POSTs whose answer has not started
 
     @asynccontextmanager
     async def connect(self) -> AsyncIterator[tuple[Any, _Routed]]:
@@ -124,13 +178,33 @@ class SessionTransport(StreamableHTTPServerTransport):
             stream_id = str(metadata.related_request_id)
         else:
             stream_id = GET_STREAM_KEY
-        event_id = await self._event_store.store_event(stream_id, message) if self._event_store else None
+        pending = self._pending.get(stream_id)
+        if pending is not None and isinstance(message, JSONRPCResponse | JSONRPCError) and pending.answered():
+            event_id = None  # one JSON body, which no client resumes: not stored
+            if isinstance(self._event_store, SessionEvents):
+                self._event_store.sent(message)
+        else:
+            if pending is not None:
+                pending.stream()
+                await pending.primed()  # stored before anything else of the stream
+            event_id = await self._event_store.store_event(stream_id, message) if self._event_store else None
         streams = self._request_streams.get(stream_id)
         if streams is not None:
             try:
                 await streams[0].send(EventMessage(message, event_id))
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 self._request_streams.pop(stream_id, None)
+
+    def close_sse_stream(self, request_id: RequestId) -> None:
+        pending = self._pending.get(str(request_id))
+        if pending is not None:
+            pending.stream()  # an answer not started yet starts now, as a stream its client resumes
+        super().close_sse_stream(request_id)
+
+    async def terminate(self) -> None:
+        for pending in self._pending.values():
+            pending.stream()
+        await super().terminate()
 
     def _sse_headers(self) -> list[tuple[bytes, bytes]]:
         headers = [
@@ -240,19 +314,27 @@ class SessionTransport(StreamableHTTPServerTransport):
                 if opening and message.params
                 else request.headers.get(MCP_PROTOCOL_VERSION_HEADER, DEFAULT_NEGOTIATED_VERSION)
             )
-            priming = await self._mint_priming_event(request_id, version)  # stored before anything of the request
             reader = self._open_stream(request_id)
-            # Handed to the session before the answer starts: it runs on whatever becomes of this connection.
-            await writer.send(self._create_session_message(message, request, request_id, version))
-
-            async def produce(emit: Emit) -> None:
-                if priming is not None:
-                    await emit(frame(priming))
-                await self._forward(request_id, reader, emit)
-
+            pending = self._pending[request_id] = _Pending(partial(self._mint_priming_event, request_id, version))
             try:
+                # Handed to the session before the answer starts: it runs on whatever becomes of this connection.
+                await writer.send(self._create_session_message(message, request, request_id, version))
+                with anyio.move_on_after(HOLD_S):
+                    await pending.decided.wait()
+                pending.stream()  # if nothing came in time
+                if pending.json:
+                    await self._json_answer(scope, receive, send, reader)
+                    return
+                priming = await pending.primed()
+
+                async def produce(emit: Emit) -> None:
+                    if priming is not None:
+                        await emit(frame(priming))
+                    await self._forward(request_id, reader, emit)
+
                 await self._stream(receive, send, produce)
             finally:
+                del self._pending[request_id]
                 await self._clean_up_memory_streams(request_id)
         except Exception as err:
             logger.exception("Error handling POST request")
@@ -270,17 +352,24 @@ class SessionTransport(StreamableHTTPServerTransport):
         reader = self._open_stream(request_id)
         unanswered = partial(self._terminate_unanswered_request, message.id)
         metadata = self._message_metadata(request, on_request_unanswered=unanswered)
-        await self._read_stream_writer.send(SessionMessage(message, metadata=metadata))
+        try:
+            await self._read_stream_writer.send(SessionMessage(message, metadata=metadata))
+            await self._json_answer(scope, receive, send, reader)
+        finally:
+            await self._clean_up_memory_streams(request_id)
+
+    async def _json_answer(
+        self, scope: Scope, receive: Receive, send: Send, reader: MemoryObjectReceiveStream[EventMessage]
+    ) -> None:
+        """The next message of ``reader`` (the request's response) as one JSON body."""
         try:
             event_message = await reader.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError):
-            logger.debug(f"Session terminated with request {request_id} in flight; no response to send")
+            logger.debug("Session terminated with a request in flight; no response to send")
             text = "Session terminated before the request completed"
             response = self._create_error_response(text, HTTPStatus.INTERNAL_SERVER_ERROR, INTERNAL_ERROR)
         else:
             response = self._create_json_response(event_message.message)
-        finally:
-            await self._clean_up_memory_streams(request_id)
         await response(scope, receive, send)
 
     async def _handle_get_request(self, request: Request, send: Send) -> None:

@@ -103,24 +103,26 @@ async def test_a_session_cannot_resume_another_sessions_stream(gateway: RunningS
     url = gateway.url()
     async with httpx2.AsyncClient(timeout=httpx2.Timeout(10)) as http:
         a, b = await _open(http, url), await _open(http, url)
-        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call"}
+
+        def call(token: str) -> dict[str, Any]:  # with progress: answered on a stream, which a client may resume
+            params = {"name": "test_tool_with_progress", "_meta": {"progressToken": token}}
+            return {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": params}
+
         with anyio.fail_after(10):
-            mine = sse_events(
-                (await http.post(url, headers=b, json={**call, "params": {"name": "test_simple_text"}})).text
-            )
-            theirs = sse_events(
-                (await http.post(url, headers=a, json={**call, "params": {"name": "test_error_handling"}})).text
-            )
+            mine = sse_events((await http.post(url, headers=b, json=call("b"))).text)
+            theirs = sse_events((await http.post(url, headers=a, json=call("a"))).text)
             replayed = {}
             for start in (theirs[0]["id"], mine[0]["id"]):  # A's priming event, then B's own
                 replayed[start] = []
                 async with http.stream("GET", url, headers={**b, "last-event-id": start}) as resumed:
                     async for line in resumed.aiter_lines():
-                        if line.startswith("data:") and line[5:].strip():
-                            replayed[start].append(json.loads(line[5:])["result"]["content"][0]["text"])
+                        message = json.loads(line[5:]) if line.startswith("data:") and line[5:].strip() else {}
+                        replayed[start] += [message["params"]["progressToken"]] if "params" in message else []
+                        if "result" in message:
+                            replayed[start].append(message["id"])
                             break  # B's own replay stays open for what its stream sends next
     assert replayed[theirs[0]["id"]] == []
-    assert replayed[mine[0]["id"]] == ["This is a simple text response for testing."]
+    assert replayed[mine[0]["id"]] == ["b", "b", "b", 2]  # its three progress notifications, then its answer
 
 
 async def _open(http: httpx2.AsyncClient, url: str) -> dict[str, str]:

@@ -115,22 +115,42 @@ async def test_a_client_that_leaves_ends_its_stream_and_what_fed_it() -> None:
 
 
 @pytest.mark.spawns
-async def test_a_call_is_answered_on_its_stream_after_its_priming_event(gateway_process: GatewayProcesses) -> None:
+async def test_an_answer_is_one_json_body_unless_something_else_of_the_call_comes_first_or_it_runs_long(
+    gateway_process: GatewayProcesses,
+) -> None:
     config = f"servers:\n  e: {{transport: stdio, command: {PYTHON}, args: {json.dumps(echo_argv()[1:])}}}\n"
     gateway = gateway_process(config, tokens="alice=tok-alice")
     url = gateway.url("/mcp")
-    call = {"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "echo", "arguments": {"text": "hi"}}}
+
+    def call(rid: int, name: str, arguments: dict[str, Any], progress: bool = False) -> dict[str, Any]:
+        params = {"name": name, "arguments": arguments} | ({"_meta": {"progressToken": rid}} if progress else {})
+        return {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params}
+
     opening = {**INITIALIZE, "params": {**INITIALIZE["params"], "protocolVersion": RESUMABLE}}
     async with httpx2.AsyncClient(timeout=30) as http:
         with anyio.fail_after(60):
             opened = await http.post(url, json=opening, headers=headers("tok-alice"))
+            assert opened.headers["content-type"] == "application/json"
             session = opened.headers["mcp-session-id"]
             asked = {**headers("tok-alice", session), "Mcp-Protocol-Version": RESUMABLE}
-            response = await http.post(url, json=call, headers=asked)
-    assert response.status_code == 200 and response.headers["content-type"] == "text/event-stream"
-    priming, answer = sse_events(response.text)
+            quick = await http.post(url, json=call(5, "echo", {"text": "hi"}), headers=asked)
+            streamed = await http.post(url, json=call(6, "slow", {"steps": 2}, progress=True), headers=asked)
+            # A call still running after the hold: its stream starts (primed, so its client can resume it) before
+            # its answer, which never comes.
+            async with http.stream("POST", url, json=call(7, "sleep", {"seconds": 3600}), headers=asked) as long:
+                assert long.headers["content-type"] == "text/event-stream"
+                first = await anext(long.aiter_text())
+    # Nothing but its response was sent for the call: one JSON body, nothing stored to resume.
+    assert quick.status_code == 200 and quick.headers["content-type"] == "application/json"
+    assert quick.headers["mcp-session-id"] == session
+    assert quick.json()["id"] == 5 and quick.json()["result"]["content"][0]["text"] == "hi"
+    # Progress came first: an event stream, its priming event before anything of it, each event numbered after it.
+    assert streamed.status_code == 200 and streamed.headers["content-type"] == "text/event-stream"
+    priming, *events = sse_events(streamed.text)
     assert priming["data"] == "" and priming["retry"] == "1000"
-    assert int(answer["id"]) > int(priming["id"])
-    (message,) = messages(response)
-    assert json.loads(answer["data"]) == message
-    assert message["id"] == 5 and message["result"]["content"][0]["text"] == "hi"
+    assert [int(e["id"]) > int(priming["id"]) for e in events] == [True, True, True]
+    *progress, answer = messages(streamed)
+    assert [p["params"]["progress"] for p in progress] == [1, 2]
+    assert answer["id"] == 6 and answer["result"]["content"][0]["text"] == "done 2"
+    (primed,) = sse_events(first)
+    assert primed["data"] == "" and primed["retry"] == "1000"
