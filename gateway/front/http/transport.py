@@ -334,7 +334,8 @@ class SessionTransport(StreamableHTTPServerTransport):
 
                 await self._stream(receive, send, produce)
             finally:
-                del self._pending[request_id]
+                if self._pending.get(request_id) is pending:  # (a reused id's own POST may have replaced it)
+                    del self._pending[request_id]
                 await self._clean_up_memory_streams(request_id)
         except Exception as err:
             logger.exception("Error handling POST request")
