@@ -20,8 +20,9 @@ its ledger-off twin):
               the 50 backends live in one process), against one server listing the same number of tools; the
               gateway's resident memory (VmRSS, its own process only) with 1, 10 and 50 backends
   profile     py-spy (``--gil``: samples of the thread holding the GIL) on the gateway process during
-              sequential calls (ledger off, then on) and during ``tools/list`` with 50 backends: stages (inclusive),
-              self time by package and by function, gateway functions inclusive; CPU per request by thread.
+              sequential calls (ledger off, then on; then ``serve --stdio``, ledger off) and during ``tools/list``
+              with 50 backends: stages (inclusive), self time by package and by function, gateway functions
+              inclusive; CPU per request by thread.
               Skipped, with a note, when py-spy is not installed.
 
 ``--quick`` (about a minute on an idle machine): 3 x 30 sequential calls, 3 sessions x 40 calls, tools/list with 1
@@ -476,24 +477,25 @@ def find_py_spy() -> str | None:
 
 
 async def profile(
-    name: str, proc: Proc, load: Callable[[], Awaitable[int]], seconds: float, outdir: Path, py_spy: str
+    name: str, pid: int, load: Callable[[], Awaitable[int]], seconds: float, outdir: Path, py_spy: str
 ) -> dict[str, Any]:
-    """Sample ``proc`` with py-spy (on-CPU samples only, all threads) while ``load`` runs; summarise the stacks."""
+    """Sample process ``pid`` with py-spy (on-CPU samples only, all threads) while ``load`` runs; summarise the
+    stacks."""
     raw = outdir / f"profile-{name}.txt"
     rate = 250
-    cmd = [py_spy, "record", "--pid", str(proc.serving_pid), "--rate", str(rate), "--duration", str(int(seconds) + 1)]
+    cmd = [py_spy, "record", "--pid", str(pid), "--rate", str(rate), "--duration", str(int(seconds) + 1)]
     cmd += ["--format", "raw", "--output", str(raw), "--threads", "--gil"]
     log = outdir / f"profile-{name}.log"
     with open(log, "wb") as stderr:  # noqa: ASYNC230 - a log file, opened once
         spy = await anyio.open_process(cmd, stdout=stderr, stderr=stderr)
         await anyio.sleep(0.5)  # let it attach before the load starts
-        threads_before = thread_cpu(proc.serving_pid)
+        threads_before = thread_cpu(pid)
         t0 = time.perf_counter()
         calls = 0
         while time.perf_counter() - t0 < seconds:  # the load stays inside py-spy's window (seconds + 1)
             calls += await load()
         elapsed = time.perf_counter() - t0
-        threads_after = thread_cpu(proc.serving_pid)
+        threads_after = thread_cpu(pid)
         with anyio.fail_after(30):
             await spy.wait()
     if not raw.exists():
@@ -988,7 +990,7 @@ async def run(args: argparse.Namespace, workdir: Path, procs: Procs) -> dict[str
         measured.add(RELAY)  # every HTTP row is read against the bare relay too
     need = set(measured)
     if "profile" in sections:
-        need |= {"gateway-http", "gateway-http-ledger"}
+        need |= {"gateway-http", "gateway-http-ledger"} | (set() if args.quick else {"gateway-stdio-stdio"})
 
     if need:
         echo_port = free_port()
@@ -1174,8 +1176,28 @@ async def run(args: argparse.Namespace, workdir: Path, procs: Procs) -> dict[str
                     return 20
 
                 say(f"profile: {name} ({plan.profile_s:g} s)")
-                doc["profiles"].append(await profile(key, gw, load, plan.profile_s, outdir, py_spy))
+                doc["profiles"].append(await profile(key, gw.serving_pid, load, plan.profile_s, outdir, py_spy))
                 doc["profiles"][-1]["name"] = f"{t.label}, {name}"
+            stdio = by_key.get("gateway-stdio-stdio")
+            if stdio is not None and not args.quick:
+                before = set(stdio.spawned)
+                session = await client.open(stdio)
+                await warm(session, plan.warmup)
+                opened = [pid for pid in stdio.spawned if pid not in before]
+                tree = children_of()  # ``gateway serve --stdio`` is a supervisor and its serving child
+                serving = [c for pid in opened for c in tree.get(pid, ()) if cmdline(c) == cmdline(pid)] or opened
+
+                async def load_stdio(session: Any = session) -> int:
+                    for _ in range(20):
+                        await echo(session)
+                    return 20
+
+                name = "sequential echo calls, stdio in and out"
+                say(f"profile: gateway --stdio, {name} ({plan.profile_s:g} s)")
+                doc["profiles"].append(
+                    await profile("gateway-stdio-stdio", serving[0], load_stdio, plan.profile_s, outdir, py_spy)
+                )
+                doc["profiles"][-1]["name"] = f"{stdio.label}, {name}"
             g50 = by_key.get("gateway-50")
             if g50 is not None and not args.quick and g50.proc is not None:
                 t, gw = g50, g50.proc
@@ -1187,7 +1209,9 @@ async def run(args: argparse.Namespace, workdir: Path, procs: Procs) -> dict[str
                     return 1
 
                 say(f"profile: tools/list, 50 backends ({plan.profile_s:g} s)")
-                doc["profiles"].append(await profile("gateway-50-list", gw, load_list, plan.profile_s, outdir, py_spy))
+                doc["profiles"].append(
+                    await profile("gateway-50-list", gw.serving_pid, load_list, plan.profile_s, outdir, py_spy)
+                )
                 doc["profiles"][-1]["name"] = "gateway, tools/list with 50 backends x 50 tools"
             if args.profile_dir:
                 notes.append(f"py-spy raw stacks (collapsed) written to {args.profile_dir}")
