@@ -26,11 +26,11 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from functools import partial
 from http import HTTPStatus
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import pydantic_core
-from anyio.streams.memory import MemoryObjectReceiveStream
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.server.streamable_http import (
     CONTENT_TYPE_SSE,
     GET_STREAM_KEY,
@@ -74,6 +74,7 @@ HOLD_S = 1.0
 """How long a POST's answer holds its head for the request's response, to send it as one JSON body."""
 
 Emit = Callable[[bytes], Awaitable[None]]
+T = TypeVar("T")
 
 
 def frame(event: SSEEvent | bytes) -> bytes:
@@ -85,6 +86,23 @@ def frame(event: SSEEvent | bytes) -> bytes:
     if "retry" in event:
         lines.append(f"retry: {event['retry']}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+async def hand_over(stream: MemoryObjectSendStream[T], item: T) -> None:
+    """``stream.send(item)`` without a turn of the event loop when a reader waits or its buffer has room (anyio's
+    ``send`` always yields first: a turn for every message a session sends, and a progress flood is many)."""
+    try:
+        stream.send_nowait(item)
+    except anyio.WouldBlock:
+        await stream.send(item)
+
+
+async def take(stream: MemoryObjectReceiveStream[T]) -> T:
+    """``stream.receive()`` without a turn of the event loop when an item waits already."""
+    try:
+        return stream.receive_nowait()
+    except anyio.WouldBlock:
+        return await stream.receive()
 
 
 class _Routed(WriteEnd[SessionMessage]):
@@ -191,7 +209,7 @@ class SessionTransport(StreamableHTTPServerTransport):
         streams = self._request_streams.get(stream_id)
         if streams is not None:
             try:
-                await streams[0].send(EventMessage(message, event_id))
+                await hand_over(streams[0], EventMessage(message, event_id))
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 self._request_streams.pop(stream_id, None)
 
@@ -253,10 +271,13 @@ class SessionTransport(StreamableHTTPServerTransport):
         the session's end), then forget the stream."""
         try:
             async with reader:
-                async for event_message in reader:
+                while True:
+                    event_message = await take(reader)
                     await emit(frame(self._create_event_data(event_message)))
                     if isinstance(event_message.message, JSONRPCResponse | JSONRPCError):
                         break
+        except anyio.EndOfStream:
+            pass
         except anyio.ClosedResourceError:
             logger.debug("SSE stream closed by close_sse_stream()")
         finally:
@@ -364,7 +385,7 @@ class SessionTransport(StreamableHTTPServerTransport):
     ) -> None:
         """The next message of ``reader`` (the request's response) as one JSON body."""
         try:
-            event_message = await reader.receive()
+            event_message = await take(reader)
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             logger.debug("Session terminated with a request in flight; no response to send")
             text = "Session terminated before the request completed"
