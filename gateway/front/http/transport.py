@@ -50,6 +50,7 @@ from mcp_types import (
     INVALID_PARAMS,
     PARSE_ERROR,
     JSONRPCError,
+    JSONRPCNotification,
     JSONRPCRequest,
     JSONRPCResponse,
     RequestId,
@@ -213,6 +214,14 @@ class SessionTransport(StreamableHTTPServerTransport):
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 self._request_streams.pop(stream_id, None)
 
+    def _cancelled(self, request_id: object) -> None:
+        """A request its client cancelled is answered (its -32800, if anything) on an event stream, not as a JSON
+        body: a client that cancelled no longer reads the answer, and the SDK's client, which forwards a JSON body
+        to its session even after the session closed, fails on it as it exits (a stream's late event it drops)."""
+        pending = self._pending.get(str(request_id)) if isinstance(request_id, int | str) else None
+        if pending is not None:
+            pending.stream()
+
     def close_sse_stream(self, request_id: RequestId) -> None:
         pending = self._pending.get(str(request_id))
         if pending is not None:
@@ -323,6 +332,8 @@ class SessionTransport(StreamableHTTPServerTransport):
             elif not await self._validate_request_headers(request, send):
                 return
             if not isinstance(message, JSONRPCRequest):  # a notification or a response: accepted, then handed on
+                if isinstance(message, JSONRPCNotification) and message.method == "notifications/cancelled":
+                    self._cancelled((message.params or {}).get("requestId"))
                 await self._create_json_response(None, HTTPStatus.ACCEPTED)(scope, receive, send)
                 await writer.send(SessionMessage(message, metadata=self._message_metadata(request)))
                 return

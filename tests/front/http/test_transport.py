@@ -154,3 +154,40 @@ async def test_an_answer_is_one_json_body_unless_something_else_of_the_call_come
     assert answer["id"] == 6 and answer["result"]["content"][0]["text"] == "done 2"
     (primed,) = sse_events(first)
     assert primed["data"] == "" and primed["retry"] == "1000"
+
+
+async def test_a_call_its_client_cancels_is_answered_on_an_event_stream(gateway_process: GatewayProcesses) -> None:
+    """Its client no longer reads the answer: the SDK's client forwards a JSON body to its session even after the
+    session closed, and fails as it exits (a late event of a stream it drops), so the -32800 goes on a stream."""
+    config = f"servers:\n  e: {{transport: stdio, command: {PYTHON}, args: {json.dumps(echo_argv()[1:])}}}\n"
+    gateway = gateway_process(config, tokens="alice=tok-alice")
+    url = gateway.url("/mcp")
+    opening = {**INITIALIZE, "params": {**INITIALIZE["params"], "protocolVersion": RESUMABLE}}
+    call = {
+        "jsonrpc": "2.0",
+        "id": 9,
+        "method": "tools/call",
+        "params": {"name": "sleep", "arguments": {"seconds": 60}},
+    }
+    cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 9, "reason": "enough"}}
+    answered = anyio.Event()
+    answers: list[httpx2.Response] = []
+    async with httpx2.AsyncClient(timeout=30) as http:
+        with anyio.fail_after(60):
+            opened = await http.post(url, json=opening, headers=headers("tok-alice"))
+            asked = {**headers("tok-alice", opened.headers["mcp-session-id"]), "Mcp-Protocol-Version": RESUMABLE}
+
+            async def calling() -> None:
+                answers.append(await http.post(url, json=call, headers=asked))
+                answered.set()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(calling)
+                while not answered.is_set():  # cancelled as soon as the gateway has the call (well within HOLD_S)
+                    assert (await http.post(url, json=cancel, headers=asked)).status_code == 202
+                    with anyio.move_on_after(0.02):
+                        await answered.wait()
+    (answer,) = answers
+    assert answer.headers["content-type"] == "text/event-stream"
+    (refused,) = messages(answer)
+    assert refused["id"] == 9 and refused["error"]["code"] == -32800
