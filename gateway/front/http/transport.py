@@ -14,8 +14,8 @@ written by the same ``_stream``.
 A POST's answer is one JSON body when the first thing the session sends for the request is its response, within
 ``HOLD_S`` (most calls: nothing to stream, nothing to resume, and a client reads the body to its end and keeps its
 connection); it is an event stream, primed for resumption, when something else comes first (progress, a request of
-the back-channel, the stream closed for polling) or nothing has come by then (a long call, kept alive by pings). The
-answer's head waits for that choice (``_Pending``).
+the back-channel, the stream closed for polling, the client's cancellation) or nothing has come by then (a long call,
+kept alive by pings). The answer's head waits for that choice (``_Pending``).
 """
 
 from __future__ import annotations
