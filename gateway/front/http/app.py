@@ -1,8 +1,8 @@
 """The gateway's HTTP app: ``build_app`` assembles the parts behind one ``Guard`` (guard.py).
 
 ``/mcp`` is MCP over streamable HTTP: every POST body checked (body.py), then the caller limits (limits.py), then the
-session transport (transport.py) under the gateway's session manager (sessions.py), its streams resumable
-(resume.py). The routes that tell the gateway's state are status.py's, the status page is mounted at ``/ui`` (ui.py).
+gateway's session manager (sessions.py): a session's requests go to its transport (transport.py), its streams
+resumable (resume.py); a 2026-07-28 request is answered by stateless.py. The routes that tell the gateway's state are status.py's, the status page is mounted at ``/ui`` (ui.py).
 What is read at start (the tokens, OAuth, the shared store, allowed hosts and origins, session limits) a reload does
 not change; the body check's settings, the caller limits and the policies are read at each request.
 """

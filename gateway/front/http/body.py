@@ -42,8 +42,8 @@ class Edge:
     * a session-era request whose id is in flight on the same session is answered ``-32600`` with its id, HTTP 400
       (``InFlight``), and never reaches the SDK.
 
-    The message parsed here is the one a session-era request is served from (front/http/transport.py); the
-    2026-07-28 era's entry parses the body again (microseconds for a call).
+    The message parsed here is the one every request is served from: a session-era one by front/http/transport.py,
+    a 2026-07-28 one by front/http/stateless.py.
     """
 
     def __init__(self, app: ASGIApp, settings: Callable[[], EdgeSettings], in_flight: InFlight | None = None) -> None:

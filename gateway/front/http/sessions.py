@@ -30,10 +30,13 @@ from mcp.server.lowlevel.server import Server
 from mcp.server.runner import serve_connection
 from mcp.server.streamable_http import MCP_SESSION_ID_HEADER, StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecurityMiddleware
+from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 from mcp.shared.transport_context import TransportContext
 from mcp_types import INTERNAL_ERROR, INVALID_REQUEST, InitializeRequestParams
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
+from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from gateway.config import Limits
@@ -41,6 +44,7 @@ from gateway.front.http.replies import reply, rpc_error
 from gateway.front.http.request_ids import InFlight
 from gateway.front.http.resume import RecentEvents
 from gateway.front.http.seal import SealedSession, SessionSeal, owner_digest
+from gateway.front.http.stateless import serve_stateless
 from gateway.front.http.transport import SessionTransport
 from gateway.front.scope import caller_of, message_of, session_digest
 
@@ -52,6 +56,7 @@ logger = logging.getLogger("mcp.server.streamable_http_manager")  # its lines pa
 MAX_ENDED = 100_000
 """Ids of sessions this replica ended, remembered (until they expire) so that they answer 404 here."""
 
+_VERSION_HEADER = MCP_PROTOCOL_VERSION_HEADER.lower().encode("latin-1")
 _MINTED: contextvars.ContextVar[str | None] = contextvars.ContextVar("gateway.session_id", default=None)
 
 
@@ -94,6 +99,29 @@ class SealedSessions(StreamableHTTPSessionManager):
         # Ids re-created here whose transport is registered (so the caps count it) but not yet connected: a request
         # served on it then would meet the SDK's "No read stream writer available" (a bare 500).
         self._reviving: set[str] = set()
+        self._security = TransportSecurityMiddleware(self.security_settings)
+
+    async def _handle_request(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A request of the 2026-07-28 era (told by its ``MCP-Protocol-Version`` header alone, as the SDK tells it)
+        is served by stateless.py, any other by the SDK's session handling below."""
+        version = next((v for k, v in scope["headers"] if k == _VERSION_HEADER), None)
+        if version is None or version.decode("latin-1") in HANDSHAKE_PROTOCOL_VERSIONS:
+            await super()._handle_request(scope, receive, send)
+            return
+        if self._task_group is None:
+            raise RuntimeError("Task group is not initialized. Make sure to use run().")
+        refused = await self._security.validate_request(Request(scope, receive), is_post=scope["method"] == "POST")
+        if refused is not None:
+            await refused(scope, receive, send)
+            return
+        await serve_stateless(
+            self.app,
+            json_response=self.json_response,
+            lifespan_state=self._lifespan_state,
+            scope=scope,
+            receive=receive,
+            send=send,
+        )
 
     async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
         seal = self.seal
