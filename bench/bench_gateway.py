@@ -39,6 +39,8 @@ Targets, for an HTTP downstream (``tests/fixtures/echo_server.py --http``) and a
   gateway-http-ledger-uvloop  the same on uvloop (GATEWAY_UVLOOP=1); only when an --only name contains "uvloop"
   gateway-http-ledger-baseline
                               with --baseline DIR: that checkout's gateway, ledger on (before / after in one run)
+  gateway-http-ledger-modern  the same gateway (ledger on) called by a 2026-07-28 client (stateless requests, the
+                              SDK's ``Client(mode="2026-07-28")``); ``-baseline``: with --baseline DIR, that checkout's
   gateway-http-stdio          ``gateway serve`` (HTTP in) fronting a stdio downstream it spawns
   gateway-stdio-stdio         ``gateway serve --stdio`` spawned by the client, fronting a stdio downstream: the
                               apples-to-apples stdio comparison (stdio in, stdio out); ``-ledger``: ledger on;
@@ -103,6 +105,8 @@ HTTP_KEYS = (
     "gateway-http-ledger",
     "gateway-http-ledger-uvloop",
     "gateway-http-ledger-baseline",
+    "gateway-http-ledger-modern",
+    "gateway-http-ledger-modern-baseline",
     "fastmcp-http",
 )
 FRONT_CPU_BEFORE_MS = {"gateway-http": 5.01, "gateway-http-ledger": 6.05}  # docs/benchmarks.md before issue 17
@@ -228,6 +232,7 @@ class Target:
     floor: str | None = None  # the direct target this one is compared with
     proc: Proc | None = None  # the process whose memory / profile we take (None: spawned by the client)
     slow: bool = False  # FastMCP: fewer calls
+    modern: bool = False  # the client speaks the 2026-07-28 era (stateless requests), not the handshake one
     measured: bool = True  # False: started only for the profile
     down_pids: list[int] = field(default_factory=list)  # an HTTP downstream's process
     spawned: list[int] = field(default_factory=list)  # processes the client spawned for this target's sessions
@@ -336,6 +341,12 @@ class Client:
                         limits=httpx2.Limits(max_connections=500, max_keepalive_connections=500),
                     )
                 )
+            if target.modern:
+                from mcp.client import Client
+
+                transport = streamable_http_client(target.url, http_client=self._http)
+                client = Client(transport, mode="2026-07-28", cache=None)
+                return (await self.stack.enter_async_context(client)).session
             read, write = await self.stack.enter_async_context(
                 streamable_http_client(target.url, http_client=self._http)
             )
@@ -977,7 +988,11 @@ async def run(args: argparse.Namespace, workdir: Path, procs: Procs) -> dict[str
     if not any("uvloop" in f for f in filters):  # uvloop: measured only when an --only name asks for it
         measured.discard("gateway-http-ledger-uvloop")
     if args.baseline is None:
-        measured -= {"gateway-http-ledger-baseline", "gateway-stdio-stdio-baseline"}
+        measured -= {
+            "gateway-http-ledger-baseline",
+            "gateway-http-ledger-modern-baseline",
+            "gateway-stdio-stdio-baseline",
+        }
     if not fastmcp:
         measured -= {"fastmcp-http", "fastmcp-http-stdio"}
     if args.quick:
@@ -1030,6 +1045,20 @@ async def run(args: argparse.Namespace, workdir: Path, procs: Procs) -> dict[str
                 "http",
                 gateway("gateway-http-ledger-baseline", http_down, ledger=True, cwd=args.baseline),
             ),
+            "gateway-http-ledger-modern": lambda: _t(
+                "gateway-http-ledger-modern",
+                "gateway (ledger on), a 2026-07-28 client",
+                "http",
+                gateway("gateway-http-ledger-modern", http_down, ledger=True),
+                modern=True,
+            ),
+            "gateway-http-ledger-modern-baseline": lambda: _t(
+                "gateway-http-ledger-modern-baseline",
+                f"gateway (ledger on), a 2026-07-28 client, baseline {args.baseline_name}",
+                "http",
+                gateway("gateway-http-ledger-modern-baseline", http_down, ledger=True, cwd=args.baseline),
+                modern=True,
+            ),
             "fastmcp-http": lambda: _t(
                 "fastmcp-http", fm, "http", fastmcp_proxy("fastmcp-http", ["--url", echo_url]), slow=True
             ),
@@ -1070,8 +1099,8 @@ async def run(args: argparse.Namespace, workdir: Path, procs: Procs) -> dict[str
             ),
         }
 
-        def _t(key: str, label: str, downstream: str, proc: Proc, slow: bool = False) -> Target:
-            return Target(key, label, downstream, url=endpoint(proc), proc=proc, slow=slow)
+        def _t(key: str, label: str, downstream: str, proc: Proc, slow: bool = False, modern: bool = False) -> Target:
+            return Target(key, label, downstream, url=endpoint(proc), proc=proc, slow=slow, modern=modern)
 
         for key in (*HTTP_KEYS, *STDIO_KEYS):
             if key in need:
