@@ -2,9 +2,10 @@
 
 ``/mcp`` is MCP over streamable HTTP: every POST body checked (body.py), then the caller limits (limits.py), then the
 gateway's session manager (sessions.py): a session's requests go to its transport (transport.py), its streams
-resumable (resume.py); a 2026-07-28 request is answered by stateless.py. The routes that tell the gateway's state are status.py's, the status page is mounted at ``/ui`` (ui.py).
-What is read at start (the tokens, OAuth, the shared store, allowed hosts and origins, session limits) a reload does
-not change; the body check's settings, the caller limits and the policies are read at each request.
+resumable (resume.py); a 2026-07-28 request is answered by stateless.py. The routes that tell the gateway's state are
+status.py's, the status page is mounted at ``/ui`` (ui.py). What is read at start (the tokens, OAuth, the shared
+store, allowed hosts and origins, session limits) a reload does not change; the body check's settings, the caller
+limits and the policies are read at each request.
 """
 
 from __future__ import annotations

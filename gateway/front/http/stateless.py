@@ -262,9 +262,12 @@ async def _answer_held(exchange: _Exchange, serve: Awaitable[dict[str, Any]], re
     """Serve the request in this task; a request still running after ``HOLD_S`` gets a task that watches its client
     (``_Exchange.watch``), started by a timer the event loop drops when the answer comes first."""
     answered: dict[str, Any] | None = None
+    watching = False
     async with anyio.create_task_group() as tasks:
 
         def watch() -> None:
+            nonlocal watching
+            watching = True
             tasks.start_soon(exchange.watch, receive, tasks.cancel_scope)
 
         timer = asyncio.get_running_loop().call_later(HOLD_S, watch)
@@ -272,7 +275,8 @@ async def _answer_held(exchange: _Exchange, serve: Awaitable[dict[str, Any]], re
             answered = await serve
         finally:
             timer.cancel()
-            tasks.cancel_scope.cancel()
+            if watching:  # (a cancel costs a scope's walk and a message: not paid when no task was started)
+                tasks.cancel_scope.cancel()
     if answered is not None:  # else the client left and the request was cancelled
         await exchange.answer(answered)
 
