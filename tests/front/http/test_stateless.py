@@ -10,43 +10,14 @@ from typing import Any
 import anyio
 import pytest
 from starlette.requests import Request
-from starlette.types import Message
 
 from gateway.front.http import stateless
 from gateway.front.http.stateless import _answer_held, _Exchange
+from tests.fixtures.asgi_wire import Wire
 
 pytestmark = pytest.mark.anyio
 
 ANSWER = {"jsonrpc": "2.0", "id": 7, "result": {"content": []}}
-
-
-class Wire:
-    """An ASGI connection for one response: what was sent, whether anything read from the client, and a client
-    that leaves when told."""
-
-    def __init__(self) -> None:
-        self.sent: list[Message] = []
-        self.reading = anyio.Event()
-        self.leave = anyio.Event()
-        self.pinged = anyio.Event()
-
-    async def receive(self) -> Message:
-        self.reading.set()
-        await self.leave.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(self, message: Message) -> None:
-        self.sent.append(message)
-        if message.get("body", b"").startswith(b": ping"):
-            self.pinged.set()
-
-    def head(self) -> tuple[int, dict[bytes, bytes]]:
-        start = self.sent[0]
-        assert start["type"] == "http.response.start"
-        return start["status"], dict(start["headers"])
-
-    def bodies(self) -> list[bytes]:
-        return [m["body"] for m in self.sent if m["type"] == "http.response.body"]
 
 
 def exchange(wire: Wire, progress_token: Any = None) -> _Exchange:

@@ -10,10 +10,10 @@ import anyio
 import httpx2
 import pytest
 from sse_starlette.event import ensure_bytes
-from starlette.types import Message
 
 from gateway.front.http import transport
 from gateway.front.http.transport import Emit, SessionTransport, frame
+from tests.fixtures.asgi_wire import Wire
 from tests.fixtures.gateway_proc import PYTHON, GatewayProcesses, echo_argv
 from tests.fixtures.raw_http import INITIALIZE, headers, messages, sse_events
 
@@ -35,27 +35,6 @@ RESUMABLE = "2025-11-25"
 )
 def test_an_event_is_framed_as_sse_starlette_framed_it(event: dict[str, Any]) -> None:
     assert frame(event) == ensure_bytes(event, "\r\n")
-
-
-class Wire:
-    """An ASGI connection for one response: what was sent, and a client that leaves when told."""
-
-    def __init__(self) -> None:
-        self.sent: list[Message] = []
-        self.leave = anyio.Event()
-        self.pinged = anyio.Event()
-
-    async def receive(self) -> Message:
-        await self.leave.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(self, message: Message) -> None:
-        self.sent.append(message)
-        if message.get("body", b"").startswith(b": ping"):
-            self.pinged.set()
-
-    def bodies(self) -> list[bytes]:
-        return [m["body"] for m in self.sent if m["type"] == "http.response.body"]
 
 
 def session_transport() -> SessionTransport:
