@@ -41,6 +41,9 @@ Targets, for an HTTP downstream (``tests/fixtures/echo_server.py --http``) and a
                               with --baseline DIR: that checkout's gateway, ledger on (before / after in one run)
   gateway-http-ledger-modern  the same gateway (ledger on) called by a 2026-07-28 client (stateless requests, the
                               SDK's ``Client(mode="2026-07-28")``); ``-baseline``: with --baseline DIR, that checkout's
+  relay-stdio                 ``bare_stdio_relay.py``, spawned by the client, spawning the echo server (parse,
+                              rename, write on; the answers passed back as they come): the floor of a Python
+                              gateway over stdio; the ``gateway-stdio-stdio`` rows are also read as a ratio to it
   gateway-http-stdio          ``gateway serve`` (HTTP in) fronting a stdio downstream it spawns
   gateway-stdio-stdio         ``gateway serve --stdio`` spawned by the client, fronting a stdio downstream: the
                               apples-to-apples stdio comparison (stdio in, stdio out); ``-ledger``: ledger on;
@@ -90,6 +93,7 @@ ECHO = ROOT / "tests" / "fixtures" / "echo_server.py"
 MULTI_ECHO = ROOT / "bench" / "multi_echo.py"
 FASTMCP_PROXY = ROOT / "bench" / "fastmcp_proxy.py"
 BARE_RELAY = ROOT / "bench" / "bare_relay.py"
+BARE_STDIO_RELAY = ROOT / "bench" / "bare_stdio_relay.py"
 FASTMCP_PYTHON = ROOT / ".tools" / "bin" / "fastmcp-python"
 PY = sys.executable
 SECTIONS = ("calls", "throughput", "list", "profile")
@@ -111,8 +115,10 @@ HTTP_KEYS = (
 )
 FRONT_CPU_BEFORE_MS = {"gateway-http": 5.01, "gateway-http-ledger": 6.05}  # docs/benchmarks.md before issue 17
 RELAY = "relay-http"  # the bare relay (bare_relay.py): the floor of a Python gateway, beside the direct floor
+STDIO_RELAY = "relay-stdio"  # bare_stdio_relay.py, spawned by the client: the floor of a Python gateway over stdio
 STDIO_KEYS = (
     "direct-stdio",
+    "relay-stdio",
     "gateway-http-stdio",
     "gateway-stdio-stdio",
     "gateway-stdio-stdio-ledger",
@@ -696,6 +702,18 @@ def verdicts(doc: dict[str, Any]) -> list[dict[str, Any]]:
         lambda v: v <= 1.3,
     )
     add(
+        "p50, stdio like-for-like (gateway --stdio / bare stdio relay)",
+        ratio_of("gateway-stdio-stdio", STDIO_RELAY, "seq", "p50_ms"),
+        "(reference)",
+        lambda v: True,
+    )
+    add(
+        "p50, stdio like-for-like (bare stdio relay / direct stdio): the floor of a Python relay",
+        ratio_of(STDIO_RELAY, "direct-stdio", "seq", "p50_ms"),
+        "(reference)",
+        lambda v: True,
+    )
+    add(
         "p50, HTTP downstream (gateway / direct)",
         ratio_of("gateway-http", "direct-http", "seq", "p50_ms"),
         "<= 1.3x",
@@ -744,6 +762,13 @@ def verdicts(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def relay_of(key: str) -> str | None:
+    """The bare relay a target is read against: HTTP in and out, or stdio in and out (None: no like-for-like)."""
+    if key in HTTP_KEYS:
+        return RELAY
+    return STDIO_RELAY if key.startswith("gateway-stdio-stdio") else None
+
+
 def report(doc: dict[str, Any]) -> str:
     out: list[str] = []
     env = doc["environment"]
@@ -768,10 +793,10 @@ def report(doc: dict[str, Any]) -> str:
     if calls:
         by_key = {t["key"]: t for t in doc["targets"]}
         out.append("## Calls (echo tool)\n")
-        relay = by_key.get(RELAY, {})
 
         def vs_relay(t: dict[str, Any], section: str, field: str, sub: str | None = None) -> str:
-            if t["downstream"] != "http" or not relay or t["key"] == RELAY:
+            relay = by_key.get(relay_of(t["key"]) or "", {})
+            if not relay or t["key"] in (RELAY, STDIO_RELAY):
                 return "-"
             a, b = t.get(section, {}), relay.get(section, {})
             if sub is not None:
@@ -1003,6 +1028,8 @@ async def run(args: argparse.Namespace, workdir: Path, procs: Procs) -> dict[str
     measured |= {floors[k] for k in measured}
     if measured & set(HTTP_KEYS):
         measured.add(RELAY)  # every HTTP row is read against the bare relay too
+    if any(k.startswith("gateway-stdio-stdio") for k in measured):
+        measured.add(STDIO_RELAY)  # and stdio in, stdio out against the bare stdio relay
     need = set(measured)
     if "profile" in sections:
         need |= {"gateway-http", "gateway-http-ledger"} | (set() if args.quick else {"gateway-stdio-stdio"})
@@ -1064,6 +1091,12 @@ async def run(args: argparse.Namespace, workdir: Path, procs: Procs) -> dict[str
             ),
             "direct-stdio": lambda: Target(
                 "direct-stdio", "direct (client spawns the server)", "stdio", argv=echo_stdio
+            ),
+            "relay-stdio": lambda: Target(
+                "relay-stdio",
+                "bare relay (client spawns it, it spawns the server)",
+                "stdio",
+                argv=[PY, str(BARE_STDIO_RELAY), "--", *echo_stdio],
             ),
             "gateway-http-stdio": lambda: _t(
                 "gateway-http-stdio",
