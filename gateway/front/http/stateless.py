@@ -57,7 +57,8 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
-from gateway.front.http.transport import HOLD_S, PING_S
+from gateway.front.http.replies import dumps, reply, respond, rpc_error
+from gateway.front.http.transport import HOLD_S, watch_client
 from gateway.front.scope import parsed_of
 
 __all__ = ["serve_stateless"]
@@ -72,43 +73,22 @@ _SSE_HEADERS: Final = [
 ]
 _PING: Final = b": ping\r\n\r\n"
 _PARAM_PREFIX: Final = MCP_PARAM_HEADER_PREFIX.lower()
-_INVALID_BODY: Final = {
-    "code": INVALID_REQUEST,
-    "message": "Body must be a single JSON-RPC request or notification object",
-}
-
-
-def _dumps(document: Mapping[str, Any]) -> bytes:
-    return json.dumps(document, separators=(",", ":")).encode()
+_INVALID_BODY: Final = "Body must be a single JSON-RPC request or notification object"
 
 
 def _event(document: Mapping[str, Any]) -> bytes:
     """One SSE ``message`` event."""
-    return b"event: message\r\ndata: " + _dumps(document) + b"\r\n\r\n"
-
-
-def _error(request_id: RequestId | None, error: Mapping[str, Any]) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": request_id, "error": {k: v for k, v in error.items() if v is not None}}
+    return b"event: message\r\ndata: " + dumps(document) + b"\r\n\r\n"
 
 
 async def _write(send: Send, document: Mapping[str, Any]) -> None:
     """A whole JSON answer, its HTTP status the one the error's code maps to (200 for a result)."""
     error = document.get("error")
-    status = ERROR_CODE_HTTP_STATUS.get(error["code"], 200) if isinstance(error, Mapping) else 200
-    body = _dumps(document)
-    head = [(b"content-length", str(len(body)).encode()), (b"content-type", b"application/json")]
-    await send({"type": "http.response.start", "status": status, "headers": head})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def _status(send: Send, status: int, headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    head = [(b"content-length", b"0"), *(headers or [])]
-    await send({"type": "http.response.start", "status": status, "headers": head})
-    await send({"type": "http.response.body", "body": b""})
+    await reply(send, ERROR_CODE_HTTP_STATUS.get(error["code"], 200) if isinstance(error, Mapping) else 200, document)
 
 
 def _rejection(request_id: RequestId | None, rejection: InboundLadderRejection) -> dict[str, Any]:
-    return _error(request_id, {"code": rejection.code, "message": rejection.message, "data": rejection.data})
+    return rpc_error(request_id, rejection.code, rejection.message, rejection.data)
 
 
 class _Exchange:
@@ -180,16 +160,9 @@ class _Exchange:
 
     async def watch(self, receive: Receive, scope: anyio.CancelScope) -> None:
         """Until the answer ends: cancel the request when its client leaves; a comment after every ``PING_S``
-        without an event (the first begins the stream), so that proxies keep the connection open."""
-        while True:
-            with anyio.move_on_after(self.quiet_since + PING_S - anyio.current_time()):
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    scope.cancel()
-                    return
-                continue
-            if anyio.current_time() >= self.quiet_since + PING_S:
-                await self.emit(_PING)
+        without an event (the first begins the stream)."""
+        await watch_client(receive, lambda: self.quiet_since, lambda: self.emit(_PING))
+        scope.cancel()
 
 
 async def _served(
@@ -201,7 +174,8 @@ async def _served(
             server, exchange, request.method, request.params, connection=connection, lifespan_state=lifespan_state
         )
     except Exception as exc:
-        return _error(request.id, modern_error_data(exc).model_dump(mode="json", by_alias=True))
+        error = modern_error_data(exc).model_dump(mode="json", by_alias=True)
+        return rpc_error(request.id, error["code"], error["message"], error.get("data"))
     return {"jsonrpc": "2.0", "id": request.id, "result": result}
 
 
@@ -211,18 +185,18 @@ async def serve_stateless(
     """Answer one 2026-07-28 request (see the module docstring)."""
     request = Request(scope, receive)
     if request.method != "POST":
-        await _status(send, 405, [(b"allow", b"POST")])
+        await respond(send, 405, headers=[(b"allow", b"POST")])
         return
     has_json, has_sse = check_accept_headers(request)
     if not has_json or (not json_response and not has_sse):
-        await _status(send, 406)
+        await respond(send, 406)
         return
     decoded: Any = parsed_of(scope)
     if decoded is None:  # not an object, or not through the edge's body check: parsed here
         try:
             decoded = json.loads(await request.body())
         except (ValueError, RecursionError):  # an oversized integer is a bare ValueError, deep nesting recursion
-            await _write(send, _error(None, {"code": PARSE_ERROR, "message": "Parse error"}))
+            await _write(send, rpc_error(None, PARSE_ERROR, "Parse error"))
             return
     if isinstance(decoded, dict) and "id" not in decoded:  # a notification (JSON-RPC 2.0 4.1: no id member)
         await _acknowledge(decoded, request, send)
@@ -230,10 +204,10 @@ async def serve_stateless(
     try:
         message = JSONRPCRequest.model_validate(decoded)
     except ValidationError:  # a batch, a posted response, a malformed envelope
-        await _write(send, _error(None, _INVALID_BODY))
+        await _write(send, rpc_error(None, INVALID_REQUEST, _INVALID_BODY))
         return
     if message.method == "subscriptions/listen" and not has_sse:  # its answer is a stream, whatever else is asked
-        await _status(send, 406)
+        await respond(send, 406)
         return
     duplicated = find_duplicated_routing_header(request.headers.items())
     if duplicated is not None:
@@ -310,10 +284,10 @@ async def _acknowledge(decoded: dict[str, Any], request: Request, send: Send) ->
     try:
         JSONRPCNotification.model_validate(decoded)
     except ValidationError:
-        await _write(send, _error(None, _INVALID_BODY))
+        await _write(send, rpc_error(None, INVALID_REQUEST, _INVALID_BODY))
         return
     refused = unsupported_protocol_version_rejection(request.headers.get(MCP_PROTOCOL_VERSION_HEADER, ""))
     if refused is not None:
         await _write(send, _rejection(None, refused))
         return
-    await _status(send, 202)
+    await respond(send, 202)

@@ -64,7 +64,7 @@ from gateway.front.http.resume import SessionEvents
 from gateway.front.scope import parsed_of
 from gateway.front.streams import WriteEnd
 
-__all__ = ["HOLD_S", "PING_S", "SessionTransport"]
+__all__ = ["HOLD_S", "PING_S", "SessionTransport", "watch_client"]
 
 logger = logging.getLogger("mcp.server.streamable_http")  # its lines pass the session-id filter (sessions.py)
 
@@ -75,6 +75,20 @@ HOLD_S = 1.0
 """How long a POST's answer holds its head for the request's response, to send it as one JSON body."""
 
 Emit = Callable[[bytes], Awaitable[None]]
+
+
+async def watch_client(receive: Receive, quiet_since: Callable[[], float], ping: Callable[[], Awaitable[None]]) -> None:
+    """Watch an event stream's client until it leaves (then return): ``ping()`` (a comment) whenever the stream has
+    sent nothing for ``PING_S`` since ``quiet_since()``, so that proxies keep the connection open."""
+    while True:
+        with anyio.move_on_after(quiet_since() + PING_S - anyio.current_time()):
+            if (await receive())["type"] == "http.disconnect":
+                return
+            continue
+        if anyio.current_time() >= quiet_since() + PING_S:
+            await ping()
+
+
 T = TypeVar("T")
 
 
@@ -258,15 +272,11 @@ class SessionTransport(StreamableHTTPServerTransport):
 
         async def watch() -> None:
             nonlocal left
-            while True:
-                with anyio.move_on_after(quiet_since + PING_S - anyio.current_time()):
-                    if (await receive())["type"] == "http.disconnect":
-                        left = True
-                        tg.cancel_scope.cancel()
-                        return
-                    continue
-                if anyio.current_time() >= quiet_since + PING_S:
-                    await emit(f": ping - {datetime.now(UTC)}\r\n\r\n".encode())
+            await watch_client(
+                receive, lambda: quiet_since, lambda: emit(f": ping - {datetime.now(UTC)}\r\n\r\n".encode())
+            )
+            left = True
+            tg.cancel_scope.cancel()
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(watch)

@@ -11,7 +11,7 @@ import anyio
 import pytest
 from starlette.requests import Request
 
-from gateway.front.http import stateless
+from gateway.front.http import stateless, transport
 from gateway.front.http.stateless import _answer_held, _Exchange
 from tests.fixtures.asgi_wire import Wire
 
@@ -107,7 +107,7 @@ async def test_a_request_silent_past_the_ping_interval_is_kept_alive_on_an_event
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(stateless, "HOLD_S", 0.01)
-    monkeypatch.setattr(stateless, "PING_S", 0.05)
+    monkeypatch.setattr(transport, "PING_S", 0.05)  # the shared watcher's (transport.watch_client)
     wire = Wire()
 
     async def serve() -> dict[str, Any]:
