@@ -40,7 +40,7 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -175,13 +175,29 @@ class Phase:
     latencies: dict[str, list[float]]
     failures: dict[str, list[str]]
     starts: dict[str, list[float]]  # when each call was sent, seconds after the phase's first call
+    # during each call, the gateway's event-loop thread: (ms it ran, ms it was ready but waited for a CPU)
+    gateway_ms: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+
+
+def _sched_ms(pid: int | None) -> tuple[float, float]:
+    """The main thread of ``pid`` (the gateway's event loop): ms on a CPU and ms waiting for one, so far
+    (``/proc/PID/schedstat``); zeros without a pid or the file."""
+    if pid is None:
+        return 0.0, 0.0
+    try:
+        ran, waited, _ = Path(f"/proc/{pid}/schedstat").read_text().split()
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    return int(ran) / 1e6, int(waited) / 1e6
 
 
 async def bystander(
-    http: httpx2.AsyncClient, targets: dict[str, Target], sessions: dict[str, str], plan: Plan
+    http: httpx2.AsyncClient, targets: dict[str, Target], sessions: dict[str, str], plan: Plan, gateway: int | None
 ) -> Phase:
-    """Bob's calls, one backend after another in turn, each timed."""
+    """Bob's calls, one backend after another in turn, each timed (with what the gateway's event loop did
+    meanwhile: ran, or waited for a CPU)."""
     phase = Phase({b: [] for b in BYSTANDER_TOOLS}, {b: [] for b in BYSTANDER_TOOLS}, {b: [] for b in BYSTANDER_TOOLS})
+    phase.gateway_ms = {b: [] for b in BYSTANDER_TOOLS}
     rid = 1000
     begun = time.monotonic()
     for _ in range(plan.calls):
@@ -189,6 +205,7 @@ async def bystander(
             target, session = targets[backend], sessions[backend]
             url, tool = target.url, target.prefix + tool
             rid += 1
+            ran, waited = _sched_ms(gateway)
             started = time.monotonic()
             failure = None
             try:
@@ -208,6 +225,8 @@ async def bystander(
             except (httpx2.HTTPError, ValueError, KeyError, IndexError) as exc:
                 failure = f"{type(exc).__name__}: {exc}"[:160]
             elapsed = time.monotonic() - started
+            ran_after, waited_after = _sched_ms(gateway)
+            phase.gateway_ms[backend].append((ran_after - ran, waited_after - waited))
             phase.latencies[backend].append(elapsed)
             phase.starts[backend].append(started - begun)
             if failure is not None:
@@ -366,7 +385,7 @@ async def run(plan: Plan, workdir: Path, direct: bool = False, parts: tuple[str,
                 await http.post(targets[name].url, json=call, headers=_headers("tok-bob", bobs[name]))
             say("quiet phase")
             ticks = cpu_ticks()
-            quiet = await bystander(http, targets, bobs, plan)
+            quiet = await bystander(http, targets, bobs, plan, pid)
             machine = {"quiet": cpu_shares(ticks, cpu_ticks())}
             rss_quiet = vm_kb(pid).get("VmRSS", 0) if pid is not None else 0
             say("attack phase")
@@ -401,7 +420,7 @@ async def run(plan: Plan, workdir: Path, direct: bool = False, parts: tuple[str,
                     if await said.receive_until(b"\n", 64) != b"sent":
                         raise HarnessError("alice's process did not start her attack")
                 ticks = cpu_ticks()
-                under_attack = await bystander(http, targets, bobs, plan)
+                under_attack = await bystander(http, targets, bobs, plan, pid)
                 machine["attack"] = cpu_shares(ticks, cpu_ticks())
                 cpu_attack = {name: cpu_s(p) - cpu_before[name] for name, p in burners.items()}
                 stop.set()
@@ -467,14 +486,25 @@ async def _wait_ready(http: httpx2.AsyncClient, port: int, gateway: Any) -> None
     raise HarnessError(f"the gateway was not ready within {READY_TIMEOUT_S:g} s: {gateway.output()}")
 
 
-def _slow_calls(result: dict[str, Any]) -> list[tuple[float, str, float]]:
-    """Bob's calls under attack slower than twice his quiet p99: (when sent, backend, ms), in the order sent."""
+def _slow_calls(result: dict[str, Any]) -> list[tuple[float, str, float, tuple[float, float] | None]]:
+    """Bob's calls under attack slower than twice his quiet p99: (when sent, backend, ms, what the gateway's event
+    loop did meanwhile: ms it ran and ms it waited for a CPU), in the order sent."""
     slow = []
     for backend, latencies in result["attack"]["latencies"].items():
         bound = 2 * _pct(result["quiet"]["latencies"][backend], 0.99)
         starts = result["attack"]["starts"][backend]
-        slow += [(at, backend, s * 1000) for at, s in zip(starts, latencies, strict=True) if s * 1000 > bound]
+        sched = result["attack"].get("gateway_ms", {}).get(backend) or [None] * len(latencies)
+        slow += [
+            (at, backend, s * 1000, tuple(g) if g else None)
+            for at, s, g in zip(starts, latencies, sched, strict=True)
+            if s * 1000 > bound
+        ]
     return sorted(slow)
+
+
+def _slow_call(at: float, backend: str, ms: float, gateway: tuple[float, float] | None) -> str:
+    text = f"{backend} +{at:.2f} s {ms:.0f}"
+    return text if not gateway else f"{text} (the gateway's loop ran {gateway[0]:.1f} ms, waited {gateway[1]:.1f} ms)"
 
 
 def report(result: dict[str, Any], env: dict[str, Any]) -> str:
@@ -509,13 +539,19 @@ def report(result: dict[str, Any], env: dict[str, Any]) -> str:
         f"{result['rss_kb']['peak_under_attack'] / 1024:.0f} MB, end {result['rss_kb']['end'] / 1024:.0f} MB.",
         "CPU seconds while bob was timed under attack: "
         + ", ".join(f"{name} {cpu:.1f}" for name, cpu in sorted(result["cpu_s_under_attack"].items())),
+        "The gateway's event loop during bob's calls (ms it ran / ms it waited for a CPU, summed): "
+        + "; ".join(
+            f"{phase} {sum(r for g in result[phase].get('gateway_ms', {}).values() for r, _ in g):.0f} / "
+            f"{sum(w for g in result[phase].get('gateway_ms', {}).values() for _, w in g):.0f}"
+            for phase in ("quiet", "attack")
+        ),
         "The machine's CPUs while bob was timed: "
         + "; ".join(
             f"{phase} {shares['busy']:.0%} busy, {shares['stolen']:.0%} taken by the host"
             for phase, shares in result["machine"].items()
         ),
         "Bob's calls over twice his quiet p99 under attack (seconds after his first, and ms): "
-        + (", ".join(f"{b} +{at:.2f} s {ms:.0f}" for at, b, ms in _slow_calls(result)) or "none"),
+        + (", ".join(_slow_call(*slow) for slow in _slow_calls(result)) or "none"),
         "Backends at the end: "
         + "; ".join(
             f"{n}: {b['state']}" + (f" ({b['last_error']})" if b["last_error"] else "")
