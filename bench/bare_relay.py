@@ -21,6 +21,17 @@ PASS_HEADERS = (b"content-type", b"accept", b"mcp-session-id", b"mcp-protocol-ve
 BACK_HEADERS = ("content-type", "mcp-session-id", "cache-control")
 
 
+def renamed(message: bytes, prefix: str) -> bytes:
+    """A JSON-RPC message parsed, a ``tools/call``'s tool renamed (``prefix`` stripped), and dumped again."""
+    doc = json.loads(message)
+    if isinstance(doc, dict) and doc.get("method") == "tools/call" and prefix:
+        params = doc.get("params") or {}
+        name = params.get("name")
+        if isinstance(name, str) and name.startswith(prefix):
+            params["name"] = name[len(prefix) :]
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
 def make_app(url: str, prefix: str) -> Any:
     import httpx2
 
@@ -49,13 +60,7 @@ def make_app(url: str, prefix: str) -> Any:
             if not message.get("more_body"):
                 break
         if scope["method"] == "POST" and body:
-            doc = json.loads(body)
-            if isinstance(doc, dict) and doc.get("method") == "tools/call" and prefix:
-                params = doc.get("params") or {}
-                name = params.get("name")
-                if isinstance(name, str) and name.startswith(prefix):
-                    params["name"] = name[len(prefix) :]
-            body = json.dumps(doc, separators=(",", ":")).encode()
+            body = renamed(body, prefix)
         headers = {k.decode(): v.decode() for k, v in scope["headers"] if k in PASS_HEADERS}
         request = client.build_request(scope["method"], url, headers=headers, content=body or None)
         response = await client.send(request, stream=True)

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
+
+from bare_relay import renamed  # the HTTP relay's parse, rename and dump (this script's folder is on the path)
 
 
 class _Lines(asyncio.Protocol):
@@ -46,16 +47,8 @@ async def relay(argv: list[str], prefix: str) -> int:
     out_transport, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(1, "wb", buffering=0))
 
     def from_client(line: bytes) -> None:
-        if not line.strip():
-            return
-        doc = json.loads(line)
-        if isinstance(doc, dict) and doc.get("method") == "tools/call" and prefix:
-            params = doc.get("params") or {}
-            name = params.get("name")
-            if isinstance(name, str) and name.startswith(prefix):
-                params["name"] = name[len(prefix) :]
-        line = json.dumps(doc, separators=(",", ":")).encode()
-        to_child.write(line + b"\n")
+        if line.strip():
+            to_child.write(renamed(line, prefix) + b"\n")
 
     client_in = _Lines(from_client)
     await loop.connect_read_pipe(lambda: client_in, os.fdopen(0, "rb", buffering=0))
