@@ -351,7 +351,9 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000 if ordered else float("nan")
 
 
-async def run(plan: Plan, workdir: Path, direct: bool = False, parts: tuple[str, ...] = PARTS) -> dict[str, Any]:
+async def run(
+    plan: Plan, workdir: Path, direct: bool = False, parts: tuple[str, ...] = PARTS, nice: int | None = None
+) -> dict[str, Any]:
     procs = Procs(workdir)
     try:
         h_port, f_port, g_port = free_port(), free_port(), free_port()
@@ -374,6 +376,9 @@ async def run(plan: Plan, workdir: Path, direct: bool = False, parts: tuple[str,
         async with httpx2.AsyncClient(timeout=CALL_TIMEOUT_S) as http:
             if gateway is not None:
                 await _wait_ready(http, g_port, gateway)
+                if nice is not None:  # the gateway's own processes (its stdio server, already spawned, keeps its own)
+                    for process in {gateway.pid, gateway.serving_pid}:
+                        os.setpriority(os.PRIO_PROCESS, process, nice)
             else:
                 for target in targets.values():
                     await _wait_listening(target.port)
@@ -574,6 +579,13 @@ def main() -> int:
     parser.add_argument(
         "--attack", action="append", choices=PARTS, help="run only this part of the attack (repeatable; default all)"
     )
+    parser.add_argument(
+        "--gateway-nice",
+        type=int,
+        metavar="N",
+        help="run the gateway at this niceness (its servers and the callers at theirs): -5, as an operator's "
+        "Nice=-5 would (a negative value needs the privilege to raise a priority)",
+    )
     parser.add_argument("--alice", help=argparse.SUPPRESS)  # the attacker's own process (JSON: what to attack)
     args = parser.parse_args()
     if args.alice is not None:
@@ -585,10 +597,10 @@ def main() -> int:
     try:
         if args.keep is not None:
             args.keep.mkdir(parents=True, exist_ok=True)
-            result = anyio.run(run, plan, args.keep, args.direct, parts)
+            result = anyio.run(run, plan, args.keep, args.direct, parts, args.gateway_nice)
         else:
             with tempfile.TemporaryDirectory(prefix="soak-hostile-") as folder:
-                result = anyio.run(run, plan, Path(folder), args.direct, parts)
+                result = anyio.run(run, plan, Path(folder), args.direct, parts, args.gateway_nice)
     except HarnessError as exc:
         say(f"harness failed: {exc}")
         return 2
