@@ -545,10 +545,14 @@ def report(result: dict[str, Any], env: dict[str, Any]) -> str:
         "CPU seconds while bob was timed under attack: "
         + ", ".join(f"{name} {cpu:.1f}" for name, cpu in sorted(result["cpu_s_under_attack"].items())),
         "The gateway's event loop during bob's calls (ms it ran / ms it waited for a CPU, summed): "
-        + "; ".join(
-            f"{phase} {sum(r for g in result[phase].get('gateway_ms', {}).values() for r, _ in g):.0f} / "
-            f"{sum(w for g in result[phase].get('gateway_ms', {}).values() for _, w in g):.0f}"
-            for phase in ("quiet", "attack")
+        + (
+            "; ".join(
+                f"{phase} {sum(r for g in result[phase].get('gateway_ms', {}).values() for r, _ in g):.0f} / "
+                f"{sum(w for g in result[phase].get('gateway_ms', {}).values() for _, w in g):.0f}"
+                for phase in ("quiet", "attack")
+            )
+            if not result.get("direct")
+            else "no gateway"
         ),
         "The machine's CPUs while bob was timed: "
         + "; ".join(
