@@ -47,10 +47,10 @@ FLUSH_S = 1.0
 """How long a request's end waits for its waiting notifications to reach its client before the answer goes."""
 SLOW_S = 0.25
 """A send to the client under way this long means it does not keep up: its progress is coalesced from then on. A
-send waits only while the connection's buffers are full (``gateway.edge.send_buffer_bytes`` and the server's own):
-a client that reads, even slowly, frees them sooner; one that took nothing for this long while a downstream floods
-it costs every caller's CPU for each moment more it is waited for (a flood over stdio is read whole: the pipe is
-shared)."""
+send waits only while the connection holds more than ``UNSENT_BYTES`` unsent (front/http/transport.py) or the
+kernel's buffers are full: a client that reads, even slowly, frees them sooner; one that took nothing for this long
+while a downstream floods it costs every caller's CPU for each moment more it is waited for (a flood over stdio is
+read whole: the pipe is shared)."""
 FLOOD_BYTES = 64 * 1024
 """Progress coalesced away while a send has been stuck for ``SLOW_S`` beyond this (about 600 notifications, where a
 progress bar needs a few a second) is a flood its client does not read: the request is given up."""

@@ -1,8 +1,9 @@
 """What the HTTP edge hands on about a request in its ASGI scope, the one way ASGI passes a request's values between
 layers of middleware: who is calling (made once by the guard), the JSON-RPC message as the client sent it, the same
 message as the body passed on holds it (parsed once, for the session transport) and what was withheld from its
-arguments (the body check), and a ``tools/call``'s place in its caller's concurrent calls (the limits). One key and
-one typed accessor each, so nothing reads a scope by hand.
+arguments (the body check), a ``tools/call``'s place in its caller's concurrent calls (the limits), and how much its
+connection holds unsent (the edge's connection, for an event stream to wait for a client that does not keep up). One
+key and one typed accessor each, so nothing reads a scope by hand.
 
 Session ids are bearer credentials: the log, the ledger and spans name a session by ``session_digest`` only.
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import contextvars
 import hashlib
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -36,7 +37,9 @@ __all__ = [
     "set_hold",
     "set_message",
     "set_parsed",
+    "set_unsent",
     "set_withheld",
+    "unsent_of",
     "withheld_of",
 ]
 
@@ -45,6 +48,7 @@ _MESSAGE = "gateway.message"
 _PARSED = "gateway.parsed"
 _WITHHELD = "gateway.withheld"
 _HOLD = "gateway.hold"
+_UNSENT = "gateway.unsent"
 
 
 class CallHold(Protocol):
@@ -107,6 +111,17 @@ def set_hold(scope: MutableMapping[str, Any], hold: CallHold) -> None:
 def hold_of(scope: Mapping[str, Any] | None) -> CallHold | None:
     """The place the caller's limits gave this ``tools/call`` (None: the caller has no concurrent-calls limit)."""
     return scope.get("state", {}).get(_HOLD) if scope is not None else None
+
+
+def set_unsent(scope: MutableMapping[str, Any], unsent: Callable[[], int]) -> None:
+    _state(scope)[_UNSENT] = unsent
+
+
+def unsent_of(scope: Mapping[str, Any]) -> Callable[[], int] | None:
+    """How to tell how many bytes of answers the request's connection holds unsent (front/http/connections.py; None:
+    the request did not come through the edge)."""
+    found = scope.get("state", {}).get(_UNSENT)
+    return found if callable(found) else None
 
 
 def session_digest(session_id: str | None) -> str | None:

@@ -21,6 +21,7 @@ import anyio
 import httpx2
 import pytest
 
+from gateway.front.http.transport import UNSENT_BYTES
 from gateway.front.outbox import SLOW_S
 from tests.fixtures import FIXTURES
 from tests.fixtures.downstreams import Downstream, Downstreams
@@ -51,24 +52,33 @@ def rss_mb(server: RunningServer) -> float:
     raise AssertionError("no VmRSS")
 
 
+MODERN = "2026-07-28"
+
+
 @contextmanager
 def never_reading(
-    port: int, session: str, arguments: dict[str, int], receive_buffer: int | None = 4096
+    port: int, session: str | None, arguments: dict[str, int], receive_buffer: int | None = 4096
 ) -> Iterator[socket.socket]:
     """A raw connection to ``port`` that POSTs a ``flood`` call with a progress token, then never reads a byte of its
-    answer; its kernel receive buffer is ``receive_buffer`` (None: the kernel's default)."""
+    answer; its kernel receive buffer is ``receive_buffer`` (None: the kernel's default). On ``session`` (a
+    handshake-era client's), or with no session as a 2026-07-28 client."""
+    meta: dict[str, object] = {"progressToken": "p"}
+    if session is None:
+        meta |= {"io.modelcontextprotocol/protocolVersion": MODERN, "io.modelcontextprotocol/clientCapabilities": {}}
+        era = f"Mcp-Protocol-Version: {MODERN}\r\nMcp-Method: tools/call\r\nMcp-Name: flood\r\n"
+    else:
+        era = f"Mcp-Session-Id: {session}\r\nMcp-Protocol-Version: 2025-06-18\r\n"
     body = json.dumps(
         {
             "jsonrpc": "2.0",
             "id": 9,
             "method": "tools/call",
-            "params": {"name": "flood", "arguments": arguments, "_meta": {"progressToken": "p"}},
+            "params": {"name": "flood", "arguments": arguments, "_meta": meta},
         }
     ).encode()
     head = (
         f"POST /mcp HTTP/1.1\r\nHost: {LOOPBACK}:{port}\r\nAuthorization: Bearer tok-mallory-0123\r\n"
-        f"Accept: {ACCEPT}\r\nContent-Type: application/json\r\nMcp-Session-Id: {session}\r\n"
-        f"Mcp-Protocol-Version: 2025-06-18\r\nContent-Length: {len(body)}\r\n\r\n"
+        f"Accept: {ACCEPT}\r\nContent-Type: application/json\r\n{era}Content-Length: {len(body)}\r\n\r\n"
     ).encode()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     if receive_buffer is not None:
@@ -254,3 +264,44 @@ async def test_a_stream_its_client_stopped_reading_holds_up_nothing_else_of_its_
                             gateway.url(), json=call, headers=headers("tok-mallory-0123", session)
                         )
                     assert answered.status_code == 200 and f'"m{index}"' in answered.text, answered.text
+
+
+def read_to_the_answer(sock: socket.socket, within_s: float) -> bytes:
+    """What ``sock`` is sent, read until its call's answer (id 9) and the end of its stream (blocking)."""
+    sock.settimeout(within_s)
+    received = b""
+    deadline = time.monotonic() + within_s
+    while not (b'"id":9' in received and received.endswith(b"0\r\n\r\n")) and time.monotonic() < deadline:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        received += chunk
+    return received
+
+
+@pytest.mark.parametrize(
+    ("transport", "era"), [("stdio", "handshake"), ("streamable_http", "handshake"), ("stdio", MODERN)]
+)
+async def test_a_client_that_never_reads_is_sent_little_more_than_its_kernel_takes(
+    tmp_path: Path, downstream: Downstreams, transport: str, era: str
+) -> None:
+    """An event stream is not sent on while its connection holds ``UNSENT_BYTES`` unsent: a client that never reads
+    costs the gateway that much relaying (about 30 of these 2 KB notifications) beyond what its own kernel took, not
+    everything the gateway's send buffer holds (512 KiB here, the default) before anything noticed. Only then does the
+    request's outbox see its client not taking (coalescing, then giving it up over stdio; holding the downstream back
+    over HTTP, then giving it up after ``client_stall_s``)."""
+    notes = tmp_path / "notes"
+    with run_gateway(config(transport, notes, downstream), tmp_path, tokens=TOKENS) as gateway:
+        session = None
+        if era == "handshake":
+            async with httpx2.AsyncClient(timeout=10) as http:
+                session = await open_session(http, gateway.url(), "tok-mallory-0123")
+        with never_reading(gateway.port, session, FLOOD) as sock:
+            await eventually(lambda: notes.exists() and "flood stopped" in notes.read_text(), within=STALL_S + 20)
+            received = await anyio.to_thread.run_sync(read_to_the_answer, sock, 20.0)
+    lines = received.decode(errors="replace").split("\r\n")
+    progress = sum(len(line) for line in lines if line.startswith("data:") and '"notifications/progress"' in line)
+    answer = next(json.loads(line[5:]) for line in lines if line.startswith("data:") and '"id":9' in line)
+    assert "gave this request up" in answer["error"]["message"]
+    # what the client's kernel took (4 KiB asked), UNSENT_BYTES, the 16 events its request's stream holds
+    assert 0 < progress < UNSENT_BYTES + 64 * 1024, f"{progress:,} bytes of progress sent to a client that never read"

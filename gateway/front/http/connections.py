@@ -2,15 +2,19 @@
 connection cap that keeps room for token holders; ``quiet_edge_logs`` throttles the reports a flood of connections
 makes. uvicorn closes a kept-alive connection silent after a response and nothing else, so idle or slowloris sockets
 could exhaust the open-files limit and lock every token holder out. Once a request head is complete nothing here
-limits the request: a long tool call or an open GET stream (SSE) is never cut. Only the CLI uses this module.
+limits the request: a long tool call or an open GET stream (SSE) is never cut. Each request's scope is told how to
+read what its connection holds unsent (front/scope.py ``unsent_of``), so an event stream can wait for a client that
+does not keep up. Only the CLI uses this module.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import logging
 import resource
+import struct
 import time
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -21,6 +25,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.config import Limits
+from gateway.front.scope import set_unsent
 
 __all__ = [
     "MAX_HEAD_BYTES",
@@ -35,6 +40,9 @@ __all__ = [
 ]
 
 log = structlog.get_logger("gateway.connections")
+
+_SIOCOUTQNSD = 0x894B
+"""Linux's ioctl for the bytes a TCP socket holds not yet sent (sent but unacknowledged bytes are not counted)."""
 
 OWN_FILES = 128
 """Open files kept free for the gateway itself (listening socket, pipes to stdio backends, the ledger, logs)."""
@@ -178,11 +186,24 @@ class _Edge:
         cycle = self.cycle
         if cycle is not None and cycle is not self._seen and self._phase == "head":
             self._seen = cycle
+            set_unsent(cycle.scope, self._unsent)  # before the request's task first runs
             self._phase = "body"
             self._arm(self.limits.body_timeout_s, self._body_late)
         if self._phase == "body" and cycle is not None and not cycle.more_body:
             self._phase = "busy"
             self._disarm()
+
+    def _unsent(self) -> int:
+        """Bytes of answers this connection holds and has not sent yet: asyncio's buffer and the kernel's unsent
+        queue (front/scope.py ``unsent_of``)."""
+        waiting = self.transport.get_write_buffer_size()
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                waiting += struct.unpack("i", fcntl.ioctl(sock.fileno(), _SIOCOUTQNSD, b"\0\0\0\0"))[0]
+            except OSError:  # closed, or not Linux: asyncio's buffer alone
+                pass
+        return waiting
 
     def _await_head(self) -> None:
         self._phase = "head"

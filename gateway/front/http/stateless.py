@@ -58,8 +58,8 @@ from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from gateway.front.http.replies import dumps, reply, respond, rpc_error
-from gateway.front.http.transport import HOLD_S, watch_client
-from gateway.front.scope import parsed_of
+from gateway.front.http.transport import HOLD_S, taken, watch_client
+from gateway.front.scope import parsed_of, unsent_of
 
 __all__ = ["serve_stateless"]
 
@@ -106,6 +106,7 @@ class _Exchange:
         self.cancel_requested = anyio.Event()
         self.streams = False  # whether notifications go on (False: JSON answers only, or the answer has ended)
         self._send = send
+        self._unsent = unsent_of(request.scope)
         self._committed = False
         self._ended = False
         self._lock: anyio.Lock | None = None
@@ -148,6 +149,8 @@ class _Exchange:
                 await self._send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
             self.quiet_since = anyio.current_time()
             await self._send({"type": "http.response.body", "body": data, "more_body": not last})
+            if not last:
+                await taken(self._unsent)  # a client that does not keep up holds its stream's next event
 
     async def answer(self, document: Mapping[str, Any]) -> None:
         """The request's response: the stream's last event once the stream has begun, else one JSON body."""

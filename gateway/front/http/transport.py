@@ -61,15 +61,24 @@ from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from gateway.front.http.resume import SessionEvents
-from gateway.front.scope import parsed_of
+from gateway.front.scope import parsed_of, unsent_of
 from gateway.front.streams import WriteEnd
 
-__all__ = ["HOLD_S", "PING_S", "SessionTransport", "watch_client"]
+__all__ = ["HOLD_S", "PING_S", "UNSENT_BYTES", "SessionTransport", "taken", "watch_client"]
 
 logger = logging.getLogger("mcp.server.streamable_http")  # its lines pass the session-id filter (sessions.py)
 
 PING_S = 15.0
 """An event stream that sent nothing for this long is sent a comment, so that proxies keep the connection open."""
+
+UNSENT_BYTES = 64 * 1024
+"""An event stream's connection holding more than this unsent means its client does not keep up: the stream's next
+event waits (meanwhile the request's outbox coalesces its progress, and may give the client up: front/outbox.py).
+Only unsent bytes count, not those under way to a distant client, so a fast client far away is not slowed; without
+it, a client that stops reading would be sent until the kernel's buffers are full (``gateway.edge.send_buffer_bytes``
+and its own) before anything notices."""
+UNSENT_POLL_S = 0.005
+"""How often a waiting event stream looks again."""
 
 HOLD_S = 1.0
 """How long a POST's answer holds its head for the request's response, to send it as one JSON body."""
@@ -87,6 +96,14 @@ async def watch_client(receive: Receive, quiet_since: Callable[[], float], ping:
             continue
         if anyio.current_time() >= quiet_since() + PING_S:
             await ping()
+
+
+async def taken(unsent: Callable[[], int] | None) -> None:
+    """Return once the connection holds at most ``UNSENT_BYTES`` unsent: an event stream's next event waits for a
+    client that does not keep up."""
+    # polled: the kernel's queue draining wakes nothing here (asyncio's transport owns the socket)
+    while unsent is not None and unsent() > UNSENT_BYTES:  # noqa: ASYNC110
+        await anyio.sleep(UNSENT_POLL_S)
 
 
 T = TypeVar("T")
@@ -258,9 +275,16 @@ class SessionTransport(StreamableHTTPServerTransport):
         headers.append((b"x-accel-buffering", b"no"))
         return headers
 
-    async def _stream(self, receive: Receive, send: Send, produce: Callable[[Emit], Awaitable[None]]) -> None:
+    async def _stream(
+        self,
+        receive: Receive,
+        send: Send,
+        produce: Callable[[Emit], Awaitable[None]],
+        unsent: Callable[[], int] | None = None,
+    ) -> None:
         """Answer with an event stream of what ``produce`` emits, until it returns or the client leaves (``produce``
-        is then cancelled). The stream is sent a comment after every ``PING_S`` without an event."""
+        is then cancelled). The stream is sent a comment after every ``PING_S`` without an event. An event is not
+        done with while its connection holds more than ``UNSENT_BYTES`` unsent (the client does not keep up)."""
         await send({"type": "http.response.start", "status": 200, "headers": self._sse_headers()})
         quiet_since = anyio.current_time()
         left = False
@@ -269,6 +293,7 @@ class SessionTransport(StreamableHTTPServerTransport):
             nonlocal quiet_since
             quiet_since = anyio.current_time()
             await send({"type": "http.response.body", "body": data, "more_body": True})
+            await taken(unsent)
 
         async def watch() -> None:
             nonlocal left
@@ -374,7 +399,7 @@ class SessionTransport(StreamableHTTPServerTransport):
                         await emit(frame(priming))
                     await self._forward(request_id, reader, emit)
 
-                await self._stream(receive, send, produce)
+                await self._stream(receive, send, produce, unsent_of(scope))
             finally:
                 if self._pending.get(request_id) is pending:  # (a reused id's own POST may have replaced it)
                     del self._pending[request_id]
@@ -434,7 +459,7 @@ class SessionTransport(StreamableHTTPServerTransport):
             return
         reader = self._open_stream(GET_STREAM_KEY)
         try:
-            await self._stream(receive, send, partial(self._forward, GET_STREAM_KEY, reader))
+            await self._stream(receive, send, partial(self._forward, GET_STREAM_KEY, reader), unsent_of(scope))
         finally:
             await self._clean_up_memory_streams(GET_STREAM_KEY)
 
@@ -458,6 +483,6 @@ class SessionTransport(StreamableHTTPServerTransport):
                 await self._forward(stream_id, reader, emit)
 
         try:
-            await self._stream(request.receive, send, produce)
+            await self._stream(request.receive, send, produce, unsent_of(request.scope))
         except Exception:
             logger.exception("Error replaying events")

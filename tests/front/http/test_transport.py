@@ -93,6 +93,33 @@ async def test_a_client_that_leaves_ends_its_stream_and_what_fed_it() -> None:
     assert wire.bodies() == [b"data: first\r\n\r\n"]  # no end written to a client that is gone
 
 
+async def test_the_next_event_waits_while_the_connection_holds_too_much_unsent(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(transport, "UNSENT_POLL_S", 0.001)
+    wire = Wire()
+    held = transport.UNSENT_BYTES + 1  # what the client's connection holds unsent, as the edge would tell it
+    second_emitted = anyio.Event()
+
+    async def produce(emit: Emit) -> None:
+        await emit(b"data: one\r\n\r\n")  # returns only once the connection took it
+        await emit(b"data: two\r\n\r\n")
+        second_emitted.set()
+
+    async def client() -> None:
+        nonlocal held
+        with anyio.move_on_after(0.2):  # it does not read: the stream waits after its first event
+            await second_emitted.wait()
+        assert not second_emitted.is_set()
+        assert wire.bodies() == [b"data: one\r\n\r\n"]
+        held = transport.UNSENT_BYTES  # it read: the stream goes on
+        await second_emitted.wait()
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client)
+            await session_transport()._stream(wire.receive, wire.send, produce, lambda: held)
+    assert wire.bodies() == [b"data: one\r\n\r\n", b"data: two\r\n\r\n", b""]
+
+
 @pytest.mark.spawns
 async def test_an_answer_is_one_json_body_unless_something_else_of_the_call_comes_first_or_it_runs_long(
     gateway_process: GatewayProcesses,
