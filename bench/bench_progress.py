@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.procs import LOOPBACK, Proc, Procs, cmdline, cpu_s, descendants, free_port, say  # noqa: E402
-from bench.run_env import environment  # noqa: E402
+from bench.run_env import environment, publish  # noqa: E402
 from bench.soak_hostile import FIDELITY, PY, STATE_KEY, TOKENS, _headers, _open_session, _tool_call  # noqa: E402
 
 READY_TIMEOUT_S = 60.0
@@ -102,7 +102,7 @@ async def run(steps: int, rounds: int, checkouts: dict[str, Path], workdir: Path
                     (f"{name}: s (stdio)", url, session, "s__progress", gateway.serving_pid, stdio),
                 ]
             targets.append(("direct: f", f_url, await _open_session(http, f_url, "tok-bob"), "progress", None, f.pid))
-            for label, url, session, tool, _, _ in targets:  # warm-up, not measured
+            for _, url, session, tool, _, _ in targets:  # warm-up, not measured
                 await _relay(http, url, session, tool, 200)
             for n in range(rounds):
                 say(f"round {n + 1} of {rounds}")
@@ -114,7 +114,9 @@ async def run(steps: int, rounds: int, checkouts: dict[str, Path], workdir: Path
                         raise RuntimeError(f"{label}: {seen} progress notifications read of {steps}")
                     gateway_us = (cpu_s(gateway_pid) - before[0]) / seen * 1e6 if gateway_pid else 0.0
                     server_us = (cpu_s(server_pid) - before[1]) / seen * 1e6
-                    samples.setdefault(label, []).append({"gateway_us": gateway_us, "server_us": server_us, "wall_s": wall})
+                    samples.setdefault(label, []).append(
+                        {"gateway_us": gateway_us, "server_us": server_us, "wall_s": wall}
+                    )
     finally:
         procs.stop_all(grace_s=3.0)
     return {"steps": steps, "rounds": rounds, "samples": samples}
@@ -150,9 +152,7 @@ def main() -> int:
     env = environment()
     with tempfile.TemporaryDirectory(prefix="bench-progress-") as folder:
         result = anyio.run(run, args.steps, args.rounds, checkouts, Path(folder))
-    print(report(result, env))
-    if args.json is not None:
-        args.json.write_text(json.dumps({"environment": env, **result}, indent=1))
+    publish(report(result, env), result, env, args.json)
     return 0
 
 

@@ -1,11 +1,13 @@
 """What a benchmark report says about the run it measured: the machine, the load, and the commit of the gateway.
 
 ``environment()`` is taken before the run, ``load_average()`` again after it (a busy machine moves every figure);
-``cpu_ticks()`` around a phase says how busy the CPUs were in it, and how much of their time the host took.
+``cpu_ticks()`` around a phase says how busy the CPUs were in it, and how much of their time the host took;
+``publish`` prints a report and writes its figures, with the environment, as JSON.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
@@ -63,3 +65,10 @@ def environment() -> dict[str, Any]:
         "load_before": load_average(),
         "gateway": git_state(),
     }
+
+
+def publish(report: str, result: dict[str, Any], env: dict[str, Any], json_path: Path | None) -> None:
+    """Print ``report`` (Markdown, to stdout) and write ``result`` with ``env`` to ``json_path`` (when given)."""
+    print(report)
+    if json_path is not None:
+        json_path.write_text(json.dumps({"environment": env, **result}, indent=1))

@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.procs import LOOPBACK, Procs, cmdline, cpu_s, descendants, free_port, say, vm_kb  # noqa: E402
-from bench.run_env import cpu_shares, cpu_ticks, environment, load_average  # noqa: E402
+from bench.run_env import cpu_shares, cpu_ticks, environment, load_average, publish  # noqa: E402
 
 FAULTS = ROOT / "tests" / "fixtures" / "faults_server.py"
 FIDELITY = ROOT / "tests" / "fixtures" / "fidelity_server.py"
@@ -609,9 +609,7 @@ def main() -> int:
         say(f"harness failed: {exc}")
         return 2
     result["load_after"] = load_average()
-    print(report(result, env))
-    if args.json is not None:
-        args.json.write_text(json.dumps({"environment": env, **result}, indent=1))
+    publish(report(result, env), result, env, args.json)
     return 0
 
 
