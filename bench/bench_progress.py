@@ -16,7 +16,6 @@ process, from /proc), the server's, and the wall time of the call. Markdown on s
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -33,21 +32,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.procs import LOOPBACK, Proc, Procs, cmdline, cpu_s, descendants, free_port, say  # noqa: E402
 from bench.run_env import environment, publish  # noqa: E402
-from bench.soak_hostile import FIDELITY, PY, STATE_KEY, TOKENS, _headers, _open_session, _tool_call  # noqa: E402
+from bench.soak_hostile import FIDELITY, PY, STATE_KEY, TOKENS, _headers, _open_session, _tool_call, config  # noqa: E402
 
 READY_TIMEOUT_S = 60.0
-
-
-def _config(f_url: str) -> str:
-    stdio = json.dumps([str(FIDELITY), "--stdio", "--name", "s"])
-    return f"""
-gateway:
-  audit: {{enabled: false}}
-  naming: {{mode: always, separator: "__"}}
-servers:
-  f: {{transport: streamable_http, url: "{f_url}", timeout_s: 120, protocol: handshake}}
-  s: {{transport: stdio, command: "{PY}", args: {stdio}, timeout_s: 120, protocol: handshake}}
-"""
 
 
 async def _relay(http: httpx2.AsyncClient, url: str, session: str, tool: str, steps: int) -> int:
@@ -86,7 +73,7 @@ async def run(steps: int, rounds: int, checkouts: dict[str, Path], workdir: Path
         gateways: dict[str, tuple[Proc, int]] = {}
         for name, checkout in checkouts.items():
             port = free_port()
-            (workdir / f"{name}.yaml").write_text(_config(f_url))
+            (workdir / f"{name}.yaml").write_text(config(None, f_url, timeout_s=120))
             env = {**os.environ, "PYTHONPATH": str(checkout), "GATEWAY_TOKENS": TOKENS, "GATEWAY_STATE_KEY": STATE_KEY}
             argv = [PY, "-m", "gateway", "serve", "-c", str(workdir / f"{name}.yaml"), "--port", str(port)]
             gateways[name] = (procs.start(name, argv, port, env=env, cwd=checkout), port)

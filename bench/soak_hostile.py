@@ -103,16 +103,17 @@ class HarnessError(RuntimeError):
     """The soak itself could not run (not a bad figure)."""
 
 
-def _config(h_url: str, f_url: str) -> str:
+def config(h_url: str | None, f_url: str, timeout_s: int = 60) -> str:
+    """The gateway's federation.yaml: ``h`` at ``h_url`` (left out when None), ``f`` at ``f_url``, ``s`` spawned."""
     stdio = json.dumps([str(FIDELITY), "--stdio", "--name", "s"])
+    h = f'  h: {{transport: streamable_http, url: "{h_url}", timeout_s: {timeout_s}}}\n' if h_url else ""
     return f"""
 gateway:
   audit: {{enabled: false}}
   naming: {{mode: always, separator: "__"}}
 servers:
-  h: {{transport: streamable_http, url: "{h_url}", timeout_s: 60}}
-  f: {{transport: streamable_http, url: "{f_url}", timeout_s: 60, protocol: handshake}}
-  s: {{transport: stdio, command: "{PY}", args: {stdio}, timeout_s: 60, protocol: handshake}}
+{h}  f: {{transport: streamable_http, url: "{f_url}", timeout_s: {timeout_s}, protocol: handshake}}
+  s: {{transport: stdio, command: "{PY}", args: {stdio}, timeout_s: {timeout_s}, protocol: handshake}}
 """
 
 
@@ -366,7 +367,7 @@ async def run(
             targets = {"h": Target(h_port, ""), "f": Target(f_port, ""), "s": Target(s_port, "")}
         else:
             (workdir / "federation.yaml").write_text(
-                _config(f"http://{LOOPBACK}:{h_port}/mcp", f"http://{LOOPBACK}:{f_port}/mcp")
+                config(f"http://{LOOPBACK}:{h_port}/mcp", f"http://{LOOPBACK}:{f_port}/mcp")
             )
             path = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT)]))  # a probe's folder first
             env = {**os.environ, "PYTHONPATH": path, "GATEWAY_TOKENS": TOKENS, "GATEWAY_STATE_KEY": STATE_KEY}
