@@ -32,9 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.procs import LOOPBACK, Proc, Procs, cmdline, cpu_s, descendants, free_port, say  # noqa: E402
 from bench.run_env import environment, publish  # noqa: E402
-from bench.soak_hostile import FIDELITY, PY, STATE_KEY, TOKENS, _headers, _open_session, _tool_call, config  # noqa: E402
-
-READY_TIMEOUT_S = 60.0
+from bench.soak_hostile import FIDELITY, PY, STATE_KEY, TOKENS, _headers, _open_session, _tool_call, _wait_ready, config  # noqa: E402
 
 
 async def _relay(http: httpx2.AsyncClient, url: str, session: str, tool: str, steps: int) -> int:
@@ -48,19 +46,9 @@ async def _relay(http: httpx2.AsyncClient, url: str, session: str, tool: str, st
     return seen
 
 
-async def _ready(http: httpx2.AsyncClient, port: int, gateway: Proc) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if gateway.popen.poll() is not None:
-            raise RuntimeError(f"the gateway exited: {gateway.output()}")
-        try:
-            status = (await http.get(f"http://{LOOPBACK}:{port}/status", headers=_headers("tok-bob"))).json()
-            if all(b["state"] == "ready" for b in status["backends"]) and len(status["backends"]) == 2:
-                return
-        except (httpx2.HTTPError, ValueError, KeyError):
-            pass
-        await anyio.sleep(0.2)
-    raise RuntimeError(f"the gateway's backends were not ready within {READY_TIMEOUT_S:g} s: {gateway.output()}")
+def _both_ready(status: dict[str, Any]) -> bool:
+    """``f`` and ``s`` are ready (so the stdio server is spawned)."""
+    return len(status["backends"]) == 2 and all(b["state"] == "ready" for b in status["backends"])
 
 
 async def run(steps: int, rounds: int, checkouts: dict[str, Path], workdir: Path) -> dict[str, Any]:
@@ -80,7 +68,7 @@ async def run(steps: int, rounds: int, checkouts: dict[str, Path], workdir: Path
         async with httpx2.AsyncClient(timeout=300) as http:
             targets: list[tuple[str, str, str, str, int | None, int]] = []  # label, url, session, tool, gateway, server
             for name, (gateway, port) in gateways.items():
-                await _ready(http, port, gateway)
+                await _wait_ready(http, port, gateway, "/status", _both_ready)
                 url = f"http://{LOOPBACK}:{port}/mcp"
                 session = await _open_session(http, url, "tok-bob")
                 stdio = next(c for c in descendants(gateway.pid) if "fidelity_server" in cmdline(c))

@@ -40,6 +40,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -478,15 +479,22 @@ async def _wait_listening(port: int) -> None:
     raise HarnessError(f"nothing listened on port {port} within {READY_TIMEOUT_S:g} s")
 
 
-async def _wait_ready(http: httpx2.AsyncClient, port: int, gateway: Any) -> None:
+async def _wait_ready(
+    http: httpx2.AsyncClient,
+    port: int,
+    gateway: Any,
+    path: str = "/healthz",
+    ready: Callable[[Any], bool] = lambda body: body.get("status") == "ok",
+) -> None:
+    """Wait until the gateway's ``path`` answers a body ``ready`` accepts (by default: it serves)."""
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if gateway.popen.poll() is not None:
             raise HarnessError(f"the gateway exited: {gateway.output()}")
         try:
-            if (await http.get(f"http://{LOOPBACK}:{port}/healthz")).json().get("status") == "ok":
+            if ready((await http.get(f"http://{LOOPBACK}:{port}{path}", headers=_headers("tok-bob"))).json()):
                 return
-        except (httpx2.HTTPError, ValueError):
+        except (httpx2.HTTPError, ValueError, KeyError):
             pass
         await anyio.sleep(0.2)
     raise HarnessError(f"the gateway was not ready within {READY_TIMEOUT_S:g} s: {gateway.output()}")
