@@ -1,6 +1,6 @@
 """One hostile caller against one bystander: do the bystander's calls on every backend keep their speed?
 
-    .venv/bin/python bench/soak_hostile.py [--quick] [--json OUT] [--keep DIR] [--direct] [--attack PART ...]
+    .venv/bin/python bench/soak_hostile.py [--quick] [--json OUT] [--keep DIR] [--direct] [--attack PART ...] [--busy N]
 
 Everything runs on loopback and stops by itself. The gateway measured is the one in this checkout (``python -m
 gateway serve``, ``PYTHONPATH`` at the project root) in front of three backends, every tool prefixed with its
@@ -25,7 +25,8 @@ exit status is 0 whatever the figures say, 2 only when the harness itself failed
 over streamable HTTP (each client's own session, as a client's own process would be), alice's abandoned bridges left
 out (a 2026-07-28 client cannot call a handshake-era server directly): what the attack costs the bystander by itself.
 ``--attack`` runs only the parts named (``flood``, ``abandon``, ``progress-f``, ``progress-s``; all by default), to
-see what each costs the bystander by itself. Reported: bob's p50 and p99 per backend, quiet and under attack, and his
+see what each costs the bystander by itself; ``--busy N`` keeps N other processes spinning on a CPU through both
+phases (a machine with other work). Reported: bob's p50 and p99 per backend, quiet and under attack, and his
 failed calls (an error, an ``isError`` result, or no answer within ``CALL_TIMEOUT_S``) with their reasons; alice's
 flood answers by HTTP status; the gateway's VmRSS (quiet, peak under attack, end); every backend's state and last
 error at the end (/status).
@@ -227,8 +228,9 @@ async def bystander(
             except (httpx2.HTTPError, ValueError, KeyError, IndexError) as exc:
                 failure = f"{type(exc).__name__}: {exc}"[:160]
             elapsed = time.monotonic() - started
-            ran_after, waited_after = _sched_ms(gateway)
-            phase.gateway_ms[backend].append((ran_after - ran, waited_after - waited))
+            if gateway is not None:  # directly there is no gateway's loop to read
+                ran_after, waited_after = _sched_ms(gateway)
+                phase.gateway_ms[backend].append((ran_after - ran, waited_after - waited))
             phase.latencies[backend].append(elapsed)
             phase.starts[backend].append(started - begun)
             if failure is not None:
@@ -354,10 +356,17 @@ def _pct(values: list[float], q: float) -> float:
 
 
 async def run(
-    plan: Plan, workdir: Path, direct: bool = False, parts: tuple[str, ...] = PARTS, nice: int | None = None
+    plan: Plan,
+    workdir: Path,
+    direct: bool = False,
+    parts: tuple[str, ...] = PARTS,
+    nice: int | None = None,
+    busy: int = 0,
 ) -> dict[str, Any]:
     procs = Procs(workdir)
     try:
+        for n in range(busy):  # other work on the machine, through both phases
+            procs.start(f"busy-{n}", [PY, "-c", "while True: pass"])
         h_port, f_port, g_port = free_port(), free_port(), free_port()
         procs.start("h", [PY, str(FAULTS), "--http", str(h_port)], h_port)
         procs.start("f", [PY, str(FIDELITY), "--http", str(f_port), "--name", "f"], f_port)
@@ -446,6 +455,7 @@ async def run(
         "plan": asdict(plan),
         "direct": direct,
         "attack_parts": list(parts),
+        "busy": busy,
         "quiet": asdict(quiet),
         "attack": asdict(under_attack),
         "attacker": attacker,
@@ -527,7 +537,8 @@ def report(result: dict[str, Any], env: dict[str, Any]) -> str:
         + (" (direct: no gateway)" if result.get("direct") else ""),
         "",
         f"Gateway {env['gateway']}, {env['cpus']} CPUs, Python {env['python']}, load {env['load_before']} before and "
-        f"{result['load_after']} after. Plan: {result['plan']}. Attack: {', '.join(result['attack_parts'])}.",
+        f"{result['load_after']} after. Plan: {result['plan']}. Attack: {', '.join(result['attack_parts'])}."
+        + (f" {result['busy']} other processes spinning on a CPU throughout." if result.get("busy") else ""),
         "",
         "| backend | quiet p50 ms | quiet p99 ms | attack p50 ms | attack p99 ms | p99 ratio | calls over 2x quiet p99 "
         "| failed quiet | failed under attack |",
@@ -599,6 +610,13 @@ def main() -> int:
         help="run the gateway at this niceness (its servers and the callers at theirs): -5, as an operator's "
         "Nice=-5 would (a negative value needs the privilege to raise a priority)",
     )
+    parser.add_argument(
+        "--busy",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N other processes spinning on a CPU through both phases: a machine with other work",
+    )
     parser.add_argument("--alice", help=argparse.SUPPRESS)  # the attacker's own process (JSON: what to attack)
     args = parser.parse_args()
     if args.alice is not None:
@@ -610,10 +628,10 @@ def main() -> int:
     try:
         if args.keep is not None:
             args.keep.mkdir(parents=True, exist_ok=True)
-            result = anyio.run(run, plan, args.keep, args.direct, parts, args.gateway_nice)
+            result = anyio.run(run, plan, args.keep, args.direct, parts, args.gateway_nice, args.busy)
         else:
             with tempfile.TemporaryDirectory(prefix="soak-hostile-") as folder:
-                result = anyio.run(run, plan, Path(folder), args.direct, parts, args.gateway_nice)
+                result = anyio.run(run, plan, Path(folder), args.direct, parts, args.gateway_nice, args.busy)
     except HarnessError as exc:
         say(f"harness failed: {exc}")
         return 2
