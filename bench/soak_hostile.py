@@ -538,7 +538,7 @@ def report(result: dict[str, Any], env: dict[str, Any]) -> str:
         "",
         f"Gateway {env['gateway']}, {env['cpus']} CPUs, Python {env['python']}, load {env['load_before']} before and "
         f"{result['load_after']} after. Plan: {result['plan']}. Attack: {', '.join(result['attack_parts'])}."
-        + (f" {result['busy']} other processes spinning on a CPU throughout." if result.get("busy") else ""),
+        + (f" Other processes spinning on a CPU throughout: {result['busy']}." if result.get("busy") else ""),
         "",
         "| backend | quiet p50 ms | quiet p99 ms | attack p50 ms | attack p99 ms | p99 ratio | calls over 2x quiet p99 "
         "| failed quiet | failed under attack |",
