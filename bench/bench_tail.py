@@ -7,8 +7,8 @@ SDK client); with ``--client sdk`` each session is the MCP SDK's client instead,
 its event arrives and drops the connection of a response it did not read to its end (a reset, every few calls).
 ``--baseline DIR`` serves another checkout's gateway in alternating rounds with this one, so the machine's load falls
 on both alike. Reported per gateway: p50, p99, p99.9 and the slowest call, the serving process's CPU per call (/proc),
-and its generation-2 collections (count, each pause) from bench/gc_pauses/, which the gateway loads as its
-``sitecustomize``. Markdown to stdout, progress to stderr.
+its generation-2 collections (count, each pause) and the longest pause of any collection, from bench/gc_pauses/,
+which the gateway loads as its ``sitecustomize``. Markdown to stdout, progress to stderr.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import sys
 import tempfile
@@ -30,7 +29,7 @@ import httpx2
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.procs import LOOPBACK, Procs, cpu_s, free_port, say  # noqa: E402
+from bench.procs import GC_PROBE, LOOPBACK, Procs, cpu_s, free_port, gc_pauses, say  # noqa: E402
 from bench.run_env import environment, load_average  # noqa: E402
 from bench.soak_hostile import (  # noqa: E402
     FAULTS,
@@ -43,8 +42,6 @@ from bench.soak_hostile import (  # noqa: E402
     _tool_call,
     _wait_ready,
 )
-
-PROBE = Path(__file__).resolve().parent / "gc_pauses"
 
 
 def _cpu_ms(pid: int) -> float:
@@ -64,7 +61,7 @@ async def one_round(tree: Path, calls: int, sessions: int, workdir: Path, client
         )
         env = {
             **os.environ,
-            "PYTHONPATH": f"{PROBE}{os.pathsep}{tree}",
+            "PYTHONPATH": f"{GC_PROBE}{os.pathsep}{tree}",
             "GATEWAY_TOKENS": TOKENS,
             "GATEWAY_STATE_KEY": STATE_KEY,
         }
@@ -111,11 +108,12 @@ async def one_round(tree: Path, calls: int, sessions: int, workdir: Path, client
                 for _ in range(sessions if client == "sdk" else 0):
                     tg.start_soon(sdk_session)
             cpu = _cpu_ms(pid) - cpu
-            pauses = [float(ms) for ms in re.findall(rb"GC_PAUSE ([0-9.]+)", log.read_bytes()[mark:])]
+            collections = gc_pauses(log.read_bytes()[mark:])
         return {
             "latencies_ms": [x * 1000 for x in latencies],
             "cpu_ms_per_call": cpu / len(latencies),
-            "gc_pauses_ms": pauses,
+            "gc_pauses_ms": [ms for generation, ms in collections if generation == 2],
+            "gc_longest_ms": max((ms for _, ms in collections), default=0.0),
         }
     finally:
         procs.stop_all(grace_s=3.0)
@@ -135,8 +133,8 @@ def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace, e
         f"client: {args.client}.",
         "",
         "| gateway | round | p50 ms | p99 ms | p99.9 ms | slowest ms | CPU ms/call | full collections: count, "
-        "pause ms (median / max) |",
-        "|---|---|---|---|---|---|---|---|",
+        "pause ms (median / max) | longest pause of any collection, ms |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, rounds in results.items():
         for n, r in enumerate(rounds, 1):
@@ -144,7 +142,7 @@ def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace, e
             gc_text = f"{len(pauses)}, {statistics.median(pauses):.1f} / {max(pauses):.1f}" if pauses else "0"
             lines.append(
                 f"| {name} | {n} | {_pct(lat, 0.5):.1f} | {_pct(lat, 0.99):.1f} | {_pct(lat, 0.999):.1f} | "
-                f"{max(lat):.1f} | {r['cpu_ms_per_call']:.2f} | {gc_text} |"
+                f"{max(lat):.1f} | {r['cpu_ms_per_call']:.2f} | {gc_text} | {r.get('gc_longest_ms', 0.0):.1f} |"
             )
     return "\n".join(lines)
 

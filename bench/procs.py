@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -23,6 +24,9 @@ from pathlib import Path
 from typing import IO
 
 LOOPBACK = "127.0.0.1"
+GC_PROBE = Path(__file__).resolve().parent / "gc_pauses"
+"""A folder whose ``sitecustomize`` makes a Python process write its garbage collections' pauses on stderr (first on
+a process's PYTHONPATH; read back with ``gc_pauses``)."""
 
 _T0 = time.monotonic()
 
@@ -36,6 +40,11 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((LOOPBACK, 0))
         return int(sock.getsockname()[1])
+
+
+def gc_pauses(log: bytes) -> list[tuple[int, float]]:
+    """The collections ``GC_PROBE`` wrote in a process's ``log``: (generation, pause in ms), in order."""
+    return [(int(gen), float(ms)) for gen, ms in re.findall(rb"^GC_PAUSE ([0-2]) ([0-9.]+)$", log, re.MULTILINE)]
 
 
 # ----------------------------------------------------------------------------------------------- /proc

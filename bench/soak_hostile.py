@@ -28,8 +28,9 @@ out (a 2026-07-28 client cannot call a handshake-era server directly): what the 
 see what each costs the bystander by itself; ``--busy N`` keeps N other processes spinning on a CPU through both
 phases (a machine with other work). Reported: bob's p50 and p99 per backend, quiet and under attack, and his
 failed calls (an error, an ``isError`` result, or no answer within ``CALL_TIMEOUT_S``) with their reasons; alice's
-flood answers by HTTP status; the gateway's VmRSS (quiet, peak under attack, end); every backend's state and last
-error at the end (/status).
+flood answers by HTTP status; the gateway's VmRSS (quiet, peak under attack, end) and its garbage collections under
+attack (their pauses, written by bench/gc_pauses/ on its PYTHONPATH); every backend's state and last error at the end
+(/status).
 """
 
 from __future__ import annotations
@@ -53,7 +54,18 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.procs import LOOPBACK, Procs, cmdline, cpu_s, descendants, free_port, say, vm_kb  # noqa: E402
+from bench.procs import (  # noqa: E402
+    GC_PROBE,
+    LOOPBACK,
+    Procs,
+    cmdline,
+    cpu_s,
+    descendants,
+    free_port,
+    gc_pauses,
+    say,
+    vm_kb,
+)
 from bench.run_env import cpu_shares, cpu_ticks, environment, load_average, publish  # noqa: E402
 
 FAULTS = ROOT / "tests" / "fixtures" / "faults_server.py"
@@ -379,7 +391,8 @@ async def run(
             (workdir / "federation.yaml").write_text(
                 config(f"http://{LOOPBACK}:{h_port}/mcp", f"http://{LOOPBACK}:{f_port}/mcp")
             )
-            path = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT)]))  # a probe's folder first
+            # a probe's folder first (the caller's PYTHONPATH), then this checkout and the collections' probe
+            path = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT), str(GC_PROBE)]))
             env = {**os.environ, "PYTHONPATH": path, "GATEWAY_TOKENS": TOKENS, "GATEWAY_STATE_KEY": STATE_KEY}
             argv = [PY, "-m", "gateway", "serve", "-c", str(workdir / "federation.yaml"), "--port", str(g_port)]
             gateway = procs.start("gateway", argv, g_port, env=env)
@@ -407,6 +420,7 @@ async def run(
             say("attack phase")
             burners = _burners(procs, pid)
             cpu_before = {name: cpu_s(p) for name, p in burners.items()}
+            log_mark = len(_log_bytes(workdir))
             stop = anyio.Event()
             peak = [rss_quiet]
 
@@ -439,6 +453,7 @@ async def run(
                 under_attack = await bystander(http, targets, bobs, plan, pid)
                 machine["attack"] = cpu_shares(ticks, cpu_ticks())
                 cpu_attack = {name: cpu_s(p) - cpu_before[name] for name, p in burners.items()}
+                collections = gc_pauses(_log_bytes(workdir)[log_mark:]) if gateway is not None else []
                 stop.set()
                 await alice.stdin.send(b"stop\n")
                 with anyio.fail_after(CALL_TIMEOUT_S * 2):
@@ -461,9 +476,18 @@ async def run(
         "attacker": attacker,
         "rss_kb": {"quiet": rss_quiet, "peak_under_attack": peak[0], "end": rss_end},
         "cpu_s_under_attack": cpu_attack,
+        "gateway_collections_under_attack": collections,
         "machine": machine,
         "backends": {b["name"]: {"state": b["state"], "last_error": b["last_error"]} for b in status["backends"]},
     }
+
+
+def _log_bytes(workdir: Path) -> bytes:
+    """The gateway's log so far (b"" without one: ``--direct``)."""
+    try:
+        return (workdir / "gateway.log").read_bytes()
+    except FileNotFoundError:
+        return b""
 
 
 def _burners(procs: Procs, gateway: int | None) -> dict[str, int]:
@@ -531,6 +555,19 @@ def _slow_call(at: float, backend: str, ms: float, gateway: tuple[float, float] 
     return text if not gateway else f"{text} (the gateway's loop ran {gateway[0]:.1f} ms, waited {gateway[1]:.1f} ms)"
 
 
+def _collections(collections: list[tuple[int, float]] | None) -> str:
+    """The line naming the gateway's garbage collections while bob was timed under attack."""
+    if not collections:
+        return "The gateway's garbage collections while bob was timed under attack: none over 1 ms (or no gateway)"
+    full = [ms for generation, ms in collections if generation == 2]
+    return (
+        f"The gateway's garbage collections while bob was timed under attack (generation 1 and 2, and 0 over 1 ms): "
+        f"{len(collections)}, {sum(ms for _, ms in collections):.0f} ms in all, the longest "
+        f"{max(ms for _, ms in collections):.1f} ms; full ones: {len(full)}"
+        + (f", the longest {max(full):.1f} ms" if full else "")
+    )
+
+
 def report(result: dict[str, Any], env: dict[str, Any]) -> str:
     lines = [
         "## Hostile caller: the bystander's calls, quiet and under attack"
@@ -574,6 +611,7 @@ def report(result: dict[str, Any], env: dict[str, Any]) -> str:
             if not result.get("direct")
             else "no gateway"
         ),
+        _collections(result.get("gateway_collections_under_attack")),
         "The machine's CPUs while bob was timed: "
         + "; ".join(
             f"{phase} {shares['busy']:.0%} busy, {shares['stolen']:.0%} taken by the host"
