@@ -167,7 +167,7 @@ async def _serve(config: Federation, args: argparse.Namespace) -> int:
 
 
 YOUNG_OBJECTS = 10_000
-"""Objects allocated (net) before the young generation is collected: CPython's 700 is set for small programs."""
+"""Objects allocated (net) before the young generation is collected (CPython's default: 700)."""
 
 
 def settle_heap() -> None:
@@ -181,10 +181,10 @@ def settle_heap() -> None:
     them would stay, and these live as long as the process.
 
     What serving makes is still walked by a full collection, and every call in flight holds a few hundred objects:
-    under a burst of calls a full collection paused the loop 17-58 ms. With a collection of the young generation every
+    under a burst of calls a full collection paused the loop 22-147 ms. With a collection of the young generation every
     700 objects, a call's objects were collected while it was still in flight, promoted, and soon made a full
-    collection due (one every 100 young ones); every ``YOUNG_OBJECTS`` instead, most of them are gone by then, and
-    a burst that made full collections due makes none. Garbage cycles are still freed, a little later.
+    collection due (one every 100 young ones); every ``YOUNG_OBJECTS`` instead, most of them are gone by then: the
+    hostile soak's attack made none due (docs/benchmarks.md). Garbage cycles are still freed, a little later.
     """
     gc.collect()
     gc.freeze()
