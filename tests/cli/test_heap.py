@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -48,13 +49,13 @@ print(json.dumps({
 
 
 @pytest.fixture(scope="module")
-def heap() -> dict[str, object]:
+def heap() -> dict[str, Any]:
     done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=60, check=True)
     return dict(json.loads(done.stdout))
 
 
 @pytest.mark.spawns
-def test_a_full_collection_walks_only_what_serving_made_and_still_frees_its_cycles(heap: dict[str, int]) -> None:
+def test_a_full_collection_walks_only_what_serving_made_and_still_frees_its_cycles(heap: dict[str, Any]) -> None:
     assert heap["frozen"] > 50_000, heap  # the modules, classes and schemas of start-up
     assert heap["walked"] < heap["before"] // 10, heap
     assert heap["cycle_freed"], heap
@@ -62,7 +63,7 @@ def test_a_full_collection_walks_only_what_serving_made_and_still_frees_its_cycl
 
 @pytest.mark.spawns
 def test_a_burst_of_objects_in_flight_is_not_collected_young_but_cycles_are_still_freed_unasked(
-    heap: dict[str, int],
+    heap: dict[str, Any],
 ) -> None:
     # CPython's default collects the young generation every 700 objects: 7 collections for these 5,000, each promoting
     # what is still in flight towards the full collection every call then waits out.
